@@ -1,0 +1,51 @@
+# The node image: every simulated node runs this, so every node has the identical torch.
+#
+# labctl build passes BASE_IMAGE: the official Python image where a registry answers, otherwise
+# a local Debian base built with debootstrap (see labctl/image.py). Python packages come from a
+# wheelhouse that the host fills with pip (.lab/wheelhouse), because pip inside a container may
+# not reach PyPI (no network, or a proxy whose CA the container does not trust).
+ARG BASE_IMAGE=python:3.11-slim-bookworm
+
+FROM ${BASE_IMAGE} AS base
+# iproute2 (tc, ss) shapes and inspects links, iperf3 measures the raw wire, procps and
+# util-linux (pkill, setsid) let labctl stop a run. The debootstrapped base already has them.
+RUN set -eu; missing=""; \
+    for pair in tc:iproute2 ss:iproute2 iperf3:iperf3 pkill:procps setsid:util-linux; do \
+      command -v "${pair%%:*}" >/dev/null 2>&1 || missing="$missing ${pair#*:}"; \
+    done; \
+    if [ -n "$missing" ]; then \
+      apt-get update && apt-get install -y --no-install-recommends $missing && rm -rf /var/lib/apt/lists/*; \
+    fi
+
+# Install into a virtual environment in a throwaway stage, so the final image carries the
+# installed packages but not the wheel files.
+FROM base AS packages
+ARG TORCH_VERSION=2.13.0
+COPY .lab/wheelhouse /wheelhouse
+RUN python3 -m venv /opt/venv \
+ && /opt/venv/bin/pip install --no-cache-dir --no-index --find-links /wheelhouse \
+      "torch==${TORCH_VERSION}" numpy
+
+FROM base
+ARG TORCH_VERSION=2.13.0
+COPY --from=packages /opt/venv /opt/venv
+ENV PATH=/opt/venv/bin:$PATH \
+    PYTHONPATH=/opt/ddplab \
+    PYTHONUNBUFFERED=1 \
+    PYTHONDONTWRITEBYTECODE=1 \
+    LANG=C.UTF-8
+# The shared volume's mount point: world-writable and sticky, so nodes running as the invoking
+# user can write to it (Docker copies this mode into a fresh named volume).
+RUN mkdir -p /shared && chmod 1777 /shared
+# The one full `import torch` (about 2 CPU-seconds) happens here, once per image, with a check that
+# gloo is built in: every node runs this same image, so each node only checks that it finds torch.
+RUN python -c "import torch, torch.distributed as dist; \
+assert torch.__version__.split('+')[0] == '${TORCH_VERSION}', torch.__version__; \
+assert dist.is_available() and dist.is_gloo_available(), 'torch without gloo'; \
+print('torch', torch.__version__, 'gloo ok')"
+COPY compose/node-entrypoint.sh /opt/ddplab/node-entrypoint.sh
+# The trainer, for `python -m trainer` from any workspace. Run from a checkout of this repository,
+# the workspace's trainer/ comes first on sys.path, so edits there need no rebuild.
+COPY trainer /opt/ddplab/trainer
+LABEL io.ddplab.torch-version="${TORCH_VERSION}"
+CMD ["sleep", "infinity"]

@@ -1,0 +1,309 @@
+"""labctl: bring up an N-node PyTorch DDP lab in Docker, run the same trainer on every node, tear it down.
+
+The CLI parses, resolves the configuration once, and delegates: builders in config/envfiles/
+compose/launch, appliers in lab/image/runner. Only this module exits the process.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import sys
+import time
+from pathlib import Path
+
+import click
+
+from labctl import __version__
+from labctl.config import LabConfig, load_config
+from labctl.errors import CommandError, LabError, RunFailed
+
+CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
+
+
+class LabGroup(click.Group):
+    """Turns the project's errors into one clear message and an exit status; never a traceback."""
+
+    def invoke(self, ctx: click.Context):
+        try:
+            return super().invoke(ctx)
+        except LabError as exc:
+            _fail(f"error: {exc.message}", exc.hint, exc.exit_code)
+        except CommandError as exc:
+            _fail(f"error: {exc}", None, exc.exit_code)
+        except RunFailed as exc:
+            _fail(f"run failed: {exc}", None, exc.exit_code)
+        except KeyboardInterrupt:
+            _fail("interrupted", None, 130)
+
+
+def _fail(message: str, hint: str | None, code: int):
+    from labctl.ui import err_console
+
+    err_console.print(f"[bold red]{message}[/bold red]", markup=True, soft_wrap=True)
+    if hint:
+        err_console.print(f"  [yellow]hint:[/yellow] {hint}", markup=True, soft_wrap=True)
+    sys.exit(code)
+
+
+def _workspace() -> Path:
+    return Path.cwd().resolve()
+
+
+def _config(**flags) -> LabConfig:
+    given = {key: value for key, value in flags.items() if value is not None}
+    return load_config(_workspace(), os.environ, given)
+
+
+def lab_option(f):
+    return click.option("--lab", metavar="NAME", help="Lab name [env DDPLAB_LAB; default ddplab].")(f)
+
+
+@click.group(cls=LabGroup, context_settings=CONTEXT)
+@click.version_option(__version__, prog_name="labctl")
+@click.option("-v", "--verbose", is_flag=True, help="Log every external command labctl runs.")
+def main(verbose: bool) -> None:
+    """A multi-node PyTorch DDP lab on one machine: N containers, one trainer, real torch.distributed.
+
+    \b
+    Typical session:
+      labctl up --nodes 3          # build the image if needed, start node0..node2
+      labctl run -- -m trainer     # torchrun on every node, output prefixed per node
+      labctl status                # what Docker says each node is doing
+      labctl down                  # remove every container and network of the lab
+    """
+    logging.basicConfig(level=logging.DEBUG if verbose else logging.WARNING, format="labctl: %(message)s")
+
+
+# ----------------------------------------------------------------------------------------- build
+
+
+@main.command(context_settings=CONTEXT)
+@click.option("--torch-version", metavar="X.Y.Z", help="torch release to pin [env DDPLAB_TORCH_VERSION; default 2.13.0].")
+@click.option("--base-image", metavar="IMAGE", help="Base image [env DDPLAB_BASE_IMAGE; default python:3.11-slim-bookworm].")
+@click.option("--image", metavar="TAG", help="Tag of the node image [env DDPLAB_IMAGE; default ddplab-node:torch<VERSION>-cpu].")
+@click.option("--force", is_flag=True, help="Build even if an image with the same inputs exists.")
+@click.option("--verbose", "verbose_build", is_flag=True, help="Print every line of the build's output.")
+def build(torch_version, base_image, image, force, verbose_build) -> None:
+    """Build the node image (torch CPU build, iproute2, iperf3, the trainer).
+
+    Works without a registry: when the base image cannot be pulled, a local Debian base is built
+    with debootstrap, and Python packages come from a wheelhouse the host fills with pip.
+    """
+    from labctl import image as image_mod
+    from labctl.lab import docker_client
+    from labctl.ui import BuildProgress, info
+
+    config = _config(torch_version=torch_version, base_image=base_image, image=image)
+    client = docker_client()
+    started = time.monotonic()
+    result = image_mod.build_image(client, config, info, lambda: BuildProgress(verbose_build), force=force)
+    state = "up to date" if result.cached else "built"
+    info(f"image {result.tag} {state} (base {result.base}, torch {config.torch_version}) in {time.monotonic() - started:.1f} s")
+
+
+# -------------------------------------------------------------------------------------------- up
+
+
+@main.command(context_settings=CONTEXT)
+@lab_option
+@click.option("--nodes", metavar="N", help="Number of nodes, 1-64 [env DDPLAB_NODES; default 3; a running lab keeps its count].")
+@click.option("--nproc-per-node", metavar="P", help="Processes per node for torchrun [env DDPLAB_NPROC_PER_NODE; default 1].")
+@click.option("--cpus", metavar="C", help="CPU limit per node, e.g. 0.5 [env DDPLAB_CPUS; default none].")
+@click.option("--memory", metavar="SIZE", help="Memory limit per node, e.g. 2g [env DDPLAB_MEMORY; default 4g].")
+@click.option("--subnet", metavar="CIDR", help="Lab network, e.g. 172.28.5.0/24, or auto [env DDPLAB_SUBNET; default auto].")
+@click.option("--master-port", metavar="PORT", help="Rendezvous port on node0, 1024-65535 [env DDPLAB_MASTER_PORT; default 29500].")
+@click.option("--image", metavar="TAG", help="Node image [env DDPLAB_IMAGE].")
+@click.option("--dry-run", is_flag=True, help="Print the Compose file and env files that would be used; change nothing.")
+@click.option("--json", "as_json", is_flag=True, help="Print the node table as JSON (as `status --json`).")
+def up(lab, nodes, nproc_per_node, cpus, memory, subnet, master_port, image, dry_run, as_json) -> None:
+    """Start (or reconcile) the lab: nodes node0..node{N-1} on their own bridge network.
+
+    On a running lab, `up` reconciles instead of failing: `--nodes 5` on a 3-node lab adds two
+    nodes (and rewrites every env file, since NNODES changed); without `--nodes` it keeps the count.
+    """
+    from labctl import image as image_mod
+    from labctl import lab as lab_mod
+    from labctl.compose import render_compose
+    from labctl.ui import BuildProgress, console, info, nodes_table
+
+    config = _config(lab=lab, nodes=nodes, nproc_per_node=nproc_per_node, cpus=cpus, memory=memory,
+                     subnet=subnet, master_port=master_port, image=image)
+    client = lab_mod.docker_client()
+    lab_mod.ensure_compose()
+    existing = lab_mod.lab_status(client, config.lab)
+    if existing and config.sources.get("nodes") == "default":
+        from dataclasses import replace
+
+        config = replace(config, nodes=len(existing))
+    started = time.monotonic()
+    document, env_files, subnet_used = lab_mod.plan_up(client, config, _workspace())
+    if dry_run:
+        console.print(render_compose(document), markup=False)
+        for name, text in env_files.items():
+            console.print(f"# --- {lab_mod.lab_dir(_workspace(), config.lab) / name}\n{text}", markup=False)
+        return
+    if not image_mod.image_exists(client, config.image_tag):
+        info(f"image {config.image_tag} is missing: building it")
+        image_mod.build_image(client, config, info, lambda: BuildProgress())
+    verb = "reconciling" if existing else "starting"
+    info(f"{verb} lab {config.lab}: {config.nodes} nodes on {subnet_used}")
+    nodes_state = lab_mod.apply_up(client, config, _workspace(), document, env_files, info)
+    if as_json:
+        click.echo(json.dumps(_status_json(config.lab, nodes_state)))
+        return
+    console.print(nodes_table(config.lab, nodes_state, f"lab {config.lab} ({subnet_used}), up in {time.monotonic() - started:.1f} s"))
+
+
+# ----------------------------------------------------------------------------------- status/down
+
+
+def _status_json(lab: str, nodes) -> dict:
+    return {"lab": lab, "nodes": [{"name": n.name, "ip": n.ip, "torch": n.torch, "state": n.state} for n in nodes]}
+
+
+@main.command(context_settings=CONTEXT)
+@lab_option
+@click.option("--json", "as_json", is_flag=True, help='Print {"lab": ..., "nodes": [{"name", "ip", "torch", "state"}]}.')
+def status(lab, as_json) -> None:
+    """Show each node as Docker sees it now: IP, torch version, state."""
+    from labctl import lab as lab_mod
+    from labctl.ui import console, info, nodes_table
+
+    config = _config(lab=lab)
+    nodes = lab_mod.lab_status(lab_mod.docker_client(), config.lab)
+    if as_json:
+        click.echo(json.dumps(_status_json(config.lab, nodes)))
+        return
+    if not nodes:
+        info(f"lab {config.lab} is not up (`labctl up --lab {config.lab}` starts it)")
+        return
+    console.print(nodes_table(config.lab, nodes))
+
+
+@main.command(context_settings=CONTEXT)
+@lab_option
+@click.option("--volumes", is_flag=True, help="Also remove the lab's shared volume (kept by default, like compose).")
+def down(lab, volumes) -> None:
+    """Remove every container and network of the lab. Idempotent; also cleans up a broken `up`."""
+    from labctl import lab as lab_mod
+    from labctl.ui import info
+
+    config = _config(lab=lab)
+    removed = lab_mod.apply_down(lab_mod.docker_client(), config.lab, volumes=volumes)
+    parts = [f"{count} {kind}" for kind, count in removed.items() if count or kind != "volumes"]
+    info(f"lab {config.lab}: removed {', '.join(parts)}")
+
+
+# ------------------------------------------------------------------------------------------- env
+
+
+@main.command(context_settings=CONTEXT)
+@click.option("--hosts", required=True, metavar="ADDR1,ADDR2,...", help="Addresses of the machines; the first hosts the rendezvous.")
+@click.option("--iface", required=True, metavar="IFACE", help="Interface that carries those addresses, e.g. tailscale0, eth0.")
+@click.option("--nproc-per-node", metavar="P", help="Processes per machine [default 1].")
+@click.option("--master-port", metavar="PORT", help="Rendezvous port on the first host [default 29500].")
+@click.option("--rdzv-id", default="ddplab", show_default=True, metavar="ID", help="Rendezvous id, the same on every host.")
+@click.option("--out", "out_dir", type=click.Path(path_type=Path), default=Path(".lab/hosts"), show_default=True,
+              help="Directory for the env files.")
+def env(hosts, iface, nproc_per_node, master_port, rdzv_id, out_dir) -> None:
+    """Write the same per-node env files for real machines, and print the command for each."""
+    from labctl.envfiles import Topology, build_env_files, check_out_dir, host_commands, parse_hosts, write_env_files
+    from labctl.ui import console, info
+
+    addresses = parse_hosts(hosts)
+    config = _config(iface=iface, nproc_per_node=nproc_per_node, master_port=master_port, lab=rdzv_id)
+    check_out_dir(out_dir)
+    topo = Topology(addresses=addresses, iface=config.iface, nproc_per_node=config.nproc_per_node,
+                    master_port=config.master_port, rdzv_id=config.lab)
+    names = [f"node{i}" for i in range(topo.nnodes)]
+    paths = write_env_files(out_dir, build_env_files(topo, names))
+    info(f"wrote {len(paths)} env files to {out_dir}/ (copy each to its machine, same path)")
+    for (host, command), name in zip(host_commands(topo, out_dir, names), names):
+        console.print(f"[bold]{name}[/bold] ({host}):  {command}", markup=True, soft_wrap=True)
+    info(f"open TCP {topo.master_port} on {addresses[0]}, and ephemeral ports between all hosts (gloo/NCCL connect back)")
+
+
+# ------------------------------------------------------------------------------------------- run
+
+
+@main.command(context_settings={**CONTEXT, "ignore_unknown_options": True, "allow_interspersed_args": False})
+@lab_option
+@click.option("--nproc-per-node", metavar="P", help="Processes per node [default: the lab's, from its env files].")
+@click.option("--launcher", type=click.Choice(["torchrun", "static"]), default="torchrun", show_default=True,
+              help="torchrun (c10d rendezvous) or static (RANK/WORLD_SIZE/MASTER_ADDR exported, plain python).")
+@click.option("--timeout-s", type=float, default=None, metavar="S",
+              help="Stop the run on every node after S seconds (default: no limit).")
+@click.option("--dry-run", is_flag=True, help="Print the command each node would run; run nothing.")
+@click.argument("script", nargs=-1, type=click.UNPROCESSED, required=True)
+def run(lab, nproc_per_node, launcher, timeout_s, dry_run, script) -> None:
+    """Run TRAINING_SCRIPT [ARGS...] (or `-m module [ARGS...]`) on every node at once.
+
+    \b
+    Examples:
+      labctl run -- -m trainer --epochs 3
+      labctl run --launcher static -- my_ddp_script.py --lr 0.1
+    """
+    from labctl import lab as lab_mod
+    from labctl import runner
+    from labctl.config import SETTINGS
+    from labctl.launch import build_launches, parse_script_args
+    from labctl.ui import console
+
+    config = _config(lab=lab)
+    nproc = None
+    if nproc_per_node is not None:
+        try:
+            nproc = SETTINGS["nproc_per_node"][1](nproc_per_node)
+        except ValueError as exc:
+            from labctl.errors import ConfigError
+
+            raise ConfigError("--nproc-per-node", nproc_per_node, str(exc)) from None
+    if timeout_s is not None and timeout_s <= 0:
+        from labctl.errors import ConfigError
+
+        raise ConfigError("--timeout-s", timeout_s, "must be a positive number of seconds")
+    script_args = parse_script_args(list(script))
+    client = lab_mod.docker_client()
+    nodes = lab_mod.require_running(client, config.lab)
+    node_env = runner.read_node_envs(lab_mod.lab_dir(_workspace(), config.lab), [n.name for n in nodes])
+    run_id = runner.new_run_id()
+    run_dir = lab_mod.lab_dir(_workspace(), config.lab) / "runs" / run_id
+    launches = build_launches(config.lab, node_env, script_args, launcher=launcher, nproc_per_node=nproc,
+                              run_id=run_id, run_dir=run_dir)
+    if dry_run:
+        for launch in launches:
+            console.print(f"[bold]{launch.label}[/bold] ({launch.container}): {launch.display()}", markup=True, soft_wrap=True)
+        return
+    runner.check_master_port(client, config.lab, node_env)
+    master_port = next(iter(node_env.values()))["MASTER_PORT"] if launcher == "torchrun" else None
+    result = runner.run_all(client, config.lab, launches, run_dir, run_id, master_port=master_port, timeout_s=timeout_s)
+    if not result.ok:
+        raise RunFailed(result.explain())
+
+
+@main.command(context_settings=CONTEXT)
+@lab_option
+@click.argument("node", required=False)
+@click.option("--run", "run_id", metavar="RUN_ID", help="Which run (a folder under .lab/<lab>/runs/); default the latest.")
+@click.option("--container", is_flag=True, help="Show the node container's own log instead of a run's.")
+def logs(lab, node, run_id, container) -> None:
+    """Print the saved output of the latest run (every node, or NODE), or a node container's log."""
+    from labctl import lab as lab_mod
+    from labctl import runner
+
+    config = _config(lab=lab)
+    if container:
+        client = lab_mod.docker_client()
+        names = [node] if node else [n.name for n in lab_mod.lab_status(client, config.lab)]
+        for name in names:
+            click.echo(runner.container_log(client, config.lab, name), nl=False)
+        return
+    for name, text in runner.run_logs(lab_mod.lab_dir(_workspace(), config.lab), run_id, node):
+        click.echo(f"==> {name} <==")
+        click.echo(text, nl=False)
+
+
+if __name__ == "__main__":
+    main()

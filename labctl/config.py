@@ -1,0 +1,259 @@
+"""Lab configuration: defaults < .env < environment < CLI flags, resolved once into a frozen dataclass.
+
+Pure: `resolve_config` takes the three sources as plain mappings; only `load_config` reads `.env`.
+Every setting has one environment key (DDPLAB_*), listed with a comment in `.env.example`.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Mapping
+
+from labctl.errors import ConfigError
+
+MAX_NODES = 64  # beyond this a laptop or a 2-core CI runner is the bottleneck, not the lab
+MAX_NPROC_PER_NODE = 32
+NODE_IP_OFFSET = 10  # node i gets the subnet's address number 10 + i; .1 is Docker's gateway
+AUTO = "auto"
+
+
+@dataclass(frozen=True, kw_only=True)
+class LabConfig:
+    lab: str = "ddplab"
+    """Lab name: prefixes every container, network and volume, and names `.lab/<lab>/`."""
+    nodes: int = 3
+    """Number of simulated nodes (containers node0..node{N-1})."""
+    nproc_per_node: int = 1
+    """Training processes torchrun starts on each node."""
+    subnet: str = AUTO
+    """IPv4 subnet of the lab's bridge network, or 'auto' to pick a free /24."""
+    master_port: int = 29500
+    """TCP port of the rendezvous store on node0 (MASTER_PORT)."""
+    torch_version: str = "2.13.0"
+    """torch release pinned in the node image (CPU build)."""
+    base_image: str = "python:3.11-slim-bookworm"
+    """Base of the node image; when it cannot be pulled, a local Debian base is built instead."""
+    image: str = ""
+    """Node image tag; empty means ddplab-node:torch<TORCH_VERSION>-cpu."""
+    cpus: float | None = None
+    """CPU limit per node (docker --cpus), None for no limit."""
+    memory: str | None = "4g"
+    """Memory limit per node (docker --memory, e.g. 512m, 4g), None for no limit."""
+    pids_limit: int = 4096
+    """Process/thread limit per node (torch starts a thread pool per process)."""
+    iface: str = "eth0"
+    """Socket interface of the lab network inside a node (GLOO/NCCL_SOCKET_IFNAME)."""
+    torch_index_url: str = "https://download.pytorch.org/whl/cpu"
+    """Where the host's pip finds the CPU torch wheel when no local copy exists."""
+    debian_mirror: str = ""
+    """Debian mirror for the local base image; empty means the one apt uses here."""
+    sources: Mapping[str, str] = field(default_factory=dict, compare=False, repr=False)
+    """Where each setting came from ('default', '.env', 'environment', 'flag')."""
+
+    @property
+    def image_tag(self) -> str:
+        return self.image or f"ddplab-node:torch{self.torch_version}-cpu"
+
+    @property
+    def node_names(self) -> list[str]:
+        return [f"node{i}" for i in range(self.nodes)]
+
+    @property
+    def world_size(self) -> int:
+        return self.nodes * self.nproc_per_node
+
+    @property
+    def memory_bytes(self) -> int | None:
+        return None if self.memory is None else parse_memory(self.memory)
+
+
+# ---------------------------------------------------------------------------------------------
+# parsers: each takes the raw string and returns the typed value or raises ValueError(allowed)
+
+_LAB_RE = re.compile(r"^[a-z0-9][a-z0-9_-]{0,30}$")
+_IFACE_RE = re.compile(r"^[A-Za-z0-9_.:-]{1,15}$")
+_VERSION_RE = re.compile(r"^\d+\.\d+\.\d+$")
+_MEMORY_RE = re.compile(r"^(\d+)([bkmg]?)$", re.IGNORECASE)
+_MEMORY_UNITS = {"": 1, "b": 1, "k": 1024, "m": 1024**2, "g": 1024**3}
+MIN_MEMORY_BYTES = 256 * 1024**2  # torch alone needs this much to import and run a tiny model
+
+
+def _int_in(lo: int, hi: int) -> Callable[[str], int]:
+    def parse(raw: str) -> int:
+        try:
+            value = int(str(raw).strip())
+        except ValueError:
+            raise ValueError(f"must be a whole number from {lo} to {hi}") from None
+        if not lo <= value <= hi:
+            raise ValueError(f"must be from {lo} to {hi}")
+        return value
+
+    return parse
+
+
+def _regex(pattern: re.Pattern[str], allowed: str) -> Callable[[str], str]:
+    def parse(raw: str) -> str:
+        value = str(raw).strip()
+        if not pattern.match(value):
+            raise ValueError(allowed)
+        return value
+
+    return parse
+
+
+def parse_subnet(raw: str) -> str:
+    value = str(raw).strip()
+    if value.lower() == AUTO:
+        return AUTO
+    try:
+        net = ipaddress.ip_network(value, strict=False)
+    except ValueError:
+        raise ValueError("must be an IPv4 network in CIDR form such as 172.28.0.0/24, or 'auto'") from None
+    if net.version != 4:
+        raise ValueError("must be an IPv4 network (the lab network is IPv4 only)")
+    if str(net) != value:
+        raise ValueError(f"has host bits set; did you mean {net}?")
+    if net.prefixlen > 28:
+        raise ValueError("must be a /28 or larger (prefix length at most 28)")
+    if net.is_loopback or net.is_multicast or net.is_link_local:
+        raise ValueError("must be an ordinary private range, not loopback, multicast or link-local")
+    return value
+
+
+def parse_cpus(raw: str) -> float | None:
+    value = str(raw).strip()
+    if value in ("", "0", "none"):
+        return None
+    try:
+        cpus = float(value)
+    except ValueError:
+        raise ValueError("must be a number of CPUs such as 0.5 or 2 (empty for no limit)") from None
+    if not 0.01 <= cpus <= 1024:
+        raise ValueError("must be from 0.01 to the host's CPU count (empty for no limit)")
+    return cpus
+
+
+def parse_memory(raw: str) -> int:
+    match = _MEMORY_RE.match(str(raw).strip())
+    if not match:
+        raise ValueError("must be a size such as 512m or 4g (units b, k, m, g)")
+    return int(match.group(1)) * _MEMORY_UNITS[match.group(2).lower()]
+
+
+def _memory(raw: str) -> str | None:
+    value = str(raw).strip().lower()
+    if value in ("", "none", "0"):
+        return None
+    if parse_memory(value) < MIN_MEMORY_BYTES:
+        raise ValueError("must be at least 256m: a node needs that much to run torch")
+    return value
+
+
+def _text(raw: str) -> str:
+    return str(raw).strip()
+
+
+# setting -> (environment key, parser). The order is the order of .env.example.
+SETTINGS: dict[str, tuple[str, Callable[[str], Any]]] = {
+    "lab": ("DDPLAB_LAB", _regex(_LAB_RE, "must be 1-31 lowercase letters, digits, '-' or '_', starting with a letter or digit")),
+    "nodes": ("DDPLAB_NODES", _int_in(1, MAX_NODES)),
+    "nproc_per_node": ("DDPLAB_NPROC_PER_NODE", _int_in(1, MAX_NPROC_PER_NODE)),
+    "subnet": ("DDPLAB_SUBNET", parse_subnet),
+    # Nodes run as the invoking user, who cannot bind ports below 1024.
+    "master_port": ("DDPLAB_MASTER_PORT", _int_in(1024, 65535)),
+    "torch_version": ("DDPLAB_TORCH_VERSION", _regex(_VERSION_RE, "must be a release such as 2.13.0")),
+    "base_image": ("DDPLAB_BASE_IMAGE", _regex(re.compile(r"^\S+$"), "must be an image reference such as python:3.11-slim-bookworm")),
+    "image": ("DDPLAB_IMAGE", _regex(re.compile(r"^\S*$"), "must be an image tag without spaces, or empty")),
+    "cpus": ("DDPLAB_CPUS", parse_cpus),
+    "memory": ("DDPLAB_MEMORY", _memory),
+    "pids_limit": ("DDPLAB_PIDS_LIMIT", _int_in(64, 1_000_000)),
+    "iface": ("DDPLAB_IFACE", _regex(_IFACE_RE, "must be a network interface name such as eth0 (1-15 characters)")),
+    "torch_index_url": ("DDPLAB_TORCH_INDEX_URL", _regex(re.compile(r"^(https?|file)://\S+$"), "must be an http(s):// or file:// URL")),
+    "debian_mirror": ("DDPLAB_DEBIAN_MIRROR", _regex(re.compile(r"^((https?|file)://\S+)?$"), "must be an http(s):// URL or empty")),
+}
+
+FLAG_NAMES = {name: "--" + name.replace("_", "-") for name in SETTINGS}
+FLAG_NAMES["lab"] = "--lab"
+
+
+def resolve_config(
+    *,
+    dotenv: Mapping[str, str | None] | None = None,
+    environ: Mapping[str, str] | None = None,
+    flags: Mapping[str, Any] | None = None,
+    dotenv_name: str = ".env",
+) -> LabConfig:
+    """Merge the sources (later wins) and validate every value. Raises ConfigError naming the key."""
+    layers: list[tuple[str, Mapping[str, Any], bool]] = [
+        (dotenv_name, dotenv or {}, False),
+        ("environment", environ or {}, False),
+        ("flag", flags or {}, True),
+    ]
+    values: dict[str, Any] = {}
+    sources: dict[str, str] = {}
+    for name, (key, parse) in SETTINGS.items():
+        source, raw = "default", None
+        for layer_name, layer, by_field in layers:
+            candidate = layer.get(name if by_field else key)
+            if candidate is not None:
+                source, raw = layer_name, candidate
+        if raw is None:
+            sources[name] = "default"
+            continue
+        shown_key = FLAG_NAMES[name] if source == "flag" else key
+        try:
+            values[name] = parse(raw)
+        except ValueError as exc:
+            raise ConfigError(shown_key, raw, str(exc), source if source != "flag" else "") from None
+        sources[name] = source
+    return LabConfig(**values, sources=sources)
+
+
+def load_config(workspace: Path, environ: Mapping[str, str], flags: Mapping[str, Any]) -> LabConfig:
+    """Read `<workspace>/.env` (if any) with python-dotenv and resolve. The only I/O in this module."""
+    from dotenv import dotenv_values
+
+    env_path = workspace / ".env"
+    dotenv = dotenv_values(env_path) if env_path.is_file() else {}
+    return resolve_config(dotenv=dotenv, environ=environ, flags=flags, dotenv_name=str(env_path))
+
+
+def node_ip(subnet: str, index: int) -> str:
+    net = ipaddress.ip_network(subnet)
+    return str(net.network_address + NODE_IP_OFFSET + index)
+
+
+def subnet_capacity(subnet: str) -> int:
+    """How many nodes fit: addresses after the offset, less the broadcast address."""
+    net = ipaddress.ip_network(subnet)
+    return max(0, net.num_addresses - NODE_IP_OFFSET - 1)
+
+
+def check_fits(config: LabConfig, subnet: str) -> None:
+    capacity = subnet_capacity(subnet)
+    if config.nodes > capacity:
+        raise ConfigError(
+            "DDPLAB_SUBNET", subnet, f"holds at most {capacity} nodes, {config.nodes} asked",
+            config.sources.get("subnet", ""), hint="use a larger subnet (e.g. a /24) or fewer nodes",
+        )
+
+
+# The pool `auto` picks /24s from: 172.28.0.0/14 stays clear of Docker's default bridge
+# (172.17.0.0/16) and of the 172.18-172.27 ranges Docker hands to networks without a subnet.
+AUTO_POOL = "172.28.0.0/14"
+
+
+def overlaps(subnet: str, used: list[str]) -> list[str]:
+    net = ipaddress.ip_network(subnet)
+    others = [(u, ipaddress.ip_network(u, strict=False)) for u in used]
+    return [u for u, other in others if other.version == net.version and net.overlaps(other)]
+
+
+def pick_free_subnet(used: list[str], pool: str = AUTO_POOL, prefix: int = 24) -> str:
+    for candidate in ipaddress.ip_network(pool).subnets(new_prefix=prefix):
+        if not overlaps(str(candidate), used):
+            return str(candidate)
+    raise ConfigError("DDPLAB_SUBNET", AUTO, f"no free /{prefix} left in {pool}", hint="set DDPLAB_SUBNET to a free range")

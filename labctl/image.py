@@ -1,0 +1,235 @@
+"""Build the node image, also where no container registry answers.
+
+1. Base: the configured BASE_IMAGE if it is local or can be pulled; otherwise a local Debian base
+   (debootstrap from the apt mirror this machine already uses, then `docker import`), built once.
+2. Wheelhouse: the host's pip downloads torch (CPU build) and its dependencies into
+   .lab/wheelhouse, and the Dockerfile installs from there with --no-index.
+3. Build with the Docker SDK, showing the Dockerfile's steps as a progress bar. The image carries
+   a hash of its inputs as a label, so an up-to-date image is recognised without building.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Iterable
+
+from labctl.compose import REPO_ROOT
+from labctl.config import LabConfig
+from labctl.errors import CommandError, LabError
+from labctl.proc import run
+
+LOCAL_BASE = "ddplab-base:bookworm"
+LABEL_BUILD_HASH = "io.ddplab.build-hash"
+WHEELHOUSE = REPO_ROOT / ".lab" / "wheelhouse"
+WHEELHOUSE_STAMP = "ddplab-wheelhouse.txt"
+BASE_PACKAGES = "python3,python3-venv,python3-pip,iproute2,iperf3,procps,util-linux,ca-certificates"
+_STEP_RE = re.compile(r"^Step (\d+)/(\d+) : (.*)$")
+
+Report = Callable[[str], None]
+
+
+@dataclass(frozen=True)
+class BuildResult:
+    tag: str
+    base: str
+    cached: bool
+
+
+# --------------------------------------------------------------------------------------- pure
+
+
+def wheel_requirements(torch_version: str) -> list[str]:
+    return [f"torch=={torch_version}", "numpy"]
+
+
+def build_hash(files: Iterable[Path], wheel_names: Iterable[str], build_args: dict[str, str]) -> str:
+    """Content hash of everything the image is made from: files, wheels, build arguments."""
+    digest = hashlib.sha256()
+    for path in sorted(files):
+        digest.update(str(path.relative_to(REPO_ROOT)).encode())
+        digest.update(path.read_bytes())
+    for name in sorted(wheel_names):
+        digest.update(name.encode())
+    for key in sorted(build_args):
+        digest.update(f"{key}={build_args[key]}".encode())
+    return digest.hexdigest()[:16]
+
+
+def image_inputs() -> list[Path]:
+    files = [REPO_ROOT / "Dockerfile", REPO_ROOT / "compose" / "node-entrypoint.sh"]
+    files += [p for p in (REPO_ROOT / "trainer").rglob("*.py") if "__pycache__" not in p.parts]
+    return files
+
+
+def debian_mirror_from_apt(sources_dir: Path = Path("/etc/apt")) -> str:
+    """The Debian mirror apt uses here: the route to packages that is known to work on this machine."""
+    candidates: list[Path] = [sources_dir / "sources.list"]
+    candidates += sorted((sources_dir / "sources.list.d").glob("*")) if (sources_dir / "sources.list.d").is_dir() else []
+    for path in candidates:
+        try:
+            text = path.read_text()
+        except OSError:
+            continue
+        for line in text.splitlines():
+            line = line.strip()
+            uris = []
+            if line.startswith("URIs:"):
+                uris = line.split()[1:]
+            elif line.startswith("deb ") and "bookworm" in line:
+                uris = [w for w in line.split() if "://" in w]
+            for uri in uris:
+                if uri.rstrip("/").endswith("/debian"):
+                    return uri
+    return "http://deb.debian.org/debian"
+
+
+# ------------------------------------------------------------------------------ side effects
+
+
+def ensure_wheelhouse(config: LabConfig, report: Report, wheelhouse: Path = WHEELHOUSE) -> list[str]:
+    """Fill the wheelhouse once per requirement set; returns the wheel file names."""
+    requirements = wheel_requirements(config.torch_version)
+    stamp = wheelhouse / WHEELHOUSE_STAMP
+    if stamp.is_file() and stamp.read_text().split() == requirements:
+        return sorted(p.name for p in wheelhouse.glob("*.whl"))
+    if wheelhouse.exists():
+        shutil.rmtree(wheelhouse)
+    wheelhouse.mkdir(parents=True)
+    pip = [sys.executable, "-m", "pip", "download", "--quiet", "--only-binary=:all:", "-d", str(wheelhouse)]
+    torch_req = requirements[0]
+    report(f"wheelhouse: looking for a local {torch_req} wheel (pip's find-links)")
+    # The CPU build first from what pip already has locally (PIP_FIND_LINKS), then from the CPU
+    # index: plain PyPI would hand us the CUDA build, several GB.
+    local = run(pip + ["--no-deps", "--no-index", torch_req], check=False)
+    if local.returncode != 0:
+        report(f"wheelhouse: downloading {torch_req} (CPU build) from {config.torch_index_url}")
+        try:
+            run(pip + ["--no-deps", "--index-url", config.torch_index_url, torch_req])
+        except CommandError as exc:
+            raise LabError(f"could not get a CPU wheel of {torch_req}: {exc}",
+                           hint="set DDPLAB_TORCH_INDEX_URL to an index with CPU builds, or put the wheel in PIP_FIND_LINKS") from None
+    report("wheelhouse: downloading torch's dependencies and numpy")
+    run(pip + ["--find-links", str(wheelhouse), *requirements])
+    names = sorted(p.name for p in wheelhouse.glob("*.whl"))
+    cuda = [n for n in names if n.startswith("nvidia_")]
+    if cuda:
+        raise LabError(f"the wheelhouse got CUDA packages ({', '.join(cuda[:3])}, ...): the torch wheel is not a CPU build",
+                       hint="set DDPLAB_TORCH_INDEX_URL to https://download.pytorch.org/whl/cpu")
+    stamp.write_text("\n".join(requirements) + "\n")
+    return names
+
+
+def image_exists(client, tag: str) -> bool:
+    import docker.errors
+
+    try:
+        client.images.get(tag)
+        return True
+    except docker.errors.ImageNotFound:
+        return False
+
+
+def ensure_base(client, config: LabConfig, report: Report) -> str:
+    """The base image to build FROM: the configured one if we have or can pull it, else a local one."""
+    import docker.errors
+
+    if image_exists(client, config.base_image):
+        return config.base_image
+    report(f"base: pulling {config.base_image}")
+    try:
+        client.images.pull(config.base_image)
+        return config.base_image
+    except docker.errors.APIError as exc:
+        reason = str(exc.explanation or exc).splitlines()[0][:160]
+        report(f"base: cannot pull {config.base_image} ({reason}); using a local Debian base instead")
+    if not image_exists(client, LOCAL_BASE):
+        build_local_base(config, report)
+    return LOCAL_BASE
+
+
+def build_local_base(config: LabConfig, report: Report) -> None:
+    """debootstrap a minimal bookworm with Python 3.11 and import it as an image (about a minute)."""
+    if os.geteuid() != 0:
+        raise LabError(f"cannot pull {config.base_image} and building a local base needs root (debootstrap)",
+                       hint="make the base image available (docker pull or docker load), or run as root")
+    if shutil.which("debootstrap") is None:
+        report("base: installing debootstrap")
+        run(["apt-get", "install", "-y", "-qq", "debootstrap"], check=False)
+        if shutil.which("debootstrap") is None:
+            run(["apt-get", "update", "-qq"])
+            run(["apt-get", "install", "-y", "-qq", "debootstrap"])
+    mirror = config.debian_mirror or debian_mirror_from_apt()
+    report(f"base: debootstrap bookworm from {mirror} (about a minute, once)")
+    with tempfile.TemporaryDirectory(prefix="ddplab-rootfs-") as tmp:
+        rootfs = Path(tmp) / "rootfs"
+        run(["debootstrap", "--variant=minbase", f"--include={BASE_PACKAGES}", "bookworm", str(rootfs), mirror])
+        report(f"base: importing as {LOCAL_BASE}")
+        tar = subprocess.Popen(["tar", "-C", str(rootfs), "-c", "."], stdout=subprocess.PIPE)
+        try:
+            run_import = subprocess.run(["docker", "import", "-c", "ENV LANG=C.UTF-8", "-", LOCAL_BASE],
+                                        stdin=tar.stdout, capture_output=True, text=True)
+        finally:
+            tar.stdout.close()
+            tar.wait()
+        if run_import.returncode != 0:
+            raise CommandError(["docker", "import", "-", LOCAL_BASE], run_import.returncode, run_import.stdout, run_import.stderr)
+
+
+def build_image(client, config: LabConfig, report: Report, progress_factory=None, force: bool = False) -> BuildResult:
+    """Build config.image_tag unless an image with the same input hash exists."""
+    base = ensure_base(client, config, report)
+    wheels = ensure_wheelhouse(config, report)
+    build_args = {"BASE_IMAGE": base, "TORCH_VERSION": config.torch_version}
+    digest = build_hash(image_inputs(), wheels, build_args)
+    if not force and image_exists(client, config.image_tag):
+        labels = client.images.get(config.image_tag).labels or {}
+        if labels.get(LABEL_BUILD_HASH) == digest:
+            return BuildResult(config.image_tag, base, cached=True)
+    _docker_build(client, config.image_tag, build_args, {LABEL_BUILD_HASH: digest}, report, progress_factory)
+    return BuildResult(config.image_tag, base, cached=False)
+
+
+def _docker_build(client, tag: str, build_args: dict[str, str], labels: dict[str, str], report: Report,
+                  progress_factory) -> None:
+    """Stream the classic builder's output, moving a progress bar step by step."""
+    stream = client.api.build(path=str(REPO_ROOT), dockerfile="Dockerfile", tag=tag, buildargs=build_args,
+                              labels=labels, rm=True, forcerm=True, decode=True)
+    lines: list[str] = []
+    with (progress_factory() if progress_factory else _NullProgress()) as progress:
+        for chunk in stream:
+            if "error" in chunk:
+                tail = "\n    ".join(lines[-20:])
+                raise LabError(f"building {tag} failed: {chunk['error'].strip()}\n    {tail}",
+                               hint="see the build output above; `labctl build --verbose` shows every line")
+            text = chunk.get("stream", "")
+            for line in text.splitlines():
+                if not line.strip():
+                    continue
+                lines.append(line)
+                match = _STEP_RE.match(line)
+                if match:
+                    progress.step(int(match.group(1)), int(match.group(2)), match.group(3))
+                else:
+                    progress.detail(line)
+
+
+class _NullProgress:
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+    def step(self, n: int, total: int, text: str) -> None:
+        pass
+
+    def detail(self, line: str) -> None:
+        pass

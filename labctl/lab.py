@@ -1,0 +1,254 @@
+"""Bring a lab up, read its state back from Docker, and tear it down. The side-effect half of
+config/envfiles/compose: plans are built there, applied here.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+from labctl import compose as compose_mod
+from labctl.compose import LABEL_LAB, LABEL_NODE, LABEL_RANK, ComposePlan, container_name, network_name
+from labctl.config import AUTO, LabConfig, check_fits, node_ip, overlaps, pick_free_subnet
+from labctl.envfiles import build_env_files, topology_for_lab, write_env_files
+from labctl.errors import CommandError, ConfigError, LabError
+from labctl.proc import run
+
+READY_PREFIX = "DDPLAB_READY"
+NOT_READY_PREFIX = "DDPLAB_NOT_READY"
+READY_TIMEOUT_S = 60.0
+
+Report = Callable[[str], None]
+
+
+@dataclass(frozen=True)
+class NodeState:
+    name: str
+    ip: str
+    torch: str
+    state: str
+    rank: int
+
+
+def lab_dir(workspace: Path, lab: str) -> Path:
+    return workspace / ".lab" / lab
+
+
+def docker_client():
+    """A client for the local engine, or a clear error saying how to get one."""
+    import docker
+    import docker.errors
+
+    try:
+        client = docker.from_env(timeout=120)
+        client.ping()
+        return client
+    except docker.errors.DockerException as exc:
+        where = os.environ.get("DOCKER_HOST", "unix:///var/run/docker.sock")
+        reason = str(exc).splitlines()[0][:200]
+        raise LabError(f"no Docker engine answers at {where} ({reason})",
+                       hint="start one: `make engine` (as root on Debian it installs and starts dockerd), "
+                            "or start Docker Desktop / `sudo systemctl start docker`; check with `docker info`") from None
+
+
+def ensure_compose() -> None:
+    try:
+        run(["docker", "compose", "version", "--short"], timeout_s=30)
+    except CommandError:
+        raise LabError("Docker Compose v2 is not installed (`docker compose version` fails)",
+                       hint="run `make engine`, which installs it as a Docker CLI plugin") from None
+
+
+def lab_containers(client, lab: str) -> list:
+    return client.containers.list(all=True, filters={"label": f"{LABEL_LAB}={lab}"})
+
+
+def lab_networks(client, lab: str) -> list:
+    return client.networks.list(filters={"label": f"{LABEL_LAB}={lab}"})
+
+
+def network_subnets(network) -> list[str]:
+    config = (network.attrs.get("IPAM") or {}).get("Config") or []
+    return [c["Subnet"] for c in config if c.get("Subnet")]
+
+
+def choose_subnet(client, config: LabConfig) -> str:
+    """The lab keeps the subnet it runs on; a new lab takes the configured or a free one."""
+    own = [s for n in lab_networks(client, config.lab) for s in network_subnets(n)]
+    if own:
+        if config.subnet != AUTO and config.subnet != own[0]:
+            raise ConfigError("DDPLAB_SUBNET", config.subnet, f"lab '{config.lab}' already runs on {own[0]}",
+                              config.sources.get("subnet", ""), hint=f"`labctl down --lab {config.lab}` first to move it")
+        return own[0]
+    others = {}
+    for network in client.networks.list():
+        for subnet in network_subnets(network):
+            others[subnet] = network.name
+    if config.subnet == AUTO:
+        return pick_free_subnet(list(others))
+    clash = overlaps(config.subnet, list(others))
+    if clash:
+        names = ", ".join(f"{others[c]} ({c})" for c in clash)
+        raise ConfigError("DDPLAB_SUBNET", config.subnet, f"overlaps the existing Docker network {names}",
+                          config.sources.get("subnet", ""), hint="pick another range, or leave DDPLAB_SUBNET=auto to get a free one")
+    return config.subnet
+
+
+def invoking_user() -> str:
+    """uid:gid of the person running labctl (under sudo, the person behind sudo)."""
+    uid = int(os.environ.get("SUDO_UID", os.getuid()))
+    gid = int(os.environ.get("SUDO_GID", os.getgid()))
+    return f"{uid}:{gid}"
+
+
+def check_host_limits(client, config: LabConfig) -> None:
+    ncpu = int(client.info().get("NCPU") or os.cpu_count() or 1)
+    if config.cpus is not None and config.cpus > ncpu:
+        raise ConfigError("--cpus" if config.sources.get("cpus") == "flag" else "DDPLAB_CPUS", config.cpus,
+                          f"must be at most the engine's {ncpu} CPUs", hint="a node cannot have more CPUs than the machine")
+
+
+def plan_up(client, config: LabConfig, workspace: Path) -> tuple[dict, dict[str, str], str]:
+    """Validate against the engine and render everything; creates nothing."""
+    subnet = choose_subnet(client, config)
+    check_fits(config, subnet)
+    check_host_limits(client, config)
+    plan = ComposePlan(subnet=subnet, workspace=workspace, user=invoking_user())
+    document = compose_mod.build_compose(config, plan, compose_mod.load_template())
+    ips = [node_ip(subnet, i) for i in range(config.nodes)]
+    env_files = build_env_files(topology_for_lab(config, ips), config.node_names)
+    return document, env_files, subnet
+
+
+def write_project(directory: Path, document: dict, env_files: dict[str, str]) -> Path:
+    write_env_files(directory, env_files)
+    for stale in directory.glob("node*.env"):
+        if stale.name not in env_files:
+            stale.unlink()
+    compose_file = directory / "compose.yaml"
+    compose_file.write_text(compose_mod.render_compose(document))
+    return compose_file
+
+
+def compose_up(compose_file: Path, lab: str) -> None:
+    # --remove-orphans: nodes beyond the new count (shrinking 5 -> 3) belong to the project but
+    # not to the file any more. Compose recreates nodes whose env file changed (NNODES grew).
+    run(["docker", "compose", "-f", str(compose_file), "-p", lab, "up", "-d", "--remove-orphans", "--quiet-pull"],
+        timeout_s=600)
+
+
+def apply_up(client, config: LabConfig, workspace: Path, document: dict, env_files: dict[str, str],
+             report: Report) -> list[NodeState]:
+    existed = bool(lab_containers(client, config.lab) or lab_networks(client, config.lab))
+    compose_file = write_project(lab_dir(workspace, config.lab), document, env_files)
+    try:
+        compose_up(compose_file, config.lab)
+        report(f"waiting for {config.nodes} nodes to report torch")
+        return wait_ready(client, config.lab, config.node_names)
+    except (CommandError, LabError, KeyboardInterrupt):
+        # Never leave a half-built lab behind: a lab this call created goes again.
+        if not existed:
+            apply_down(client, config.lab, volumes=True)
+        raise
+
+
+def _ready_line(container) -> str | None:
+    for line in container.logs(tail=20).decode(errors="replace").splitlines():
+        if line.startswith((READY_PREFIX, NOT_READY_PREFIX)):
+            return line
+    return None
+
+
+def wait_ready(client, lab: str, names: list[str], timeout_s: float = READY_TIMEOUT_S) -> list[NodeState]:
+    """Poll each node's log for the line its entry point prints once its Python finds torch."""
+    deadline = time.monotonic() + timeout_s
+    pending = {name: client.containers.get(container_name(lab, name)) for name in names}
+    ready: dict[str, str] = {}
+    while pending:
+        for name, container in list(pending.items()):
+            line = _ready_line(container)
+            if line is None:
+                container.reload()
+                if container.status in ("exited", "dead"):
+                    raise LabError(f"{name} exited during start-up (status {container.attrs['State'].get('ExitCode')}): "
+                                   f"{container.logs(tail=5).decode(errors='replace').strip()}",
+                                   hint=f"`docker logs {container.name}` shows why; `labctl build --force` rebuilds the image")
+                continue
+            if line.startswith(NOT_READY_PREFIX):
+                raise LabError(f"{name}: {line}", hint="`labctl build --force` rebuilds the node image")
+            ready[name] = line
+            del pending[name]
+        if pending and time.monotonic() > deadline:
+            raise LabError(f"nodes {', '.join(sorted(pending))} did not report ready within {timeout_s:.0f} s",
+                           hint="the machine may be overloaded; `docker logs` on those containers shows why")
+        if pending:
+            time.sleep(0.1)
+    return lab_status(client, lab, ready_lines=ready)
+
+
+def _torch_from(line: str | None) -> str:
+    if not line or not line.startswith(READY_PREFIX):
+        return "?"
+    fields = dict(part.split("=", 1) for part in line.split()[1:] if "=" in part)
+    return fields.get("torch", "?")
+
+
+def lab_status(client, lab: str, ready_lines: dict[str, str] | None = None) -> list[NodeState]:
+    """Each node as Docker sees it now (not as a cache remembers it), in node-rank order."""
+    containers = lab_containers(client, lab)
+    net = network_name(lab)
+
+    def describe(container) -> NodeState:
+        name = container.labels.get(LABEL_NODE, container.name)
+        networks = container.attrs.get("NetworkSettings", {}).get("Networks", {}) or {}
+        ip = (networks.get(net) or {}).get("IPAddress") or "-"
+        line = (ready_lines or {}).get(name)
+        if line is None and container.status == "running":
+            line = _ready_line(container)
+        return NodeState(name=name, ip=ip, torch=_torch_from(line), state=container.status,
+                         rank=int(container.labels.get(LABEL_RANK, "0")))
+
+    with ThreadPoolExecutor(max_workers=8) as pool:
+        nodes = list(pool.map(describe, containers))
+    return sorted(nodes, key=lambda n: n.rank)
+
+
+def apply_down(client, lab: str, volumes: bool = False) -> dict[str, int]:
+    """Remove every container and network labelled with the lab (the volume with `volumes`).
+
+    Works from labels alone, not from the compose file, so it also cleans up after an `up` that was
+    interrupted or crashed half-way; running it again finds nothing and succeeds.
+    """
+    import docker.errors
+
+    def remove(resource) -> int:
+        try:
+            resource.remove(force=True) if hasattr(resource, "exec_run") else resource.remove()
+            return 1
+        except docker.errors.NotFound:
+            return 0
+
+    containers = lab_containers(client, lab)
+    with ThreadPoolExecutor(max_workers=8) as pool:
+        removed_containers = sum(pool.map(remove, containers))
+    removed_networks = sum(remove(n) for n in lab_networks(client, lab))
+    removed_volumes = 0
+    if volumes:
+        removed_volumes = sum(remove(v) for v in client.volumes.list(filters={"label": f"{LABEL_LAB}={lab}"}))
+    return {"containers": removed_containers, "networks": removed_networks, "volumes": removed_volumes}
+
+
+def require_running(client, lab: str) -> list[NodeState]:
+    nodes = lab_status(client, lab)
+    if not nodes:
+        raise LabError(f"lab '{lab}' is not up (no containers labelled {LABEL_LAB}={lab})",
+                       hint=f"`labctl up --lab {lab} --nodes 3` brings it up")
+    down = [n.name for n in nodes if n.state != "running"]
+    if down:
+        raise LabError(f"lab '{lab}': {', '.join(down)} not running ({', '.join(n.state for n in nodes if n.state != 'running')})",
+                       hint=f"`labctl up --lab {lab}` restores the nodes")
+    return nodes

@@ -1,0 +1,181 @@
+"""What each node runs for `labctl run`: launcher argv and environment. Pure: returns data.
+
+torchrun: the node's env file already carries PET_* defaults, so the command is the bare
+`torchrun SCRIPT ARGS`. Per run we only override the rendezvous id (a fresh one each run) and the
+store host (see `rendezvous_store_launch`).
+
+static: the manual style people use on VMs: RANK, LOCAL_RANK, WORLD_SIZE, MASTER_ADDR and
+MASTER_PORT exported by hand and plain `python SCRIPT ARGS`, one process per rank.
+"""
+
+from __future__ import annotations
+
+import shlex
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from labctl.compose import container_name
+from labctl.errors import LabError
+
+RUN_ID_VAR = "DDPLAB_RUN_ID"  # every process of a run inherits it; `stop` finds them by it
+RUN_DIR_VAR = "DDPLAB_RUN_DIR"  # where the trainer writes its per-rank metrics
+STORE_READY = "DDPLAB_STORE_READY"
+STORE_FAILED = "DDPLAB_STORE_FAILED"
+
+# The rendezvous store, hosted for the whole run by a process of its own on node0.
+# Why not torchrun's is_host=true on node0: that agent owns the store and exits as soon as its own
+# workers finish; agents still shutting down on other nodes then cannot reach the store and print
+# "failed to shutdown the rendezvous ... RendezvousConnectionError" with a C++ stack, after a run
+# that succeeded. A store that outlives every agent closes the rendezvous cleanly.
+STORE_SCRIPT = f"""
+import datetime, sys, time
+from torch.distributed import TCPStore
+port = int(sys.argv[1])
+try:
+    store = TCPStore("0.0.0.0", port, is_master=True, wait_for_workers=False,
+                     timeout=datetime.timedelta(seconds=60))
+except Exception as exc:
+    print("{STORE_FAILED}", str(exc).splitlines()[0], flush=True)
+    sys.exit(3)
+print("{STORE_READY}", port, flush=True)
+while True:
+    time.sleep(3600)
+"""
+
+# Checks that nothing on node0 listens on the rendezvous port yet (a run left over from a Ctrl-C
+# elsewhere, or a user's own torchrun). Cheap: no torch import.
+PORT_CHECK_SCRIPT = """
+import socket, sys
+s = socket.socket()
+s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+try:
+    s.bind(("0.0.0.0", int(sys.argv[1])))
+except OSError as exc:
+    print(exc.strerror); sys.exit(3)
+"""
+
+# Stops every process of one run on a node: they all carry DDPLAB_RUN_ID in their environment,
+# including torchrun's workers, which torchrun starts in sessions of their own (so a process-group
+# kill would miss them). SIGTERM first, so torchrun can stop its workers; SIGKILL after a grace.
+STOP_SCRIPT = f"""
+import os, signal, sys, time
+marker = ("{RUN_ID_VAR}=" + sys.argv[1]).encode()
+grace_s = float(sys.argv[2])
+def members():
+    pids = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit() and int(entry) not in (1, os.getpid()):
+            try:
+                with open(f"/proc/{{entry}}/environ", "rb") as f:
+                    if marker in f.read().split(b"\\0"):
+                        pids.append(int(entry))
+            except OSError:
+                pass
+    return pids
+def signal_all(sig):
+    for pid in members():
+        try:
+            os.kill(pid, sig)
+        except OSError:
+            pass
+signal_all(signal.SIGTERM)
+deadline = time.monotonic() + grace_s
+while members() and time.monotonic() < deadline:
+    time.sleep(0.1)
+signal_all(signal.SIGKILL)
+"""
+
+
+@dataclass(frozen=True)
+class Launch:
+    """One process tree to start on one node."""
+
+    label: str  # the output prefix, e.g. node1 or node1/r3
+    node: str
+    container: str
+    argv: list[str]
+    env: dict[str, str] = field(default_factory=dict)
+    workdir: str | None = None
+
+    def display(self) -> str:
+        env = " ".join(f"{k}={shlex.quote(v)}" for k, v in self.env.items())
+        return f"{env} {shlex.join(self.argv)}".strip()
+
+
+def parse_script_args(args: list[str]) -> list[str]:
+    """torchrun's positional form: `SCRIPT [ARGS...]` or `-m MODULE [ARGS...]`."""
+    if args and args[0] == "--":
+        args = args[1:]
+    if not args:
+        raise LabError("no training script given", hint="labctl run -- train.py [ARGS...]  or  labctl run -- -m trainer")
+    if args[0] in ("-m", "--module"):
+        if len(args) < 2 or args[1].startswith("-"):
+            raise LabError(f"`{args[0]}` needs a module name, got {args[1:2] or 'nothing'}",
+                           hint="labctl run -- -m trainer --epochs 3")
+        return args
+    if args[0].startswith("-"):
+        raise LabError(f"expected a script path or `-m module` first, got option {args[0]!r}",
+                       hint="labctl options go before `--`: labctl run --nproc-per-node 2 -- train.py")
+    return args
+
+
+def python_argv(script_args: list[str]) -> list[str]:
+    return ["python", *script_args]
+
+
+def torchrun_argv(script_args: list[str], nproc_per_node: int | None) -> list[str]:
+    argv = ["torchrun"]
+    if nproc_per_node is not None:
+        argv += ["--nproc-per-node", str(nproc_per_node)]
+    if script_args[0] in ("-m", "--module"):
+        return argv + ["-m", *script_args[1:]]
+    return argv + script_args
+
+
+def run_env(run_id: str, run_dir: Path) -> dict[str, str]:
+    return {RUN_ID_VAR: run_id, RUN_DIR_VAR: str(run_dir)}
+
+
+def build_launches(lab: str, node_env: dict[str, dict[str, str]], script_args: list[str], *, launcher: str,
+                   nproc_per_node: int | None, run_id: str, run_dir: Path) -> list[Launch]:
+    """The processes of one run, in node-rank order. `node_env` maps node name -> its env file."""
+    names = list(node_env)
+    common = run_env(run_id, run_dir)
+    launches = []
+    if launcher == "torchrun":
+        for name in names:
+            env = {
+                **common,
+                # A fresh rendezvous per run, hosted by the run's own store (see STORE_SCRIPT).
+                "PET_RDZV_ID": run_id,
+                "PET_RDZV_CONF": "is_host=false",
+            }
+            launches.append(Launch(name, name, container_name(lab, name),
+                                   torchrun_argv(script_args, nproc_per_node), env))
+        return launches
+    if launcher != "static":
+        raise LabError(f"unknown launcher {launcher!r}", hint="torchrun or static")
+    first = node_env[names[0]]
+    nproc = nproc_per_node or int(first.get("NPROC_PER_NODE", "1"))
+    world_size = len(names) * nproc
+    for node_rank, name in enumerate(names):
+        for local_rank in range(nproc):
+            rank = node_rank * nproc + local_rank
+            env = {
+                **common,
+                "RANK": str(rank),
+                "LOCAL_RANK": str(local_rank),
+                "WORLD_SIZE": str(world_size),
+                "LOCAL_WORLD_SIZE": str(nproc),
+                "GROUP_RANK": str(node_rank),
+                "MASTER_ADDR": first["MASTER_ADDR"],
+                "MASTER_PORT": first["MASTER_PORT"],
+            }
+            label = name if nproc == 1 else f"{name}/r{rank}"
+            launches.append(Launch(label, name, container_name(lab, name), python_argv(script_args), env))
+    return launches
+
+
+def store_launch(lab: str, node: str, master_port: str, run_id: str, run_dir: Path) -> Launch:
+    return Launch(f"{node}/store", node, container_name(lab, node),
+                  ["python", "-c", STORE_SCRIPT, master_port], run_env(run_id, run_dir))

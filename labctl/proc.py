@@ -1,0 +1,27 @@
+"""The one way labctl runs an external command: argv lists, logged, failures raised with their output."""
+
+from __future__ import annotations
+
+import logging
+import shlex
+import subprocess
+from pathlib import Path
+
+from labctl.errors import CommandError
+
+log = logging.getLogger("labctl.proc")
+
+
+def run(argv: list[str], *, cwd: Path | None = None, check: bool = True, capture: bool = True,
+        timeout_s: float | None = None, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    """Run argv (never a shell string). Raises CommandError with the command, status and output."""
+    log.debug("$ %s", shlex.join(argv))
+    try:
+        result = subprocess.run(argv, cwd=cwd, text=True, capture_output=capture, timeout=timeout_s, env=env)
+    except FileNotFoundError:
+        raise CommandError(argv, 127, stderr=f"{argv[0]}: command not found") from None
+    except subprocess.TimeoutExpired as exc:
+        raise CommandError(argv, 124, stderr=f"timed out after {timeout_s} s\n{exc.stderr or ''}") from None
+    if check and result.returncode != 0:
+        raise CommandError(argv, result.returncode, result.stdout or "", result.stderr or "")
+    return result

@@ -1,0 +1,287 @@
+"""Run one job on every node at once: stream prefixed output, save per-node logs, stop cleanly.
+
+Each Launch becomes a `docker exec` (through the SDK) read by a thread of its own. The main thread
+watches: the first node to fail starts a short grace period after which the others are stopped,
+Ctrl-C and --timeout-s stop everyone at once, and every process of the run is found for stopping
+by the DDPLAB_RUN_ID in its environment (see launch.STOP_SCRIPT).
+"""
+
+from __future__ import annotations
+
+import re
+import secrets
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from labctl.compose import container_name
+from labctl.errors import LabError
+from labctl.launch import PORT_CHECK_SCRIPT, STOP_SCRIPT, STORE_FAILED, STORE_READY, Launch, store_launch
+from labctl.ui import console, node_colour
+
+FAIL_GRACE_S = 10.0  # after one node fails, how long the others get to notice and exit on their own
+STOP_GRACE_S = 3.0  # SIGTERM -> SIGKILL
+STORE_START_TIMEOUT_S = 60.0
+_ERROR_LINE = re.compile(r"^\s*([A-Za-z_][\w.]*(Error|Exception|Interrupt)|error)\b.*")
+
+
+def new_run_id() -> str:
+    return time.strftime("%Y%m%d-%H%M%S") + "-" + secrets.token_hex(2)
+
+
+def read_node_envs(directory: Path, names: list[str]) -> dict[str, dict[str, str]]:
+    from dotenv import dotenv_values
+
+    envs = {}
+    for name in names:
+        path = directory / f"{name}.env"
+        if not path.is_file():
+            raise LabError(f"{path} is missing: the lab's env files are not in this workspace",
+                           hint="run labctl from the directory you ran `labctl up` in, or run `labctl up` here")
+        envs[name] = {k: v for k, v in dotenv_values(path).items() if v is not None}
+    return envs
+
+
+def exec_capture(client, container: str, argv: list[str], env: dict[str, str] | None = None) -> tuple[int, str]:
+    exec_id = client.api.exec_create(container, argv, environment=env or {})["Id"]
+    output = client.api.exec_start(exec_id).decode(errors="replace")
+    return client.api.exec_inspect(exec_id)["ExitCode"], output
+
+
+def check_master_port(client, lab: str, node_env: dict[str, dict[str, str]]) -> None:
+    """Fail before launching when the rendezvous port on node0 is already taken."""
+    first = next(iter(node_env))
+    port = node_env[first]["MASTER_PORT"]
+    code, output = exec_capture(client, container_name(lab, first), ["python", "-c", PORT_CHECK_SCRIPT, port])
+    if code == 0:
+        return
+    _, listeners = exec_capture(client, container_name(lab, first), ["ss", "-Hltnp", f"sport = :{port}"])
+    held_by = listeners.strip() or "another process"
+    raise LabError(f"MASTER_PORT {port} is already in use on {first} ({output.strip()}): {held_by}",
+                   hint=f"a run may still be running there; wait for it or `docker exec {container_name(lab, first)} pkill -f torchrun`, "
+                        f"or move the lab to another port with `labctl up --lab {lab} --master-port PORT`")
+
+
+def stop_run(client, lab: str, nodes: list[str], run_id: str) -> None:
+    def stop(node: str) -> None:
+        try:
+            exec_capture(client, container_name(lab, node), ["python", "-c", STOP_SCRIPT, run_id, str(STOP_GRACE_S)])
+        except Exception:  # a node that is gone has nothing left to stop
+            pass
+
+    with ThreadPoolExecutor(max_workers=8) as pool:
+        list(pool.map(stop, nodes))
+
+
+@dataclass
+class Outcome:
+    launch: Launch
+    exit_code: int | None = None
+    stopped: bool = False  # stopped by labctl, not failed by itself
+    lines: list[str] = field(default_factory=list)
+    started: float = field(default_factory=time.monotonic)
+    ended: float | None = None
+
+    def reason(self) -> str:
+        for line in reversed(self.lines):
+            if _ERROR_LINE.match(line) and "ChildFailedError" not in line:
+                return line.strip()
+        for line in reversed(self.lines):
+            if "exitcode" in line:
+                return line.strip()
+        return next((line.strip() for line in reversed(self.lines) if line.strip()), "no output")
+
+
+@dataclass
+class RunResult:
+    run_dir: Path
+    outcomes: list[Outcome]
+    first_failure: Outcome | None
+    interrupted: bool = False
+    timed_out: bool = False
+
+    @property
+    def ok(self) -> bool:
+        return not self.interrupted and not self.timed_out and all(o.exit_code == 0 for o in self.outcomes)
+
+    def explain(self) -> str:
+        if self.interrupted:
+            return f"interrupted; every node was stopped. Logs: {self.run_dir}"
+        if self.timed_out:
+            return f"--timeout-s reached; every node was stopped. Logs: {self.run_dir}"
+        culprit = self.first_failure or next(o for o in self.outcomes if o.exit_code != 0)
+        parts = [f"{culprit.launch.label} exited with status {culprit.exit_code}: {culprit.reason()}"]
+        stopped = [o.launch.label for o in self.outcomes if o.stopped]
+        if stopped:
+            parts.append(f"labctl then stopped {', '.join(stopped)}")
+        parts.append(f"logs: {self.run_dir}/{culprit.launch.node}.log")
+        return "; ".join(parts)
+
+
+class _NodeLogs:
+    """One log file per node (static launches may put several processes on one node)."""
+
+    def __init__(self, run_dir: Path):
+        self.run_dir = run_dir
+        self.files: dict[str, object] = {}
+        self.lock = threading.Lock()
+
+    def write(self, node: str, text: str) -> None:
+        with self.lock:
+            if node not in self.files:
+                self.files[node] = open(self.run_dir / f"{node}.log", "a", buffering=1)
+            self.files[node].write(text)
+
+    def close(self) -> None:
+        for f in self.files.values():
+            f.close()
+
+
+def _stream(client, outcome: Outcome, logs: _NodeLogs, colour: str, echo: bool, on_line=None) -> None:
+    launch = outcome.launch
+    prefix = f"[{colour}]{launch.label:>8} |[/{colour}] "
+    try:
+        exec_id = client.api.exec_create(launch.container, launch.argv, environment=launch.env,
+                                         workdir=launch.workdir)["Id"]
+        pending = ""
+        for chunk in client.api.exec_start(exec_id, stream=True):
+            pending += chunk.decode(errors="replace")
+            *complete, pending = pending.split("\n")
+            for line in complete:
+                _emit(outcome, logs, prefix, line, echo, on_line)
+        if pending:
+            _emit(outcome, logs, prefix, pending, echo, on_line)
+        outcome.exit_code = client.api.exec_inspect(exec_id)["ExitCode"]
+    except Exception as exc:  # the node vanished under us (docker kill, down)
+        _emit(outcome, logs, prefix, f"labctl: lost the node: {exc}", echo, on_line)
+        outcome.exit_code = outcome.exit_code if outcome.exit_code is not None else 255
+    finally:
+        outcome.ended = time.monotonic()
+
+
+def _emit(outcome: Outcome, logs: _NodeLogs, prefix: str, line: str, echo: bool, on_line) -> None:
+    line = line.rstrip("\r")
+    outcome.lines.append(line)
+    label = "" if outcome.launch.label == outcome.launch.node else f"{outcome.launch.label} "
+    logs.write(outcome.launch.node, f"{label}{line}\n")
+    if on_line:
+        on_line(line)
+    if echo:
+        console.print(prefix, end="", markup=True)
+        console.print(line, markup=False, soft_wrap=True)
+
+
+def run_all(client, lab: str, launches: list[Launch], run_dir: Path, run_id: str, *, master_port: str | None,
+            timeout_s: float | None = None) -> RunResult:
+    """Start every launch at once (and the run's rendezvous store first, for torchrun)."""
+    run_dir.mkdir(parents=True, exist_ok=True)
+    _link_latest(run_dir)
+    logs = _NodeLogs(run_dir)
+    nodes = list(dict.fromkeys(launch.node for launch in launches))
+    colours = {node: node_colour(i) for i, node in enumerate(nodes)}
+    outcomes = [Outcome(launch) for launch in launches]
+    threads = []
+    store_thread = None
+    try:
+        if master_port is not None:
+            store_thread = _start_store(client, lab, nodes[0], master_port, run_id, run_dir, logs)
+        for outcome in outcomes:
+            thread = threading.Thread(target=_stream, args=(client, outcome, logs, colours[outcome.launch.node], True),
+                                      daemon=True)
+            thread.start()
+            threads.append(thread)
+        return _watch(client, lab, nodes, run_id, run_dir, outcomes, threads, timeout_s)
+    finally:
+        # Whatever happened, leave no process of this run on any node (the store included).
+        stop_run(client, lab, nodes, run_id)
+        if store_thread:
+            store_thread.join(timeout=5)
+        logs.close()
+
+
+def _start_store(client, lab: str, node: str, master_port: str, run_id: str, run_dir: Path, logs: _NodeLogs):
+    launch = store_launch(lab, node, master_port, run_id, run_dir)
+    outcome = Outcome(launch)
+    ready = threading.Event()
+    thread = threading.Thread(target=_stream, args=(client, outcome, logs, "dim", False, lambda _line: ready.set()),
+                              daemon=True)
+    thread.start()
+    if not ready.wait(STORE_START_TIMEOUT_S) or not any(line.startswith(STORE_READY) for line in outcome.lines):
+        detail = next((line for line in outcome.lines if line.startswith(STORE_FAILED)), "no answer")
+        raise LabError(f"could not start the rendezvous store on {node}:{master_port}: {detail}",
+                       hint=f"see {run_dir}/{node}.log")
+    return thread
+
+
+def _watch(client, lab, nodes, run_id, run_dir, outcomes, threads, timeout_s) -> RunResult:
+    started = time.monotonic()
+    first_failure: Outcome | None = None
+    stop_at: float | None = None
+    interrupted = timed_out = False
+    try:
+        while any(t.is_alive() for t in threads):
+            for thread in threads:
+                thread.join(timeout=0.1)
+            now = time.monotonic()
+            if first_failure is None:
+                failed = [o for o in outcomes if o.exit_code not in (None, 0)]
+                if failed:
+                    first_failure = min(failed, key=lambda o: o.ended or now)
+                    stop_at = now + FAIL_GRACE_S
+            if timeout_s is not None and now - started > timeout_s and not timed_out:
+                timed_out = True
+                _stop_remaining(client, lab, nodes, run_id, outcomes)
+            if stop_at is not None and now > stop_at:
+                stop_at = None
+                _stop_remaining(client, lab, nodes, run_id, outcomes)
+    except KeyboardInterrupt:
+        interrupted = True
+        console.print("[bold yellow]labctl: Ctrl-C, stopping the run on every node[/bold yellow]", markup=True)
+        _stop_remaining(client, lab, nodes, run_id, outcomes)
+        for thread in threads:
+            thread.join(timeout=STOP_GRACE_S + 5)
+    return RunResult(run_dir, outcomes, first_failure, interrupted, timed_out)
+
+
+def _stop_remaining(client, lab, nodes, run_id, outcomes) -> None:
+    for outcome in outcomes:
+        if outcome.exit_code is None:
+            outcome.stopped = True
+    stop_run(client, lab, nodes, run_id)
+
+
+def _link_latest(run_dir: Path) -> None:
+    latest = run_dir.parent / "latest"
+    try:
+        if latest.is_symlink() or latest.exists():
+            latest.unlink()
+        latest.symlink_to(run_dir.name)
+    except OSError:
+        pass
+
+
+def run_logs(lab_directory: Path, run_id: str | None, node: str | None) -> list[tuple[str, str]]:
+    runs = lab_directory / "runs"
+    run_dir = runs / (run_id or "latest")
+    if not run_dir.is_dir():
+        known = sorted(p.name for p in runs.iterdir() if p.is_dir() and p.name != "latest") if runs.is_dir() else []
+        raise LabError(f"no run {run_id or 'yet'} in {runs}",
+                       hint=f"runs here: {', '.join(known[-5:])}" if known else "`labctl run -- -m trainer` makes one")
+    files = sorted(run_dir.glob("node*.log"), key=lambda p: int(re.sub(r"\D", "", p.stem) or 0))
+    if node:
+        files = [p for p in files if p.stem == node]
+        if not files:
+            raise LabError(f"no log for {node!r} in {run_dir}",
+                           hint=f"nodes with logs: {', '.join(p.stem for p in sorted(run_dir.glob('node*.log')))}")
+    return [(p.stem, p.read_text()) for p in files]
+
+
+def container_log(client, lab: str, node: str) -> str:
+    import docker.errors
+
+    try:
+        return client.containers.get(container_name(lab, node)).logs().decode(errors="replace")
+    except docker.errors.NotFound:
+        raise LabError(f"no node {node!r} in lab {lab!r}", hint="`labctl status` lists the nodes") from None

@@ -1,0 +1,60 @@
+"""Terminal output: tables, progress and per-node colours, all through rich."""
+
+from __future__ import annotations
+
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+console = Console(highlight=False)
+err_console = Console(stderr=True, highlight=False)
+
+NODE_COLOURS = ["cyan", "magenta", "green", "yellow", "blue", "red", "bright_cyan", "bright_magenta",
+                "bright_green", "bright_yellow", "bright_blue", "bright_red"]
+
+
+def node_colour(index: int) -> str:
+    return NODE_COLOURS[index % len(NODE_COLOURS)]
+
+
+def info(message: str) -> None:
+    err_console.print(f"[dim]•[/dim] {message}", markup=True)
+
+
+def nodes_table(lab: str, nodes, title: str | None = None) -> Table:
+    table = Table(title=title or f"lab {lab}", title_justify="left")
+    for column in ("node", "IP", "torch", "state"):
+        table.add_column(column)
+    for node in nodes:
+        colour = "green" if node.state == "running" else "red"
+        table.add_row(node.name, node.ip, node.torch, f"[{colour}]{node.state}[/{colour}]")
+    return table
+
+
+class BuildProgress:
+    """A progress bar over the Dockerfile's steps; the current step's text as its description."""
+
+    def __init__(self, verbose: bool = False):
+        self.verbose = verbose
+        self.progress = Progress(TextColumn("[bold]build[/bold]"), BarColumn(), MofNCompleteColumn(),
+                                 TextColumn("{task.description}"), TimeElapsedColumn(), console=err_console,
+                                 transient=False)
+        self.task = None
+
+    def __enter__(self):
+        self.progress.__enter__()
+        self.task = self.progress.add_task("starting", total=None)
+        return self
+
+    def __exit__(self, *exc):
+        if self.task is not None and exc[0] is None:
+            total = self.progress.tasks[0].total
+            self.progress.update(self.task, completed=total, description="done")
+        return self.progress.__exit__(*exc)
+
+    def step(self, n: int, total: int, text: str) -> None:
+        self.progress.update(self.task, completed=n - 1, total=total, description=text[:60])
+
+    def detail(self, line: str) -> None:
+        if self.verbose:
+            self.progress.console.print(f"[dim]{line}[/dim]", markup=True)

@@ -1,0 +1,170 @@
+"""Unit tests for the DDP trainer: flags, data, a single-process run, torchrun x2."""
+
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from trainer.data import make_dataset
+from trainer.train import main, parse_args
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+# Launcher variables that would turn an in-process run into a DDP one.
+LAUNCH_VARS = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
+               "TORCHELASTIC_RUN_ID", "DDPLAB_RUN_DIR")
+SMALL = ["--samples", "512", "--features", "8", "--classes", "3", "--hidden", "16",
+         "--batch-size", "32", "--lr", "0.01"]
+
+
+@pytest.fixture
+def no_launcher_env(monkeypatch):
+    for var in LAUNCH_VARS:
+        monkeypatch.delenv(var, raising=False)
+
+
+# (a) flags ------------------------------------------------------------------
+
+@pytest.mark.parametrize("argv", [
+    ["--epochs", "0"],
+    ["--batch-size", "0"],
+    ["--batch-size", "-3"],
+    ["--lr", "0"],
+    ["--lr", "nan"],
+    ["--timeout-s", "0"],
+    ["--timeout-s", "inf"],
+    ["--log-every", "-1"],
+    ["--classes", "1"],
+    ["--epochs", "two"],
+    ["--no-such-flag"],
+])
+def test_parse_args_rejects_bad_values(argv, capsys):
+    with pytest.raises(SystemExit) as exc:
+        parse_args(argv)
+    assert exc.value.code == 2
+    flag = argv[0]
+    assert flag in capsys.readouterr().err
+
+
+def test_parse_args_defaults_and_good_values():
+    args = parse_args([])
+    assert (args.epochs, args.batch_size, args.seed) == (3, 64, 0)
+    assert (args.timeout_s, args.log_every) == (120.0, 0)
+    assert args.run_dir is None
+    args = parse_args(["--epochs", "1", "--batch-size", "8", "--lr", "1e-3", "--timeout-s", "5",
+                       "--log-every", "10", "--run-dir", "x", "--seed", "-1"])
+    assert (args.epochs, args.batch_size, args.lr, args.timeout_s) == (1, 8, 1e-3, 5.0)
+    assert (args.log_every, args.run_dir, args.seed) == (10, "x", -1)
+
+
+# (b) data -------------------------------------------------------------------
+
+def test_dataset_is_deterministic_per_seed():
+    a = make_dataset(256, 8, 4, seed=3).tensors
+    b = make_dataset(256, 8, 4, seed=3).tensors
+    c = make_dataset(256, 8, 4, seed=4).tensors
+    assert torch.equal(a[0], b[0]) and torch.equal(a[1], b[1])
+    assert not torch.equal(a[0], c[0])
+    assert not torch.equal(a[1], c[1])
+    x, y = a
+    assert x.shape == (256, 8) and x.dtype == torch.float32
+    assert y.shape == (256,) and y.dtype == torch.int64
+    assert y.min() >= 0 and y.max() < 4
+    assert len(y.unique()) > 1  # a teacher that emits one class teaches nothing
+
+
+def test_dataset_leaves_global_rng_alone():
+    torch.manual_seed(0)
+    expected = torch.rand(3)
+    torch.manual_seed(0)
+    make_dataset(64, 4, 2, seed=9)
+    assert torch.equal(torch.rand(3), expected)
+
+
+# (c) single process, in-process -------------------------------------------------
+
+def read_jsonl(path):
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def test_single_process_run_writes_metrics_and_learns(tmp_path, no_launcher_env, capsys):
+    summary = main(SMALL + ["--epochs", "4", "--log-every", "5", "--run-dir", str(tmp_path)])
+    out = capsys.readouterr().out
+
+    assert summary["world_size"] == 1
+    assert summary["replicas_consistent"] is True
+    assert summary["steps"] == 4 * (512 // 32)
+    assert re.fullmatch(r"[0-9a-f]{16}", summary["param_checksum"])
+    summary_lines = [line for line in out.splitlines() if line.startswith("SUMMARY ")]
+    assert len(summary_lines) == 1
+    assert json.loads(summary_lines[0][len("SUMMARY "):]) == summary
+
+    records = read_jsonl(tmp_path / "metrics-rank0.jsonl")
+    epochs = [r for r in records if r["kind"] == "epoch"]
+    steps = [r for r in records if r["kind"] == "step"]
+    assert [r["epoch"] for r in epochs] == [1, 2, 3, 4]
+    assert [r["step"] for r in steps] == list(range(5, summary["steps"] + 1, 5))
+    for r in records:
+        assert {"rank", "epoch", "step", "loss", "samples", "elapsed_s", "time"} <= r.keys()
+        assert r["rank"] == 0
+    losses = [r["loss"] for r in epochs]
+    assert losses[-1] < 0.7 * losses[0], losses
+    assert summary["final_loss"] == pytest.approx(losses[-1], abs=1e-5)
+
+
+def test_same_seed_same_weights(tmp_path, no_launcher_env):
+    a = main(SMALL + ["--epochs", "1", "--no-metrics"])
+    b = main(SMALL + ["--epochs", "1", "--no-metrics"])
+    c = main(SMALL + ["--epochs", "1", "--no-metrics", "--seed", "1"])
+    assert a["param_checksum"] == b["param_checksum"] != c["param_checksum"]
+
+
+def test_run_dir_from_env(tmp_path, no_launcher_env, monkeypatch):
+    monkeypatch.setenv("DDPLAB_RUN_DIR", str(tmp_path / "from-env"))
+    main(SMALL + ["--epochs", "1"])
+    assert (tmp_path / "from-env" / "metrics-rank0.jsonl").exists()
+
+
+def test_unwritable_run_dir_names_the_path(tmp_path, no_launcher_env):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    with pytest.raises(SystemExit) as exc:
+        main(SMALL + ["--run-dir", str(blocker / "sub")])
+    assert str(blocker / "sub") in str(exc.value.code)
+
+
+# (d) torchrun, two processes --------------------------------------------------------
+
+def test_torchrun_two_processes(tmp_path):
+    env = {k: v for k, v in os.environ.items() if k not in LAUNCH_VARS}
+    env["OMP_NUM_THREADS"] = "1"  # also keeps torchrun from warning about it
+    env["CUDA_VISIBLE_DEVICES"] = ""  # test the CPU/gloo path even on a GPU box
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+           "-m", "trainer", "--epochs", "2", "--run-dir", str(tmp_path), "--timeout-s", "60"]
+    proc = subprocess.run(cmd, cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=120)
+    output = proc.stdout + proc.stderr
+    assert proc.returncode == 0, output
+    assert "Traceback" not in output
+
+    for rank in (0, 1):
+        for epoch in (1, 2):
+            pattern = rf"^\[rank {rank}/2 \S+\] epoch {epoch}/2 loss \d+\.\d{{4}}$"
+            assert len(re.findall(pattern, proc.stdout, re.M)) == 1, output
+
+    summary_lines = [line for line in proc.stdout.splitlines() if line.startswith("SUMMARY ")]
+    assert len(summary_lines) == 1, output
+    summary = json.loads(summary_lines[0][len("SUMMARY "):])
+    assert summary["world_size"] == 2
+    assert summary["replicas_consistent"] is True
+    assert summary["backend"] == "gloo"
+    assert summary["steps"] == 2 * (4096 // 2 // 64)
+
+    files = sorted(p.name for p in tmp_path.iterdir())
+    assert files == ["metrics-rank0.jsonl", "metrics-rank1.jsonl"]
+    for rank in (0, 1):
+        records = read_jsonl(tmp_path / f"metrics-rank{rank}.jsonl")
+        assert [(r["rank"], r["epoch"]) for r in records] == [(rank, 1), (rank, 2)]
