@@ -1,3 +1,3 @@
 from labctl.cli import main
 
-main()
+main(prog_name="labctl")

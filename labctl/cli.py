@@ -236,7 +236,7 @@ def env(hosts, iface, nproc_per_node, master_port, rdzv_id, out_dir) -> None:
 @click.option("--timeout-s", type=float, default=None, metavar="S",
               help="Stop the run on every node after S seconds (default: no limit).")
 @click.option("--dry-run", is_flag=True, help="Print the command each node would run; run nothing.")
-@click.argument("script", nargs=-1, type=click.UNPROCESSED, required=True)
+@click.argument("script", nargs=-1, type=click.UNPROCESSED)
 def run(lab, nproc_per_node, launcher, timeout_s, dry_run, script) -> None:
     """Run TRAINING_SCRIPT [ARGS...] (or `-m module [ARGS...]`) on every node at once.
 
@@ -280,7 +280,7 @@ def run(lab, nproc_per_node, launcher, timeout_s, dry_run, script) -> None:
     master_port = next(iter(node_env.values()))["MASTER_PORT"] if launcher == "torchrun" else None
     result = runner.run_all(client, config.lab, launches, run_dir, run_id, master_port=master_port, timeout_s=timeout_s)
     if not result.ok:
-        raise RunFailed(result.explain())
+        raise RunFailed(result.explain(), exit_code=130 if result.interrupted else 1)
 
 
 @main.command(context_settings=CONTEXT)
@@ -303,6 +303,59 @@ def logs(lab, node, run_id, container) -> None:
     for name, text in runner.run_logs(lab_mod.lab_dir(_workspace(), config.lab), run_id, node):
         click.echo(f"==> {name} <==")
         click.echo(text, nl=False)
+
+
+# ----------------------------------------------------------------------------------------- bench
+
+
+@main.group(context_settings=CONTEXT)
+def bench() -> None:
+    """Benchmarks whose numbers go in the README (ratios measured side by side in one run)."""
+
+
+def _nodes_list(raw: str) -> list[int]:
+    from labctl.config import SETTINGS
+    from labctl.errors import ConfigError
+
+    parse = SETTINGS["nodes"][1]
+    try:
+        values = [parse(part) for part in raw.split(",") if part.strip()]
+    except ValueError as exc:
+        raise ConfigError("--nodes-list", raw, f"each count {exc}") from None
+    if not values:
+        raise ConfigError("--nodes-list", raw, "must list node counts, comma-separated, e.g. 3,16")
+    return values
+
+
+@bench.command("up", context_settings=CONTEXT)
+@click.option("--nodes-list", default="3,16", show_default=True, metavar="N,N,...", help="Lab sizes to time.")
+@click.option("--repeats", type=click.IntRange(1, 20), default=3, show_default=True, help="Timed runs of each, alternated.")
+@click.option("--json", "as_json", is_flag=True, help="Print the results as a JSON list.")
+def bench_up_cmd(nodes_list, repeats, as_json) -> None:
+    """Time `labctl up --nodes N` against a raw `docker compose up -d` of the same generated file.
+
+    Uses a lab named bench-up (image must be built), removed at the end. Reports medians and
+    their ratio; the two are alternated so a change in the machine's load hits both alike.
+    """
+    from rich.table import Table
+
+    from labctl.bench import bench_up
+    from labctl.lab import docker_client, ensure_compose
+    from labctl.ui import console, info
+
+    counts = _nodes_list(nodes_list)
+    client = docker_client()
+    ensure_compose()
+    results = bench_up(client, _workspace(), counts, repeats, info)
+    if as_json:
+        click.echo(json.dumps([r.as_dict() for r in results]))
+        return
+    table = Table(title=f"labctl up vs docker compose up -d (median of {repeats})", title_justify="left")
+    for column in ("nodes", "labctl up (s)", "compose up -d (s)", "ratio"):
+        table.add_column(column, justify="right")
+    for r in results:
+        table.add_row(str(r.nodes), f"{r.labctl_s:.2f}", f"{r.compose_s:.2f}", f"{r.ratio:.2f}")
+    console.print(table)
 
 
 if __name__ == "__main__":

@@ -48,6 +48,8 @@ class CommandError(Exception):
 
 
 class RunFailed(Exception):
-    """A training run ended badly on at least one node (exit status 1)."""
+    """A training run ended badly on at least one node (exit status 1, 130 after Ctrl-C)."""
 
-    exit_code = 1
+    def __init__(self, message: str, exit_code: int = 1):
+        super().__init__(message)
+        self.exit_code = exit_code

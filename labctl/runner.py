@@ -19,6 +19,8 @@ from pathlib import Path
 from labctl.compose import container_name
 from labctl.errors import LabError
 from labctl.launch import PORT_CHECK_SCRIPT, STOP_SCRIPT, STORE_FAILED, STORE_READY, Launch, store_launch
+from rich.markup import escape
+
 from labctl.ui import console, node_colour
 
 FAIL_GRACE_S = 10.0  # after one node fails, how long the others get to notice and exit on their own
@@ -120,6 +122,19 @@ class RunResult:
         return "; ".join(parts)
 
 
+class _Echo:
+    """Whether node output still goes to the terminal: once labctl stops a run, the nodes' shutdown
+    chatter (torchrun's SignalException stacks) goes to the logs only."""
+
+    def __init__(self):
+        self.on = True
+
+    def mute(self) -> None:
+        if self.on:
+            self.on = False
+            console.print("[dim]labctl: further output of this run is in its logs[/dim]", markup=True)
+
+
 class _NodeLogs:
     """One log file per node (static launches may put several processes on one node)."""
 
@@ -139,7 +154,7 @@ class _NodeLogs:
             f.close()
 
 
-def _stream(client, outcome: Outcome, logs: _NodeLogs, colour: str, echo: bool, on_line=None) -> None:
+def _stream(client, outcome: Outcome, logs: _NodeLogs, colour: str, echo: _Echo | None, on_line=None) -> None:
     launch = outcome.launch
     prefix = f"[{colour}]{launch.label:>8} |[/{colour}] "
     try:
@@ -161,16 +176,15 @@ def _stream(client, outcome: Outcome, logs: _NodeLogs, colour: str, echo: bool, 
         outcome.ended = time.monotonic()
 
 
-def _emit(outcome: Outcome, logs: _NodeLogs, prefix: str, line: str, echo: bool, on_line) -> None:
+def _emit(outcome: Outcome, logs: _NodeLogs, prefix: str, line: str, echo: _Echo | None, on_line) -> None:
     line = line.rstrip("\r")
     outcome.lines.append(line)
     label = "" if outcome.launch.label == outcome.launch.node else f"{outcome.launch.label} "
     logs.write(outcome.launch.node, f"{label}{line}\n")
     if on_line:
         on_line(line)
-    if echo:
-        console.print(prefix, end="", markup=True)
-        console.print(line, markup=False, soft_wrap=True)
+    if echo and echo.on:
+        console.print(prefix + escape(line), markup=True, soft_wrap=True)
 
 
 def run_all(client, lab: str, launches: list[Launch], run_dir: Path, run_id: str, *, master_port: str | None,
@@ -182,17 +196,18 @@ def run_all(client, lab: str, launches: list[Launch], run_dir: Path, run_id: str
     nodes = list(dict.fromkeys(launch.node for launch in launches))
     colours = {node: node_colour(i) for i, node in enumerate(nodes)}
     outcomes = [Outcome(launch) for launch in launches]
+    echo = _Echo()
     threads = []
     store_thread = None
     try:
         if master_port is not None:
             store_thread = _start_store(client, lab, nodes[0], master_port, run_id, run_dir, logs)
         for outcome in outcomes:
-            thread = threading.Thread(target=_stream, args=(client, outcome, logs, colours[outcome.launch.node], True),
+            thread = threading.Thread(target=_stream, args=(client, outcome, logs, colours[outcome.launch.node], echo),
                                       daemon=True)
             thread.start()
             threads.append(thread)
-        return _watch(client, lab, nodes, run_id, run_dir, outcomes, threads, timeout_s)
+        return _watch(client, lab, nodes, run_id, run_dir, outcomes, threads, timeout_s, echo)
     finally:
         # Whatever happened, leave no process of this run on any node (the store included).
         stop_run(client, lab, nodes, run_id)
@@ -205,7 +220,7 @@ def _start_store(client, lab: str, node: str, master_port: str, run_id: str, run
     launch = store_launch(lab, node, master_port, run_id, run_dir)
     outcome = Outcome(launch)
     ready = threading.Event()
-    thread = threading.Thread(target=_stream, args=(client, outcome, logs, "dim", False, lambda _line: ready.set()),
+    thread = threading.Thread(target=_stream, args=(client, outcome, logs, "dim", None, lambda _line: ready.set()),
                               daemon=True)
     thread.start()
     if not ready.wait(STORE_START_TIMEOUT_S) or not any(line.startswith(STORE_READY) for line in outcome.lines):
@@ -215,7 +230,7 @@ def _start_store(client, lab: str, node: str, master_port: str, run_id: str, run
     return thread
 
 
-def _watch(client, lab, nodes, run_id, run_dir, outcomes, threads, timeout_s) -> RunResult:
+def _watch(client, lab, nodes, run_id, run_dir, outcomes, threads, timeout_s, echo: _Echo) -> RunResult:
     started = time.monotonic()
     first_failure: Outcome | None = None
     stop_at: float | None = None
@@ -232,13 +247,16 @@ def _watch(client, lab, nodes, run_id, run_dir, outcomes, threads, timeout_s) ->
                     stop_at = now + FAIL_GRACE_S
             if timeout_s is not None and now - started > timeout_s and not timed_out:
                 timed_out = True
+                echo.mute()
                 _stop_remaining(client, lab, nodes, run_id, outcomes)
             if stop_at is not None and now > stop_at:
                 stop_at = None
+                echo.mute()
                 _stop_remaining(client, lab, nodes, run_id, outcomes)
     except KeyboardInterrupt:
         interrupted = True
         console.print("[bold yellow]labctl: Ctrl-C, stopping the run on every node[/bold yellow]", markup=True)
+        echo.mute()
         _stop_remaining(client, lab, nodes, run_id, outcomes)
         for thread in threads:
             thread.join(timeout=STOP_GRACE_S + 5)

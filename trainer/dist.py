@@ -100,8 +100,15 @@ def compute_init(timeout_s):
 
 
 def compute_cleanup():
-    """Leave the process group, so torchrun sees a clean exit."""
+    """Leave the process group, so torchrun sees a clean exit.
+
+    The barrier first: every rank finishes its last collective before any rank tears down its gloo
+    connections. Without it, a rank that destroys early closes sockets under a peer's gloo threads,
+    and that peer occasionally aborts at exit ("terminate called without an active exception",
+    exit code -6) after training succeeded: seen here about once in 20 three-node runs.
+    """
     if dist.is_available() and dist.is_initialized():
+        dist.barrier()
         dist.destroy_process_group()
 
 

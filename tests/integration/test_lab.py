@@ -1,0 +1,134 @@
+"""The foundation end to end: up, run (trainer, a foreign DDP script, static launch), logs,
+failure reporting, Ctrl-C, grow, down."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import time
+
+from conftest import REPO, SCRIPTS, lab_resources, labctl
+
+
+def summary_of(output: str) -> dict:
+    lines = [line for line in output.splitlines() if "SUMMARY {" in line]
+    assert len(lines) == 1, f"expected one SUMMARY line, got {len(lines)}:\n{output}"
+    return json.loads(lines[0].split("SUMMARY ", 1)[1])
+
+
+def test_up_reports_every_node(lab3, docker_client):
+    name, status = lab3
+    assert status["lab"] == name
+    assert [n["name"] for n in status["nodes"]] == ["node0", "node1", "node2"]
+    assert all(n["state"] == "running" and n["torch"].startswith("2.13.0") for n in status["nodes"])
+    assert len({n["ip"] for n in status["nodes"]}) == 3
+    again = json.loads(labctl("status", "--lab", name, "--json", check=True).stdout)
+    assert again == status
+    # Identical image on every node, and the lab's env files on disk.
+    images = {c.image.id for c in docker_client.containers.list(filters={"label": f"io.ddplab.lab={name}"})}
+    assert len(images) == 1
+    env1 = (REPO / ".lab" / name / "node1.env").read_text()
+    assert "PET_RDZV_CONF=is_host=false" in env1 and "NODE_RANK=1" in env1
+
+
+def test_trainer_runs_on_all_nodes(lab3):
+    name, _ = lab3
+    result = labctl("run", "--lab", name, "--", "-m", "trainer", "--epochs", "2", check=True)
+    out = result.stdout
+    for rank, node in enumerate(["node0", "node1", "node2"]):
+        assert sum(f"[rank {rank}/3" in line and "epoch" in line for line in out.splitlines()) == 2, out
+    summary = summary_of(out)
+    assert summary["world_size"] == 3 and summary["replicas_consistent"] is True
+    assert summary["steps"] > 0 and summary["final_loss"] > 0
+    # A successful run ends without stack traces (no rendezvous-shutdown noise either).
+    assert "Traceback" not in out + result.stderr and "failed to shutdown" not in out
+    run_dir = REPO / ".lab" / name / "runs" / "latest"
+    assert sorted(p.name for p in run_dir.glob("*.log")) == ["node0.log", "node1.log", "node2.log"]
+    assert len(list(run_dir.glob("metrics-rank*.jsonl"))) == 3
+    logs = labctl("logs", "--lab", name, "node2", check=True).stdout
+    assert "==> node2 <==" in logs and "[rank 2/3" in logs
+
+
+def test_foreign_ddp_script_runs_unchanged(lab3):
+    name, _ = lab3
+    script = str((SCRIPTS / "plain_ddp.py").relative_to(REPO))
+    out = labctl("run", "--lab", name, "--", script, check=True).stdout
+    lines = [line for line in out.splitlines() if "PLAIN_DDP" in line]
+    assert len(lines) == 3, out
+    assert all("world=3" in line and "rank_sum=3" in line and "replicas_equal=True" in line for line in lines)
+
+
+def test_static_launcher_two_processes_per_node(lab3):
+    name, _ = lab3
+    script = str(SCRIPTS / "plain_ddp.py")
+    out = labctl("run", "--lab", name, "--launcher", "static", "--nproc-per-node", "2", "--", script, check=True).stdout
+    lines = [line for line in out.splitlines() if "PLAIN_DDP" in line]
+    assert len(lines) == 6, out
+    assert all("world=6" in line and "rank_sum=15" in line for line in lines)
+    assert "node2/r5" in out
+
+
+def test_failure_names_the_node_and_why(lab3):
+    name, _ = lab3
+    result = labctl("run", "--lab", name, "--launcher", "static", "--", str(SCRIPTS / "fail_on_rank.py"), "1")
+    assert result.returncode == 1
+    assert "node1 exited with status 1" in result.stderr
+    assert "ValueError: deliberate failure on rank 1" in result.stderr
+
+
+def test_master_port_in_use_is_refused(lab3, docker_client):
+    name, _ = lab3
+    node0 = docker_client.containers.get(f"{name}-node0")
+    # SO_REUSEADDR: an earlier test's connections to 29500 may linger in TIME_WAIT.
+    holder = ("import socket,time; s=socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1); "
+              "s.bind(('0.0.0.0', 29500)); s.listen(); time.sleep(60)")
+    node0.exec_run(["python", "-c", holder], detach=True)
+    deadline = time.monotonic() + 10
+    while b":29500" not in node0.exec_run(["ss", "-Hltn"]).output:
+        assert time.monotonic() < deadline, "the port holder did not start"
+        time.sleep(0.1)
+    try:
+        result = labctl("run", "--lab", name, "--", "-m", "trainer")
+        assert result.returncode == 2
+        assert "MASTER_PORT 29500 is already in use on node0" in result.stderr
+        assert "Traceback" not in result.stderr
+    finally:
+        node0.exec_run(["pkill", "-f", "s.bind"])
+
+
+def test_ctrl_c_stops_every_node(lab3, docker_client):
+    name, _ = lab3
+    proc = subprocess.Popen([sys.executable, "-m", "labctl", "run", "--lab", name, "--", str(SCRIPTS / "sleeper.py")],
+                            cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    seen = 0
+    deadline = time.monotonic() + 120
+    for line in proc.stdout:
+        seen += "SLEEPER_READY" in line
+        if seen == 3 or time.monotonic() > deadline:
+            break
+    assert seen == 3
+    proc.send_signal(signal.SIGINT)
+    rest = proc.communicate(timeout=60)[0]
+    assert proc.returncode == 130, rest
+    for node in ("node0", "node1", "node2"):
+        left = docker_client.containers.get(f"{name}-{node}").exec_run(["pgrep", "-f", "sleeper.py|torchrun"])
+        assert left.exit_code == 1, f"{node} still runs: {left.output.decode()}"
+
+
+def test_grow_then_down_leaves_nothing(lab_name, docker_client):
+    labctl("up", "--lab", lab_name, "--nodes", "3", check=True)
+    grown = json.loads(labctl("up", "--lab", lab_name, "--nodes", "5", "--json", check=True).stdout)
+    assert [n["name"] for n in grown["nodes"]] == [f"node{i}" for i in range(5)]
+    assert all(n["state"] == "running" for n in grown["nodes"])
+    assert "NNODES=5" in (REPO / ".lab" / lab_name / "node0.env").read_text()
+    # Without --nodes, up on a running lab keeps its size.
+    kept = json.loads(labctl("up", "--lab", lab_name, "--json", check=True).stdout)
+    assert len(kept["nodes"]) == 5
+    labctl("down", "--lab", lab_name, check=True)
+    left = lab_resources(docker_client, lab_name)
+    assert left["containers"] == [] and left["networks"] == []
+    assert labctl("down", "--lab", lab_name).returncode == 0  # idempotent
+    labctl("down", "--lab", lab_name, "--volumes", check=True)
+    assert lab_resources(docker_client, lab_name) == {"containers": [], "networks": [], "volumes": []}

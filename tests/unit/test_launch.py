@@ -1,0 +1,68 @@
+"""Launcher plans: what each node runs, compared whole."""
+
+from pathlib import Path
+
+import pytest
+
+from labctl.errors import LabError
+from labctl.launch import Launch, build_launches, parse_script_args, torchrun_argv
+
+RUN_DIR = Path("/ws/.lab/demo/runs/r1")
+NODE_ENV = {
+    f"node{i}": {"MASTER_ADDR": "172.28.0.10", "MASTER_PORT": "29500", "NPROC_PER_NODE": "1"} for i in range(2)
+}
+
+
+def test_torchrun_plan():
+    launches = build_launches("demo", NODE_ENV, ["-m", "trainer", "--epochs", "2"], launcher="torchrun",
+                              nproc_per_node=None, run_id="r1", run_dir=RUN_DIR)
+    common = {"DDPLAB_RUN_ID": "r1", "DDPLAB_RUN_DIR": str(RUN_DIR), "PET_RDZV_ID": "r1",
+              "PET_RDZV_CONF": "is_host=false"}
+    assert launches == [
+        Launch("node0", "node0", "demo-node0", ["torchrun", "-m", "trainer", "--epochs", "2"], common),
+        Launch("node1", "node1", "demo-node1", ["torchrun", "-m", "trainer", "--epochs", "2"], common),
+    ]
+
+
+def test_torchrun_nproc_override_and_script_form():
+    assert torchrun_argv(["train.py", "--lr", "0.1"], 4) == ["torchrun", "--nproc-per-node", "4", "train.py", "--lr", "0.1"]
+    assert torchrun_argv(["--module", "trainer"], None) == ["torchrun", "-m", "trainer"]
+
+
+def test_static_plan_ranks_and_environment():
+    launches = build_launches("demo", NODE_ENV, ["train.py"], launcher="static", nproc_per_node=2,
+                              run_id="r1", run_dir=RUN_DIR)
+    assert [(l.label, l.container, l.env["RANK"], l.env["LOCAL_RANK"]) for l in launches] == [
+        ("node0/r0", "demo-node0", "0", "0"), ("node0/r1", "demo-node0", "1", "1"),
+        ("node1/r2", "demo-node1", "2", "0"), ("node1/r3", "demo-node1", "3", "1"),
+    ]
+    for launch in launches:
+        assert launch.argv == ["python", "train.py"]
+        assert launch.env["WORLD_SIZE"] == "4" and launch.env["MASTER_ADDR"] == "172.28.0.10"
+        assert launch.env["MASTER_PORT"] == "29500" and launch.env["DDPLAB_RUN_ID"] == "r1"
+
+
+def test_static_plan_defaults_to_the_env_files_nproc():
+    launches = build_launches("demo", NODE_ENV, ["train.py"], launcher="static", nproc_per_node=None,
+                              run_id="r1", run_dir=RUN_DIR)
+    assert [l.label for l in launches] == ["node0", "node1"]
+
+
+@pytest.mark.parametrize("args, expected", [
+    (["train.py"], ["train.py"]),
+    (["--", "train.py", "--x"], ["train.py", "--x"]),
+    (["-m", "trainer", "--epochs", "1"], ["-m", "trainer", "--epochs", "1"]),
+])
+def test_parse_script_args(args, expected):
+    assert parse_script_args(args) == expected
+
+
+@pytest.mark.parametrize("args, fragment", [
+    ([], "no training script"),
+    (["-m"], "needs a module name"),
+    (["-m", "--epochs"], "needs a module name"),
+    (["--epochs", "3"], "expected a script path"),
+])
+def test_parse_script_args_rejects(args, fragment):
+    with pytest.raises(LabError, match=fragment):
+        parse_script_args(args)
