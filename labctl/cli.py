@@ -131,8 +131,7 @@ def up(lab, nodes, nproc_per_node, cpus, memory, subnet, master_port, image, dry
     config = _config(lab=lab, nodes=nodes, nproc_per_node=nproc_per_node, cpus=cpus, memory=memory,
                      subnet=subnet, master_port=master_port, image=image)
     client = lab_mod.docker_client()
-    lab_mod.ensure_compose()
-    existing = lab_mod.lab_status(client, config.lab)
+    existing = lab_mod.lab_containers(client, config.lab)
     if existing and config.sources.get("nodes") == "default":
         from dataclasses import replace
 
@@ -185,13 +184,19 @@ def status(lab, as_json) -> None:
 @main.command(context_settings=CONTEXT)
 @lab_option
 @click.option("--volumes", is_flag=True, help="Also remove the lab's shared volume (kept by default, like compose).")
-def down(lab, volumes) -> None:
+@click.option("--dry-run", is_flag=True, help="List what would be removed; remove nothing.")
+def down(lab, volumes, dry_run) -> None:
     """Remove every container and network of the lab. Idempotent; also cleans up a broken `up`."""
     from labctl import lab as lab_mod
-    from labctl.ui import info
+    from labctl.ui import console, info
 
     config = _config(lab=lab)
-    removed = lab_mod.apply_down(lab_mod.docker_client(), config.lab, volumes=volumes)
+    client = lab_mod.docker_client()
+    if dry_run:
+        for kind, names in lab_mod.lab_resources(client, config.lab, volumes).items():
+            console.print(f"{kind}: {', '.join(names) or '-'}", markup=False)
+        return
+    removed = lab_mod.apply_down(client, config.lab, volumes=volumes)
     parts = [f"{count} {kind}" for kind, count in removed.items() if count or kind != "volumes"]
     info(f"lab {config.lab}: removed {', '.join(parts)}")
 
@@ -340,12 +345,11 @@ def bench_up_cmd(nodes_list, repeats, as_json) -> None:
     from rich.table import Table
 
     from labctl.bench import bench_up
-    from labctl.lab import docker_client, ensure_compose
+    from labctl.lab import docker_client
     from labctl.ui import console, info
 
     counts = _nodes_list(nodes_list)
     client = docker_client()
-    ensure_compose()
     results = bench_up(client, _workspace(), counts, repeats, info)
     if as_json:
         click.echo(json.dumps([r.as_dict() for r in results]))

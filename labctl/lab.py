@@ -4,7 +4,10 @@ config/envfiles/compose: plans are built there, applied here.
 
 from __future__ import annotations
 
+import logging
 import os
+import shlex
+import subprocess
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -16,8 +19,8 @@ from labctl.compose import LABEL_LAB, LABEL_NODE, LABEL_RANK, ComposePlan, conta
 from labctl.config import AUTO, LabConfig, check_fits, node_ip, overlaps, pick_free_subnet
 from labctl.envfiles import build_env_files, topology_for_lab, write_env_files
 from labctl.errors import CommandError, ConfigError, LabError
-from labctl.proc import run
 
+log = logging.getLogger("labctl.lab")
 READY_PREFIX = "DDPLAB_READY"
 NOT_READY_PREFIX = "DDPLAB_NOT_READY"
 READY_TIMEOUT_S = 60.0
@@ -55,16 +58,19 @@ def docker_client():
                             "or start Docker Desktop / `sudo systemctl start docker`; check with `docker info`") from None
 
 
-def ensure_compose() -> None:
-    try:
-        run(["docker", "compose", "version", "--short"], timeout_s=30)
-    except CommandError:
-        raise LabError("Docker Compose v2 is not installed (`docker compose version` fails)",
-                       hint="run `make engine`, which installs it as a Docker CLI plugin") from None
+COMPOSE_MISSING_HINT = "run `make engine`, which installs Compose v2 as a Docker CLI plugin"
 
 
-def lab_containers(client, lab: str) -> list:
-    return client.containers.list(all=True, filters={"label": f"{LABEL_LAB}={lab}"})
+def lab_containers(client, lab: str) -> list[dict]:
+    """The lab's containers as the engine lists them: one API call, whatever the lab's size.
+
+    (The SDK's containers.list() inspects each container in turn; 16 nodes, 16 more calls.)
+    """
+    return client.api.containers(all=True, filters={"label": f"{LABEL_LAB}={lab}"})
+
+
+def _name(container: dict) -> str:
+    return container["Names"][0].lstrip("/")
 
 
 def lab_networks(client, lab: str) -> list:
@@ -106,8 +112,10 @@ def invoking_user() -> str:
 
 
 def check_host_limits(client, config: LabConfig) -> None:
+    if config.cpus is None:
+        return
     ncpu = int(client.info().get("NCPU") or os.cpu_count() or 1)
-    if config.cpus is not None and config.cpus > ncpu:
+    if config.cpus > ncpu:
         raise ConfigError("--cpus" if config.sources.get("cpus") == "flag" else "DDPLAB_CPUS", config.cpus,
                           f"must be at most the engine's {ncpu} CPUs", hint="a node cannot have more CPUs than the machine")
 
@@ -134,60 +142,95 @@ def write_project(directory: Path, document: dict, env_files: dict[str, str]) ->
     return compose_file
 
 
-def compose_up(compose_file: Path, lab: str) -> None:
+def compose_up_argv(compose_file: Path, lab: str) -> list[str]:
     # --remove-orphans: nodes beyond the new count (shrinking 5 -> 3) belong to the project but
     # not to the file any more. Compose recreates nodes whose env file changed (NNODES grew).
-    run(["docker", "compose", "-f", str(compose_file), "-p", lab, "up", "-d", "--remove-orphans", "--quiet-pull"],
-        timeout_s=600)
+    return ["docker", "compose", "-f", str(compose_file), "-p", lab, "up", "-d", "--remove-orphans", "--quiet-pull"]
 
 
 def apply_up(client, config: LabConfig, workspace: Path, document: dict, env_files: dict[str, str],
              report: Report) -> list[NodeState]:
     existed = bool(lab_containers(client, config.lab) or lab_networks(client, config.lab))
     compose_file = write_project(lab_dir(workspace, config.lab), document, env_files)
+    argv = compose_up_argv(compose_file, config.lab)
+    log.debug("$ %s", shlex.join(argv))
     try:
-        compose_up(compose_file, config.lab)
-        report(f"waiting for {config.nodes} nodes to report torch")
-        return wait_ready(client, config.lab, config.node_names)
+        # Compose runs in the background while we already watch the nodes that have started.
+        compose = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    except FileNotFoundError:
+        raise LabError("no docker CLI on PATH", hint=COMPOSE_MISSING_HINT) from None
+    try:
+        return wait_ready(client, config.lab, config.node_names, compose, argv)
     except (CommandError, LabError, KeyboardInterrupt):
+        compose.kill()
+        compose.wait()
         # Never leave a half-built lab behind: a lab this call created goes again.
         if not existed:
             apply_down(client, config.lab, volumes=True)
         raise
 
 
-def _ready_line(container) -> str | None:
-    for line in container.logs(tail=20).decode(errors="replace").splitlines():
+def _check_compose(compose: subprocess.Popen, argv: list[str]) -> bool:
+    """True once compose has finished well; raises if it failed."""
+    if compose.poll() is None:
+        return False
+    stdout, stderr = compose.communicate()
+    if compose.returncode == 0:
+        return True
+    if "is not a docker command" in stderr or "unknown command" in stderr:
+        raise LabError("Docker Compose v2 is not installed (`docker compose` is not a docker command)",
+                       hint=COMPOSE_MISSING_HINT)
+    raise CommandError(argv, compose.returncode, stdout, stderr)
+
+
+def _ready_line(client, name: str) -> str | None:
+    import docker.errors
+
+    try:
+        text = client.api.logs(name, tail=20).decode(errors="replace")
+    except docker.errors.NotFound:  # compose has not created it yet
+        return None
+    for line in text.splitlines():
         if line.startswith((READY_PREFIX, NOT_READY_PREFIX)):
             return line
     return None
 
 
-def wait_ready(client, lab: str, names: list[str], timeout_s: float = READY_TIMEOUT_S) -> list[NodeState]:
+def wait_ready(client, lab: str, names: list[str], compose: subprocess.Popen, argv: list[str],
+               timeout_s: float = READY_TIMEOUT_S) -> list[NodeState]:
     """Poll each node's log for the line its entry point prints once its Python finds torch."""
     deadline = time.monotonic() + timeout_s
-    pending = {name: client.containers.get(container_name(lab, name)) for name in names}
+    pending = {name: container_name(lab, name) for name in names}
     ready: dict[str, str] = {}
-    while pending:
-        for name, container in list(pending.items()):
-            line = _ready_line(container)
-            if line is None:
-                container.reload()
-                if container.status in ("exited", "dead"):
-                    raise LabError(f"{name} exited during start-up (status {container.attrs['State'].get('ExitCode')}): "
-                                   f"{container.logs(tail=5).decode(errors='replace').strip()}",
-                                   hint=f"`docker logs {container.name}` shows why; `labctl build --force` rebuilds the image")
-                continue
-            if line.startswith(NOT_READY_PREFIX):
-                raise LabError(f"{name}: {line}", hint="`labctl build --force` rebuilds the node image")
-            ready[name] = line
-            del pending[name]
-        if pending and time.monotonic() > deadline:
-            raise LabError(f"nodes {', '.join(sorted(pending))} did not report ready within {timeout_s:.0f} s",
-                           hint="the machine may be overloaded; `docker logs` on those containers shows why")
-        if pending:
-            time.sleep(0.1)
+    compose_done = False
+    with ThreadPoolExecutor(max_workers=8) as pool:
+        while pending or not compose_done:
+            compose_done = compose_done or _check_compose(compose, argv)
+            lines = dict(zip(pending, pool.map(lambda c: _ready_line(client, c), pending.values())))
+            for name, line in lines.items():
+                if line is None:
+                    continue
+                if line.startswith(NOT_READY_PREFIX):
+                    raise LabError(f"{name}: {line}", hint="`labctl build --force` rebuilds the node image")
+                ready[name] = line
+                del pending[name]
+            if compose_done and pending:
+                _check_exited(client, lab, pending)
+            if (pending or not compose_done) and time.monotonic() > deadline:
+                raise LabError(f"nodes {', '.join(sorted(pending)) or '(compose)'} not ready within {timeout_s:.0f} s",
+                               hint="the machine may be overloaded; `docker logs` on those containers shows why")
+            if pending or not compose_done:
+                time.sleep(0.05)
     return lab_status(client, lab, ready_lines=ready)
+
+
+def _check_exited(client, lab: str, pending: dict[str, str]) -> None:
+    for container in lab_containers(client, lab):
+        node = container["Labels"].get(LABEL_NODE)
+        if node in pending and container["State"] in ("exited", "dead"):
+            tail = client.api.logs(container["Id"], tail=5).decode(errors="replace").strip()
+            raise LabError(f"{node} exited during start-up ({container['Status']}): {tail}",
+                           hint=f"`docker logs {_name(container)}` shows why; `labctl build --force` rebuilds the image")
 
 
 def _torch_from(line: str | None) -> str:
@@ -199,22 +242,35 @@ def _torch_from(line: str | None) -> str:
 
 def lab_status(client, lab: str, ready_lines: dict[str, str] | None = None) -> list[NodeState]:
     """Each node as Docker sees it now (not as a cache remembers it), in node-rank order."""
-    containers = lab_containers(client, lab)
     net = network_name(lab)
 
-    def describe(container) -> NodeState:
-        name = container.labels.get(LABEL_NODE, container.name)
-        networks = container.attrs.get("NetworkSettings", {}).get("Networks", {}) or {}
+    def describe(container: dict) -> NodeState:
+        labels = container.get("Labels") or {}
+        name = labels.get(LABEL_NODE, _name(container))
+        networks = (container.get("NetworkSettings") or {}).get("Networks") or {}
         ip = (networks.get(net) or {}).get("IPAddress") or "-"
         line = (ready_lines or {}).get(name)
-        if line is None and container.status == "running":
-            line = _ready_line(container)
-        return NodeState(name=name, ip=ip, torch=_torch_from(line), state=container.status,
-                         rank=int(container.labels.get(LABEL_RANK, "0")))
+        if line is None and container["State"] == "running":
+            line = _ready_line(client, container["Id"])
+        return NodeState(name=name, ip=ip, torch=_torch_from(line), state=container["State"],
+                         rank=int(labels.get(LABEL_RANK, "0")))
 
     with ThreadPoolExecutor(max_workers=8) as pool:
-        nodes = list(pool.map(describe, containers))
+        nodes = list(pool.map(describe, lab_containers(client, lab)))
     return sorted(nodes, key=lambda n: n.rank)
+
+
+def lab_volumes(client, lab: str) -> list:
+    return client.volumes.list(filters={"label": f"{LABEL_LAB}={lab}"})
+
+
+def lab_resources(client, lab: str, volumes: bool = True) -> dict[str, list[str]]:
+    """Names of everything labelled with the lab: what `down` removes."""
+    return {
+        "containers": sorted(_name(c) for c in lab_containers(client, lab)),
+        "networks": sorted(n.name for n in lab_networks(client, lab)),
+        "volumes": sorted(v.name for v in lab_volumes(client, lab)) if volumes else [],
+    }
 
 
 def apply_down(client, lab: str, volumes: bool = False) -> dict[str, int]:
@@ -227,18 +283,20 @@ def apply_down(client, lab: str, volumes: bool = False) -> dict[str, int]:
 
     def remove(resource) -> int:
         try:
-            resource.remove(force=True) if hasattr(resource, "exec_run") else resource.remove()
+            if isinstance(resource, dict):
+                client.api.remove_container(resource["Id"], force=True)
+            else:
+                resource.remove()
             return 1
         except docker.errors.NotFound:
             return 0
 
-    containers = lab_containers(client, lab)
     with ThreadPoolExecutor(max_workers=8) as pool:
-        removed_containers = sum(pool.map(remove, containers))
+        removed_containers = sum(pool.map(remove, lab_containers(client, lab)))
     removed_networks = sum(remove(n) for n in lab_networks(client, lab))
     removed_volumes = 0
     if volumes:
-        removed_volumes = sum(remove(v) for v in client.volumes.list(filters={"label": f"{LABEL_LAB}={lab}"}))
+        removed_volumes = sum(remove(v) for v in lab_volumes(client, lab))
     return {"containers": removed_containers, "networks": removed_networks, "volumes": removed_volumes}
 
 
