@@ -197,7 +197,8 @@ def down(lab, volumes, dry_run) -> None:
             console.print(f"{kind}: {', '.join(names) or '-'}", markup=False)
         return
     removed = lab_mod.apply_down(client, config.lab, volumes=volumes)
-    parts = [f"{count} {kind}" for kind, count in removed.items() if count or kind != "volumes"]
+    parts = [f"{count} {kind[:-1] if count == 1 else kind}" for kind, count in removed.items()
+             if count or kind != "volumes"]
     info(f"lab {config.lab}: removed {', '.join(parts)}")
 
 
@@ -217,11 +218,18 @@ def env(hosts, iface, nproc_per_node, master_port, rdzv_id, out_dir) -> None:
     from labctl.envfiles import Topology, build_env_files, check_out_dir, host_commands, parse_hosts, write_env_files
     from labctl.ui import console, info
 
+    from labctl.config import SETTINGS
+    from labctl.errors import ConfigError
+
     addresses = parse_hosts(hosts)
-    config = _config(iface=iface, nproc_per_node=nproc_per_node, master_port=master_port, lab=rdzv_id)
+    try:
+        SETTINGS["lab"][1](rdzv_id)  # the same rule as lab names: it names files and store keys
+    except ValueError as exc:
+        raise ConfigError("--rdzv-id", rdzv_id, str(exc)) from None
+    config = _config(iface=iface, nproc_per_node=nproc_per_node, master_port=master_port)
     check_out_dir(out_dir)
     topo = Topology(addresses=addresses, iface=config.iface, nproc_per_node=config.nproc_per_node,
-                    master_port=config.master_port, rdzv_id=config.lab)
+                    master_port=config.master_port, rdzv_id=rdzv_id)
     names = [f"node{i}" for i in range(topo.nnodes)]
     paths = write_env_files(out_dir, build_env_files(topo, names))
     info(f"wrote {len(paths)} env files to {out_dir}/ (copy each to its machine, same path)")

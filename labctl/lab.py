@@ -273,6 +273,30 @@ def lab_resources(client, lab: str, volumes: bool = True) -> dict[str, list[str]
     }
 
 
+def is_compose_up_for(argv: list[str], lab: str) -> bool:
+    """Whether a command line is `docker compose ... -p LAB up ...` (or the plugin it execs)."""
+    if "compose" not in argv or "up" not in argv:
+        return False
+    return any(a == "-p" and b == lab for a, b in zip(argv, argv[1:]))
+
+
+def kill_orphaned_compose(lab: str) -> int:
+    """SIGKILL a `compose up` of this lab that outlived its labctl (killed with -9 mid-up), so it
+    cannot create nodes after `down` has removed them."""
+    import signal
+
+    killed = 0
+    for entry in Path("/proc").glob("[0-9]*"):
+        try:
+            argv = entry.joinpath("cmdline").read_bytes().decode(errors="replace").split("\0")
+            if is_compose_up_for(argv, lab):
+                os.kill(int(entry.name), signal.SIGKILL)
+                killed += 1
+        except (OSError, ValueError):
+            continue
+    return killed
+
+
 def apply_down(client, lab: str, volumes: bool = False) -> dict[str, int]:
     """Remove every container and network labelled with the lab (the volume with `volumes`).
 
@@ -291,6 +315,8 @@ def apply_down(client, lab: str, volumes: bool = False) -> dict[str, int]:
         except docker.errors.NotFound:
             return 0
 
+    if kill_orphaned_compose(lab):
+        time.sleep(0.5)  # let the engine finish the create calls already in flight
     with ThreadPoolExecutor(max_workers=8) as pool:
         removed_containers = sum(pool.map(remove, lab_containers(client, lab)))
     removed_networks = sum(remove(n) for n in lab_networks(client, lab))

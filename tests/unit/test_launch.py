@@ -66,3 +66,16 @@ def test_parse_script_args(args, expected):
 def test_parse_script_args_rejects(args, fragment):
     with pytest.raises(LabError, match=fragment):
         parse_script_args(args)
+
+
+@pytest.mark.parametrize("argv, lab, expected", [
+    (["docker", "compose", "-f", "/w/.lab/x/compose.yaml", "-p", "x", "up", "-d"], "x", True),
+    (["/root/.docker/cli-plugins/docker-compose", "compose", "-f", "c.yaml", "-p", "x", "up"], "x", True),
+    (["docker", "compose", "-f", "c.yaml", "-p", "xy", "up"], "x", False),
+    (["docker", "compose", "-p", "x", "down"], "x", False),
+    (["python", "-m", "labctl", "up", "-p", "x"], "x", False),
+])
+def test_is_compose_up_for(argv, lab, expected):
+    from labctl.lab import is_compose_up_for
+
+    assert is_compose_up_for(argv, lab) is expected
