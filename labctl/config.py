@@ -221,6 +221,16 @@ def load_config(workspace: Path, environ: Mapping[str, str], flags: Mapping[str,
     return resolve_config(dotenv=dotenv, environ=environ, flags=flags, dotenv_name=str(env_path))
 
 
+def shown_key(config: LabConfig, name: str) -> str:
+    """How to name a setting in an error: the flag if it came from one, else its environment key."""
+    return FLAG_NAMES[name] if config.sources.get(name) == "flag" else SETTINGS[name][0]
+
+
+def shown_source(config: LabConfig, name: str) -> str:
+    source = config.sources.get(name, "")
+    return "" if source == "flag" else source
+
+
 def node_ip(subnet: str, index: int) -> str:
     net = ipaddress.ip_network(subnet)
     return str(net.network_address + NODE_IP_OFFSET + index)
@@ -236,8 +246,8 @@ def check_fits(config: LabConfig, subnet: str) -> None:
     capacity = subnet_capacity(subnet)
     if config.nodes > capacity:
         raise ConfigError(
-            "DDPLAB_SUBNET", subnet, f"holds at most {capacity} nodes, {config.nodes} asked",
-            config.sources.get("subnet", ""), hint="use a larger subnet (e.g. a /24) or fewer nodes",
+            shown_key(config, "subnet"), subnet, f"holds at most {capacity} nodes, {config.nodes} asked",
+            shown_source(config, "subnet"), hint="use a larger subnet (e.g. a /24) or fewer nodes",
         )
 
 

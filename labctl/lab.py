@@ -16,7 +16,7 @@ from typing import Callable
 
 from labctl import compose as compose_mod
 from labctl.compose import LABEL_LAB, LABEL_NODE, LABEL_RANK, ComposePlan, container_name, network_name
-from labctl.config import AUTO, LabConfig, check_fits, node_ip, overlaps, pick_free_subnet
+from labctl.config import AUTO, LabConfig, check_fits, node_ip, overlaps, pick_free_subnet, shown_key, shown_source
 from labctl.envfiles import build_env_files, topology_for_lab, write_env_files
 from labctl.errors import CommandError, ConfigError, LabError
 
@@ -87,8 +87,8 @@ def choose_subnet(client, config: LabConfig) -> str:
     own = [s for n in lab_networks(client, config.lab) for s in network_subnets(n)]
     if own:
         if config.subnet != AUTO and config.subnet != own[0]:
-            raise ConfigError("DDPLAB_SUBNET", config.subnet, f"lab '{config.lab}' already runs on {own[0]}",
-                              config.sources.get("subnet", ""), hint=f"`labctl down --lab {config.lab}` first to move it")
+            raise ConfigError(shown_key(config, "subnet"), config.subnet, f"lab '{config.lab}' already runs on {own[0]}",
+                              shown_source(config, "subnet"), hint=f"`labctl down --lab {config.lab}` first to move it")
         return own[0]
     others = {}
     for network in client.networks.list():
@@ -99,8 +99,8 @@ def choose_subnet(client, config: LabConfig) -> str:
     clash = overlaps(config.subnet, list(others))
     if clash:
         names = ", ".join(f"{others[c]} ({c})" for c in clash)
-        raise ConfigError("DDPLAB_SUBNET", config.subnet, f"overlaps the existing Docker network {names}",
-                          config.sources.get("subnet", ""), hint="pick another range, or leave DDPLAB_SUBNET=auto to get a free one")
+        raise ConfigError(shown_key(config, "subnet"), config.subnet, f"overlaps the existing Docker network {names}",
+                          shown_source(config, "subnet"), hint="pick another range, or leave DDPLAB_SUBNET=auto to get a free one")
     return config.subnet
 
 
@@ -116,8 +116,7 @@ def check_host_limits(client, config: LabConfig) -> None:
         return
     ncpu = int(client.info().get("NCPU") or os.cpu_count() or 1)
     if config.cpus > ncpu:
-        raise ConfigError("--cpus" if config.sources.get("cpus") == "flag" else "DDPLAB_CPUS", config.cpus,
-                          f"must be at most the engine's {ncpu} CPUs", hint="a node cannot have more CPUs than the machine")
+        raise ConfigError(shown_key(config, "cpus"), config.cpus, f"must be at most the engine's {ncpu} CPUs", hint="a node cannot have more CPUs than the machine")
 
 
 def plan_up(client, config: LabConfig, workspace: Path) -> tuple[dict, dict[str, str], str]:

@@ -189,7 +189,7 @@ def _emit(outcome: Outcome, logs: _NodeLogs, prefix: str, line: str, echo: _Echo
 
 def run_all(client, lab: str, launches: list[Launch], run_dir: Path, run_id: str, *, master_port: str | None,
             timeout_s: float | None = None) -> RunResult:
-    """Start every launch at once (and the run's rendezvous store first, for torchrun)."""
+    """Start every launch at once (with the run's own rendezvous store on the first node, for torchrun)."""
     run_dir.mkdir(parents=True, exist_ok=True)
     _link_latest(run_dir)
     logs = _NodeLogs(run_dir)
@@ -201,12 +201,16 @@ def run_all(client, lab: str, launches: list[Launch], run_dir: Path, run_id: str
     store_thread = None
     try:
         if master_port is not None:
-            store_thread = _start_store(client, lab, nodes[0], master_port, run_id, run_dir, logs)
+            store_thread, store_ready = _start_store(client, lab, nodes[0], master_port, run_id, run_dir, logs)
         for outcome in outcomes:
             thread = threading.Thread(target=_stream, args=(client, outcome, logs, colours[outcome.launch.node], echo),
                                       daemon=True)
             thread.start()
             threads.append(thread)
+        if store_thread:
+            # The agents start alongside the store (it imports torch too, ~2 s): their store
+            # clients retry the connection until it listens, so nobody waits for it in turn.
+            store_ready()
         return _watch(client, lab, nodes, run_id, run_dir, outcomes, threads, timeout_s, echo)
     finally:
         # Whatever happened, leave no process of this run on any node (the store included).
@@ -223,11 +227,14 @@ def _start_store(client, lab: str, node: str, master_port: str, run_id: str, run
     thread = threading.Thread(target=_stream, args=(client, outcome, logs, "dim", None, lambda _line: ready.set()),
                               daemon=True)
     thread.start()
-    if not ready.wait(STORE_START_TIMEOUT_S) or not any(line.startswith(STORE_READY) for line in outcome.lines):
-        detail = next((line for line in outcome.lines if line.startswith(STORE_FAILED)), "no answer")
-        raise LabError(f"could not start the rendezvous store on {node}:{master_port}: {detail}",
-                       hint=f"see {run_dir}/{node}.log")
-    return thread
+
+    def wait_ready() -> None:
+        if not ready.wait(STORE_START_TIMEOUT_S) or not any(line.startswith(STORE_READY) for line in outcome.lines):
+            detail = next((line for line in outcome.lines if line.startswith(STORE_FAILED)), "no answer")
+            raise LabError(f"could not start the rendezvous store on {node}:{master_port}: {detail}",
+                           hint=f"see {run_dir}/{node}.log")
+
+    return thread, wait_ready
 
 
 def _watch(client, lab, nodes, run_id, run_dir, outcomes, threads, timeout_s, echo: _Echo) -> RunResult:
