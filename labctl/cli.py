@@ -115,9 +115,10 @@ def build(torch_version, base_image, image, force, verbose_build) -> None:
 @click.option("--subnet", metavar="CIDR", help="Lab network, e.g. 172.28.5.0/24, or auto [env DDPLAB_SUBNET; default auto].")
 @click.option("--master-port", metavar="PORT", help="Rendezvous port on node0, 1024-65535 [env DDPLAB_MASTER_PORT; default 29500].")
 @click.option("--image", metavar="TAG", help="Node image [env DDPLAB_IMAGE].")
+@click.option("--bw", metavar="RATE", help="Shape every node's link at bring-up, e.g. 1gbit (as `labctl shape --bw`).")
 @click.option("--dry-run", is_flag=True, help="Print the Compose file and env files that would be used; change nothing.")
 @click.option("--json", "as_json", is_flag=True, help="Print the node table as JSON (as `status --json`).")
-def up(lab, nodes, nproc_per_node, cpus, memory, subnet, master_port, image, dry_run, as_json) -> None:
+def up(lab, nodes, nproc_per_node, cpus, memory, subnet, master_port, image, bw, dry_run, as_json) -> None:
     """Start (or reconcile) the lab: nodes node0..node{N-1} on their own bridge network.
 
     On a running lab, `up` reconciles instead of failing: `--nodes 5` on a 3-node lab adds two
@@ -128,8 +129,11 @@ def up(lab, nodes, nproc_per_node, cpus, memory, subnet, master_port, image, dry
     from labctl.compose import render_compose
     from labctl.ui import BuildProgress, console, info, nodes_table
 
+    from labctl.shaping import parse_shape
+
     config = _config(lab=lab, nodes=nodes, nproc_per_node=nproc_per_node, cpus=cpus, memory=memory,
                      subnet=subnet, master_port=master_port, image=image)
+    wanted = parse_shape(bw) if bw is not None else None
     client = lab_mod.docker_client()
     existing = lab_mod.lab_containers(client, config.lab)
     if existing and config.sources.get("nodes") == "default":
@@ -149,36 +153,58 @@ def up(lab, nodes, nproc_per_node, cpus, memory, subnet, master_port, image, dry
     verb = "reconciling" if existing else "starting"
     info(f"{verb} lab {config.lab}: {config.nodes} nodes on {subnet_used}")
     nodes_state = lab_mod.apply_up(client, config, _workspace(), document, env_files, info)
+    links = None
+    if wanted:
+        from labctl import netshape
+
+        names = [n.name for n in nodes_state]
+        netshape.apply_shape(client, config.lab, names, wanted, config.iface)
+        links = netshape.read_links(client, config.lab, names, config.iface)
     if as_json:
-        click.echo(json.dumps(_status_json(config.lab, nodes_state)))
+        click.echo(json.dumps(_status_json(config.lab, nodes_state, links)))
         return
-    console.print(nodes_table(config.lab, nodes_state, f"lab {config.lab} ({subnet_used}), up in {time.monotonic() - started:.1f} s"))
+    console.print(nodes_table(config.lab, nodes_state, f"lab {config.lab} ({subnet_used}), up in {time.monotonic() - started:.1f} s",
+                              links))
 
 
 # ----------------------------------------------------------------------------------- status/down
 
 
-def _status_json(lab: str, nodes) -> dict:
-    return {"lab": lab, "nodes": [{"name": n.name, "ip": n.ip, "torch": n.torch, "state": n.state} for n in nodes]}
+def _status_json(lab: str, nodes, links: dict | None = None) -> dict:
+    from labctl.shaping import describe
+
+    rows = []
+    for n in nodes:
+        row = {"name": n.name, "ip": n.ip, "torch": n.torch, "state": n.state}
+        if links is not None and n.name in links:
+            row["link"] = describe(links[n.name])
+        rows.append(row)
+    return {"lab": lab, "nodes": rows}
 
 
 @main.command(context_settings=CONTEXT)
 @lab_option
 @click.option("--json", "as_json", is_flag=True, help='Print {"lab": ..., "nodes": [{"name", "ip", "torch", "state"}]}.')
 def status(lab, as_json) -> None:
-    """Show each node as Docker sees it now: IP, torch version, state."""
+    """Show each node as Docker sees it now: IP, torch version, state, and its link as the kernel
+    reports it (read back with tc, not from a cache)."""
     from labctl import lab as lab_mod
     from labctl.ui import console, info, nodes_table
 
+    from labctl import netshape
+
     config = _config(lab=lab)
-    nodes = lab_mod.lab_status(lab_mod.docker_client(), config.lab)
+    client = lab_mod.docker_client()
+    nodes = lab_mod.lab_status(client, config.lab)
+    running = [n.name for n in nodes if n.state == "running"]
+    links = netshape.read_links(client, config.lab, running, config.iface) if running else {}
     if as_json:
-        click.echo(json.dumps(_status_json(config.lab, nodes)))
+        click.echo(json.dumps(_status_json(config.lab, nodes, links)))
         return
     if not nodes:
         info(f"lab {config.lab} is not up (`labctl up --lab {config.lab}` starts it)")
         return
-    console.print(nodes_table(config.lab, nodes))
+    console.print(nodes_table(config.lab, nodes, links=links))
 
 
 @main.command(context_settings=CONTEXT)
@@ -318,6 +344,175 @@ def logs(lab, node, run_id, container) -> None:
         click.echo(text, nl=False)
 
 
+# ----------------------------------------------------------------------------------------- shape
+
+
+def _links_table(links: dict, title: str):
+    from rich.table import Table
+
+    from labctl.shaping import describe
+
+    table = Table(title=title, title_justify="left")
+    table.add_column("node")
+    table.add_column("link (read back from the kernel)")
+    for node, state in links.items():
+        table.add_row(node, describe(state))
+    return table
+
+
+def _link_json(node: str, state) -> dict:
+    from labctl.shaping import describe
+
+    return {"node": node, "shaping": describe(state), "rate_bps": state.rate_bps, "delay_us": state.delay_us,
+            "jitter_us": state.jitter_us, "loss_pct": state.loss_pct, "ingress": state.ingress}
+
+
+@main.command(context_settings=CONTEXT)
+@lab_option
+@click.option("--node", "node_names", multiple=True, metavar="NAME", help="Node to shape (repeatable); default every node.")
+@click.option("--bw", metavar="RATE", help="Link rate in tc's bit units: 100mbit, 1gbit (not mbps: that is bytes).")
+@click.option("--delay", metavar="TIME", help="Added one-way delay, e.g. 10ms (needs netem).")
+@click.option("--jitter", metavar="TIME", help="Variation of the delay, e.g. 2ms (needs netem and --delay).")
+@click.option("--loss", metavar="PCT", help="Random packet loss in percent, e.g. 1 (needs netem).")
+@click.option("--ingress", is_flag=True, help="Also shape incoming traffic (through an ifb device).")
+@click.option("--clear", is_flag=True, help="Remove all shaping from the nodes.")
+@click.option("--show", is_flag=True, help="Show each node's shaping as the kernel reports it.")
+@click.option("--json", "as_json", is_flag=True, help="With --show: print JSON.")
+@click.option("--dry-run", is_flag=True, help="Print the exact tc commands per node; change nothing.")
+def shape(lab, node_names, bw, delay, jitter, loss, ingress, clear, show, as_json, dry_run) -> None:
+    """Shape the links of the lab's nodes (egress by default), clear them, or show them.
+
+    \b
+    Examples:
+      labctl shape --bw 1gbit                    # every node at 1 Gbit/s
+      labctl shape --node node2 --bw 100mbit     # one slow node drags the ring
+      labctl shape --bw 100mbit --delay 10ms     # needs the kernel's netem
+      labctl shape --show
+    """
+    from labctl import lab as lab_mod
+    from labctl import netshape
+    from labctl.errors import LabError
+    from labctl.shaping import build_apply, build_clear, parse_shape
+    from labctl.ui import console
+
+    modes = [name for name, on in (("--bw", bw is not None), ("--clear", clear), ("--show", show)) if on]
+    if len(modes) != 1:
+        raise LabError(f"give exactly one of --bw, --clear or --show (got {', '.join(modes) or 'none'})",
+                       hint="labctl shape --bw 100mbit  |  labctl shape --clear  |  labctl shape --show")
+    if bw is None and (delay or jitter or loss or ingress):
+        raise LabError("--delay, --jitter, --loss and --ingress go with --bw", hint="labctl shape --bw 1gbit --delay 5ms")
+    wanted = parse_shape(bw, delay, jitter, loss, ingress) if bw is not None else None
+    config = _config(lab=lab)
+    client = lab_mod.docker_client()
+    running = [n.name for n in lab_mod.require_running(client, config.lab)]
+    unknown = [n for n in node_names if n not in running]
+    if unknown:
+        raise LabError(f"no node {', '.join(unknown)} in lab {config.lab}", hint=f"nodes: {', '.join(running)}")
+    targets = list(dict.fromkeys(node_names)) or running
+    if show:
+        links = netshape.read_links(client, config.lab, targets, config.iface)
+        if as_json:
+            click.echo(json.dumps([_link_json(node, state) for node, state in links.items()]))
+        else:
+            console.print(_links_table(links, f"lab {config.lab}: links"))
+        return
+    commands = build_apply(wanted, config.iface) if wanted else build_clear(config.iface)
+    if dry_run:
+        for node in targets:
+            click.echo(f"# {node} (helper container in its network namespace, NET_ADMIN)")
+            click.echo(netshape.helper_script(commands), nl=False)
+        return
+    if wanted:
+        netshape.apply_shape(client, config.lab, targets, wanted, config.iface)
+    else:
+        netshape.clear_shape(client, config.lab, targets, config.iface)
+    console.print(_links_table(netshape.read_links(client, config.lab, targets, config.iface), f"lab {config.lab}: links"))
+
+
+# ------------------------------------------------------------------------------------------ cost
+
+
+@main.command(context_settings=CONTEXT)
+@click.option("--params", required=True, metavar="N", help="Parameters of the model: 760e6, 760M, 1.3B.")
+@click.option("--dtype", type=click.Choice(["fp32", "bf16", "fp16"]), default="bf16", show_default=True,
+              help="Gradient dtype on the wire.")
+@click.option("--nodes", "ranks", metavar="N", help="Ranks in the collective [default: the lab's world size].")
+@click.option("--link", "links", multiple=True, metavar="RATE",
+              help="Preset (1GbE, 2.5GbE, 10GbE, 100G-RoCE, 400G-RoCE, NVLink) or a rate; repeatable [default: the lab's shaped link and every preset].")
+@click.option("--compute-s", type=float, metavar="T", help="Compute (forward+backward) seconds per micro-step.")
+@click.option("--collective", type=click.Choice(["allreduce", "reduce_scatter", "allgather"]), default="allreduce",
+              show_default=True)
+@click.option("--grad-accum", type=int, default=1, show_default=True, metavar="K", help="Micro-steps per gradient sync.")
+@click.option("--efficiency", type=float, default=0.85, show_default=True, help="Fraction of the link rate the stack reaches.")
+@lab_option
+@click.option("--json", "as_json", is_flag=True, help="Print the rows as JSON.")
+def cost(params, dtype, ranks, links, compute_s, collective, grad_accum, efficiency, lab, as_json) -> None:
+    """What one gradient synchronisation costs on each link, from first principles.
+
+    Bytes through each rank's NIC: 2(n-1)/n x S for a ring allreduce, (n-1)/n x S for
+    reduce-scatter or all-gather (S = params x dtype bytes); time = bytes / (rate x efficiency)
+    + 2(n-1) x alpha.
+    """
+    from rich.table import Table
+
+    from labctl.config import SETTINGS
+    from labctl.cost import Link, parse_params, resolve_link, step_report, PRESETS
+    from labctl.errors import ConfigError
+    from labctl.ui import console, info
+
+    count = parse_params(params)
+    lab_link, lab_world = _lab_link(lab)
+    if ranks is None and lab_world is None:
+        raise ConfigError("--nodes", None, "is needed outside a running lab", hint="labctl cost --params 760e6 --nodes 2")
+    try:
+        n = SETTINGS["nodes"][1](ranks) if ranks is not None else lab_world
+    except ValueError as exc:
+        raise ConfigError("--nodes", ranks, str(exc)) from None
+    chosen = [resolve_link(text) for text in links]
+    if not chosen:
+        chosen = ([Link(f"lab ({lab_link[0]})", float(lab_link[1]), 50e-6)] if lab_link else []) + list(PRESETS.values())
+    rows = step_report(count, dtype, n, chosen, compute_s, grad_accum, efficiency, collective)
+    if as_json:
+        click.echo(json.dumps(rows))
+        return
+    payload = rows[0]["payload_bytes"]
+    table = Table(title=f"{collective} of {count:g} {dtype} params ({payload / 1e9:.3g} GB) over {n} ranks, "
+                        f"at {efficiency:.0%} of each link", title_justify="left")
+    columns = ["link", "rate", "bytes/rank", "time/sync"] + (["comm/compute", "step (no overlap)"] if compute_s else [])
+    for column in columns:
+        table.add_column(column, justify="right" if column != "link" else "left")
+    for row in rows:
+        cells = [row["link"], f"{row['rate_bps'] / 1e9:g} Gbit/s", f"{row['bytes_per_rank'] / 1e9:.3g} GB", _seconds(row["comm_s"])]
+        if compute_s:
+            cells += [f"{row['comm_over_compute']:.3g}", _seconds(row["step_s_no_overlap"])]
+        table.add_row(*cells)
+    console.print(table)
+    if compute_s and grad_accum == 1:
+        info("with --grad-accum K the same sync is paid once per K micro-steps: comm/compute falls K-fold")
+
+
+def _seconds(value: float) -> str:
+    return f"{value:.3g} s" if value >= 1 else f"{value * 1e3:.3g} ms"
+
+
+def _lab_link(lab: str | None):
+    """(description, rate) of a running lab's slowest shaped link, and its world size; Nones outside a lab."""
+    from labctl import lab as lab_mod
+    from labctl import netshape
+    from labctl.errors import LabError
+    from labctl.units import format_rate
+
+    config = _config(lab=lab)
+    try:
+        client = lab_mod.docker_client()
+        nodes = [n.name for n in lab_mod.require_running(client, config.lab)]
+    except LabError:
+        return None, None
+    world = len(nodes) * config.nproc_per_node
+    rates = [s.rate_bps for s in netshape.read_links(client, config.lab, nodes, config.iface).values() if s.rate_bps]
+    return ((format_rate(min(rates)), min(rates)) if rates else None), world
+
+
 # ----------------------------------------------------------------------------------------- bench
 
 
@@ -367,6 +562,74 @@ def bench_up_cmd(nodes_list, repeats, as_json) -> None:
         table.add_column(column, justify="right")
     for r in results:
         table.add_row(str(r.nodes), f"{r.labctl_s:.2f}", f"{r.compose_s:.2f}", f"{r.ratio:.2f}")
+    console.print(table)
+
+
+@bench.command("allreduce", context_settings=CONTEXT)
+@lab_option
+@click.option("--sizes", default="1K:64M", show_default=True, metavar="LO:HI|S,S",
+              help="Message sizes (1024-based K/M/G): a doubling range LO:HI or a list.")
+@click.option("--iters", type=click.IntRange(1, 1000), default=5, show_default=True, help="Timed iterations per size.")
+@click.option("--efficiency", type=click.FloatRange(0.01, 1.0), default=0.85, show_default=True,
+              help="Efficiency the cost model assumes.")
+@click.option("--json", "as_json", is_flag=True, help="Print the rows as a JSON list.")
+@click.option("--plot", "plot_path", type=click.Path(dir_okay=False, path_type=Path), help="Write a PNG of busbw against size.")
+def bench_allreduce_cmd(lab, sizes, iters, efficiency, as_json, plot_path) -> None:
+    """An nccl-tests-style allreduce sweep across the lab's nodes, beside the cost model and the wire.
+
+    time = median over iterations of the per-iteration maximum over ranks; algbw = S/t;
+    busbw = algbw x 2(n-1)/n; model = the ring cost model at the slowest shaped link (or the
+    iperf3-measured wire when unshaped); busbw/wire = the collective stack's efficiency.
+    """
+    from rich.table import Table
+
+    from labctl import lab as lab_mod
+    from labctl import linkbench, netshape, runner
+    from labctl.units import format_bytes, format_rate, parse_size_range
+    from labctl.ui import console, info
+
+    size_list = parse_size_range(sizes)
+    config = _config(lab=lab)
+    client = lab_mod.docker_client()
+    nodes = lab_mod.require_running(client, config.lab)
+    if len(nodes) < 2:
+        from labctl.errors import LabError
+
+        raise LabError(f"lab {config.lab} has {len(nodes)} node; an allreduce across nodes needs 2 or more",
+                       hint=f"labctl up --lab {config.lab} --nodes 3")
+    names = [n.name for n in nodes]
+    node_env = runner.read_node_envs(lab_mod.lab_dir(_workspace(), config.lab), names)
+    links = netshape.read_links(client, config.lab, names, config.iface)
+    shaped = {name: s.rate_bps for name, s in links.items() if s.rate_bps}
+    slowest = min(shaped, key=shaped.get) if shaped else names[0]
+    neighbour = names[(names.index(slowest) + 1) % len(names)]
+    ip_of = {n.name: n.ip for n in nodes}
+    info(f"measuring the wire {slowest} -> {neighbour} with iperf3 ({linkbench.IPERF_SECONDS} s)")
+    wire_bps = linkbench.measure_wire(client, config.lab, slowest, neighbour, ip_of[neighbour])
+    run_id = runner.new_run_id()
+    run_dir = lab_mod.lab_dir(_workspace(), config.lab) / "runs" / run_id
+    info(f"allreduce sweep on {len(names)} nodes, {len(size_list)} sizes x {iters} iterations (logs: {run_dir})")
+    timings = linkbench.run_sweep(client, config.lab, node_env, size_list, iters, run_dir, run_id)
+    link_bps = min(shaped.values()) if shaped else None
+    link = linkbench.model_link(link_bps, wire_bps)
+    rows = linkbench.build_rows(timings, len(names), link, wire_bps, efficiency)
+    (run_dir / "bench-allreduce.json").write_text(json.dumps([r.as_dict() for r in rows]))
+    link_text = f"shaped {format_rate(link_bps)} (slowest node {slowest})" if link_bps else "unshaped"
+    title = (f"allreduce, {len(names)} nodes, link {link_text}, iperf3 wire {wire_bps / 1e6:.0f} Mbit/s; "
+             f"model: ring at {efficiency:.0%} of {'the link' if link_bps else 'the wire'}")
+    if plot_path:
+        linkbench.plot(rows, plot_path, link_bps, wire_bps, len(names), title.split(";")[0])
+        info(f"plot written to {plot_path}")
+    if as_json:
+        click.echo(json.dumps([r.as_dict() for r in rows]))
+        return
+    table = Table(title=title, title_justify="left")
+    for column in ("size(B)", "count", "type", "time(us)", "algbw(GB/s)", "busbw(GB/s)", "model(us)", "meas/model", "busbw/wire"):
+        table.add_column(column, justify="right")
+    for r in rows:
+        table.add_row(str(r.size), str(r.count), r.type, f"{r.time_us:.1f}", f"{r.algbw_gbs:.4f}", f"{r.busbw_gbs:.4f}",
+                      f"{r.model_us:.1f}" if r.model_us else "-", f"{r.meas_over_model:.2f}" if r.meas_over_model else "-",
+                      f"{r.busbw_over_wire:.2f}" if r.busbw_over_wire else "-")
     console.print(table)
 
 

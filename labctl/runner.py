@@ -126,8 +126,8 @@ class _Echo:
     """Whether node output still goes to the terminal: once labctl stops a run, the nodes' shutdown
     chatter (torchrun's SignalException stacks) goes to the logs only."""
 
-    def __init__(self):
-        self.on = True
+    def __init__(self, on: bool = True):
+        self.on = on
 
     def mute(self) -> None:
         if self.on:
@@ -188,7 +188,7 @@ def _emit(outcome: Outcome, logs: _NodeLogs, prefix: str, line: str, echo: _Echo
 
 
 def run_all(client, lab: str, launches: list[Launch], run_dir: Path, run_id: str, *, master_port: str | None,
-            timeout_s: float | None = None) -> RunResult:
+            timeout_s: float | None = None, echo: bool = True) -> RunResult:
     """Start every launch at once (with the run's own rendezvous store on the first node, for torchrun)."""
     run_dir.mkdir(parents=True, exist_ok=True)
     _link_latest(run_dir)
@@ -196,14 +196,14 @@ def run_all(client, lab: str, launches: list[Launch], run_dir: Path, run_id: str
     nodes = list(dict.fromkeys(launch.node for launch in launches))
     colours = {node: node_colour(i) for i, node in enumerate(nodes)}
     outcomes = [Outcome(launch) for launch in launches]
-    echo = _Echo()
+    printer = _Echo(on=echo)
     threads = []
     store_thread = None
     try:
         if master_port is not None:
             store_thread, store_ready = _start_store(client, lab, nodes[0], master_port, run_id, run_dir, logs)
         for outcome in outcomes:
-            thread = threading.Thread(target=_stream, args=(client, outcome, logs, colours[outcome.launch.node], echo),
+            thread = threading.Thread(target=_stream, args=(client, outcome, logs, colours[outcome.launch.node], printer),
                                       daemon=True)
             thread.start()
             threads.append(thread)
@@ -211,7 +211,7 @@ def run_all(client, lab: str, launches: list[Launch], run_dir: Path, run_id: str
             # The agents start alongside the store (it imports torch too, ~2 s): their store
             # clients retry the connection until it listens, so nobody waits for it in turn.
             store_ready()
-        return _watch(client, lab, nodes, run_id, run_dir, outcomes, threads, timeout_s, echo)
+        return _watch(client, lab, nodes, run_id, run_dir, outcomes, threads, timeout_s, printer)
     finally:
         # Whatever happened, leave no process of this run on any node (the store included).
         stop_run(client, lab, nodes, run_id)

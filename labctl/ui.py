@@ -6,8 +6,12 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-console = Console(highlight=False)
-err_console = Console(stderr=True, highlight=False)
+import sys
+
+# Piped or captured output (CI logs, tests) gets wide lines instead of rich's 80-column default,
+# so tables are not cut to "…".
+console = Console(highlight=False, width=None if sys.stdout.isatty() else 200)
+err_console = Console(stderr=True, highlight=False, width=None if sys.stderr.isatty() else 200)
 
 NODE_COLOURS = ["cyan", "magenta", "green", "yellow", "blue", "red", "bright_cyan", "bright_magenta",
                 "bright_green", "bright_yellow", "bright_blue", "bright_red"]
@@ -21,13 +25,18 @@ def info(message: str) -> None:
     err_console.print(f"[dim]•[/dim] {message}", markup=True)
 
 
-def nodes_table(lab: str, nodes, title: str | None = None) -> Table:
+def nodes_table(lab: str, nodes, title: str | None = None, links: dict | None = None) -> Table:
+    from labctl.shaping import describe
+
     table = Table(title=title or f"lab {lab}", title_justify="left")
-    for column in ("node", "IP", "torch", "state"):
+    for column in ("node", "IP", "torch", "state") + (("link",) if links else ()):
         table.add_column(column)
     for node in nodes:
         colour = "green" if node.state == "running" else "red"
-        table.add_row(node.name, node.ip, node.torch, f"[{colour}]{node.state}[/{colour}]")
+        cells = [node.name, node.ip, node.torch, f"[{colour}]{node.state}[/{colour}]"]
+        if links:
+            cells.append(describe(links[node.name]) if node.name in links else "-")
+        table.add_row(*cells)
     return table
 
 

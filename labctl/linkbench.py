@@ -1,0 +1,130 @@
+"""`labctl bench allreduce`: an nccl-tests-style sweep across the lab, the raw wire measured with
+iperf3, and the ring cost model beside every row.
+
+Pure: `build_rows` turns the trainer's timings into the table. Side effects: `measure_wire`
+(iperf3 between two nodes) and `run_sweep` (torchrun on every node through the runner).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from labctl.compose import container_name
+from labctl.cost import DEFAULT_ALPHA_S, DEFAULT_EFFICIENCY, Link, busbw_factor, collective_time_s
+from labctl.errors import LabError, RunFailed
+
+IPERF_PORT = "5201"
+IPERF_SECONDS = 3
+
+
+@dataclass(frozen=True)
+class Row:
+    size: int
+    count: int
+    type: str
+    time_us: float
+    algbw_gbs: float
+    busbw_gbs: float
+    model_us: float | None
+    meas_over_model: float | None
+    busbw_over_wire: float | None
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+def model_link(shaped_rate_bps: int | None, wire_bps: float | None) -> Link | None:
+    """The link the model assumes: the slowest shaped rate (a ring runs at its slowest hop), else
+    the measured wire of an unshaped lab."""
+    if shaped_rate_bps:
+        return Link("shaped", float(shaped_rate_bps), DEFAULT_ALPHA_S)
+    if wire_bps:
+        return Link("wire", float(wire_bps), DEFAULT_ALPHA_S)
+    return None
+
+
+def build_rows(timings: list[dict], n: int, link: Link | None, wire_bps: float | None,
+               efficiency: float = DEFAULT_EFFICIENCY) -> list[Row]:
+    factor = busbw_factor(n)
+    rows = []
+    for t in timings:
+        seconds = t["time_us"] / 1e6
+        algbw = t["size"] / seconds / 1e9
+        busbw = algbw * factor
+        model_us = collective_time_s(t["size"], n, link, efficiency) * 1e6 if link else None
+        rows.append(Row(
+            size=t["size"], count=t["count"], type=t.get("type", "float"), time_us=t["time_us"],
+            algbw_gbs=algbw, busbw_gbs=busbw, model_us=model_us,
+            meas_over_model=t["time_us"] / model_us if model_us else None,
+            busbw_over_wire=busbw * 1e9 * 8 / wire_bps if wire_bps else None,
+        ))
+    return rows
+
+
+# ------------------------------------------------------------------------------ side effects
+
+
+def measure_wire(client, lab: str, client_node: str, server_node: str, server_ip: str) -> float:
+    """Raw TCP throughput client_node -> server_node in bits/s (iperf3, one stream, 3 s)."""
+    server = container_name(lab, server_node)
+    exec_id = client.api.exec_create(server, ["iperf3", "-s", "-1", "-p", IPERF_PORT])["Id"]
+    client.api.exec_start(exec_id, detach=True)
+    deadline = time.monotonic() + 10
+    while f":{IPERF_PORT}".encode() not in client.api.exec_start(client.api.exec_create(server, ["ss", "-Hltn"])["Id"]):
+        if time.monotonic() > deadline:
+            raise LabError(f"iperf3 server on {server_node} did not start")
+        time.sleep(0.05)
+    probe = client.api.exec_create(container_name(lab, client_node),
+                                   ["iperf3", "-c", server_ip, "-p", IPERF_PORT, "-t", str(IPERF_SECONDS), "-J"])["Id"]
+    output = client.api.exec_start(probe).decode(errors="replace")
+    try:
+        return float(json.loads(output)["end"]["sum_received"]["bits_per_second"])
+    except (ValueError, KeyError) as exc:
+        raise LabError(f"iperf3 {client_node} -> {server_node} gave no result ({exc}): {output[-300:]}") from None
+
+
+def run_sweep(client, lab: str, node_env: dict, sizes: list[int], iters: int, run_dir: Path, run_id: str) -> list[dict]:
+    """torchrun -m trainer.bench_allreduce on every node; rank 0's timings."""
+    from labctl import runner
+    from labctl.launch import build_launches
+
+    args = ["-m", "trainer.bench_allreduce", "--sizes", ",".join(map(str, sizes)), "--iters", str(iters)]
+    launches = build_launches(lab, node_env, args, launcher="torchrun", nproc_per_node=1, run_id=run_id, run_dir=run_dir)
+    runner.check_master_port(client, lab, node_env)
+    master_port = next(iter(node_env.values()))["MASTER_PORT"]
+    result = runner.run_all(client, lab, launches, run_dir, run_id, master_port=master_port, echo=False)
+    if not result.ok:
+        raise RunFailed(result.explain(), exit_code=130 if result.interrupted else 1)
+    return json.loads((run_dir / "allreduce.json").read_text())
+
+
+def plot(rows: list[Row], path: Path, link_bps: float | None, wire_bps: float | None, n: int, title: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    sizes = [r.size for r in rows]
+    fig, ax = plt.subplots(figsize=(7, 4.2), dpi=120)
+    ax.plot(sizes, [r.busbw_gbs * 1000 for r in rows], "o-", label="measured busbw")
+    if rows and rows[0].model_us is not None:
+        factor = busbw_factor(n)
+        ax.plot(sizes, [r.size / (r.model_us / 1e6) * factor / 1e6 for r in rows], "--", label="cost model (busbw)")
+    if link_bps:
+        ax.axhline(link_bps / 8e6, color="red", linestyle=":", label=f"link rate {link_bps / 1e6:g} Mbit/s")
+    if wire_bps:
+        ax.axhline(wire_bps / 8e6, color="grey", linestyle="-.", label=f"iperf3 wire {wire_bps / 1e6:.0f} Mbit/s")
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("message size (bytes)")
+    ax.set_ylabel("bus bandwidth (MB/s)")
+    ax.set_ylim(bottom=0)
+    ax.set_title(title, fontsize=9)
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path)
+    plt.close(fig)

@@ -1,0 +1,87 @@
+"""An allreduce sweep in the manner of nccl-tests' all_reduce_perf, for gloo (or nccl) under torchrun.
+
+    torchrun --standalone --nproc_per_node=2 -m trainer.bench_allreduce --sizes 1024,1048576
+    labctl bench allreduce --sizes 1K:64M      # across the lab's nodes, with the cost model beside
+
+For each message size S (bytes of float32): a few warm-up allreduces, then `--iters` timed ones.
+Each iteration is timed on every rank between a barrier and the allreduce's return; the
+iteration's time is the maximum over ranks (the collective is done when the slowest rank is),
+and the size's time is the median over iterations. Rank 0 prints one JSON line per size,
+`ALLREDUCE {...}`, and writes them all to `<run_dir>/allreduce.json`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import time
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from trainer.dist import compute_cleanup, compute_init, get_dist_info, println
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(prog="python -m trainer.bench_allreduce", description=__doc__.splitlines()[0])
+    p.add_argument("--sizes", required=True, help="comma-separated message sizes in bytes (multiples of 4)")
+    p.add_argument("--iters", type=int, default=5, help="timed iterations per size (default 5)")
+    p.add_argument("--warmup", type=int, default=2, help="untimed iterations per size first (default 2)")
+    p.add_argument("--timeout-s", type=float, default=300.0, help="process-group timeout in seconds (default 300)")
+    p.add_argument("--run-dir", default=None, help="where rank 0 writes allreduce.json (default $DDPLAB_RUN_DIR or .)")
+    args = p.parse_args(argv)
+    try:
+        args.sizes = [int(s) for s in args.sizes.split(",") if s.strip()]
+    except ValueError:
+        p.error(f"--sizes must be integers (bytes), got {args.sizes!r}")
+    if not args.sizes or any(s < 4 or s % 4 for s in args.sizes):
+        p.error("--sizes must be positive multiples of 4 bytes (float32 elements)")
+    if args.iters < 1 or args.warmup < 0:
+        p.error("--iters must be >= 1 and --warmup >= 0")
+    return args
+
+
+def time_size(size_bytes: int, iters: int, warmup: int, device: torch.device) -> list[float]:
+    """Per-iteration times in seconds, each the maximum over ranks."""
+    tensor = torch.ones(size_bytes // 4, dtype=torch.float32, device=device)
+    for _ in range(warmup):
+        dist.all_reduce(tensor)
+    times = []
+    for _ in range(iters):
+        dist.barrier()
+        started = time.perf_counter()
+        dist.all_reduce(tensor)
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        elapsed = torch.tensor([time.perf_counter() - started], dtype=torch.float64)
+        dist.all_reduce(elapsed, op=dist.ReduceOp.MAX)
+        times.append(elapsed.item())
+    return times
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    is_ddp, rank, local_rank, world_size = get_dist_info()
+    if not is_ddp:
+        raise SystemExit("bench_allreduce needs a process group: run it under torchrun (or labctl bench allreduce)")
+    device = compute_init(args.timeout_s).device
+    rows = []
+    for size in args.sizes:
+        times = time_size(size, args.iters, args.warmup, device)
+        row = {"size": size, "count": size // 4, "type": "float", "world_size": world_size,
+               "time_us": statistics.median(times) * 1e6, "times_us": [t * 1e6 for t in times]}
+        rows.append(row)
+        if rank == 0:
+            println("ALLREDUCE " + json.dumps(row))
+    if rank == 0:
+        run_dir = Path(args.run_dir or os.environ.get("DDPLAB_RUN_DIR") or ".")
+        run_dir.mkdir(parents=True, exist_ok=True)
+        (run_dir / "allreduce.json").write_text(json.dumps(rows))
+    compute_cleanup()
+
+
+if __name__ == "__main__":
+    main()
