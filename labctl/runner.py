@@ -26,6 +26,7 @@ from labctl.ui import console, node_colour
 FAIL_GRACE_S = 10.0  # after one node fails, how long the others get to notice and exit on their own
 STOP_GRACE_S = 3.0  # SIGTERM -> SIGKILL
 STORE_START_TIMEOUT_S = 60.0
+_PRINT_LOCK = threading.Lock()
 _ERROR_LINE = re.compile(r"^\s*([A-Za-z_][\w.]*(Error|Exception|Interrupt)|error)\b.*")
 
 
@@ -184,7 +185,8 @@ def _emit(outcome: Outcome, logs: _NodeLogs, prefix: str, line: str, echo: _Echo
     if on_line:
         on_line(line)
     if echo and echo.on:
-        console.print(prefix + escape(line), markup=True, soft_wrap=True)
+        with _PRINT_LOCK:  # one whole line at a time, whichever node's thread prints
+            console.print(prefix + escape(line), markup=True, soft_wrap=True)
 
 
 def run_all(client, lab: str, launches: list[Launch], run_dir: Path, run_id: str, *, master_port: str | None,

@@ -25,6 +25,7 @@ def test_up_reports_every_node(lab3, docker_client):
     assert all(n["state"] == "running" and n["torch"].startswith("2.13.0") for n in status["nodes"])
     assert len({n["ip"] for n in status["nodes"]}) == 3
     again = json.loads(labctl("status", "--lab", name, "--json", check=True).stdout)
+    assert [n.pop("link") for n in again["nodes"]] == ["unshaped"] * 3  # read back from the kernel
     assert again == status
     # Identical image on every node, and the lab's env files on disk.
     images = {c.image.id for c in docker_client.containers.list(filters={"label": f"io.ddplab.lab={name}"})}

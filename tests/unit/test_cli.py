@@ -31,6 +31,18 @@ def invoke(*args):
     (["build", "--torch-version", "two"], "release such as"),
     (["bench", "up", "--nodes-list", "3,0"], "each count must be from 1 to 64"),
     (["env", "--hosts", "", "--iface", "eth0"], "at least one"),
+    (["shape"], "give exactly one of --bw, --clear or --show"),
+    (["shape", "--bw", "1gbit", "--clear"], "got --bw, --clear"),
+    (["shape", "--clear", "--delay", "5ms"], "go with --bw"),
+    (["shape", "--bw", "100mbps"], "megaBYTES per second"),
+    (["shape", "--bw", "1gbit", "--delay", "10"], "add a unit"),
+    (["shape", "--bw", "1gbit", "--jitter", "1ms"], "needs --delay"),
+    (["shape", "--bw", "1gbit", "--loss", "120"], "from 0 to 100"),
+    (["up", "--bw", "fast"], "must be a rate"),
+    (["bench", "allreduce", "--sizes", "8K:1K"], "smaller size"),
+    (["cost", "--params", "lots", "--nodes", "2"], "parameter count"),
+    (["cost", "--params", "1e9"], "--nodes"),
+    (["cost", "--params", "1e9", "--nodes", "2", "--link", "10mbps"], "preset"),
 ])
 def test_bad_input_exit_2(args, fragment):
     result = invoke(*args)
@@ -70,3 +82,21 @@ def test_fuzz_up_flags_never_traceback(values):
     # Bad values are usage errors (2); good ones reach the missing engine (also 2). Never a crash.
     assert result.exit_code == 2, result.output
     assert result.exception is None or isinstance(result.exception, SystemExit)
+
+
+def test_cost_calculator_json():
+    import json
+
+    result = invoke("cost", "--params", "760e6", "--dtype", "bf16", "--nodes", "2", "--link", "1GbE", "--link", "10GbE", "--json")
+    assert result.exit_code == 0, result.output
+    rows = json.loads(result.output)
+    assert [r["link"] for r in rows] == ["1GbE", "10GbE"]
+    assert abs(rows[0]["comm_s"] - 14.3) < 0.05 and abs(rows[1]["comm_s"] - 1.43) < 0.01
+
+
+def test_cost_table_outside_a_lab_lists_every_preset():
+    result = invoke("cost", "--params", "125M", "--nodes", "4", "--compute-s", "0.2", "--grad-accum", "4")
+    assert result.exit_code == 0, result.output
+    for name in ("1GbE", "2.5GbE", "10GbE", "100G-RoCE", "400G-RoCE", "NVLink"):
+        assert name in result.output
+    assert "comm/compute" in result.output

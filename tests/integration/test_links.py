@@ -1,0 +1,93 @@
+"""Link shaping measured for real: tc in the nodes' namespaces, gloo allreduce across them,
+iperf3 on the wire, all against the cost model."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from conftest import labctl
+
+TOLERANCE = 0.15  # shaped bandwidth within 15% (mininet's assertWithinTolerance, in spirit)
+
+
+def bench(lab: str, sizes: str) -> list[dict]:
+    result = labctl("bench", "allreduce", "--lab", lab, "--sizes", sizes, "--iters", "3", "--json", check=True, timeout=600)
+    return json.loads(result.stdout)
+
+
+def links(lab: str) -> dict[str, str]:
+    status = json.loads(labctl("status", "--lab", lab, "--json", check=True).stdout)
+    return {n["name"]: n["link"] for n in status["nodes"]}
+
+
+def within(measured: float, expected: float, fraction: float = TOLERANCE) -> bool:
+    return abs(measured - expected) <= fraction * expected
+
+
+@pytest.fixture(scope="module")
+def lab(lab3):
+    name, _ = lab3
+    yield name
+    labctl("shape", "--lab", name, "--clear")
+
+
+def test_100mbit_ring_runs_at_the_link_rate_and_the_model(lab):
+    labctl("shape", "--lab", lab, "--bw", "100mbit", check=True)
+    assert set(links(lab).values()) == {"100mbit"}  # read back from the kernel
+    row = bench(lab, "16M")[-1]
+    assert row["size"] == 16 * 2**20 and row["count"] == 4 * 2**20
+    assert within(row["busbw_gbs"], 0.0125), f"busbw {row['busbw_gbs']:.4f} GB/s vs link 0.0125"
+    assert 0.85 <= row["meas_over_model"] <= 1.15, row
+    assert 0.8 <= row["busbw_over_wire"] <= 1.1, row
+
+
+def test_one_slow_node_drags_the_whole_ring(lab):
+    labctl("shape", "--lab", lab, "--bw", "100mbit", check=True)
+    labctl("shape", "--lab", lab, "--node", "node2", "--bw", "50mbit", check=True)
+    assert links(lab) == {"node0": "100mbit", "node1": "100mbit", "node2": "50mbit"}
+    row = bench(lab, "8M")[-1]
+    assert within(row["busbw_gbs"], 50e6 / 8 / 1e9), f"busbw {row['busbw_gbs']:.4f} GB/s vs 50mbit = 0.00625"
+
+
+def test_clear_brings_the_bandwidth_back(lab):
+    labctl("shape", "--lab", lab, "--bw", "100mbit", check=True)
+    labctl("shape", "--lab", lab, "--clear", check=True)
+    assert set(links(lab).values()) == {"unshaped"}
+    row = bench(lab, "16M")[-1]
+    assert row["busbw_gbs"] > 5 * 0.0125, row
+
+
+def test_delay_applies_where_netem_exists_and_fails_cleanly_where_not(lab, docker_client):
+    """One test for both kernels: never a skip."""
+    labctl("shape", "--lab", lab, "--clear", check=True)
+    result = labctl("shape", "--lab", lab, "--bw", "100mbit", "--delay", "10ms")
+    if result.returncode == 0:
+        rtt_ms = connect_rtt_ms(docker_client, lab)
+        labctl("shape", "--lab", lab, "--clear", check=True)
+        base_ms = connect_rtt_ms(docker_client, lab)
+        assert within(rtt_ms - base_ms, 20.0, 0.1), f"delay 10ms on both ends should add 20 ms, got {rtt_ms - base_ms:.1f}"
+    else:
+        assert result.returncode == 2
+        assert "sch_netem" in result.stderr and "Rate shaping" in result.stderr and "Traceback" not in result.stderr
+        assert set(links(lab).values()) == {"unshaped"}  # no half-applied shape, no qdisc left behind
+
+
+def connect_rtt_ms(client, lab: str) -> float:
+    """Median TCP connect time node0 -> node1 (one SYN/SYN-ACK round trip)."""
+    node1 = client.containers.get(f"{lab}-node1")
+    node1.exec_run(["python", "-c", "import socket,time; s=socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1); "
+                                    "s.bind(('0.0.0.0', 5999)); s.listen(64); time.sleep(30)"], detach=True)
+    ip = node1.attrs["NetworkSettings"]["Networks"][f"{lab}-net"]["IPAddress"]
+    script = ("import socket,statistics,time\n"
+              "for _ in range(100):\n"
+              "    try: socket.create_connection((%r, 5999), timeout=1).close(); break\n"
+              "    except OSError: time.sleep(0.05)\n"
+              "ts=[]\n"
+              "for _ in range(9):\n"
+              "    t=time.perf_counter(); c=socket.create_connection((%r, 5999)); ts.append(time.perf_counter()-t); c.close()\n"
+              "print(statistics.median(ts)*1000)\n") % (ip, ip)
+    out = client.containers.get(f"{lab}-node0").exec_run(["python", "-c", script]).output.decode()
+    node1.exec_run(["pkill", "-f", "5999"])
+    return float(out.strip().splitlines()[-1])
