@@ -29,13 +29,14 @@ integration: image
 
 venv: $(VENV)/.installed
 
-# torch's CPU build: from pip's local find-links if it has one, else from the CPU index (plain
-# PyPI would install the CUDA build, several GB).
+# torch's CPU build alone (--no-deps) first: from pip's local find-links if it has the wheel, else
+# from the CPU index (plain PyPI would install the CUDA build, several GB). Its dependencies then
+# come from the ordinary index with the project's own.
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
-	$(BIN)/pip install -q --no-index "torch==$(TORCH_VERSION)" 2>/dev/null \
-	  || $(BIN)/pip install -q --index-url $(TORCH_INDEX_URL) "torch==$(TORCH_VERSION)"
+	$(BIN)/pip install -q --no-deps --no-index "torch==$(TORCH_VERSION)" 2>/dev/null \
+	  || $(BIN)/pip install -q --no-deps --index-url $(TORCH_INDEX_URL) "torch==$(TORCH_VERSION)"
 	$(BIN)/pip install -q -e ".[trainer,test]"
 	touch $@
 

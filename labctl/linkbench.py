@@ -79,7 +79,11 @@ def measure_wire(client, lab: str, client_node: str, server_node: str, server_ip
         time.sleep(0.05)
     probe = client.api.exec_create(container_name(lab, client_node),
                                    ["iperf3", "-c", server_ip, "-p", IPERF_PORT, "-t", str(IPERF_SECONDS), "-J"])["Id"]
-    output = client.api.exec_start(probe).decode(errors="replace")
+    try:
+        output = client.api.exec_start(probe).decode(errors="replace")
+    finally:
+        # -1 ends the server after one test; if the client never connected, end it here.
+        client.api.exec_start(client.api.exec_create(server, ["pkill", "-f", f"iperf3 -s -1 -p {IPERF_PORT}"])["Id"])
     try:
         return float(json.loads(output)["end"]["sum_received"]["bits_per_second"])
     except (ValueError, KeyError) as exc:
