@@ -40,7 +40,7 @@ def run_helper(client, lab: str, node: str, image: str, commands: list[Command])
     container = client.containers.run(
         image, ["sh", "-c", helper_script(commands)], entrypoint=[], user="0:0", detach=True,
         network_mode=f"container:{container_name(lab, node)}", cap_add=["NET_ADMIN"],
-        security_opt=["no-new-privileges:true"], labels={LABEL_LAB: lab, LABEL_ROLE: "shaper"},
+        security_opt=["no-new-privileges"], labels={LABEL_LAB: lab, LABEL_ROLE: "shaper"},
     )
     try:
         code = container.wait(timeout=120)["StatusCode"]

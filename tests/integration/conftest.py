@@ -61,11 +61,13 @@ def labctl(*args: str, timeout: float = 300, check: bool | None = None, env: dic
 
 
 def lab_resources(client, lab: str) -> dict[str, list[str]]:
+    """Names of everything labelled with the lab. Raw list calls: the SDK's containers.list()
+    inspects each container and fails on one removed in between."""
     selector = {"label": f"{LABEL}={lab}"}
     return {
-        "containers": [c.name for c in client.containers.list(all=True, filters=selector)],
-        "networks": [n.name for n in client.networks.list(filters=selector)],
-        "volumes": [v.name for v in client.volumes.list(filters=selector)],
+        "containers": sorted(c["Names"][0].lstrip("/") for c in client.api.containers(all=True, filters=selector)),
+        "networks": sorted(n.name for n in client.networks.list(filters=selector)),
+        "volumes": sorted(v.name for v in client.volumes.list(filters=selector)),
     }
 
 

@@ -138,10 +138,11 @@ def test_grow_then_down_leaves_nothing(lab_name, docker_client):
 def test_down_cleans_up_after_an_up_killed_midway(lab_name, docker_client):
     """kill -9 of labctl while Compose is creating nodes; down still removes everything."""
     proc = subprocess.Popen([sys.executable, "-m", "labctl", "up", "--lab", lab_name, "--nodes", "6"], cwd=REPO,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     deadline = time.monotonic() + 60
     while not lab_resources(docker_client, lab_name)["containers"]:
-        assert time.monotonic() < deadline and proc.poll() is None, "up never created a container"
+        assert proc.poll() is None, f"up ended before it was killed:\n{proc.communicate()[0]}"
+        assert time.monotonic() < deadline, "up never created a container"
         time.sleep(0.05)
     proc.kill()  # Compose, now orphaned, is still creating the rest: down must stop it first
     proc.wait()

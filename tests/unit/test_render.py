@@ -71,7 +71,7 @@ def test_compose_structure():
     assert {"type": "bind", "source": "/ws", "target": "/ws"} in node4["volumes"]
     assert node4["working_dir"] == "/ws" and node4["env_file"] == ["node4.env"]
     assert "cpus" not in node4 and node4["mem_limit"] == "4g"
-    assert node4["security_opt"] == ["no-new-privileges:true"]
+    assert node4["security_opt"] == ["no-new-privileges"]
     for forbidden in ("privileged", "cap_add", "network_mode", "ports"):
         assert forbidden not in node4
     assert not any("docker.sock" in str(v) for v in node4["volumes"])
