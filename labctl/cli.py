@@ -455,8 +455,7 @@ def cost(params, dtype, ranks, links, compute_s, collective, grad_accum, efficie
     """
     from rich.table import Table
 
-    from labctl.config import SETTINGS
-    from labctl.cost import Link, parse_params, resolve_link, step_report, PRESETS
+    from labctl.cost import PRESETS, Link, parse_params, resolve_link, step_report
     from labctl.errors import ConfigError
     from labctl.ui import console, info
 
@@ -465,9 +464,12 @@ def cost(params, dtype, ranks, links, compute_s, collective, grad_accum, efficie
     if ranks is None and lab_world is None:
         raise ConfigError("--nodes", None, "is needed outside a running lab", hint="labctl cost --params 760e6 --nodes 2")
     try:
-        n = SETTINGS["nodes"][1](ranks) if ranks is not None else lab_world
-    except ValueError as exc:
-        raise ConfigError("--nodes", ranks, str(exc)) from None
+        # Any cluster size: the calculator is for the real cluster, not only for this lab.
+        n = int(ranks) if ranks is not None else lab_world
+    except ValueError:
+        n = 0
+    if not 1 <= n <= 1_000_000:
+        raise ConfigError("--nodes", ranks, "must be a whole number of ranks from 1 to 1000000")
     chosen = [resolve_link(text) for text in links]
     if not chosen:
         chosen = ([Link(f"lab ({lab_link[0]})", float(lab_link[1]), 50e-6)] if lab_link else []) + list(PRESETS.values())
