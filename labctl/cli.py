@@ -116,9 +116,10 @@ def build(torch_version, base_image, image, force, verbose_build) -> None:
 @click.option("--master-port", metavar="PORT", help="Rendezvous port on node0, 1024-65535 [env DDPLAB_MASTER_PORT; default 29500].")
 @click.option("--image", metavar="TAG", help="Node image [env DDPLAB_IMAGE].")
 @click.option("--bw", metavar="RATE", help="Shape every node's link at bring-up, e.g. 1gbit (as `labctl shape --bw`).")
+@click.option("--node-cpus", metavar="NODE=C,...", help="Per-node CPU limits over --cpus, e.g. node2=0.25 (a straggler).")
 @click.option("--dry-run", is_flag=True, help="Print the Compose file and env files that would be used; change nothing.")
 @click.option("--json", "as_json", is_flag=True, help="Print the node table as JSON (as `status --json`).")
-def up(lab, nodes, nproc_per_node, cpus, memory, subnet, master_port, image, bw, dry_run, as_json) -> None:
+def up(lab, nodes, nproc_per_node, cpus, memory, subnet, master_port, image, bw, node_cpus, dry_run, as_json) -> None:
     """Start (or reconcile) the lab: nodes node0..node{N-1} on their own bridge network.
 
     On a running lab, `up` reconciles instead of failing: `--nodes 5` on a 3-node lab adds two
@@ -140,8 +141,12 @@ def up(lab, nodes, nproc_per_node, cpus, memory, subnet, master_port, image, bw,
         from dataclasses import replace
 
         config = replace(config, nodes=len(existing))
+    from labctl.config import parse_node_cpus
+
+    # Checked against the lab's final size (a running lab keeps its count), before anything changes.
+    per_node_cpus = parse_node_cpus(node_cpus, config.nodes) if node_cpus is not None else None
     started = time.monotonic()
-    document, env_files, subnet_used = lab_mod.plan_up(client, config, _workspace())
+    document, env_files, subnet_used = lab_mod.plan_up(client, config, _workspace(), per_node_cpus)
     if dry_run:
         console.print(render_compose(document), markup=False)
         for name, text in env_files.items():
@@ -342,6 +347,49 @@ def logs(lab, node, run_id, container) -> None:
     for name, text in runner.run_logs(lab_mod.lab_dir(_workspace(), config.lab), run_id, node):
         click.echo(f"==> {name} <==")
         click.echo(text, nl=False)
+
+
+# ------------------------------------------------------------------------------------------ slow
+
+
+@main.command(context_settings=CONTEXT)
+@lab_option
+@click.argument("node")
+@click.option("--cpus", metavar="C", help="New CPU limit for the node, e.g. 0.25.")
+@click.option("--clear", is_flag=True, help="Lift the node's CPU limit.")
+def slow(lab, node, cpus, clear) -> None:
+    """Make NODE a straggler (or stop it being one) while the lab runs: its CPU limit changes in
+    place, no restart, so a run in progress feels it at once.
+
+    \b
+    Examples:
+      labctl slow node2 --cpus 0.25
+      labctl slow node2 --clear
+    """
+    from labctl import lab as lab_mod
+    from labctl.config import parse_cpus
+    from labctl.errors import ConfigError, LabError
+    from labctl.ui import info
+
+    if (cpus is None) == (not clear):
+        raise LabError("give exactly one of --cpus C or --clear", hint="labctl slow node2 --cpus 0.25")
+    limit = None
+    if cpus is not None:
+        try:
+            limit = parse_cpus(cpus)
+        except ValueError as exc:
+            raise ConfigError("--cpus", cpus, str(exc)) from None
+        if limit is None:
+            raise ConfigError("--cpus", cpus, "must be a CPU count such as 0.25", hint="use --clear to lift the limit")
+    config = _config(lab=lab)
+    client = lab_mod.docker_client()
+    names = [n.name for n in lab_mod.require_running(client, config.lab)]
+    if node not in names:
+        raise LabError(f"no node {node!r} in lab {config.lab}", hint=f"nodes: {', '.join(names)}")
+    if limit is not None:
+        lab_mod.check_cpus(client, "--cpus", limit)
+    applied = lab_mod.apply_node_cpus(client, config.lab, node, limit)
+    info(f"{node}: CPU limit now {f'{applied:g} CPUs' if applied else 'none'} (read back from the engine)")
 
 
 # ----------------------------------------------------------------------------------------- shape

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import copy
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Mapping
 
 import yaml
 
@@ -28,6 +28,7 @@ class ComposePlan:
     subnet: str
     workspace: Path
     user: str  # "uid:gid" of the invoking user, so files the nodes write in the workspace are theirs
+    node_cpus: Mapping[str, float] = field(default_factory=dict)  # per-node CPU limits (stragglers)
 
 
 def network_name(lab: str) -> str:
@@ -69,8 +70,9 @@ def build_compose(config: LabConfig, plan: ComposePlan, template: dict[str, Any]
         node["working_dir"] = str(plan.workspace)
         node["networks"] = {"lab": {"ipv4_address": node_ip(plan.subnet, rank)}}
         node["pids_limit"] = config.pids_limit
-        if config.cpus is not None:
-            node["cpus"] = config.cpus
+        cpus = plan.node_cpus.get(name, config.cpus)
+        if cpus is not None:
+            node["cpus"] = cpus
         if config.memory is not None:
             node["mem_limit"] = config.memory
         services[name] = node

@@ -267,3 +267,30 @@ def pick_free_subnet(used: list[str], pool: str = AUTO_POOL, prefix: int = 24) -
         if not overlaps(str(candidate), used):
             return str(candidate)
     raise ConfigError("DDPLAB_SUBNET", AUTO, f"no free /{prefix} left in {pool}", hint="set DDPLAB_SUBNET to a free range")
+
+
+def parse_node_cpus(text: str, nodes: int, key: str = "--node-cpus") -> dict[str, float]:
+    """'node2=0.25,node0=1' -> {'node2': 0.25, 'node0': 1.0}: per-node CPU limits for stragglers."""
+    limits: dict[str, float] = {}
+    for part in (p.strip() for p in str(text).split(",")):
+        if not part:
+            continue
+        name, sep, value = part.partition("=")
+        name = name.strip()
+        match = re.fullmatch(r"node(\d+)", name)
+        if not sep or not match:
+            raise ConfigError(key, text, "must be NODE=CPUS pairs, comma-separated, e.g. node2=0.25")
+        if int(match.group(1)) >= nodes:
+            raise ConfigError(key, text, f"names {name}, but the lab has node0..node{nodes - 1}")
+        try:
+            cpus = parse_cpus(value)
+        except ValueError as exc:
+            raise ConfigError(key, text, f"{name}: {exc}") from None
+        if cpus is None:
+            raise ConfigError(key, text, f"{name}: give a CPU count such as 0.25")
+        if name in limits:
+            raise ConfigError(key, text, f"names {name} twice")
+        limits[name] = cpus
+    if not limits:
+        raise ConfigError(key, text, "must name at least one node, e.g. node2=0.25")
+    return limits

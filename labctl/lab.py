@@ -19,6 +19,7 @@ from labctl.compose import LABEL_LAB, LABEL_NODE, LABEL_RANK, ComposePlan, conta
 from labctl.config import AUTO, LabConfig, check_fits, node_ip, overlaps, pick_free_subnet, shown_key, shown_source
 from labctl.envfiles import build_env_files, topology_for_lab, write_env_files
 from labctl.errors import CommandError, ConfigError, LabError
+from labctl.proc import run
 
 log = logging.getLogger("labctl.lab")
 READY_PREFIX = "DDPLAB_READY"
@@ -111,20 +112,30 @@ def invoking_user() -> str:
     return f"{uid}:{gid}"
 
 
-def check_host_limits(client, config: LabConfig) -> None:
-    if config.cpus is None:
-        return
-    ncpu = int(client.info().get("NCPU") or os.cpu_count() or 1)
-    if config.cpus > ncpu:
-        raise ConfigError(shown_key(config, "cpus"), config.cpus, f"must be at most the engine's {ncpu} CPUs", hint="a node cannot have more CPUs than the machine")
+def engine_cpus(client) -> int:
+    return int(client.info().get("NCPU") or os.cpu_count() or 1)
 
 
-def plan_up(client, config: LabConfig, workspace: Path) -> tuple[dict, dict[str, str], str]:
+def check_cpus(client, key: str, cpus: float) -> None:
+    ncpu = engine_cpus(client)
+    if cpus > ncpu:
+        raise ConfigError(key, cpus, f"must be at most the engine's {ncpu} CPUs", hint="a node cannot have more CPUs than the machine")
+
+
+def check_host_limits(client, config: LabConfig, node_cpus: dict[str, float] | None = None) -> None:
+    if config.cpus is not None:
+        check_cpus(client, shown_key(config, "cpus"), config.cpus)
+    for name, cpus in (node_cpus or {}).items():
+        check_cpus(client, f"--node-cpus {name}", cpus)
+
+
+def plan_up(client, config: LabConfig, workspace: Path,
+            node_cpus: dict[str, float] | None = None) -> tuple[dict, dict[str, str], str]:
     """Validate against the engine and render everything; creates nothing."""
     subnet = choose_subnet(client, config)
     check_fits(config, subnet)
-    check_host_limits(client, config)
-    plan = ComposePlan(subnet=subnet, workspace=workspace, user=invoking_user())
+    check_host_limits(client, config, node_cpus)
+    plan = ComposePlan(subnet=subnet, workspace=workspace, user=invoking_user(), node_cpus=node_cpus or {})
     document = compose_mod.build_compose(config, plan, compose_mod.load_template())
     ips = [node_ip(subnet, i) for i in range(config.nodes)]
     env_files = build_env_files(topology_for_lab(config, ips), config.node_names)
@@ -335,3 +346,20 @@ def require_running(client, lab: str) -> list[NodeState]:
         raise LabError(f"lab '{lab}': {', '.join(down)} not running ({', '.join(n.state for n in nodes if n.state != 'running')})",
                        hint=f"`labctl up --lab {lab}` restores the nodes")
     return nodes
+
+
+def node_cpus_limit(client, lab: str, node: str) -> float | None:
+    """The node's CPU limit as the engine applies it now; None when it has none."""
+    nano = client.api.inspect_container(container_name(lab, node))["HostConfig"].get("NanoCpus") or 0
+    return nano / 1e9 if nano and nano < engine_cpus(client) * 1e9 else None
+
+
+def apply_node_cpus(client, lab: str, node: str, cpus: float | None) -> float | None:
+    """Change a running node's CPU limit in place (no restart): a straggler on demand.
+
+    None lifts the limit. `docker update --cpus 0` is ignored by the engine once a limit is set,
+    so "no limit" is written as all of the engine's CPUs, which is the same thing.
+    """
+    value = cpus if cpus is not None else engine_cpus(client)
+    run(["docker", "update", "--cpus", f"{value:g}", container_name(lab, node)], timeout_s=60)
+    return node_cpus_limit(client, lab, node)

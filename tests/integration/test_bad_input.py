@@ -15,6 +15,8 @@ from conftest import labctl, lab_resources
     (["--master-port", "99999"], "from 1024 to 65535"),
     (["--cpus", "999"], "at most the engine's"),
     (["--memory", "12x"], "size such as"),
+    (["--node-cpus", "node9=0.5"], "the lab has node0..node2"),
+    (["--node-cpus", "node1=99"], "at most the engine's"),
 ])
 def test_up_rejects_bad_values(lab_name, docker_client, args, fragment):
     result = labctl("up", "--lab", lab_name, *args)

@@ -148,3 +148,27 @@ def test_down_cleans_up_after_an_up_killed_midway(lab_name, docker_client):
     proc.wait()
     assert labctl("down", "--lab", lab_name, "--volumes").returncode == 0
     assert lab_resources(docker_client, lab_name) == {"containers": [], "networks": [], "volumes": []}
+
+
+def busy_seconds(client, container: str) -> float:
+    code = "import time; t = time.perf_counter(); sum(range(10**7)); print(time.perf_counter() - t)"
+    return float(client.containers.get(container).exec_run(["python", "-c", code]).output.decode().split()[-1])
+
+
+def test_slow_makes_a_straggler_in_place_and_clear_lifts_it(lab3, docker_client):
+    name, _ = lab3
+    labctl("slow", "--lab", name, "node2", "--cpus", "0.25", check=True)
+    assert docker_client.api.inspect_container(f"{name}-node2")["HostConfig"]["NanoCpus"] == 250_000_000
+    slow_s, fast_s = busy_seconds(docker_client, f"{name}-node2"), busy_seconds(docker_client, f"{name}-node1")
+    assert slow_s > 2 * fast_s, f"node2 at 0.25 CPU took {slow_s:.2f} s, node1 {fast_s:.2f} s"
+    result = labctl("slow", "--lab", name, "node2", "--clear", check=True)
+    assert "CPU limit now none" in result.stderr
+    assert busy_seconds(docker_client, f"{name}-node2") < slow_s / 2
+    bad = labctl("slow", "--lab", name, "node9", "--cpus", "0.5")
+    assert bad.returncode == 2 and "no node 'node9'" in bad.stderr
+
+
+def test_up_with_a_slow_node(lab_name, docker_client):
+    labctl("up", "--lab", lab_name, "--nodes", "2", "--node-cpus", "node1=0.5", check=True)
+    cpus = {n: docker_client.api.inspect_container(f"{lab_name}-{n}")["HostConfig"]["NanoCpus"] for n in ("node0", "node1")}
+    assert cpus == {"node0": 0, "node1": 500_000_000}

@@ -43,6 +43,9 @@ def invoke(*args):
     (["cost", "--params", "lots", "--nodes", "2"], "parameter count"),
     (["cost", "--params", "1e9"], "--nodes"),
     (["cost", "--params", "1e9", "--nodes", "2", "--link", "10mbps"], "preset"),
+    (["slow", "node2"], "exactly one of --cpus C or --clear"),
+    (["slow", "node2", "--cpus", "1", "--clear"], "exactly one of --cpus C or --clear"),
+    (["slow", "node2", "--cpus", "lots"], "number of CPUs"),
 ])
 def test_bad_input_exit_2(args, fragment):
     result = invoke(*args)

@@ -110,3 +110,10 @@ def test_host_commands_golden():
         ("100.64.0.1", "set -a; . /home/me/ddplab/.lab/hosts/node0.env; set +a; torchrun -m trainer"),
         ("100.64.0.2", "set -a; . /home/me/ddplab/.lab/hosts/node1.env; set +a; torchrun -m trainer"),
     ]
+
+
+def test_compose_per_node_cpus_override_the_lab_limit():
+    config = LabConfig(lab="x", nodes=3, cpus=1.0)
+    plan = ComposePlan(subnet="10.9.0.0/24", workspace=Path("/ws"), user="0:0", node_cpus={"node2": 0.25})
+    services = build_compose(config, plan, load_template())["services"]
+    assert [services[f"node{i}"]["cpus"] for i in range(3)] == [1.0, 1.0, 0.25]
