@@ -74,6 +74,13 @@ def _name(container: dict) -> str:
     return container["Names"][0].lstrip("/")
 
 
+def exec_in(client, container: str, argv: list[str], env: dict[str, str] | None = None) -> tuple[int, str]:
+    """Run argv in a container and wait: (exit code, stdout and stderr together)."""
+    exec_id = client.api.exec_create(container, argv, environment=env or {})["Id"]
+    output = client.api.exec_start(exec_id).decode(errors="replace")
+    return client.api.exec_inspect(exec_id)["ExitCode"], output
+
+
 def lab_networks(client, lab: str) -> list:
     return client.networks.list(filters={"label": f"{LABEL_LAB}={lab}"})
 

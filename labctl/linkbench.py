@@ -15,6 +15,7 @@ from pathlib import Path
 from labctl.compose import container_name
 from labctl.cost import DEFAULT_ALPHA_S, DEFAULT_EFFICIENCY, Link, busbw_factor, collective_time_s
 from labctl.errors import LabError, RunFailed
+from labctl.lab import exec_in
 
 IPERF_PORT = "5201"
 IPERF_SECONDS = 3
@@ -73,17 +74,16 @@ def measure_wire(client, lab: str, client_node: str, server_node: str, server_ip
     exec_id = client.api.exec_create(server, ["iperf3", "-s", "-1", "-p", IPERF_PORT])["Id"]
     client.api.exec_start(exec_id, detach=True)
     deadline = time.monotonic() + 10
-    while f":{IPERF_PORT}".encode() not in client.api.exec_start(client.api.exec_create(server, ["ss", "-Hltn"])["Id"]):
+    while f":{IPERF_PORT}" not in exec_in(client, server, ["ss", "-Hltn"])[1]:
         if time.monotonic() > deadline:
             raise LabError(f"iperf3 server on {server_node} did not start")
         time.sleep(0.05)
-    probe = client.api.exec_create(container_name(lab, client_node),
-                                   ["iperf3", "-c", server_ip, "-p", IPERF_PORT, "-t", str(IPERF_SECONDS), "-J"])["Id"]
+    argv = ["iperf3", "-c", server_ip, "-p", IPERF_PORT, "-t", str(IPERF_SECONDS), "-J"]
     try:
-        output = client.api.exec_start(probe).decode(errors="replace")
+        _, output = exec_in(client, container_name(lab, client_node), argv)
     finally:
         # -1 ends the server after one test; if the client never connected, end it here.
-        client.api.exec_start(client.api.exec_create(server, ["pkill", "-f", f"iperf3 -s -1 -p {IPERF_PORT}"])["Id"])
+        exec_in(client, server, ["pkill", "-f", f"iperf3 -s -1 -p {IPERF_PORT}"])
     try:
         return float(json.loads(output)["end"]["sum_received"]["bits_per_second"])
     except (ValueError, KeyError) as exc:

@@ -14,6 +14,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 from labctl.compose import LABEL_LAB, container_name
 from labctl.errors import LabError
+from labctl.lab import exec_in
 from labctl.shaping import (
     NETEM_MISSING_MESSAGE, Command, LinkState, Shape, build_apply, build_clear, build_netem_probe, netem_missing,
     parse_link_state,
@@ -88,16 +89,11 @@ def clear_shape(client, lab: str, nodes: list[str], iface: str) -> None:
         list(pool.map(lambda node: run_helper(client, lab, node, image, build_clear(iface)), nodes))
 
 
-def _exec_text(client, container: str, argv: list[str]) -> str:
-    exec_id = client.api.exec_create(container, argv)["Id"]
-    return client.api.exec_start(exec_id).decode(errors="replace")
-
-
 def read_link(client, lab: str, node: str, iface: str, ifb: str = "ifb0") -> LinkState:
     """What the kernel applies on the node's interface now (no cache, so it cannot drift)."""
     container = container_name(lab, node)
-    qdiscs = _exec_text(client, container, ["tc", "qdisc", "show", "dev", iface])
-    ingress = _exec_text(client, container, ["tc", "qdisc", "show", "dev", ifb]) if " ingress " in qdiscs else ""
+    _, qdiscs = exec_in(client, container, ["tc", "qdisc", "show", "dev", iface])
+    ingress = exec_in(client, container, ["tc", "qdisc", "show", "dev", ifb])[1] if " ingress " in qdiscs else ""
     return parse_link_state(qdiscs, ingress)
 
 

@@ -16,11 +16,12 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from labctl.compose import container_name
-from labctl.errors import LabError
-from labctl.launch import PORT_CHECK_SCRIPT, STOP_SCRIPT, STORE_FAILED, STORE_READY, Launch, store_launch
 from rich.markup import escape
 
+from labctl.compose import container_name
+from labctl.errors import LabError
+from labctl.lab import exec_in
+from labctl.launch import PORT_CHECK_SCRIPT, STOP_SCRIPT, STORE_FAILED, STORE_READY, Launch, store_launch
 from labctl.ui import console, node_colour
 
 FAIL_GRACE_S = 10.0  # after one node fails, how long the others get to notice and exit on their own
@@ -47,20 +48,14 @@ def read_node_envs(directory: Path, names: list[str]) -> dict[str, dict[str, str
     return envs
 
 
-def exec_capture(client, container: str, argv: list[str], env: dict[str, str] | None = None) -> tuple[int, str]:
-    exec_id = client.api.exec_create(container, argv, environment=env or {})["Id"]
-    output = client.api.exec_start(exec_id).decode(errors="replace")
-    return client.api.exec_inspect(exec_id)["ExitCode"], output
-
-
 def check_master_port(client, lab: str, node_env: dict[str, dict[str, str]]) -> None:
     """Fail before launching when the rendezvous port on node0 is already taken."""
     first = next(iter(node_env))
     port = node_env[first]["MASTER_PORT"]
-    code, output = exec_capture(client, container_name(lab, first), ["python", "-c", PORT_CHECK_SCRIPT, port])
+    code, output = exec_in(client, container_name(lab, first), ["python", "-c", PORT_CHECK_SCRIPT, port])
     if code == 0:
         return
-    _, listeners = exec_capture(client, container_name(lab, first), ["ss", "-Hltnp", f"sport = :{port}"])
+    _, listeners = exec_in(client, container_name(lab, first), ["ss", "-Hltnp", f"sport = :{port}"])
     held_by = listeners.strip() or "another process"
     raise LabError(f"MASTER_PORT {port} is already in use on {first} ({output.strip()}): {held_by}",
                    hint=f"a run may still be running there; wait for it or `docker exec {container_name(lab, first)} pkill -f torchrun`, "
@@ -70,7 +65,7 @@ def check_master_port(client, lab: str, node_env: dict[str, dict[str, str]]) -> 
 def stop_run(client, lab: str, nodes: list[str], run_id: str) -> None:
     def stop(node: str) -> None:
         try:
-            exec_capture(client, container_name(lab, node), ["python", "-c", STOP_SCRIPT, run_id, str(STOP_GRACE_S)])
+            exec_in(client, container_name(lab, node), ["python", "-c", STOP_SCRIPT, run_id, str(STOP_GRACE_S)])
         except Exception:  # a node that is gone has nothing left to stop
             pass
 
