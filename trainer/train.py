@@ -6,6 +6,7 @@ import hashlib
 import json
 import os
 import time
+from contextlib import nullcontext
 from pathlib import Path
 
 import torch
@@ -13,6 +14,7 @@ import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import DataLoader, DistributedSampler
 
+from trainer.batching import BatchError, global_batch_indices, parse_rank_micro, plan_micro_batches, rank_share
 from trainer.data import make_dataset
 from trainer.dist import (
     all_gather,
@@ -71,6 +73,16 @@ def parse_args(argv=None):
     add("--batch-size", type=at_least(1), default=64,
         help="samples per step PER RANK; global batch = this x world size (default 64)")
     add("--lr", type=above_zero, default=3e-3, help="Adam learning rate (default 3e-3)")
+    # global-batch mode (see trainer/batching.py): steps of G samples, the same G samples at every
+    # step whatever the world size; replaces --epochs/--batch-size when --global-batch is given
+    add("--global-batch", type=at_least(1), default=None,
+        help="samples per optimizer step over all ranks; enables global-batch mode (default off)")
+    add("--micro-batch", type=at_least(1), default=8,
+        help="samples per rank per micro-step in global-batch mode (default 8)")
+    add("--steps", type=at_least(1), default=20, help="optimizer steps in global-batch mode (default 20)")
+    add("--rank-micro-batch", default=None, metavar="RANK=M,...",
+        help="per-rank micro-batch overrides, e.g. 0=10,1=6 to give a slow rank less work; "
+             "gradients are weighted by sample count, so the step is still the global-batch mean")
     # distributed
     add("--timeout-s", type=above_zero, default=120.0,
         help="process-group timeout in seconds: rendezvous and every collective fail "
@@ -164,6 +176,9 @@ def main(argv=None):
         model = DDP(raw_model, device_ids=[c.local_rank] if c.device.type == "cuda" else None)
     optimizer = torch.optim.Adam(model.parameters(), lr=args.lr)
 
+    if args.global_batch:
+        return finish(args, c, raw_model, run_dir, *run_global_batches(args, c, model, optimizer, dataset, metrics, tag))
+
     step = samples_seen = 0  # per rank, over the whole run
     t0 = time.perf_counter()
     with metrics:
@@ -190,21 +205,60 @@ def main(argv=None):
                         samples=samples_seen, elapsed_s=time.perf_counter() - t0)
             println(f"{tag} epoch {epoch}/{args.epochs} loss {epoch_loss:.4f}")
     elapsed_s = time.perf_counter() - t0
+    final_loss = all_reduce_sum(epoch_loss, c.device) / c.world_size  # a collective: every rank
+    return finish(args, c, raw_model, run_dir, step, final_loss, samples_seen, elapsed_s, {"epochs": args.epochs})
 
-    # Collectives: every rank must reach these, not only rank 0.
-    final_loss = all_reduce_sum(epoch_loss, c.device) / c.world_size
+
+def run_global_batches(args, c, model, optimizer, dataset, metrics, tag):
+    """Global-batch mode: K micro-steps per step, gradients synchronised only on the last."""
+    try:
+        accum, sizes = plan_micro_batches(args.global_batch, args.micro_batch, c.world_size,
+                                          parse_rank_micro(args.rank_micro_batch))
+    except BatchError as exc:
+        raise SystemExit(f"error: {exc}") from None
+    x_all, y_all = dataset.tensors
+    # Scale so that DDP's average over ranks is the mean over the G samples (see batching.py).
+    scale = c.world_size / args.global_batch
+    print0(f"{tag} global batch {args.global_batch} = {accum} accumulation steps x micro-batches {sizes}")
+    samples_seen = 0
+    t0 = time.perf_counter()
+    with metrics:
+        for step in range(1, args.steps + 1):
+            indices = global_batch_indices(len(y_all), args.global_batch, args.seed, step)
+            optimizer.zero_grad(set_to_none=True)
+            loss_sum = torch.zeros((), device=c.device)
+            for k, micro in enumerate(rank_share(indices, sizes, accum, c.rank)):
+                x, y = x_all[micro].to(c.device), y_all[micro].to(c.device)
+                # no_sync on all but the last micro-step: one gradient all-reduce per step.
+                sync = k == accum - 1 or c.world_size == 1
+                with (nullcontext() if sync else model.no_sync()):
+                    micro_loss = F.cross_entropy(model(x), y, reduction="sum")
+                    (micro_loss * scale).backward()
+                loss_sum += micro_loss.detach()
+                samples_seen += len(micro)
+            optimizer.step()
+            step_loss = all_reduce_sum(loss_sum.item(), c.device) / args.global_batch
+            metrics.log(kind="step", rank=c.rank, step=step, loss=step_loss, samples=samples_seen,
+                        elapsed_s=time.perf_counter() - t0)
+            if step == args.steps or (args.log_every and step % args.log_every == 0):
+                println(f"{tag} step {step}/{args.steps} loss {step_loss:.6f}")
+    extra = {"global_batch": args.global_batch, "accum_steps": accum, "micro_batches": sizes}
+    return args.steps, step_loss, samples_seen, time.perf_counter() - t0, extra
+
+
+def finish(args, c, raw_model, run_dir, steps, final_loss, samples_seen, elapsed_s, extra):
+    """The SUMMARY line (rank 0) and a clean exit. Collectives: every rank must get here."""
     total_samples = int(all_reduce_sum(samples_seen, c.device))
     checksum = param_checksum(raw_model)
     checksums = all_gather(checksum)
-
     summary = {
-        "steps": step,
+        "steps": steps,
         "final_loss": round(final_loss, 6),
         "world_size": c.world_size,
         "param_checksum": checksum,
         "replicas_consistent": len(set(checksums)) == 1,
         "backend": c.backend,
-        "epochs": args.epochs,
+        **extra,
         "elapsed_s": round(elapsed_s, 3),
         "samples_per_s": round(total_samples / elapsed_s, 1),
         "samples": total_samples,
