@@ -83,6 +83,12 @@ def parse_args(argv=None):
     add("--rank-micro-batch", default=None, metavar="RANK=M,...",
         help="per-rank micro-batch overrides, e.g. 0=10,1=6 to give a slow rank less work; "
              "gradients are weighted by sample count, so the step is still the global-batch mean")
+    # DDP levers (no effect in a single process)
+    add("--bucket-cap-mb", type=above_zero, default=25.0,
+        help="DDP gradient bucket size in MiB: smaller buckets start communicating earlier (default 25)")
+    add("--comm-hook", choices=["none", "fp16", "bf16", "powersgd"], default="none",
+        help="DDP communication hook: compress gradients to fp16/bf16, or PowerSGD rank-1 (default none)")
+    add("--static-graph", action="store_true", help="tell DDP the graph never changes between steps")
     # distributed
     add("--timeout-s", type=above_zero, default=120.0,
         help="process-group timeout in seconds: rendezvous and every collective fail "
@@ -129,6 +135,34 @@ def train_step(model, optimizer, x, y):
     return loss.detach()
 
 
+def wrap_ddp(model, c, bucket_cap_mb=25.0, comm_hook="none", static_graph=False):
+    """DDP with the levers clusters tune: bucket size, a gradient-compression hook, static graph."""
+    if comm_hook == "bf16" and c.backend != "nccl":
+        # torch's bf16_compress_hook is built on NCCL's bf16 all-reduce; gloo has none.
+        raise SystemExit("error: --comm-hook bf16 needs CUDA and NCCL; on CPU (gloo) use fp16 or powersgd")
+    ddp = DDP(model, device_ids=[c.local_rank] if c.device.type == "cuda" else None,
+              bucket_cap_mb=bucket_cap_mb, static_graph=static_graph)
+    register_comm_hook(ddp, comm_hook)
+    return ddp
+
+
+def register_comm_hook(ddp, name):
+    """PyTorch's DDP communication hooks: https://pytorch.org/docs/stable/ddp_comm_hooks.html"""
+    from torch.distributed.algorithms.ddp_comm_hooks import default_hooks, powerSGD_hook
+
+    if name == "fp16":
+        ddp.register_comm_hook(None, default_hooks.fp16_compress_hook)
+    elif name == "bf16":
+        ddp.register_comm_hook(None, default_hooks.bf16_compress_hook)
+    elif name == "powersgd":
+        # Rank-1 approximation with error feedback; plain all-reduce for the first steps, as the
+        # PowerSGD paper warms up.
+        state = powerSGD_hook.PowerSGDState(process_group=None, matrix_approximation_rank=1, start_powerSGD_iter=2)
+        ddp.register_comm_hook(state, powerSGD_hook.powerSGD_hook)
+    elif name != "none":
+        raise ValueError(f"unknown comm hook {name!r}")
+
+
 def param_checksum(model):
     """First 16 hex chars of sha256 over every parameter's name, shape and bytes.
 
@@ -173,7 +207,7 @@ def main(argv=None):
     raw_model = MLP(args.features, args.hidden, args.classes).to(c.device)
     model = raw_model
     if c.world_size > 1:
-        model = DDP(raw_model, device_ids=[c.local_rank] if c.device.type == "cuda" else None)
+        model = wrap_ddp(raw_model, c, args.bucket_cap_mb, args.comm_hook, args.static_graph)
     optimizer = torch.optim.Adam(model.parameters(), lr=args.lr)
 
     if args.global_batch:

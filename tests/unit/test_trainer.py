@@ -168,3 +168,51 @@ def test_torchrun_two_processes(tmp_path):
     for rank in (0, 1):
         records = read_jsonl(tmp_path / f"metrics-rank{rank}.jsonl")
         assert [(r["rank"], r["epoch"]) for r in records] == [(rank, 1), (rank, 2)]
+
+
+# --- DDP levers: hooks wired on a real (world size 1, gloo) process group, in this process -----
+
+@pytest.fixture
+def gloo_world_of_one():
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    yield
+    dist.destroy_process_group()
+
+
+@pytest.mark.parametrize("hook", ["none", "fp16", "powersgd"])
+def test_comm_hooks_train(gloo_world_of_one, hook):
+    from types import SimpleNamespace
+
+    import torch
+
+    from trainer.model import MLP
+    from trainer.train import wrap_ddp
+
+    c = SimpleNamespace(local_rank=0, device=torch.device("cpu"), backend="gloo")
+    torch.manual_seed(0)
+    ddp = wrap_ddp(MLP(8, 16, 3), c, bucket_cap_mb=1.0, comm_hook=hook, static_graph=True)
+    opt = torch.optim.SGD(ddp.parameters(), lr=0.1)
+    x, y = torch.randn(64, 8), torch.randint(0, 3, (64,))
+    losses = []
+    for _ in range(5):
+        loss = torch.nn.functional.cross_entropy(ddp(x), y)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    assert losses[-1] < losses[0]
+
+
+def test_bf16_hook_on_gloo_is_refused_clearly(gloo_world_of_one):
+    from types import SimpleNamespace
+
+    import torch
+
+    from trainer.model import MLP
+    from trainer.train import wrap_ddp
+
+    c = SimpleNamespace(local_rank=0, device=torch.device("cpu"), backend="gloo")
+    with pytest.raises(SystemExit, match="needs CUDA and NCCL"):
+        wrap_ddp(MLP(8, 16, 3), c, comm_hook="bf16")
