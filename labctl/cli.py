@@ -635,7 +635,7 @@ def bench_allreduce_cmd(lab, sizes, iters, efficiency, as_json, plot_path) -> No
 
     from labctl import lab as lab_mod
     from labctl import linkbench, netshape, runner
-    from labctl.units import format_bytes, format_rate, parse_size_range
+    from labctl.units import format_rate, parse_size_range
     from labctl.ui import console, info
 
     size_list = parse_size_range(sizes)

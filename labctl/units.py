@@ -109,9 +109,3 @@ def parse_size_range(text: str, key: str = "--sizes") -> list[int]:
         raise ConfigError(key, text, "spans more than 40 doublings")
     return sizes
 
-
-def format_bytes(n: float) -> str:
-    for unit, factor in (("GiB", 1024**3), ("MiB", 1024**2), ("KiB", 1024)):
-        if n >= factor:
-            return f"{n / factor:g}{unit}"
-    return f"{n:g}B"
