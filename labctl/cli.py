@@ -311,20 +311,17 @@ def run(lab, nproc_per_node, launcher, timeout_s, dry_run, script) -> None:
     script_args = parse_script_args(list(script))
     client = lab_mod.docker_client()
     nodes = lab_mod.require_running(client, config.lab)
-    node_env = runner.read_node_envs(lab_mod.lab_dir(_workspace(), config.lab), [n.name for n in nodes])
-    run_id = runner.new_run_id()
-    run_dir = lab_mod.lab_dir(_workspace(), config.lab) / "runs" / run_id
+    lab_directory = lab_mod.lab_dir(_workspace(), config.lab)
+    node_env = runner.read_node_envs(lab_directory, [n.name for n in nodes])
+    run_id, run_dir = runner.new_run(lab_directory)
     launches = build_launches(config.lab, node_env, script_args, launcher=launcher, nproc_per_node=nproc,
                               run_id=run_id, run_dir=run_dir)
     if dry_run:
         for launch in launches:
             console.print(f"[bold]{launch.label}[/bold] ({launch.container}): {launch.display()}", markup=True, soft_wrap=True)
         return
-    runner.check_master_port(client, config.lab, node_env)
-    master_port = next(iter(node_env.values()))["MASTER_PORT"] if launcher == "torchrun" else None
-    result = runner.run_all(client, config.lab, launches, run_dir, run_id, master_port=master_port, timeout_s=timeout_s)
-    if not result.ok:
-        raise RunFailed(result.explain(), exit_code=130 if result.interrupted else 1)
+    runner.run_job(client, config.lab, node_env, launches, run_dir, run_id, torchrun=launcher == "torchrun",
+                   timeout_s=timeout_s)
 
 
 @main.command(context_settings=CONTEXT)
@@ -387,7 +384,7 @@ def slow(lab, node, cpus, clear) -> None:
     if node not in names:
         raise LabError(f"no node {node!r} in lab {config.lab}", hint=f"nodes: {', '.join(names)}")
     if limit is not None:
-        lab_mod.check_cpus(client, "--cpus", limit)
+        lab_mod.check_cpus(client, {"--cpus": limit})
     applied = lab_mod.apply_node_cpus(client, config.lab, node, limit)
     info(f"{node}: CPU limit now {f'{applied:g} CPUs' if applied else 'none'} (read back from the engine)")
 
@@ -559,8 +556,8 @@ def _lab_link(lab: str | None):
     except LabError:
         return None, None
     world = len(nodes) * config.nproc_per_node
-    rates = [s.rate_bps for s in netshape.read_links(client, config.lab, nodes, config.iface).values() if s.rate_bps]
-    return ((format_rate(min(rates)), min(rates)) if rates else None), world
+    bottleneck = netshape.slowest_link(netshape.read_links(client, config.lab, nodes, config.iface))
+    return ((format_rate(bottleneck[1]), bottleneck[1]) if bottleneck else None), world
 
 
 # ----------------------------------------------------------------------------------------- bench
@@ -648,19 +645,17 @@ def bench_allreduce_cmd(lab, sizes, iters, efficiency, as_json, plot_path) -> No
         raise LabError(f"lab {config.lab} has {len(nodes)} node; an allreduce across nodes needs 2 or more",
                        hint=f"labctl up --lab {config.lab} --nodes 3")
     names = [n.name for n in nodes]
-    node_env = runner.read_node_envs(lab_mod.lab_dir(_workspace(), config.lab), names)
-    links = netshape.read_links(client, config.lab, names, config.iface)
-    shaped = {name: s.rate_bps for name, s in links.items() if s.rate_bps}
-    slowest = min(shaped, key=shaped.get) if shaped else names[0]
+    lab_directory = lab_mod.lab_dir(_workspace(), config.lab)
+    node_env = runner.read_node_envs(lab_directory, names)
+    bottleneck = netshape.slowest_link(netshape.read_links(client, config.lab, names, config.iface))
+    slowest, link_bps = bottleneck or (names[0], None)
     neighbour = names[(names.index(slowest) + 1) % len(names)]
     ip_of = {n.name: n.ip for n in nodes}
     info(f"measuring the wire {slowest} -> {neighbour} with iperf3 ({linkbench.IPERF_SECONDS} s)")
     wire_bps = linkbench.measure_wire(client, config.lab, slowest, neighbour, ip_of[neighbour])
-    run_id = runner.new_run_id()
-    run_dir = lab_mod.lab_dir(_workspace(), config.lab) / "runs" / run_id
+    run_id, run_dir = runner.new_run(lab_directory)
     info(f"allreduce sweep on {len(names)} nodes, {len(size_list)} sizes x {iters} iterations (logs: {run_dir})")
     timings = linkbench.run_sweep(client, config.lab, node_env, size_list, iters, run_dir, run_id)
-    link_bps = min(shaped.values()) if shaped else None
     link = linkbench.model_link(link_bps, wire_bps)
     rows = linkbench.build_rows(timings, len(names), link, wire_bps, efficiency)
     (run_dir / "bench-allreduce.json").write_text(json.dumps([r.as_dict() for r in rows]))

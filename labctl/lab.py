@@ -123,17 +123,20 @@ def engine_cpus(client) -> int:
     return int(client.info().get("NCPU") or os.cpu_count() or 1)
 
 
-def check_cpus(client, key: str, cpus: float) -> None:
+def check_cpus(client, limits: dict[str, float]) -> None:
+    """Each limit (keyed by how to name it in an error) at most the engine's CPUs; one engine query."""
+    if not limits:
+        return
     ncpu = engine_cpus(client)
-    if cpus > ncpu:
-        raise ConfigError(key, cpus, f"must be at most the engine's {ncpu} CPUs", hint="a node cannot have more CPUs than the machine")
+    for key, cpus in limits.items():
+        if cpus > ncpu:
+            raise ConfigError(key, cpus, f"must be at most the engine's {ncpu} CPUs", hint="a node cannot have more CPUs than the machine")
 
 
 def check_host_limits(client, config: LabConfig, node_cpus: dict[str, float] | None = None) -> None:
-    if config.cpus is not None:
-        check_cpus(client, shown_key(config, "cpus"), config.cpus)
-    for name, cpus in (node_cpus or {}).items():
-        check_cpus(client, f"--node-cpus {name}", cpus)
+    limits = {shown_key(config, "cpus"): config.cpus} if config.cpus is not None else {}
+    limits.update({f"--node-cpus {name}": cpus for name, cpus in (node_cpus or {}).items()})
+    check_cpus(client, limits)
 
 
 def plan_up(client, config: LabConfig, workspace: Path,

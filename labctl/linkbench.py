@@ -14,7 +14,7 @@ from pathlib import Path
 
 from labctl.compose import container_name
 from labctl.cost import DEFAULT_ALPHA_S, DEFAULT_EFFICIENCY, Link, busbw_factor, collective_time_s
-from labctl.errors import LabError, RunFailed
+from labctl.errors import LabError
 from labctl.lab import exec_in
 
 IPERF_PORT = "5201"
@@ -97,11 +97,7 @@ def run_sweep(client, lab: str, node_env: dict, sizes: list[int], iters: int, ru
 
     args = ["-m", "trainer.bench_allreduce", "--sizes", ",".join(map(str, sizes)), "--iters", str(iters)]
     launches = build_launches(lab, node_env, args, launcher="torchrun", nproc_per_node=1, run_id=run_id, run_dir=run_dir)
-    runner.check_master_port(client, lab, node_env)
-    master_port = next(iter(node_env.values()))["MASTER_PORT"]
-    result = runner.run_all(client, lab, launches, run_dir, run_id, master_port=master_port, echo=False)
-    if not result.ok:
-        raise RunFailed(result.explain(), exit_code=130 if result.interrupted else 1)
+    runner.run_job(client, lab, node_env, launches, run_dir, run_id, torchrun=True, echo=False)
     return json.loads((run_dir / "allreduce.json").read_text())
 
 

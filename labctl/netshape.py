@@ -100,3 +100,12 @@ def read_link(client, lab: str, node: str, iface: str, ifb: str = "ifb0") -> Lin
 def read_links(client, lab: str, nodes: list[str], iface: str) -> dict[str, LinkState]:
     with ThreadPoolExecutor(max_workers=8) as pool:
         return dict(zip(nodes, pool.map(lambda node: read_link(client, lab, node, iface), nodes)))
+
+
+def slowest_link(links: dict[str, LinkState]) -> tuple[str, int] | None:
+    """(node, rate) of the slowest shaped link, which sets a ring's pace; None if none is shaped."""
+    shaped = [(state.rate_bps, node) for node, state in links.items() if state.rate_bps]
+    if not shaped:
+        return None
+    rate_bps, node = min(shaped)
+    return node, rate_bps

@@ -19,7 +19,7 @@ from pathlib import Path
 from rich.markup import escape
 
 from labctl.compose import container_name
-from labctl.errors import LabError
+from labctl.errors import LabError, RunFailed
 from labctl.lab import exec_in
 from labctl.launch import PORT_CHECK_SCRIPT, STOP_SCRIPT, STORE_FAILED, STORE_READY, Launch, store_launch
 from labctl.ui import console, node_colour
@@ -31,8 +31,21 @@ _PRINT_LOCK = threading.Lock()
 _ERROR_LINE = re.compile(r"^\s*([A-Za-z_][\w.]*(Error|Exception|Interrupt)|error)\b.*")
 
 
-def new_run_id() -> str:
-    return time.strftime("%Y%m%d-%H%M%S") + "-" + secrets.token_hex(2)
+def new_run(lab_directory: Path) -> tuple[str, Path]:
+    """A fresh run id and its folder under .lab/<lab>/runs/ (created when the run starts)."""
+    run_id = time.strftime("%Y%m%d-%H%M%S") + "-" + secrets.token_hex(2)
+    return run_id, lab_directory / "runs" / run_id
+
+
+def run_job(client, lab: str, node_env: dict[str, dict[str, str]], launches: list[Launch], run_dir: Path,
+            run_id: str, *, torchrun: bool, timeout_s: float | None = None, echo: bool = True) -> RunResult:
+    """Check node0's rendezvous port, run every launch, and raise RunFailed unless all succeeded."""
+    check_master_port(client, lab, node_env)
+    master_port = next(iter(node_env.values()))["MASTER_PORT"] if torchrun else None
+    result = run_all(client, lab, launches, run_dir, run_id, master_port=master_port, timeout_s=timeout_s, echo=echo)
+    if not result.ok:
+        raise RunFailed(result.explain(), exit_code=130 if result.interrupted else 1)
+    return result
 
 
 def read_node_envs(directory: Path, names: list[str]) -> dict[str, dict[str, str]]:
