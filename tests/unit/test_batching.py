@@ -72,3 +72,15 @@ def test_weighted_gradient_equals_the_global_mean():
     averaged = [sum(g[i] for g in per_rank) / world for i in range(len(reference))]  # DDP's all-reduce mean
     for got, want in zip(averaged, reference):
         torch.testing.assert_close(got, want)
+
+
+def test_large_datasets_are_sampled_without_repeats_deterministically():
+    from trainer.batching import PERMUTE_UP_TO
+
+    n = PERMUTE_UP_TO * 30
+    a = global_batch_indices(n, 512, seed=1, step=3)
+    assert len(a) == 512 == len(set(a.tolist())) and int(a.min()) >= 0 and int(a.max()) < n
+    assert torch.equal(a, global_batch_indices(n, 512, seed=1, step=3))
+    assert not torch.equal(a, global_batch_indices(n, 512, seed=1, step=4))
+    small = global_batch_indices(PERMUTE_UP_TO + 1, PERMUTE_UP_TO + 1, seed=0, step=1)  # G = n still works
+    assert sorted(small.tolist()) == list(range(PERMUTE_UP_TO + 1))

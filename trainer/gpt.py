@@ -1,0 +1,156 @@
+"""A small character-level GPT and its corpus: Python's own standard-library sources.
+
+The model follows nanoGPT (github.com/karpathy/nanoGPT) cut to the bone: token and position
+embeddings, pre-norm blocks of causal self-attention and an MLP, a tied output head. Tiny by
+default (2 layers, 64 wide, ~110K parameters) so a step takes tens of milliseconds on one CPU
+core, yet it has the shape of the real thing: its gradients are what DDP all-reduces.
+
+The corpus needs no network: every node (and the host) has the standard library. Rank 0
+prepares it once into the data directory (a shared volume in the lab) with an atomic rename,
+every rank waits at a barrier, then all read the same file and check its hash agrees.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import os
+import sysconfig
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+class Block(nn.Module):
+    def __init__(self, n_embd: int, n_head: int):
+        super().__init__()
+        self.n_head = n_head
+        self.ln1 = nn.LayerNorm(n_embd)
+        self.qkv = nn.Linear(n_embd, 3 * n_embd)
+        self.proj = nn.Linear(n_embd, n_embd)
+        self.ln2 = nn.LayerNorm(n_embd)
+        self.mlp = nn.Sequential(nn.Linear(n_embd, 4 * n_embd), nn.GELU(), nn.Linear(4 * n_embd, n_embd))
+
+    def forward(self, x):
+        b, t, c = x.shape
+        q, k, v = self.qkv(self.ln1(x)).split(c, dim=2)
+        # [b, t, c] -> [b, heads, t, c/heads]
+        q, k, v = (z.view(b, t, self.n_head, c // self.n_head).transpose(1, 2) for z in (q, k, v))
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        x = x + self.proj(y.transpose(1, 2).reshape(b, t, c))
+        return x + self.mlp(self.ln2(x))
+
+
+class GPT(nn.Module):
+    def __init__(self, vocab_size: int, block_size: int, n_layer: int, n_embd: int, n_head: int):
+        super().__init__()
+        if n_embd % n_head:
+            raise ValueError(f"--n-embd {n_embd} is not divisible by --n-head {n_head}")
+        self.block_size = block_size
+        self.tok = nn.Embedding(vocab_size, n_embd)
+        self.pos = nn.Embedding(block_size, n_embd)
+        self.blocks = nn.ModuleList(Block(n_embd, n_head) for _ in range(n_layer))
+        self.ln_f = nn.LayerNorm(n_embd)
+        self.head = nn.Linear(n_embd, vocab_size, bias=False)
+        self.head.weight = self.tok.weight  # weight tying, as GPT-2
+        self.apply(self._init)
+
+    @staticmethod
+    def _init(module):
+        if isinstance(module, (nn.Linear, nn.Embedding)):
+            nn.init.normal_(module.weight, std=0.02)
+            if getattr(module, "bias", None) is not None:
+                nn.init.zeros_(module.bias)
+
+    def forward(self, idx):
+        t = idx.shape[1]
+        x = self.tok(idx) + self.pos(torch.arange(t, device=idx.device))
+        for block in self.blocks:
+            x = block(x)
+        return self.head(self.ln_f(x))  # logits, [batch, t, vocab]
+
+
+# ------------------------------------------------------------------------------ corpus
+
+CORPUS_VERSION = 1  # bump when the recipe below changes
+
+
+def stdlib_sources() -> list[Path]:
+    """The top-level .py files of this Python's standard library, in a fixed order."""
+    root = Path(sysconfig.get_paths()["stdlib"])
+    return sorted(p for p in root.glob("*.py") if p.is_file())
+
+
+def build_corpus(max_chars: int) -> str:
+    """Standard-library source text, files concatenated in name order, cut at max_chars."""
+    parts, total = [], 0
+    for path in stdlib_sources():
+        text = path.read_text(encoding="utf-8", errors="replace")
+        parts.append(text)
+        total += len(text)
+        if total >= max_chars:
+            break
+    corpus = "".join(parts)[:max_chars]
+    if len(corpus) < 1000:
+        raise SystemExit(f"error: found only {len(corpus)} characters of standard-library source under "
+                         f"{sysconfig.get_paths()['stdlib']}; the gpt workload needs a Python with its sources")
+    return corpus
+
+
+def encode(corpus: str) -> dict:
+    """{'vocab': sorted characters, 'tokens': uint8/int16 tensor, 'sha256': hash of the text}."""
+    vocab = sorted(set(corpus))
+    index = {ch: i for i, ch in enumerate(vocab)}
+    dtype = torch.uint8 if len(vocab) <= 256 else torch.int16
+    tokens = torch.tensor([index[ch] for ch in corpus], dtype=dtype)
+    return {"vocab": vocab, "tokens": tokens, "sha256": hashlib.sha256(corpus.encode()).hexdigest()}
+
+
+def corpus_path(data_dir: Path, max_chars: int) -> Path:
+    return Path(data_dir) / f"stdlib-chars-v{CORPUS_VERSION}-{max_chars}.pt"
+
+
+def prepare_corpus(data_dir: Path, max_chars: int) -> Path:
+    """Write the encoded corpus once, atomically: a reader never sees a half-written file."""
+    path = corpus_path(data_dir, max_chars)
+    if path.exists():
+        return path
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    with open(tmp, "wb") as f:
+        torch.save(encode(build_corpus(max_chars)), f)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)  # atomic on POSIX: the file appears whole or not at all
+    return path
+
+
+def load_corpus(path: Path) -> dict:
+    return torch.load(path, weights_only=True)
+
+
+class TextWindows:
+    """Sample i is the window tokens[i : i+T+1]: inputs are the first T, targets the last T."""
+
+    def __init__(self, tokens: torch.Tensor, block_size: int):
+        if len(tokens) <= block_size + 1:
+            raise SystemExit(f"error: the corpus has {len(tokens)} tokens, too few for --block-size {block_size}")
+        self.tokens = tokens.long()
+        self.block_size = block_size
+        self.n_samples = len(tokens) - block_size
+
+    def batch(self, indices: torch.Tensor):
+        offsets = indices.unsqueeze(1) + torch.arange(self.block_size + 1)
+        window = self.tokens[offsets]
+        return window[:, :-1], window[:, 1:]
+
+
+def param_count(model: nn.Module) -> int:
+    return sum(p.numel() for p in model.parameters())
+
+
+def ideal_loss(vocab_size: int) -> float:
+    """Cross-entropy of a uniform guess: where an untrained model starts."""
+    return math.log(vocab_size)

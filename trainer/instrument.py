@@ -1,0 +1,139 @@
+"""Where a step's time goes: compute, gradient communication, and waiting for the slowest rank.
+
+DDP all-reduces gradients in buckets from inside backward(): when every gradient of a bucket is
+ready, it hands the bucket to the communication hook and carries on computing the next ones; at
+the end, backward() blocks until every bucket's all-reduce has finished. CommTimer wraps the hook
+(DDP's default all-reduce, or the chosen compression hook) and notes when each bucket is handed
+over and when its result comes back. Per step that gives:
+
+  comm_ms       first bucket handed over -> last all-reduce finished: time the collective was busy
+                (overlapped with backward compute for all but the last bucket).
+  comm_wait_ms  last bucket handed over -> backward() returned: time this rank sat idle waiting
+                for communication, including waiting for a slower rank to contribute its share.
+  compute_ms    the step's forward and backward time minus comm_wait_ms.
+  step_ms       the whole optimizer step (forward, backward, communication, optimizer), wall clock.
+  wall_ms       end of the previous step -> end of this one: step_ms plus data loading and logging.
+                Throughput (tokens/s) is computed from wall_ms, so nothing is left out.
+
+A rank that computes slower arrives last at every all-reduce, so the others' comm_wait_ms holds
+the time they waited for it; summarize() names that rank and how long the others waited.
+"""
+
+from __future__ import annotations
+
+import statistics
+import threading
+import time
+from dataclasses import asdict, dataclass
+
+
+class CommTimer:
+    def __init__(self):
+        self._lock = threading.Lock()  # result callbacks run on the backend's threads
+        self.reset()
+
+    def reset(self):
+        with self._lock:
+            self.first_launch = self.last_launch = self.last_done = None
+            self.buckets = 0
+
+    def wrap(self, hook):
+        """A DDP comm hook that times `hook` (signature hook(state, bucket) -> Future)."""
+
+        def timed(state, bucket):
+            now = time.perf_counter()
+            with self._lock:
+                if self.first_launch is None:
+                    self.first_launch = now
+                self.last_launch = now
+                self.buckets += 1
+
+            def done(fut):
+                with self._lock:
+                    self.last_done = time.perf_counter()
+                return fut.value()
+
+            return hook(state, bucket).then(done)
+
+        return timed
+
+    def comm_ms(self) -> float:
+        if self.first_launch is None or self.last_done is None:
+            return 0.0
+        return (self.last_done - self.first_launch) * 1e3
+
+    def wait_ms(self, backward_end: float) -> float:
+        if self.last_launch is None:
+            return 0.0
+        return max(0.0, backward_end - self.last_launch) * 1e3
+
+
+@dataclass
+class StepTiming:
+    step: int
+    compute_ms: float
+    comm_ms: float
+    comm_wait_ms: float
+    step_ms: float
+    tokens: int  # over all ranks
+    wall_ms: float = 0.0
+
+    def record(self) -> dict:
+        """The timing fields for a metrics line (the caller writes the step number)."""
+        out = {k: round(v, 3) if isinstance(v, float) else v for k, v in asdict(self).items() if k != "step"}
+        out["tokens_per_s"] = round(self.tokens / (self.wall_ms / 1e3), 1) if self.wall_ms else None
+        return out
+
+
+def steady(steps: list) -> list:
+    """Drop step 1 (DDP builds its buckets, the allocator warms up) when there is more to go on."""
+    return steps[1:] if len(steps) > 1 else steps
+
+
+def summarize(per_rank: list[list[StepTiming]], hosts: list[str]) -> dict:
+    """Run-wide figures from every rank's step timings (index = rank), steady steps only.
+
+    tokens_per_s          global tokens / summed wall time of rank 0's steps.
+    compute_ms_per_step   mean over steps of the slowest rank's compute: the critical path.
+    allreduce_ms_per_step mean over steps of the smallest comm_ms over ranks: the rank that arrives
+                          last at the all-reduce waits for nobody, so its comm_ms is the transfer.
+    comm_fraction         mean over ranks of comm_wait / step time.
+    slowest_rank          the rank with the most compute time; waited_for_slowest_s is the mean,
+                          over the other ranks, of how much less compute they did: time they spent
+                          waiting for it.
+    """
+    runs = [steady(steps) for steps in per_rank]
+    n_steps = min(len(r) for r in runs)
+    runs = [r[:n_steps] for r in runs]
+    if n_steps == 0:
+        return {}
+    wall_s = sum(t.wall_ms for t in runs[0]) / 1e3
+    tokens = sum(t.tokens for t in runs[0])
+    compute_totals = [sum(t.compute_ms for t in r) for r in runs]
+    slowest = max(range(len(runs)), key=lambda r: compute_totals[r])
+    others = [r for r in range(len(runs)) if r != slowest]
+    waited_s = statistics.fmean(compute_totals[slowest] - compute_totals[r] for r in others) / 1e3 if others else 0.0
+    median_compute = statistics.median(compute_totals)
+    return {
+        "tokens_per_s": round(tokens / wall_s, 1) if wall_s else None,
+        "step_ms": round(statistics.fmean(t.step_ms for t in runs[0]), 3),
+        "compute_ms_per_step": round(statistics.fmean(max(r[i].compute_ms for r in runs) for i in range(n_steps)), 3),
+        "allreduce_ms_per_step": round(statistics.fmean(min(r[i].comm_ms for r in runs) for i in range(n_steps)), 3),
+        "comm_fraction": round(statistics.fmean(
+            sum(t.comm_wait_ms for t in r) / max(sum(t.step_ms for t in r), 1e-9) for r in runs), 4),
+        "slowest_rank": slowest,
+        "slowest_node": hosts[slowest] if slowest < len(hosts) else None,
+        "slowest_compute_ratio": round(compute_totals[slowest] / median_compute, 3) if median_compute else None,
+        "waited_for_slowest_s": round(waited_s, 3),
+        "measured_steps": n_steps,
+    }
+
+
+def straggler_line(summary: dict, threshold: float = 1.2) -> str | None:
+    """One sentence naming the straggler, when one rank computes notably slower than the median."""
+    ratio = summary.get("slowest_compute_ratio")
+    if not ratio or ratio < threshold or summary.get("world_size", 1) < 2:
+        return None
+    return (f"straggler: rank {summary['slowest_rank']} on {summary['slowest_node']} computes {ratio:.1f}x the median "
+            f"rank's time per step; the others waited {summary['waited_for_slowest_s']:.2f} s for it over "
+            f"{summary['measured_steps']} steps")
