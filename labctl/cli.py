@@ -315,7 +315,7 @@ def run(lab, nproc_per_node, launcher, timeout_s, dry_run, script) -> None:
     node_env = runner.read_node_envs(lab_directory, [n.name for n in nodes])
     run_id, run_dir = runner.new_run(lab_directory)
     launches = build_launches(config.lab, node_env, script_args, launcher=launcher, nproc_per_node=nproc,
-                              run_id=run_id, run_dir=run_dir)
+                              run_id=run_id, run_dir=run_dir, cpus=lab_mod.engine_cpus(client))
     if dry_run:
         for launch in launches:
             console.print(f"[bold]{launch.label}[/bold] ({launch.container}): {launch.display()}", markup=True, soft_wrap=True)

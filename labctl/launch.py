@@ -136,16 +136,32 @@ def run_env(run_id: str, run_dir: Path) -> dict[str, str]:
     return {RUN_ID_VAR: run_id, RUN_DIR_VAR: str(run_dir)}
 
 
+def threads_per_process(cpus: int, nodes: int, nproc_per_node: int) -> int:
+    """CPU threads each process should use so the lab's processes together fit the machine's CPUs.
+
+    Every node sees all of the host's CPUs, so torch would start one thread per CPU in every
+    process; 3 nodes on 2 CPUs then run 6 busy threads on 2 cores and a step takes 20x longer.
+    """
+    return max(1, cpus // max(1, nodes * nproc_per_node))
+
+
 def build_launches(lab: str, node_env: dict[str, dict[str, str]], script_args: list[str], *, launcher: str,
-                   nproc_per_node: int | None, run_id: str, run_dir: Path) -> list[Launch]:
-    """The processes of one run, in node-rank order. `node_env` maps node name -> its env file."""
+                   nproc_per_node: int | None, run_id: str, run_dir: Path, cpus: int | None = None) -> list[Launch]:
+    """The processes of one run, in node-rank order. `node_env` maps node name -> its env file; a
+    subset of the lab's nodes runs a smaller job. Given the machine's `cpus`, every process gets an
+    OMP_NUM_THREADS that shares them out (see threads_per_process)."""
     names = list(node_env)
+    first = node_env[names[0]]
+    nproc = nproc_per_node or int(first.get("NPROC_PER_NODE", "1"))
     common = run_env(run_id, run_dir)
+    if cpus:
+        common["OMP_NUM_THREADS"] = str(threads_per_process(cpus, len(names), nproc))
     launches = []
     if launcher == "torchrun":
         for name in names:
             env = {
                 **common,
+                "PET_NNODES": str(len(names)),
                 # A fresh rendezvous per run, hosted by the run's own store (see STORE_SCRIPT).
                 "PET_RDZV_ID": run_id,
                 "PET_RDZV_CONF": "is_host=false",
@@ -155,8 +171,6 @@ def build_launches(lab: str, node_env: dict[str, dict[str, str]], script_args: l
         return launches
     if launcher != "static":
         raise LabError(f"unknown launcher {launcher!r}", hint="torchrun or static")
-    first = node_env[names[0]]
-    nproc = nproc_per_node or int(first.get("NPROC_PER_NODE", "1"))
     world_size = len(names) * nproc
     for node_rank, name in enumerate(names):
         for local_rank in range(nproc):

@@ -5,7 +5,7 @@ from pathlib import Path
 import pytest
 
 from labctl.errors import LabError
-from labctl.launch import Launch, build_launches, parse_script_args, torchrun_argv
+from labctl.launch import Launch, build_launches, parse_script_args, threads_per_process, torchrun_argv
 
 RUN_DIR = Path("/ws/.lab/demo/runs/r1")
 NODE_ENV = {
@@ -16,12 +16,27 @@ NODE_ENV = {
 def test_torchrun_plan():
     launches = build_launches("demo", NODE_ENV, ["-m", "trainer", "--epochs", "2"], launcher="torchrun",
                               nproc_per_node=None, run_id="r1", run_dir=RUN_DIR)
-    common = {"DDPLAB_RUN_ID": "r1", "DDPLAB_RUN_DIR": str(RUN_DIR), "PET_RDZV_ID": "r1",
+    common = {"DDPLAB_RUN_ID": "r1", "DDPLAB_RUN_DIR": str(RUN_DIR), "PET_NNODES": "2", "PET_RDZV_ID": "r1",
               "PET_RDZV_CONF": "is_host=false"}
     assert launches == [
         Launch("node0", "node0", "demo-node0", ["torchrun", "-m", "trainer", "--epochs", "2"], common),
         Launch("node1", "node1", "demo-node1", ["torchrun", "-m", "trainer", "--epochs", "2"], common),
     ]
+
+
+def test_a_subset_of_nodes_runs_a_smaller_job_with_threads_shared_out():
+    first = {"node0": NODE_ENV["node0"]}
+    [launch] = build_launches("demo", first, ["-m", "trainer"], launcher="torchrun", nproc_per_node=None,
+                              run_id="r1", run_dir=RUN_DIR, cpus=8)
+    assert launch.env["PET_NNODES"] == "1" and launch.env["OMP_NUM_THREADS"] == "8"
+    launches = build_launches("demo", NODE_ENV, ["x.py"], launcher="static", nproc_per_node=2, run_id="r1",
+                              run_dir=RUN_DIR, cpus=8)
+    assert {l.env["OMP_NUM_THREADS"] for l in launches} == {"2"} and launches[0].env["WORLD_SIZE"] == "4"
+
+
+@pytest.mark.parametrize("cpus, nodes, nproc, expected", [(2, 3, 1, 1), (16, 3, 1, 5), (16, 2, 2, 4), (1, 1, 1, 1)])
+def test_threads_share_the_cpus_and_never_drop_to_zero(cpus, nodes, nproc, expected):
+    assert threads_per_process(cpus, nodes, nproc) == expected
 
 
 def test_torchrun_nproc_override_and_script_form():
