@@ -678,5 +678,206 @@ def bench_allreduce_cmd(lab, sizes, iters, efficiency, as_json, plot_path) -> No
     console.print(table)
 
 
+@bench.command("scaling", context_settings=CONTEXT)
+@lab_option
+@click.option("--workload", type=click.Choice(["gpt", "toy"]), default="gpt", show_default=True, help="What to train.")
+@click.option("--nodes-list", metavar="N,N,...", help="Node counts to run [default: 1 up to the lab's size].")
+@click.option("--bw", "rates", multiple=True, metavar="RATE",
+              help="Link rate for the shaped rows (repeatable) [default: 1gbit and 100mbit]; 'none' for no shaped rows.")
+@click.option("--nproc", type=click.IntRange(1, 32), default=None, metavar="P",
+              help="Processes for the one-node row [default: the largest node count; 1 = no such row].")
+@click.option("--steps", type=click.IntRange(2, 10_000), default=40, show_default=True,
+              help="Optimizer steps per row (the first is warm-up and not measured).")
+@click.option("--micro-batch", type=click.IntRange(1, 4096), default=8, show_default=True,
+              help="Samples per process per step (weak scaling: the global batch grows with the processes).")
+@click.option("--threads", type=click.IntRange(1, 256), default=1, show_default=True, help="CPU threads per process.")
+@click.option("--repeats", type=click.IntRange(1, 20), default=1, show_default=True,
+              help="Rounds over all rows; each row reports its median.")
+@click.option("--efficiency", type=click.FloatRange(0.01, 1.0), default=0.85, show_default=True,
+              help="Efficiency the cost model assumes.")
+@click.option("--no-host", is_flag=True, help="Leave out the rows that run on the host.")
+@click.option("--out", "out_dir", type=click.Path(file_okay=False, path_type=Path),
+              help="Where to write scaling.md, scaling.json and the plots [default: .lab/<lab>/bench-scaling].")
+@click.option("--json", "as_json", is_flag=True,
+              help='Print {"rows": [{"name", "nodes", "nproc_per_node", "bw", "tokens_per_s", ...}]}.')
+def bench_scaling_cmd(lab, workload, nodes_list, rates, nproc, steps, micro_batch, threads, repeats, efficiency,
+                      no_host, out_dir, as_json) -> None:
+    """Tokens/s for 1 process, P processes on one node, N nodes, and N nodes on shaped links.
+
+    Each row gives the measured all-reduce ms per step beside the ring cost model's, the ratio of
+    communication to compute, and the scaling efficiency against 1 process. The lab must be up
+    with at least the largest node count, and unshaped: rows are shaped and cleared here.
+    """
+    from labctl import lab as lab_mod
+    from labctl import netshape, runner, scaling
+    from labctl.errors import ConfigError, LabError
+    from labctl.shaping import Shape
+    from labctl.ui import console, info
+    from labctl.units import parse_rate
+
+    config = _config(lab=lab)
+    shaped = [] if list(rates) == ["none"] else [(r, parse_rate(r, "--bw")) for r in (rates or ("1gbit", "100mbit"))]
+    client = lab_mod.docker_client()
+    nodes = lab_mod.require_running(client, config.lab)
+    counts = _nodes_list(nodes_list) if nodes_list else list(range(1, len(nodes) + 1))
+    if max(counts) > len(nodes):
+        raise ConfigError("--nodes-list", nodes_list, f"asks for {max(counts)} nodes but lab {config.lab} has {len(nodes)}",
+                          hint=f"labctl up --lab {config.lab} --nodes {max(counts)}, or a shorter list")
+    names = [n.name for n in nodes]
+    links = netshape.read_links(client, config.lab, names, config.iface)
+    if netshape.slowest_link(links):
+        raise LabError(f"lab {config.lab} has shaped links; the unshaped rows need them clear",
+                       hint=f"labctl shape --lab {config.lab} --clear (bench scaling shapes and clears links itself)")
+    if not no_host:
+        scaling.host_torch_check()
+    configs = scaling.plan(counts, shaped, nproc or max(counts), host=not no_host)
+    trainer_args = ["--workload", workload, "--steps", str(steps), "--micro-batch", str(micro_batch),
+                    "--threads", str(threads)]
+    lab_directory = lab_mod.lab_dir(_workspace(), config.lab)
+    node_env = runner.read_node_envs(lab_directory, names)
+    out = out_dir or lab_directory / "bench-scaling"
+    summaries: dict[str, list[dict]] = {c.name: [] for c in configs}
+    total = len(configs) * repeats
+    done = 0
+
+    def measure(c) -> None:
+        nonlocal done
+        done += 1
+        if c.place == "host":
+            summary = scaling.run_host(c, trainer_args, out / "host-runs" / c.name.replace(", ", "-").replace(" ", ""),
+                                       threads)
+        else:
+            summary = scaling.run_lab(client, config.lab, node_env, c, trainer_args, lab_directory)
+        summaries[c.name].append(summary)
+        info(f"[{done}/{total}] {c.name}: {summary['tokens_per_s']:,.0f} tokens/s, "
+             f"compute {summary['compute_ms_per_step']:.1f} ms, all-reduce {summary['allreduce_ms_per_step']:.1f} ms per step")
+
+    try:
+        for _ in range(repeats):
+            for c in configs:
+                if c.rate_bps is None:
+                    measure(c)
+            for bw, rate in shaped:
+                netshape.apply_shape(client, config.lab, names, Shape(rate), config.iface)
+                for c in configs:
+                    if c.rate_bps == rate:
+                        measure(c)
+                netshape.clear_shape(client, config.lab, names, config.iface)
+    finally:
+        if shaped:
+            netshape.clear_shape(client, config.lab, names, config.iface)
+    rows = scaling.build_rows(configs, summaries, efficiency)
+    first = next(iter(summaries.values()))[0]
+    size = f"{first.get('params', 0):,} parameters, " if first.get("params") else ""
+    title = (f"{workload}: {size}micro-batch {micro_batch} per process, {threads} thread(s) per process, "
+             f"{steps} steps, {lab_mod.engine_cpus(client)} CPUs")
+    paths = scaling.write_outputs(rows, out, title, {"workload": workload, "steps": steps, "micro_batch": micro_batch,
+                                                     "threads": threads, "repeats": repeats, "efficiency": efficiency})
+    info("wrote " + ", ".join(str(p) for p in paths))
+    if as_json:
+        click.echo(json.dumps({"rows": [r.as_dict() for r in rows]}))
+        return
+    from rich.markdown import Markdown
+
+    console.print(Markdown(scaling.markdown(rows, title)))
+
+
+@bench.command("straggler", context_settings=CONTEXT)
+@lab_option
+@click.option("--node", metavar="NODE", help="The node to slow down [default: the lab's last node].")
+@click.option("--cpus", default="0.25", show_default=True, metavar="C", help="Its CPU limit during the benchmark.")
+@click.option("--workload", type=click.Choice(["gpt", "toy"]), default="gpt", show_default=True, help="What to train.")
+@click.option("--micro-batch", type=click.IntRange(1, 4096), default=16, show_default=True,
+              help="Samples per rank per step with the even split; the global batch is this x world size.")
+@click.option("--steps", type=click.IntRange(3, 10_000), default=30, show_default=True, help="Optimizer steps per run.")
+@click.option("--repeats", type=click.IntRange(1, 20), default=2, show_default=True,
+              help="Alternated runs of each split; the median is reported.")
+@click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
+def bench_straggler_cmd(lab, node, cpus, workload, micro_batch, steps, repeats, as_json) -> None:
+    """One slow node, before and after balancing the work with --rank-micro-batch.
+
+    Slows NODE to --cpus, trains with an even split of the global batch, measures each rank's
+    compute time per sample, gives each rank a share of the same global batch in proportion to
+    its speed, and trains again: same samples per step, same gradient, less waiting. The node's
+    CPU limit is put back at the end.
+    """
+    from rich.table import Table
+
+    from labctl import lab as lab_mod
+    from labctl import runner, scaling
+    from labctl.config import parse_cpus
+    from labctl.errors import ConfigError, LabError
+    from labctl.ui import console, info
+
+    try:
+        limit = parse_cpus(cpus)
+    except ValueError as exc:
+        raise ConfigError("--cpus", cpus, str(exc)) from None
+    if limit is None:
+        raise ConfigError("--cpus", cpus, "must be a CPU count such as 0.25")
+    config = _config(lab=lab)
+    client = lab_mod.docker_client()
+    names = [n.name for n in lab_mod.require_running(client, config.lab)]
+    if len(names) < 2:
+        raise LabError(f"lab {config.lab} has {len(names)} node; a straggler needs others to wait for it",
+                       hint=f"labctl up --lab {config.lab} --nodes 3")
+    node = node or names[-1]
+    if node not in names:
+        raise LabError(f"no node {node!r} in lab {config.lab}", hint=f"nodes: {', '.join(names)}")
+    lab_mod.check_cpus(client, {"--cpus": limit})
+    lab_directory = lab_mod.lab_dir(_workspace(), config.lab)
+    node_env = runner.read_node_envs(lab_directory, names)
+    every = scaling.Config("all nodes", "lab", len(names), 1)
+    global_batch = micro_batch * len(names)
+    base_args = ["--workload", workload, "--steps", str(steps), "--global-batch", str(global_batch),
+                 "--micro-batch", str(micro_batch), "--threads", "1"]
+    before = lab_mod.node_cpus_limit(client, config.lab, node)
+    runs: dict[str, list[dict]] = {"even": [], "balanced": []}
+    override = None
+    lab_mod.apply_node_cpus(client, config.lab, node, limit)
+    info(f"{node} limited to {limit:g} CPUs")
+    try:
+        for round_ in range(1, repeats + 1):
+            even = scaling.run_lab(client, config.lab, node_env, every, base_args, lab_directory)
+            runs["even"].append(even)
+            info(f"round {round_}, even split {even['micro_batches']}: {even['tokens_per_s']:,.0f} tokens/s, "
+                 f"slowest {even['slowest_node']}, others waited {even['waited_for_slowest_s']:.2f} s")
+            if override is None:
+                per_sample = scaling.compute_ms_per_sample(Path(even["run_dir"]), even["micro_batches"], even["accum_steps"])
+                sizes = scaling.balanced_micro_batches(global_batch, per_sample)
+                override = ",".join(f"{rank}={size}" for rank, size in enumerate(sizes))
+            balanced = scaling.run_lab(client, config.lab, node_env, every,
+                                       base_args + ["--rank-micro-batch", override], lab_directory)
+            runs["balanced"].append(balanced)
+            info(f"round {round_}, balanced {balanced['micro_batches']}: {balanced['tokens_per_s']:,.0f} tokens/s, "
+                 f"others waited {balanced['waited_for_slowest_s']:.2f} s")
+    finally:
+        lab_mod.apply_node_cpus(client, config.lab, node, before)
+        info(f"{node} CPU limit restored to {f'{before:g} CPUs' if before else 'none'}")
+    result = {"node": node, "cpus": limit, "global_batch": global_batch, "rank_micro_batch": override}
+    for split, summaries in runs.items():
+        pick = sorted(summaries, key=lambda s: s["tokens_per_s"])[len(summaries) // 2]
+        result[split] = {k: pick[k] for k in ("micro_batches", "tokens_per_s", "step_ms", "compute_ms_per_step",
+                                                "slowest_node", "slowest_compute_ratio", "waited_for_slowest_s",
+                                                "final_loss")}
+        result[split]["tokens_per_s_runs"] = [s["tokens_per_s"] for s in summaries]
+    result["speedup"] = round(result["balanced"]["tokens_per_s"] / result["even"]["tokens_per_s"], 3)
+    if as_json:
+        click.echo(json.dumps(result))
+        return
+    table = Table(title=f"{node} at {limit:g} CPUs, global batch {global_batch}, {steps} steps, "
+                        f"median of {repeats}", title_justify="left")
+    for column in ("split", "micro-batches", "tokens/s", "step ms", "slowest", "slowest/median compute",
+                   "others waited (s)", "final loss"):
+        table.add_column(column, justify="right")
+    for split, label in (("even", "even"), ("balanced", f"--rank-micro-batch {override}")):
+        r = result[split]
+        table.add_row(label, str(r["micro_batches"]), f"{r['tokens_per_s']:,.0f}", f"{r['step_ms']:.1f}",
+                      str(r["slowest_node"]), f"{r['slowest_compute_ratio']:.2f}", f"{r['waited_for_slowest_s']:.2f}",
+                      f"{r['final_loss']:.4f}")
+    console.print(table)
+    console.print(f"balanced / even tokens/s: [bold]{result['speedup']:.2f}x[/bold]", markup=True)
+
+
 if __name__ == "__main__":
     main()

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import uuid
@@ -75,12 +76,18 @@ def new_lab_name() -> str:
     return f"it-{uuid.uuid4().hex[:8]}"
 
 
+def drop_lab(name: str) -> None:
+    """Remove the lab and its workspace folder (env files, run logs): a test leaves nothing behind."""
+    labctl("down", "--lab", name, "--volumes")
+    shutil.rmtree(REPO / ".lab" / name, ignore_errors=True)
+
+
 @pytest.fixture
 def lab_name(docker_client, node_image):
     """A unique lab name, torn down (volumes too) whatever the test did."""
     name = new_lab_name()
     yield name
-    labctl("down", "--lab", name, "--volumes")
+    drop_lab(name)
 
 
 @pytest.fixture(scope="module")
@@ -90,4 +97,4 @@ def lab3(docker_client, node_image):
     result = labctl("up", "--lab", name, "--nodes", "3", "--json", check=True)
     status = json.loads(result.stdout)
     yield name, status
-    labctl("down", "--lab", name, "--volumes")
+    drop_lab(name)

@@ -21,12 +21,12 @@ def summary_of(output: str) -> dict:
 
 @pytest.fixture(scope="module")
 def lab2(docker_client, node_image):
-    from conftest import new_lab_name
+    from conftest import drop_lab, new_lab_name
 
     name = new_lab_name()
     labctl("up", "--lab", name, "--nodes", "2", check=True)
     yield name
-    labctl("down", "--lab", name, "--volumes")
+    drop_lab(name)
 
 
 @pytest.fixture(scope="module")

@@ -1,0 +1,302 @@
+"""`labctl bench scaling`: what scaling out buys, as the table people ask for.
+
+Every row trains the same workload for the same number of steps with the same micro-batch per
+process (weak scaling: the global batch grows with the world size), one CPU thread per process,
+and reads the trainer's SUMMARY (trainer/instrument.py defines its figures):
+
+  host, 1 proc          the baseline every efficiency is measured against
+  host, torchrun xN     N processes on the host (`torchrun --standalone`): the same processes
+                        without containers or a network between them
+  node0 x P             P processes in one node (torchrun --nproc-per-node P)
+  N nodes               N nodes x 1 process, unshaped
+  N nodes @ RATE        the same, every node's link shaped to RATE (tc tbf)
+
+Beside each measurement sits the ring cost model's all-reduce time for the model's fp32
+gradients at the shaped rate (labctl/cost.py). Rows are run in rounds, so with --repeats each
+configuration is measured several times interleaved with the others and the median is reported:
+a change in the machine's load hits every row alike.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import subprocess
+import sys
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from labctl.cost import DEFAULT_ALPHA_S, Link, collective_time_s
+from labctl.errors import CommandError, LabError, RunFailed
+
+LAUNCH_VARS = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_RUN_ID",
+               "LOCAL_WORLD_SIZE", "GROUP_RANK")
+SUMMARY_PREFIX = "SUMMARY "
+HOST_TIMEOUT_S = 600
+
+
+@dataclass
+class Config:
+    """One row's configuration."""
+
+    name: str
+    place: str  # "host" or "lab"
+    nodes: int
+    nproc_per_node: int
+    bw: str | None = None  # the shaped rate as given, e.g. "1gbit"; None = unshaped
+    rate_bps: int | None = None
+
+    @property
+    def world_size(self) -> int:
+        return self.nodes * self.nproc_per_node
+
+
+@dataclass
+class Row:
+    name: str
+    place: str
+    nodes: int
+    nproc_per_node: int
+    bw: str  # "unshaped", "loopback" (host, one node), or the rate
+    world_size: int
+    tokens_per_s: float
+    step_ms: float
+    compute_ms_per_step: float
+    allreduce_ms_per_step: float
+    model_ms_per_step: float | None
+    comm_fraction: float
+    comm_over_compute: float | None
+    efficiency: float | None  # tokens/s / (world size x the 1-process baseline)
+    samples: list[float] = field(default_factory=list)  # tokens/s of every repeat
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+def plan(nodes_list: list[int], rates: list[tuple[str, int]], nproc: int, host: bool = True) -> list[Config]:
+    """Every row, in the order of the table."""
+    rows = []
+    if host:
+        rows.append(Config("host, 1 proc", "host", 1, 1))
+        rows += [Config(f"host, torchrun x{n}", "host", 1, n) for n in nodes_list if n > 1]
+    if nproc > 1:
+        rows.append(Config(f"node0 x {nproc} procs", "lab", 1, nproc))
+    rows += [Config(f"{n} node{'s' if n > 1 else ''}", "lab", n, 1) for n in nodes_list]
+    for bw, rate in rates:
+        rows += [Config(f"{n} nodes @ {bw}", "lab", n, 1, bw, rate) for n in nodes_list if n > 1]
+    return rows
+
+
+def model_ms(params: int, world_size: int, rate_bps: int | None, efficiency: float) -> float | None:
+    """The ring all-reduce of fp32 gradients at the shaped rate; None when no link rate applies."""
+    if world_size < 2:
+        return 0.0
+    if not rate_bps:
+        return None
+    return collective_time_s(params * 4, world_size, Link("shaped", rate_bps, DEFAULT_ALPHA_S), efficiency) * 1e3
+
+
+def build_rows(configs: list[Config], summaries: dict[str, list[dict]], efficiency: float) -> list[Row]:
+    """Rows from every configuration's SUMMARY lines (one per repeat); medians over repeats."""
+    baseline = None
+    rows = []
+    for config in configs:
+        runs = summaries[config.name]
+        pick = sorted(runs, key=lambda s: s["tokens_per_s"])[len(runs) // 2]  # the median run, all its figures
+        tokens = [s["tokens_per_s"] for s in runs]
+        if config.world_size == 1 and baseline is None:
+            baseline = statistics.median(tokens)
+        compute = pick["compute_ms_per_step"]
+        allreduce = pick["allreduce_ms_per_step"]
+        rows.append(Row(
+            name=config.name, place=config.place, nodes=config.nodes, nproc_per_node=config.nproc_per_node,
+            bw=config.bw or ("loopback" if config.nodes == 1 else "unshaped"), world_size=config.world_size,
+            tokens_per_s=statistics.median(tokens), step_ms=pick["step_ms"], compute_ms_per_step=compute,
+            allreduce_ms_per_step=allreduce,
+            model_ms_per_step=model_ms(pick.get("params", 0), config.world_size, config.rate_bps, efficiency),
+            comm_fraction=pick["comm_fraction"],
+            comm_over_compute=round(allreduce / compute, 3) if compute else None,
+            efficiency=round(statistics.median(tokens) / (config.world_size * baseline), 3) if baseline else None,
+            samples=tokens,
+        ))
+    return rows
+
+
+def parse_summary(lines: list[str]) -> dict:
+    for line in reversed(lines):
+        if SUMMARY_PREFIX + "{" in line:
+            return json.loads(line.split(SUMMARY_PREFIX, 1)[1])
+    raise RunFailed("the trainer printed no SUMMARY line; see the run's logs")
+
+
+def ratio_rows(rows: list[Row]) -> list[tuple[int, float, float, float]]:
+    """(N, tokens/s of N nodes unshaped, of N host processes, their ratio) for every N in both."""
+    lab = {r.world_size: r.tokens_per_s for r in rows if r.place == "lab" and r.nproc_per_node == 1 and r.bw == "unshaped"}
+    host = {r.world_size: r.tokens_per_s for r in rows if r.place == "host" and r.world_size > 1}
+    return [(n, lab[n], host[n], lab[n] / host[n]) for n in sorted(lab) if n in host and host[n]]
+
+
+# ------------------------------------------------------------------------------ output
+
+
+def markdown(rows: list[Row], title: str) -> str:
+    def num(value, fmt):
+        return "-" if value is None else format(value, fmt)
+
+    lines = [f"**{title}**", "",
+             "| run | nodes x procs | link | tokens/s | efficiency | step ms | compute ms | allreduce ms (measured) "
+             "| allreduce ms (model) | T_comm / T_compute | comm fraction |",
+             "| --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+    for r in rows:
+        lines.append(f"| {r.name} | {r.nodes} x {r.nproc_per_node} | {r.bw} | {r.tokens_per_s:,.0f} | "
+                     f"{num(r.efficiency, '.2f')} | {r.step_ms:.1f} | {r.compute_ms_per_step:.1f} | "
+                     f"{r.allreduce_ms_per_step:.1f} | {num(r.model_ms_per_step, '.1f')} | "
+                     f"{num(r.comm_over_compute, '.2f')} | {r.comm_fraction:.0%} |")
+    ratios = ratio_rows(rows)
+    if ratios:
+        lines += ["", "| N | N nodes x 1 proc (tokens/s) | host torchrun --standalone xN (tokens/s) | ratio |",
+                  "| ---: | ---: | ---: | ---: |"]
+        lines += [f"| {n} | {lab:,.0f} | {host:,.0f} | {ratio:.2f} |" for n, lab, host, ratio in ratios]
+    return "\n".join(lines) + "\n"
+
+
+def plot(rows: list[Row], out: Path, title: str) -> list[Path]:
+    """scaling.png (tokens/s against nodes per link) and breakdown.png (compute vs communication)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    paths = [out / "scaling.png", out / "breakdown.png"]
+    fig, ax = plt.subplots(figsize=(7, 4.2), dpi=120)
+    series: dict[str, list[Row]] = {}
+    for r in rows:
+        if r.place == "lab" and r.nproc_per_node == 1:
+            series.setdefault("unshaped" if r.bw in ("unshaped", "loopback") else r.bw, []).append(r)
+        elif r.place == "host":
+            series.setdefault("host processes (torchrun --standalone)", []).append(r)
+    for label, points in series.items():
+        points.sort(key=lambda r: r.world_size)
+        style = "s--" if label.startswith("host") else "o-"
+        ax.plot([r.world_size for r in points], [r.tokens_per_s for r in points], style, label=label)
+    base = next((r.tokens_per_s for r in rows if r.world_size == 1), None)
+    if base:
+        top = max(r.world_size for r in rows)
+        ax.plot([1, top], [base, base * top], ":", color="grey", label="linear from 1 process")
+    from matplotlib.ticker import MaxNLocator
+
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.set_xlabel("processes (nodes x 1, or host processes)")
+    ax.set_ylabel("tokens / s")
+    ax.set_ylim(bottom=0)
+    ax.set_title(title, fontsize=9)
+    ax.grid(True, alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(paths[0])
+    plt.close(fig)
+
+    fig, ax = plt.subplots(figsize=(8, 4.2), dpi=120)
+    names = [r.name for r in rows]
+    compute = [r.compute_ms_per_step for r in rows]
+    comm = [max(r.step_ms - r.compute_ms_per_step, 0) for r in rows]
+    ax.barh(names, compute, label="compute (forward + backward), slowest rank")
+    ax.barh(names, comm, left=compute, label="rest of the step: communication, waiting, optimizer")
+    models = [(i, r.model_ms_per_step) for i, r in enumerate(rows) if r.model_ms_per_step]
+    if models:
+        ax.scatter([compute[i] + m for i, m in models], [i for i, _ in models], marker="|", s=200, color="black",
+                   label="compute + cost-model all-reduce", zorder=3)
+    ax.invert_yaxis()
+    ax.set_xlabel("ms per step")
+    ax.set_title(title, fontsize=9)
+    ax.legend(fontsize=8)
+    ax.grid(True, axis="x", alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(paths[1])
+    plt.close(fig)
+    return paths
+
+
+def write_outputs(rows: list[Row], out: Path, title: str, meta: dict) -> list[Path]:
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "scaling.md").write_text(markdown(rows, title))
+    (out / "scaling.json").write_text(json.dumps({**meta, "rows": [r.as_dict() for r in rows]}, indent=1) + "\n")
+    return [out / "scaling.md", out / "scaling.json", *plot(rows, out, title)]
+
+
+# ------------------------------------------------------------------------------ running
+
+
+def host_torch_check() -> None:
+    try:
+        import torch  # noqa: F401
+    except ImportError:
+        raise LabError("the host rows run the trainer on this machine, and its Python has no torch",
+                       hint="pip install -e '.[trainer]', or pass --no-host to measure the lab's rows only") from None
+
+
+def run_host(config: Config, trainer_args: list[str], run_dir: Path, threads: int) -> dict:
+    """The trainer on the host: one plain process, or torchrun --standalone with N."""
+    env = {k: v for k, v in os.environ.items() if k not in LAUNCH_VARS}
+    env.update(OMP_NUM_THREADS=str(threads), CUDA_VISIBLE_DEVICES="", PYTHONUNBUFFERED="1")
+    args = [*trainer_args, "--run-dir", str(run_dir)]
+    if config.nproc_per_node == 1:
+        argv = [sys.executable, "-m", "trainer", *args]
+    else:
+        argv = [sys.executable, "-m", "torch.distributed.run", "--standalone",
+                "--nproc-per-node", str(config.nproc_per_node), "-m", "trainer", *args]
+    run_dir.mkdir(parents=True, exist_ok=True)
+    proc = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=HOST_TIMEOUT_S)
+    (run_dir / "host.log").write_text(proc.stdout + proc.stderr)
+    if proc.returncode != 0:
+        raise CommandError(argv, proc.returncode, proc.stdout, proc.stderr)
+    return parse_summary(proc.stdout.splitlines())
+
+
+def run_lab(client, lab: str, node_env: dict, config: Config, trainer_args: list[str], lab_directory: Path) -> dict:
+    """The trainer on the first `config.nodes` nodes with torchrun, output to the run's logs only."""
+    from labctl import runner
+    from labctl.launch import build_launches
+
+    subset = dict(list(node_env.items())[: config.nodes])
+    run_id, run_dir = runner.new_run(lab_directory)
+    launches = build_launches(lab, subset, ["-m", "trainer", *trainer_args], launcher="torchrun",
+                              nproc_per_node=config.nproc_per_node, run_id=run_id, run_dir=run_dir)
+    result = runner.run_job(client, lab, subset, launches, run_dir, run_id, torchrun=True, echo=False)
+    return parse_summary(result.outcomes[0].lines)
+
+
+# ------------------------------------------------------------------------------ stragglers
+
+
+def balanced_micro_batches(total: int, ms_per_sample: list[float]) -> list[int]:
+    """Split `total` samples over the ranks in proportion to their speed (largest remainder).
+
+    Every rank keeps at least one sample: DDP needs each rank's gradient at every step.
+    """
+    n = len(ms_per_sample)
+    if total < n:
+        raise ValueError(f"{total} samples cannot give each of {n} ranks one")
+    speeds = [1 / max(ms, 1e-9) for ms in ms_per_sample]
+    spare = total - n  # one each first, the rest by speed
+    quotas = [spare * s / sum(speeds) for s in speeds]
+    sizes = [1 + int(q) for q in quotas]
+    by_remainder = sorted(range(n), key=lambda r: quotas[r] - int(quotas[r]), reverse=True)
+    for r in by_remainder[: total - sum(sizes)]:
+        sizes[r] += 1
+    return sizes
+
+
+def compute_ms_per_sample(run_dir: Path, micro_batches: list[int], accum_steps: int) -> list[float]:
+    """Each rank's mean compute time per sample over the steady steps, from its metrics file."""
+    out = []
+    for rank, micro in enumerate(micro_batches):
+        path = Path(run_dir) / f"metrics-rank{rank}.jsonl"
+        try:
+            records = [json.loads(line) for line in path.read_text().splitlines()]
+        except OSError as exc:
+            raise RunFailed(f"cannot read rank {rank}'s metrics at {path}: {exc.strerror or exc}") from None
+        steps = [r["compute_ms"] for r in records if r.get("kind") == "step"][1:]
+        out.append(statistics.fmean(steps) / (micro * accum_steps))
+    return out

@@ -1,0 +1,91 @@
+"""The training experiments on a real lab: the gpt workload, the straggler, bench scaling and
+bench straggler, all through the real CLI."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from conftest import labctl
+
+GPT = ["-m", "trainer", "--workload", "gpt", "--threads", "1"]
+
+
+def summary_of(output: str) -> dict:
+    lines = [line for line in output.splitlines() if "SUMMARY {" in line]
+    assert len(lines) == 1, output
+    return json.loads(lines[0].split("SUMMARY ", 1)[1])
+
+
+def test_gpt_trains_across_three_nodes_and_reports_where_the_time_goes(lab3, docker_client):
+    lab, _ = lab3
+    out = labctl("run", "--lab", lab, "--", *GPT, "--steps", "8", "--log-every", "4", check=True).stdout
+    s = summary_of(out)
+    assert (s["workload"], s["world_size"], s["global_batch"]) == ("gpt", 3, 24)
+    assert s["replicas_consistent"] is True and s["params"] > 50_000
+    assert s["tokens_per_s"] > 0 and s["compute_ms_per_step"] > 0
+    assert s["allreduce_ms_per_step"] > 0 and 0 < s["comm_fraction"] < 1
+    assert s["slowest_node"] in ("node0", "node1", "node2")
+    # rank 0 prepared the corpus once, on the shared volume: node2 sees the same file
+    listing = docker_client.containers.get(f"{lab}-node2").exec_run(["ls", "/shared/ddplab-data"]).output.decode()
+    assert "stdlib-chars-v1-2000000.pt" in listing
+    from pathlib import Path
+
+    run_dir = Path(s["run_dir"])
+    for rank in range(3):
+        records = [json.loads(line) for line in (run_dir / f"metrics-rank{rank}.jsonl").read_text().splitlines()]
+        assert [r["step"] for r in records] == list(range(1, 9))
+        assert all(r["compute_ms"] > 0 and r["comm_ms"] >= 0 and r["tokens_per_s"] > 0 for r in records)
+
+
+def test_the_straggler_is_named(lab3):
+    lab, _ = lab3
+    labctl("slow", "--lab", lab, "node2", "--cpus", "0.2", check=True)
+    try:
+        out = labctl("run", "--lab", lab, "--", *GPT, "--steps", "8", check=True).stdout
+    finally:
+        labctl("slow", "--lab", lab, "node2", "--clear", check=True)
+    s = summary_of(out)
+    assert (s["slowest_rank"], s["slowest_node"]) == (2, "node2")
+    assert s["slowest_compute_ratio"] > 2 and s["waited_for_slowest_s"] > 0
+    assert "straggler: rank 2 on node2" in out
+
+
+def test_bench_straggler_balances_the_same_global_batch(lab3):
+    lab, _ = lab3
+    out = labctl("bench", "straggler", "--lab", lab, "--cpus", "0.2", "--steps", "6", "--repeats", "1", "--json",
+                 check=True).stdout
+    result = json.loads(out)
+    assert result["node"] == "node2" and result["global_batch"] == 48
+    even, balanced = result["even"], result["balanced"]
+    assert even["micro_batches"] == [16, 16, 16] and even["slowest_node"] == "node2"
+    assert sum(balanced["micro_batches"]) == 48 and balanced["micro_batches"][2] < 16
+    # the same global batches, however split: the same training
+    assert balanced["final_loss"] == pytest.approx(even["final_loss"], rel=1e-4)
+    assert result["speedup"] > 0
+    status = json.loads(labctl("status", "--lab", lab, "--json", check=True).stdout)
+    assert status["lab"] == lab  # and node2's limit is lifted again:
+    import docker
+
+    nano = docker.from_env().api.inspect_container(f"{lab}-node2")["HostConfig"]["NanoCpus"]
+    assert nano == 0 or nano >= 1e9
+
+
+def test_bench_scaling_produces_every_row(lab3, tmp_path):
+    lab, _ = lab3
+    out = labctl("bench", "scaling", "--lab", lab, "--nodes-list", "1,2", "--bw", "100mbit", "--nproc", "2",
+                 "--steps", "4", "--out", str(tmp_path), "--json", timeout=600, check=True).stdout
+    rows = json.loads(out)["rows"]
+    assert [r["name"] for r in rows] == ["host, 1 proc", "host, torchrun x2", "node0 x 2 procs", "1 node", "2 nodes",
+                                         "2 nodes @ 100mbit"]
+    for r in rows:
+        assert {"name", "nodes", "nproc_per_node", "bw", "tokens_per_s", "allreduce_ms_per_step",
+                "model_ms_per_step"} <= r.keys()
+        assert r["tokens_per_s"] > 0
+    shaped = rows[-1]
+    assert shaped["bw"] == "100mbit" and shaped["model_ms_per_step"] > 5 and shaped["allreduce_ms_per_step"] > 5
+    assert sorted(p.name for p in tmp_path.iterdir() if p.is_file()) == ["breakdown.png", "scaling.json",
+                                                                        "scaling.md", "scaling.png"]
+    links = json.loads(labctl("shape", "--lab", lab, "--show", "--json", check=True).stdout)
+    assert [link["rate_bps"] for link in links] == [None, None, None]  # shaped for the rows, cleared after

@@ -1,0 +1,93 @@
+"""bench scaling and bench straggler: the row plan, the table arithmetic, and the balancing split."""
+
+import json
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from labctl import scaling
+
+
+def test_plan_has_every_row_the_table_needs():
+    names = [c.name for c in scaling.plan([1, 2, 3], [("1gbit", 10**9), ("100mbit", 10**8)], nproc=3)]
+    assert names == ["host, 1 proc", "host, torchrun x2", "host, torchrun x3", "node0 x 3 procs",
+                     "1 node", "2 nodes", "3 nodes", "2 nodes @ 1gbit", "3 nodes @ 1gbit",
+                     "2 nodes @ 100mbit", "3 nodes @ 100mbit"]
+    lab_only = scaling.plan([2], [], nproc=1, host=False)
+    assert [(c.name, c.world_size) for c in lab_only] == [("2 nodes", 2)]
+
+
+def summary(tokens, compute=10.0, allreduce=2.0, params=100_000):
+    return {"tokens_per_s": tokens, "step_ms": compute + allreduce + 1, "compute_ms_per_step": compute,
+            "allreduce_ms_per_step": allreduce, "comm_fraction": 0.2, "params": params}
+
+
+def test_rows_take_medians_and_measure_efficiency_against_one_process():
+    configs = scaling.plan([1, 2], [("100mbit", 10**8)], nproc=1)
+    summaries = {
+        "host, 1 proc": [summary(1000, allreduce=0), summary(1200, allreduce=0), summary(900, allreduce=0)],
+        "host, torchrun x2": [summary(1800)],
+        "1 node": [summary(1100, allreduce=0)],
+        "2 nodes": [summary(1700)],
+        "2 nodes @ 100mbit": [summary(500, allreduce=40.0)],
+    }
+    rows = {r.name: r for r in scaling.build_rows(configs, summaries, efficiency=0.85)}
+    assert rows["host, 1 proc"].tokens_per_s == 1000 and rows["host, 1 proc"].efficiency == 1.0
+    assert rows["2 nodes"].efficiency == 0.85  # 1700 / (2 x 1000)
+    shaped = rows["2 nodes @ 100mbit"]
+    # ring: 2(n-1)/n x 400 KB of fp32 gradients = 400 KB over 85 Mbit/s, plus 2 hops x 50 us
+    assert shaped.model_ms_per_step == pytest.approx(400_000 * 8 / 85e6 * 1e3 + 0.1)
+    assert shaped.comm_over_compute == 4.0 and shaped.bw == "100mbit"
+    assert rows["2 nodes"].model_ms_per_step is None and rows["1 node"].model_ms_per_step == 0.0
+    assert scaling.ratio_rows(list(rows.values())) == [(2, 1700, 1800, pytest.approx(1700 / 1800))]
+    md = scaling.markdown(list(rows.values()), "t")
+    assert "| 2 nodes @ 100mbit | 2 x 1 | 100mbit | 500 |" in md and "| 2 | 1,700 | 1,800 | 0.94 |" in md
+
+
+def test_summary_line_is_found_or_the_failure_is_clear():
+    assert scaling.parse_summary(["x", 'node0 | SUMMARY {"a": 1}', "y"]) == {"a": 1}
+    from labctl.errors import RunFailed
+
+    with pytest.raises(RunFailed, match="no SUMMARY"):
+        scaling.parse_summary(["Traceback"])
+
+
+def test_outputs_are_written(tmp_path):
+    configs = scaling.plan([1, 2], [], nproc=2)
+    summaries = {c.name: [summary(1000 * c.world_size)] for c in configs}
+    rows = scaling.build_rows(configs, summaries, 0.85)
+    paths = scaling.write_outputs(rows, tmp_path, "title", {"steps": 5})
+    assert sorted(p.name for p in paths) == ["breakdown.png", "scaling.json", "scaling.md", "scaling.png"]
+    data = json.loads((tmp_path / "scaling.json").read_text())
+    assert data["steps"] == 5 and [r["name"] for r in data["rows"]] == [c.name for c in configs]
+    assert all((tmp_path / name).stat().st_size > 5_000 for name in ("scaling.png", "breakdown.png"))
+
+
+@given(total=st.integers(1, 512), ms=st.lists(st.floats(0.01, 100.0), min_size=1, max_size=16))
+def test_balanced_split_keeps_the_total_and_every_rank(total, ms):
+    if total < len(ms):
+        with pytest.raises(ValueError):
+            scaling.balanced_micro_batches(total, ms)
+        return
+    sizes = scaling.balanced_micro_batches(total, ms)
+    assert sum(sizes) == total and min(sizes) >= 1 and len(sizes) == len(ms)
+    fastest, slowest = ms.index(min(ms)), ms.index(max(ms))
+    assert sizes[fastest] >= sizes[slowest]
+
+
+def test_balanced_split_follows_speed():
+    assert scaling.balanced_micro_batches(48, [1.0, 1.0, 4.0]) == [21, 21, 6]
+    assert scaling.balanced_micro_batches(48, [1.0, 1.0, 1.0]) == [16, 16, 16]
+
+
+def test_compute_per_sample_reads_steady_steps(tmp_path):
+    for rank, ms in enumerate((8.0, 32.0)):
+        lines = [{"kind": "step", "step": 1, "compute_ms": 999.0}] + [{"kind": "step", "step": s, "compute_ms": ms}
+                                                                    for s in (2, 3)]
+        (tmp_path / f"metrics-rank{rank}.jsonl").write_text("\n".join(map(json.dumps, lines)))
+    assert scaling.compute_ms_per_sample(tmp_path, [8, 8], 2) == [0.5, 2.0]
+    from labctl.errors import RunFailed
+
+    with pytest.raises(RunFailed, match="rank 2"):
+        scaling.compute_ms_per_sample(tmp_path, [8, 8, 8], 1)
