@@ -442,7 +442,12 @@ def run_global_batches(args, c, model, optimizer, workload, metrics, tag, timer,
             println(f"{tag} step {step}/{args.steps} loss {step_loss:.6f} "
                     f"({timing.step_ms:.0f} ms: compute {timing.compute_ms:.0f}, comm wait {timing.comm_wait_ms:.0f})")
         metrics.log(**record)
-    extra = {"global_batch": global_batch, "accum_steps": accum, "micro_batches": sizes}
+        if step == 1:
+            # The check people are told to do by hand: after the first step every replica is identical.
+            step1_consistent = len(set(all_gather(param_checksum(workload.model)))) == 1
+            last_end = time.perf_counter()  # the check is not part of step 2's wall time
+    extra = {"global_batch": global_batch, "accum_steps": accum, "micro_batches": sizes,
+             "replicas_consistent_after_step1": step1_consistent}
     return args.steps, step_loss, samples_seen, time.perf_counter() - t0, timings, extra
 
 

@@ -43,7 +43,7 @@ def test_two_nodes_match_one_process(lab2, host_loss, extra, micro_batches):
     out = labctl("run", "--lab", lab2, "--", *ARGS, *extra, check=True).stdout
     summary = summary_of(out)
     assert summary["world_size"] == 2 and summary["micro_batches"] == micro_batches and summary["accum_steps"] == 2
-    assert summary["replicas_consistent"] is True
+    assert summary["replicas_consistent"] is True and summary["replicas_consistent_after_step1"] is True
     assert summary["final_loss"] == pytest.approx(host_loss, rel=1e-5, abs=1e-6)
 
 
