@@ -280,8 +280,9 @@ def env(hosts, iface, nproc_per_node, master_port, rdzv_id, out_dir) -> None:
 @click.option("--timeout-s", type=float, default=None, metavar="S",
               help="Stop the run on every node after S seconds (default: no limit).")
 @click.option("--dry-run", is_flag=True, help="Print the command each node would run; run nothing.")
+@click.option("--no-preflight", is_flag=True, help="Skip doctor's cheap checks (env, versions, interface) before the run.")
 @click.argument("script", nargs=-1, type=click.UNPROCESSED)
-def run(lab, nproc_per_node, launcher, timeout_s, dry_run, script) -> None:
+def run(lab, nproc_per_node, launcher, timeout_s, dry_run, no_preflight, script) -> None:
     """Run TRAINING_SCRIPT [ARGS...] (or `-m module [ARGS...]`) on every node at once.
 
     \b
@@ -320,8 +321,87 @@ def run(lab, nproc_per_node, launcher, timeout_s, dry_run, script) -> None:
         for launch in launches:
             console.print(f"[bold]{launch.label}[/bold] ({launch.container}): {launch.display()}", markup=True, soft_wrap=True)
         return
+    if not no_preflight:
+        _preflight(client, config.lab, nodes)
     runner.run_job(client, config.lab, node_env, launches, run_dir, run_id, torchrun=launcher == "torchrun",
                    timeout_s=timeout_s)
+
+
+@main.command(context_settings=CONTEXT)
+@lab_option
+@click.option("--json", "as_json", is_flag=True, help='Print {"ok", "seconds", "nodes": {...}, "findings": [...]}.')
+def doctor(lab, as_json) -> None:
+    """Check the lab for what makes distributed runs hang, in seconds: versions, ranks, the
+    rendezvous host, the socket interface, and reachability of the rendezvous and back-connect
+    ports between every pair of nodes. Exit status 1 when something is wrong; each problem names
+    the node and the fix."""
+    from labctl import doctor as doctor_mod
+    from labctl import lab as lab_mod
+
+    config = _config(lab=lab)
+    client = lab_mod.docker_client()
+    nodes = lab_mod.require_running(client, config.lab)
+    findings, info, seconds = doctor_mod.diagnose(client, config.lab, nodes, _lab_subnet(client, config.lab))
+    ok = all(f.ok for f in findings)
+    if as_json:
+        click.echo(json.dumps({"ok": ok, "seconds": round(seconds, 2), "nodes": info,
+                               "findings": [f.as_dict() for f in findings]}))
+    else:
+        _print_findings(config.lab, findings, info, seconds)
+    if not ok:
+        sys.exit(1)
+
+
+def _preflight(client, lab: str, nodes) -> None:
+    """doctor's cheap checks; a failure stops the run before anything can hang."""
+    from labctl import doctor as doctor_mod
+    from labctl.errors import LabError
+
+    findings, info, seconds = doctor_mod.diagnose(client, lab, nodes, _lab_subnet(client, lab), cheap=True)
+    bad = [f for f in findings if not f.ok]
+    if bad:
+        _print_findings(lab, bad, None, seconds)
+        raise LabError(f"preflight found {len(bad)} problem{'s' * (len(bad) != 1)}; the run was not started",
+                       hint=f"`labctl doctor --lab {lab}` for the full check; --no-preflight to run anyway")
+
+
+def _lab_subnet(client, lab: str) -> str | None:
+    from labctl import lab as lab_mod
+
+    subnets = [s for net in lab_mod.lab_networks(client, lab) for s in lab_mod.network_subnets(net)]
+    return subnets[0] if subnets else None
+
+
+def _print_findings(lab: str, findings, info: dict | None, seconds: float) -> None:
+    from rich.table import Table
+
+    from labctl.ui import console
+
+    if info:
+        table = Table(title=f"lab {lab}: nodes", title_justify="left")
+        for column in ("node", "ip", "torch", "python", "cuda", "nccl", "socket iface"):
+            table.add_column(column)
+        for node, i in info.items():
+            iface = i.get("iface") or "-"
+            addrs = ", ".join(i.get("ifaces", {}).get(iface, [])) or "missing"
+            table.add_row(node, i.get("ip", "-"), str(i.get("torch")), str(i.get("python")), str(i.get("cuda") or "-"),
+                          str(i.get("nccl") or "-"), f"{iface} ({addrs})")
+        console.print(table)
+    for f in findings:
+        mark = "[green]ok[/green]  " if f.ok else "[bold red]FAIL[/bold red]"
+        where = "" if f.node == "all" else f"{f.node}: "
+        console.print(f"{mark} {f.check:<10} {where}{escape_markup(f.message)}", markup=True, soft_wrap=True)
+        if f.fix and not f.ok:
+            console.print(f"     [yellow]fix:[/yellow] {escape_markup(f.fix)}", markup=True, soft_wrap=True)
+    bad = sum(not f.ok for f in findings)
+    verdict = "[green]no problems found[/green]" if not bad else f"[bold red]{bad} problem{'s' * (bad != 1)}[/bold red]"
+    console.print(f"{verdict} in {seconds:.1f} s", markup=True)
+
+
+def escape_markup(text: str) -> str:
+    from rich.markup import escape
+
+    return escape(text)
 
 
 @main.command(context_settings=CONTEXT)

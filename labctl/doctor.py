@@ -1,0 +1,328 @@
+"""`labctl doctor`: find what would make a run hang, in seconds, before anything can hang.
+
+Each check names the node, what is wrong and the fix. The checks, cheapest first:
+
+  env        every node's launch environment (what torchrun and the trainer will read): node ranks
+             unique and complete, the same world size, master address and port everywhere,
+             is_host=true on exactly one node (the hostname-matching trap), a socket interface set
+  versions   torch, Python, CUDA and NCCL identical on every node (torch itself never checks)
+  iface      the configured socket interface exists on every node and carries an address on the
+             lab's subnet (gloo otherwise picks another NIC, or fails to find one)
+  rendezvous every node reaches node0's master port
+  ports      every node reaches every other node on a port in the ephemeral range, where gloo and
+             NCCL connect back after rendezvous (a firewall that only opens 29500 breaks here)
+
+The first three are "cheap" (one short exec per node) and run before every `labctl run`; the
+reachability probes listen and connect for about two seconds.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import json
+import random
+import time
+from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, dataclass
+
+from labctl.compose import container_name
+from labctl.lab import exec_in
+
+CONNECT_S = 1.5  # how long a probe keeps trying one target (peers may still be starting to listen)
+PROBE_PORTS = (40000, 59999)  # inside Linux's default ephemeral range, 32768-60999
+
+
+@dataclass(frozen=True)
+class Finding:
+    check: str
+    node: str  # a node's name, or "all"
+    ok: bool
+    message: str
+    fix: str = ""
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+# ------------------------------------------------------------------------------ pure checks
+
+
+def check_env(envs: dict[str, dict[str, str]]) -> list[Finding]:
+    """The launch environment of every node, as torchrun and the trainer will read it."""
+    out: list[Finding] = []
+    names = list(envs)
+
+    def agree(key: str, fix: str) -> None:
+        values = {node: env.get(key) for node, env in envs.items()}
+        counts = Counter(values.values())
+        if len(counts) == 1 and None not in counts:
+            return
+        common = counts.most_common(1)[0][0]
+        for node, value in values.items():
+            if value != common or value is None:
+                out.append(Finding("env", node, False, f"{key}={value!r}, but {common!r} on the other nodes", fix))
+
+    agree("WORLD_SIZE", "every node must agree on the world size: regenerate the env files with `labctl up`")
+    agree("MASTER_ADDR", "every node must dial the same rendezvous host: regenerate the env files")
+    agree("MASTER_PORT", "every node must dial the same rendezvous port: regenerate the env files")
+    ranks: dict[str, list[str]] = {}
+    for node, env in envs.items():
+        ranks.setdefault(env.get("NODE_RANK", "?"), []).append(node)
+    for rank, nodes in ranks.items():
+        if len(nodes) > 1:
+            out += [Finding("env", node, False, f"NODE_RANK={rank} on {' and '.join(nodes)}: ranks must be unique "
+                            "(with a static launch, two RANK=0 processes deadlock in init_process_group at 0% CPU)",
+                            f"give each node its own rank 0..{len(names) - 1}") for node in nodes]
+    expected = {str(i) for i in range(len(names))}
+    missing = sorted(expected - set(ranks), key=int)
+    if missing:
+        out.append(Finding("env", "all", False, f"no node has NODE_RANK {', '.join(missing)}; "
+                           f"ranks must be 0..{len(names) - 1}", "regenerate the env files with `labctl up`"))
+    world = next(iter(envs.values())).get("WORLD_SIZE")
+    nnodes, nproc = next(iter(envs.values())).get("NNODES"), next(iter(envs.values())).get("NPROC_PER_NODE")
+    if world and nnodes and nproc and world.isdigit() and nnodes.isdigit() and nproc.isdigit() \
+            and int(world) != int(nnodes) * int(nproc):
+        out.append(Finding("env", "all", False, f"WORLD_SIZE={world} but NNODES x NPROC_PER_NODE = {nnodes} x {nproc}",
+                           "regenerate the env files with `labctl up`"))
+    hosts = [node for node, env in envs.items() if "is_host=true" in env.get("PET_RDZV_CONF", "")]
+    if len(hosts) != 1:
+        which = ", ".join(hosts) if hosts else "no node"
+        out.append(Finding("env", "all", False,
+                           f"is_host=true on {which}: exactly one node must host the rendezvous store. torchrun "
+                           "otherwise guesses from hostnames and addresses, which fails on bridges and VPNs: every "
+                           "node waits for a store nobody hosts, until 'The client socket has timed out'",
+                           "PET_RDZV_CONF=is_host=true on node0 only, is_host=false elsewhere (labctl's env files do this)"))
+    for node, env in envs.items():
+        if not env.get("GLOO_SOCKET_IFNAME"):
+            out.append(Finding("env", node, False, "GLOO_SOCKET_IFNAME is not set: gloo picks an interface itself, "
+                               "maybe loopback or docker0", "set GLOO_SOCKET_IFNAME (and NCCL_SOCKET_IFNAME) to the lab's interface"))
+    if not out:
+        out.append(Finding("env", "all", True, f"{len(names)} nodes, ranks 0..{len(names) - 1}, world size {world}, "
+                           f"store on {hosts[0]}"))
+    return out
+
+
+VERSION_KEYS = ("torch", "python", "cuda", "nccl")
+
+
+def check_versions(info: dict[str, dict]) -> list[Finding]:
+    out = []
+    for key in VERSION_KEYS:
+        values = {node: i.get(key) for node, i in info.items()}
+        counts = Counter(values.values())
+        if len(counts) <= 1:
+            continue
+        common = counts.most_common(1)[0][0]
+        for node, value in values.items():
+            if value != common:
+                out.append(Finding("versions", node, False,
+                                   f"{key} {value} here, {common} on the other nodes: torch never checks this, and "
+                                   "mixed releases hang or fail in unrelated-looking ways",
+                                   "run every node on one image (`labctl up` does); on real machines pin one release"))
+    if not out:
+        first = next(iter(info.values()))
+        out.append(Finding("versions", "all", True, f"torch {first.get('torch')}, Python {first.get('python')} on every node"))
+    return out
+
+
+def check_iface(info: dict[str, dict], envs: dict[str, dict[str, str]], subnet: str | None) -> list[Finding]:
+    out = []
+    net = ipaddress.ip_network(subnet) if subnet else None
+    for node, i in info.items():
+        iface = envs.get(node, {}).get("GLOO_SOCKET_IFNAME")
+        if not iface:
+            continue
+        addrs = i.get("ifaces", {}).get(iface)
+        have = ", ".join(f"{name} ({', '.join(a) or 'no address'})" for name, a in i.get("ifaces", {}).items())
+        if addrs is None:
+            out.append(Finding("iface", node, False, f"GLOO_SOCKET_IFNAME={iface}, but {node} has no such interface "
+                               f"(gloo fails with 'Unable to find address for: {iface}'); it has: {have}",
+                               "set GLOO_SOCKET_IFNAME to the interface on the lab network (find it with `ip route get MASTER_ADDR`)"))
+            continue
+        on_subnet = [a for a in addrs if net is None or ipaddress.ip_interface(a).ip in net]
+        if not on_subnet:
+            out.append(Finding("iface", node, False, f"{iface} carries {', '.join(addrs) or 'no address'}, none on the "
+                               f"lab subnet {subnet}: gloo would advertise an address the peers cannot reach",
+                               f"set GLOO_SOCKET_IFNAME to the interface with an address in {subnet}; it has: {have}"))
+    if not out:
+        ifaces = sorted({envs[n].get("GLOO_SOCKET_IFNAME", "?") for n in info})
+        out.append(Finding("iface", "all", True, f"{', '.join(ifaces)} up with an address on {subnet} on every node"))
+    return out
+
+
+def check_reach(results: dict[str, dict], master: tuple[str, str, int], probe_port: int) -> list[Finding]:
+    """Findings from every node's probe: {node: {"bind_errors": {port: error}, "results": [[target, ip, port, status, ms]]}}."""
+    out = []
+    master_node, master_ip, master_port = master
+    for node, r in results.items():
+        for port, error in (r.get("bind_errors") or {}).items():
+            if int(port) == master_port:
+                out.append(Finding("rendezvous", node, False, f"cannot listen on MASTER_PORT {port}: {error}",
+                                   "a run may still hold it: wait for it, or move the lab with `labctl up --master-port`"))
+            else:
+                out.append(Finding("ports", node, False, f"cannot listen on probe port {port}: {error}", "run doctor again"))
+    rdzv_bad, ports_bad = [], []
+    for node, r in results.items():
+        for target, ip, port, status, ms in r.get("results", []):
+            if status == "ok":
+                continue
+            why = {"timeout": f"no answer in {CONNECT_S:g} s: packets are dropped (a firewall)",
+                   "refused": "connection refused: nothing listens, or a firewall rejects it"}.get(status, status)
+            if port == master_port and target == master_node:
+                rdzv_bad.append(Finding("rendezvous", node, False, f"{node} cannot reach the rendezvous {master_ip}:{port} "
+                                        f"on {target}: {why}", f"open TCP {port} on {target} to the other nodes"))
+            else:
+                ports_bad.append(Finding("ports", node, False, f"{node} cannot reach {target} ({ip}) on port {port}: {why}. "
+                                         "Rendezvous may pass and the job still hang: gloo and NCCL connect back on "
+                                         "ephemeral ports", f"allow TCP between the nodes on the ephemeral range "
+                                         f"(32768-60999), not only {master_port}, on {target}"))
+    n = len(results)
+    out += rdzv_bad or [Finding("rendezvous", "all", True, f"every node reaches {master_ip}:{master_port} on {master_node}")]
+    out += ports_bad or [Finding("ports", "all", True, f"all {n * (n - 1)} node pairs connect on port {probe_port}")]
+    return out
+
+
+# ------------------------------------------------------------------------------ gathering
+
+INFO_SCRIPT = r"""
+import importlib.util, json, os, socket, subprocess, sys
+out = {"hostname": socket.gethostname(), "python": sys.version.split()[0]}
+spec = importlib.util.find_spec("torch")
+version = {}
+if spec and spec.origin:
+    try:
+        exec(open(os.path.join(os.path.dirname(spec.origin), "version.py")).read(), version)
+    except OSError:
+        pass
+out["torch"], out["cuda"] = version.get("__version__"), version.get("cuda")
+out["nccl"] = None
+if out["cuda"]:
+    try:
+        import torch
+        out["nccl"] = ".".join(map(str, torch.cuda.nccl.version()))
+    except Exception:
+        pass
+try:
+    addrs = json.loads(subprocess.run(["ip", "-j", "-4", "addr"], capture_output=True, text=True).stdout or "[]")
+except OSError:
+    addrs = []
+out["ifaces"] = {a["ifname"]: [f"{i['local']}/{i['prefixlen']}" for i in a.get("addr_info", [])] for a in addrs}
+print(json.dumps(out))
+"""
+
+PROBE_SCRIPT = r"""
+import json, socket, sys, threading, time
+cfg = json.loads(sys.argv[1])
+deadline = time.monotonic() + cfg["window_s"]
+errors, listeners = {}, []
+for port in cfg["listen"]:
+    s = socket.socket()
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        s.bind(("0.0.0.0", port))
+        s.listen(64)
+        s.settimeout(0.1)
+        listeners.append(s)
+    except OSError as e:
+        errors[str(port)] = e.strerror or str(e)
+def serve(s):
+    while time.monotonic() < deadline:
+        try:
+            s.accept()[0].close()
+        except OSError:
+            pass
+for s in listeners:
+    threading.Thread(target=serve, args=(s,), daemon=True).start()
+results = []
+def probe(target, ip, port):
+    t0 = time.monotonic()
+    while True:
+        try:
+            with socket.create_connection((ip, port), timeout=0.5):
+                status = "ok"
+                break
+        except socket.timeout:
+            status = "timeout"
+        except ConnectionRefusedError:
+            status = "refused"
+        except OSError as e:
+            status = e.strerror or str(e)
+        if time.monotonic() - t0 > cfg["connect_s"]:
+            break
+        time.sleep(0.1)
+    results.append([target, ip, port, status, round((time.monotonic() - t0) * 1000)])
+threads = [threading.Thread(target=probe, args=t) for t in cfg["targets"]]
+for t in threads:
+    t.start()
+for t in threads:
+    t.join()
+while time.monotonic() < deadline:
+    time.sleep(0.05)
+print(json.dumps({"bind_errors": errors, "results": results}))
+"""
+
+
+def container_env(client, lab: str, node: str) -> dict[str, str]:
+    """The environment a `docker exec` on the node starts with: what torchrun will read."""
+    env = client.api.inspect_container(container_name(lab, node))["Config"].get("Env") or []
+    return dict(item.split("=", 1) for item in env if "=" in item)
+
+
+def _parse_json(node: str, output: str) -> dict:
+    for line in reversed(output.strip().splitlines()):
+        if line.startswith("{"):
+            return json.loads(line)
+    raise ValueError(f"{node}: no report ({output.strip()[-200:]})")
+
+
+def gather_info(client, lab: str, nodes: list[str]) -> dict[str, dict]:
+    def one(node: str) -> dict:
+        code, output = exec_in(client, container_name(lab, node), ["python", "-c", INFO_SCRIPT])
+        return _parse_json(node, output)
+
+    with ThreadPoolExecutor(max_workers=16) as pool:
+        return dict(zip(nodes, pool.map(one, nodes)))
+
+
+def probe_reach(client, lab: str, ips: dict[str, str], master: tuple[str, str, int],
+                probe_port: int | None = None) -> tuple[int, dict[str, dict]]:
+    """Every node listens (node0 also on the master port) and connects to every other node."""
+    probe_port = probe_port or random.randint(*PROBE_PORTS)
+    master_node, master_ip, master_port = master
+
+    def one(node: str) -> dict:
+        targets = [[other, ip, probe_port] for other, ip in ips.items() if other != node]
+        if node != master_node:
+            targets.append([master_node, master_ip, master_port])
+        cfg = {"listen": [probe_port] + ([master_port] if node == master_node else []), "targets": targets,
+               "connect_s": CONNECT_S, "window_s": CONNECT_S + 0.8}
+        _, output = exec_in(client, container_name(lab, node), ["python", "-c", PROBE_SCRIPT, json.dumps(cfg)])
+        return _parse_json(node, output)
+
+    with ThreadPoolExecutor(max_workers=16) as pool:
+        return probe_port, dict(zip(ips, pool.map(one, list(ips))))
+
+
+def diagnose(client, lab: str, nodes: list, subnet: str | None, cheap: bool = False) -> tuple[list[Finding], dict, float]:
+    """(findings, per-node info, seconds taken). `cheap` skips the reachability probes."""
+    t0 = time.monotonic()
+    names = [n.name for n in nodes]
+    with ThreadPoolExecutor(max_workers=16) as pool:
+        envs = dict(zip(names, pool.map(lambda n: container_env(client, lab, n), names)))
+    info = gather_info(client, lab, names)
+    findings = check_env(envs) + check_versions(info) + check_iface(info, envs, subnet)
+    if not cheap:
+        first = envs[names[0]]
+        master_node = next((n for n in names if envs[n].get("NODE_RANK") == "0"), names[0])
+        try:
+            master_port = int(first.get("MASTER_PORT", "29500"))
+        except ValueError:
+            master_port = 29500
+        master = (master_node, first.get("MASTER_ADDR", ""), master_port)
+        port, results = probe_reach(client, lab, {n.name: n.ip for n in nodes}, master)
+        findings += check_reach(results, master, port)
+    for node in names:
+        info[node]["ip"] = next(n.ip for n in nodes if n.name == node)
+        info[node]["iface"] = envs[node].get("GLOO_SOCKET_IFNAME")
+    return findings, info, time.monotonic() - t0

@@ -1,0 +1,101 @@
+"""doctor's checks on the facts gathered from the nodes: each misconfiguration named, with its node and fix."""
+
+import pytest
+
+from labctl.doctor import check_env, check_iface, check_reach, check_versions
+
+
+def env(rank, n=3, host=None, **over):
+    e = {"NODE_RANK": str(rank), "WORLD_SIZE": str(n), "NNODES": str(n), "NPROC_PER_NODE": "1",
+         "MASTER_ADDR": "172.28.0.10", "MASTER_PORT": "29500", "GLOO_SOCKET_IFNAME": "eth0",
+         "PET_RDZV_CONF": f"is_host={'true' if (rank == 0 if host is None else host) else 'false'}"}
+    e.update(over)
+    return {k: v for k, v in e.items() if v is not None}
+
+
+def good_envs(n=3):
+    return {f"node{i}": env(i, n) for i in range(n)}
+
+
+def failures(findings):
+    return [(f.check, f.node) for f in findings if not f.ok]
+
+
+def test_a_good_lab_passes_every_check():
+    assert failures(check_env(good_envs())) == []
+    info = {f"node{i}": {"torch": "2.13.0+cpu", "python": "3.11.2", "ifaces": {"lo": ["127.0.0.1/8"], "eth0": [f"172.28.0.1{i}/24"]}}
+            for i in range(3)}
+    assert failures(check_versions(info)) == []
+    assert failures(check_iface(info, good_envs(), "172.28.0.0/24")) == []
+
+
+def test_duplicate_rank_names_both_nodes_and_the_missing_rank():
+    envs = good_envs()
+    envs["node2"] = env(0, host=False)
+    found = check_env(envs)
+    assert ("env", "node0") in failures(found) and ("env", "node2") in failures(found)
+    assert any("NODE_RANK=0 on node0 and node2" in f.message for f in found)
+    assert any("no node has NODE_RANK 2" in f.message for f in found)
+
+
+@pytest.mark.parametrize("hosts, expected", [((False, False, False), "no node"), ((True, True, False), "node0, node1")])
+def test_is_host_must_be_on_exactly_one_node(hosts, expected):
+    envs = {f"node{i}": env(i, host=h) for i, h in enumerate(hosts)}
+    [finding] = [f for f in check_env(envs) if not f.ok]
+    assert f"is_host=true on {expected}" in finding.message and "client socket has timed out" in finding.message
+
+
+def test_disagreeing_world_size_and_master_are_pinned_on_the_odd_node():
+    envs = good_envs()
+    envs["node1"]["WORLD_SIZE"] = "4"
+    envs["node2"]["MASTER_PORT"] = "29501"
+    assert sorted(failures(check_env(envs))) == [("env", "node1"), ("env", "node2")]
+
+
+def test_unset_socket_interface_is_flagged():
+    envs = good_envs()
+    envs["node1"] = env(1, GLOO_SOCKET_IFNAME=None)
+    assert failures(check_env(envs)) == [("env", "node1")]
+
+
+def test_version_mismatch_names_the_odd_node():
+    info = {"node0": {"torch": "2.13.0+cpu", "python": "3.11.2"}, "node1": {"torch": "2.13.0+cpu", "python": "3.11.2"},
+            "node2": {"torch": "2.14.1+cu128", "python": "3.11.2"}}
+    [finding] = [f for f in check_versions(info) if not f.ok]
+    assert finding.node == "node2" and "torch 2.14.1+cu128 here, 2.13.0+cpu on the other nodes" in finding.message
+
+
+def test_missing_interface_and_address_off_the_subnet():
+    envs = good_envs(2)
+    envs["node1"]["GLOO_SOCKET_IFNAME"] = "eth9"
+    info = {"node0": {"ifaces": {"eth0": ["10.0.0.5/24"]}}, "node1": {"ifaces": {"eth0": ["172.28.0.11/24"]}}}
+    found = {f.node: f for f in check_iface(info, envs, "172.28.0.0/24") if not f.ok}
+    assert "none on the lab subnet 172.28.0.0/24" in found["node0"].message
+    assert "Unable to find address for: eth9" in found["node1"].message and "eth0 (172.28.0.11/24)" in found["node1"].message
+
+
+def test_reachability_separates_rendezvous_from_back_connect_ports():
+    master = ("node0", "172.28.0.10", 29500)
+    results = {
+        "node0": {"bind_errors": {}, "results": [["node1", "172.28.0.11", 45000, "timeout", 1500],
+                                                 ["node2", "172.28.0.12", 45000, "ok", 1]]},
+        "node1": {"bind_errors": {}, "results": [["node0", "172.28.0.10", 45000, "ok", 1],
+                                                 ["node2", "172.28.0.12", 45000, "ok", 1],
+                                                 ["node0", "172.28.0.10", 29500, "ok", 1]]},
+        "node2": {"bind_errors": {}, "results": [["node0", "172.28.0.10", 45000, "ok", 1],
+                                                 ["node1", "172.28.0.11", 45000, "timeout", 1500],
+                                                 ["node0", "172.28.0.10", 29500, "ok", 1]]},
+    }
+    found = check_reach(results, master, 45000)
+    assert [f.ok for f in found if f.check == "rendezvous"] == [True]
+    bad = [f for f in found if f.check == "ports" and not f.ok]
+    assert [f.node for f in bad] == ["node0", "node2"]
+    assert all("cannot reach node1" in f.message and "ephemeral" in f.message for f in bad)
+
+
+def test_master_port_in_use_and_unreachable_rendezvous():
+    master = ("node0", "172.28.0.10", 29500)
+    results = {"node0": {"bind_errors": {"29500": "Address in use"}, "results": []},
+               "node1": {"bind_errors": {}, "results": [["node0", "172.28.0.10", 29500, "refused", 1500]]}}
+    found = failures(check_reach(results, master, 45000))
+    assert found == [("rendezvous", "node0"), ("rendezvous", "node1")]
