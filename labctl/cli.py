@@ -41,9 +41,12 @@ class LabGroup(click.Group):
 def _fail(message: str, hint: str | None, code: int):
     from labctl.ui import err_console
 
-    err_console.print(f"[bold red]{message}[/bold red]", markup=True, soft_wrap=True)
+    from rich.markup import escape
+
+    # Messages quote torch and gloo, whose [file:line] tags rich would read as markup.
+    err_console.print(f"[bold red]{escape(message)}[/bold red]", markup=True, soft_wrap=True)
     if hint:
-        err_console.print(f"  [yellow]hint:[/yellow] {hint}", markup=True, soft_wrap=True)
+        err_console.print(f"  [yellow]hint:[/yellow] {escape(hint)}", markup=True, soft_wrap=True)
     sys.exit(code)
 
 
@@ -281,8 +284,14 @@ def env(hosts, iface, nproc_per_node, master_port, rdzv_id, out_dir) -> None:
               help="Stop the run on every node after S seconds (default: no limit).")
 @click.option("--dry-run", is_flag=True, help="Print the command each node would run; run nothing.")
 @click.option("--no-preflight", is_flag=True, help="Skip doctor's cheap checks (env, versions, interface) before the run.")
+@click.option("--max-restarts", type=click.IntRange(0, 100), default=0, show_default=True, metavar="K",
+              help="torchrun restarts every worker up to K times after a failure (the trainer resumes from its checkpoint).")
+@click.option("--nnodes", metavar="MIN:MAX", help="Elastic node range, MAX = the lab's nodes: the run goes on with MIN survivors.")
+@click.option("--pg-timeout-s", type=click.FloatRange(1, 3600), default=30.0, show_default=True, metavar="S",
+              help="Process-group timeout for the trainer (DDPLAB_PG_TIMEOUT_S): a dead peer fails collectives after S.")
 @click.argument("script", nargs=-1, type=click.UNPROCESSED)
-def run(lab, nproc_per_node, launcher, timeout_s, dry_run, no_preflight, script) -> None:
+def run(lab, nproc_per_node, launcher, timeout_s, dry_run, no_preflight, max_restarts, nnodes, pg_timeout_s,
+        script) -> None:
     """Run TRAINING_SCRIPT [ARGS...] (or `-m module [ARGS...]`) on every node at once.
 
     \b
@@ -293,7 +302,7 @@ def run(lab, nproc_per_node, launcher, timeout_s, dry_run, no_preflight, script)
     from labctl import lab as lab_mod
     from labctl import runner
     from labctl.config import SETTINGS
-    from labctl.launch import build_launches, parse_script_args
+    from labctl.launch import Elastic, build_launches, parse_nnodes, parse_script_args
     from labctl.ui import console
 
     config = _config(lab=lab)
@@ -315,8 +324,11 @@ def run(lab, nproc_per_node, launcher, timeout_s, dry_run, no_preflight, script)
     lab_directory = lab_mod.lab_dir(_workspace(), config.lab)
     node_env = runner.read_node_envs(lab_directory, [n.name for n in nodes])
     run_id, run_dir = runner.new_run(lab_directory)
+    low, high = parse_nnodes(nnodes, len(nodes)) if nnodes else (None, None)
+    elastic = Elastic(max_restarts, low, high)
     launches = build_launches(config.lab, node_env, script_args, launcher=launcher, nproc_per_node=nproc,
-                              run_id=run_id, run_dir=run_dir, cpus=lab_mod.engine_cpus(client))
+                              run_id=run_id, run_dir=run_dir, cpus=lab_mod.engine_cpus(client), elastic=elastic,
+                              pg_timeout_s=pg_timeout_s)
     if dry_run:
         for launch in launches:
             console.print(f"[bold]{launch.label}[/bold] ({launch.container}): {launch.display()}", markup=True, soft_wrap=True)
@@ -324,7 +336,7 @@ def run(lab, nproc_per_node, launcher, timeout_s, dry_run, no_preflight, script)
     if not no_preflight:
         _preflight(client, config.lab, nodes)
     runner.run_job(client, config.lab, node_env, launches, run_dir, run_id, torchrun=launcher == "torchrun",
-                   timeout_s=timeout_s)
+                   timeout_s=timeout_s, min_nodes=low)
 
 
 @main.command(context_settings=CONTEXT)
@@ -467,6 +479,29 @@ def slow(lab, node, cpus, clear) -> None:
         lab_mod.check_cpus(client, {"--cpus": limit})
     applied = lab_mod.apply_node_cpus(client, config.lab, node, limit)
     info(f"{node}: CPU limit now {f'{applied:g} CPUs' if applied else 'none'} (read back from the engine)")
+
+
+@main.command(context_settings=CONTEXT)
+@lab_option
+@click.argument("fault", type=click.Choice(["kill", "crash", "pause", "unpause", "partition", "heal"]))
+@click.argument("node")
+def fault(lab, fault, node) -> None:
+    """Inject a fault into NODE: kill (node loss), crash (its training processes die, the node
+    stays), pause / unpause (freeze it), partition / heal (cut its link, restore it).
+
+    \b
+    Examples:
+      labctl fault crash node1        # torchrun --max-restarts brings the workers back
+      labctl fault kill node2         # with --nnodes 2:3 the run goes on without it
+      labctl fault partition node1 && sleep 5 && labctl fault heal node1
+    """
+    from labctl import faults
+    from labctl import lab as lab_mod
+    from labctl.ui import info
+
+    config = _config(lab=lab)
+    client = lab_mod.docker_client()
+    info(faults.inject(client, config.lab, node, fault, config.iface))
 
 
 # ----------------------------------------------------------------------------------------- shape

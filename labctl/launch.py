@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from labctl.compose import container_name
-from labctl.errors import LabError
+from labctl.errors import ConfigError, LabError
 
 RUN_ID_VAR = "DDPLAB_RUN_ID"  # every process of a run inherits it; `stop` finds them by it
 RUN_DIR_VAR = "DDPLAB_RUN_DIR"  # where the trainer writes its per-rank metrics
@@ -145,32 +145,80 @@ def threads_per_process(cpus: int, nodes: int, nproc_per_node: int) -> int:
     return max(1, cpus // max(1, nodes * nproc_per_node))
 
 
+# Elastic runs: a lost node's heartbeat goes stale after 10 s, and once the minimum number of nodes
+# has joined a new round the others get 3 s more (torch's defaults: 30 s and 30 s).
+ELASTIC_RDZV_CONF = "last_call_timeout=3,heartbeat_timeout=10,keep_alive_interval=2"
+PG_TIMEOUT_VAR = "DDPLAB_PG_TIMEOUT_S"
+
+
+@dataclass(frozen=True)
+class Elastic:
+    """torchrun's fault tolerance: restarts, and a node-count range to continue with fewer."""
+
+    max_restarts: int = 0
+    min_nodes: int | None = None
+    max_nodes: int | None = None
+
+    @property
+    def on(self) -> bool:
+        return self.max_restarts > 0 or self.min_nodes is not None
+
+
+def parse_nnodes(text: str, lab_nodes: int) -> tuple[int, int]:
+    """'2:3' -> (2, 3); 'N' -> (N, N). MAX must be the lab's node count: every node starts."""
+    lo, sep, hi = str(text).partition(":")
+    try:
+        low, high = int(lo), int(hi) if sep else int(lo)
+    except ValueError:
+        raise ConfigError("--nnodes", text, "must be MIN:MAX, e.g. 2:3") from None
+    if not 1 <= low <= high:
+        raise ConfigError("--nnodes", text, "needs 1 <= MIN <= MAX")
+    if high != lab_nodes:
+        raise ConfigError("--nnodes", text, f"MAX must be the lab's node count, {lab_nodes}: the run starts on every node",
+                          hint=f"--nnodes {min(low, lab_nodes)}:{lab_nodes}")
+    return low, high
+
+
 def build_launches(lab: str, node_env: dict[str, dict[str, str]], script_args: list[str], *, launcher: str,
-                   nproc_per_node: int | None, run_id: str, run_dir: Path, cpus: int | None = None) -> list[Launch]:
+                   nproc_per_node: int | None, run_id: str, run_dir: Path, cpus: int | None = None,
+                   elastic: Elastic = Elastic(), pg_timeout_s: float | None = None) -> list[Launch]:
     """The processes of one run, in node-rank order. `node_env` maps node name -> its env file; a
     subset of the lab's nodes runs a smaller job. Given the machine's `cpus`, every process gets an
-    OMP_NUM_THREADS that shares them out (see threads_per_process)."""
+    OMP_NUM_THREADS that shares them out (see threads_per_process); `pg_timeout_s` goes to the
+    trainer's process-group timeout through DDPLAB_PG_TIMEOUT_S."""
     names = list(node_env)
     first = node_env[names[0]]
     nproc = nproc_per_node or int(first.get("NPROC_PER_NODE", "1"))
     common = run_env(run_id, run_dir)
     if cpus:
         common["OMP_NUM_THREADS"] = str(threads_per_process(cpus, len(names), nproc))
+    if pg_timeout_s:
+        common[PG_TIMEOUT_VAR] = f"{pg_timeout_s:g}"
     launches = []
     if launcher == "torchrun":
         for name in names:
             env = {
                 **common,
-                "PET_NNODES": str(len(names)),
+                "PET_NNODES": f"{elastic.min_nodes}:{elastic.max_nodes}" if elastic.min_nodes else str(len(names)),
                 # A fresh rendezvous per run, hosted by the run's own store (see STORE_SCRIPT).
                 "PET_RDZV_ID": run_id,
-                "PET_RDZV_CONF": "is_host=false",
+                "PET_RDZV_CONF": "is_host=false" + (f",{ELASTIC_RDZV_CONF}" if elastic.on else ""),
             }
+            if elastic.on:
+                env["PET_MAX_RESTARTS"] = str(elastic.max_restarts)
+                # torchrun shares one worker store across restarts by default, so restarted gloo
+                # workers read their predecessors' addresses from it and fail to connect
+                # ("Gloo connectFullMesh failed ... Connection refused"); without sharing, each
+                # attempt's rank 0 hosts a fresh store.
+                env["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] = "1"
             launches.append(Launch(name, name, container_name(lab, name),
                                    torchrun_argv(script_args, nproc_per_node), env))
         return launches
     if launcher != "static":
         raise LabError(f"unknown launcher {launcher!r}", hint="torchrun or static")
+    if elastic.on:
+        raise LabError("--max-restarts and --nnodes need torchrun: the static launcher has no agent to restart workers",
+                       hint="drop --launcher static")
     world_size = len(names) * nproc
     for node_rank, name in enumerate(names):
         for local_rank in range(nproc):

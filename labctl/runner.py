@@ -38,11 +38,18 @@ def new_run(lab_directory: Path) -> tuple[str, Path]:
 
 
 def run_job(client, lab: str, node_env: dict[str, dict[str, str]], launches: list[Launch], run_dir: Path,
-            run_id: str, *, torchrun: bool, timeout_s: float | None = None, echo: bool = True) -> RunResult:
-    """Check node0's rendezvous port, run every launch, and raise RunFailed unless all succeeded."""
+            run_id: str, *, torchrun: bool, timeout_s: float | None = None, echo: bool = True,
+            min_nodes: int | None = None) -> RunResult:
+    """Check node0's rendezvous port, run every launch, and raise RunFailed unless all succeeded
+    (with `min_nodes`, an elastic run: it succeeds when at least that many nodes finish cleanly)."""
     check_master_port(client, lab, node_env)
     master_port = next(iter(node_env.values()))["MASTER_PORT"] if torchrun else None
-    result = run_all(client, lab, launches, run_dir, run_id, master_port=master_port, timeout_s=timeout_s, echo=echo)
+    result = run_all(client, lab, launches, run_dir, run_id, master_port=master_port, timeout_s=timeout_s, echo=echo,
+                     min_nodes=min_nodes)
+    lost = result.lost_nodes()
+    if result.ok and lost:
+        console.print(f"[yellow]labctl: the run completed without {', '.join(lost)} (lost during the run; "
+                      f"elastic range allowed it)[/yellow]", markup=True)
     if not result.ok:
         raise RunFailed(result.explain(), exit_code=130 if result.interrupted else 1)
     return result
@@ -112,10 +119,18 @@ class RunResult:
     first_failure: Outcome | None
     interrupted: bool = False
     timed_out: bool = False
+    min_nodes: int | None = None  # elastic: enough nodes finishing cleanly is success
 
     @property
     def ok(self) -> bool:
-        return not self.interrupted and not self.timed_out and all(o.exit_code == 0 for o in self.outcomes)
+        if self.interrupted or self.timed_out:
+            return False
+        if self.min_nodes is not None:
+            return sum(o.exit_code == 0 for o in self.outcomes) >= self.min_nodes
+        return all(o.exit_code == 0 for o in self.outcomes)
+
+    def lost_nodes(self) -> list[str]:
+        return [o.launch.label for o in self.outcomes if o.exit_code not in (0, None)]
 
     def explain(self) -> str:
         if self.interrupted:
@@ -178,11 +193,25 @@ def _stream(client, outcome: Outcome, logs: _NodeLogs, colour: str, echo: _Echo 
         if pending:
             _emit(outcome, logs, prefix, pending, echo, on_line)
         outcome.exit_code = client.api.exec_inspect(exec_id)["ExitCode"]
+        if outcome.exit_code != 0:
+            _note_node_loss(client, outcome, logs, prefix, echo, on_line)
     except Exception as exc:  # the node vanished under us (docker kill, down)
         _emit(outcome, logs, prefix, f"labctl: lost the node: {exc}", echo, on_line)
         outcome.exit_code = outcome.exit_code if outcome.exit_code is not None else 255
     finally:
         outcome.ended = time.monotonic()
+
+
+def _note_node_loss(client, outcome: Outcome, logs: _NodeLogs, prefix: str, echo, on_line) -> None:
+    """Say so when a launch ended because its node went down (the engine may take a moment to tell)."""
+    launch = outcome.launch
+    for _ in range(10 if outcome.exit_code == 137 else 1):  # 137: SIGKILL, as `docker kill` sends
+        state = client.api.inspect_container(launch.container)["State"]
+        if not state["Running"]:
+            _emit(outcome, logs, prefix, f"labctl: {launch.node} itself went down (container {state['Status']}, "
+                  f"exit code {state['ExitCode']}): node lost", echo, on_line)
+            return
+        time.sleep(0.2)
 
 
 def _emit(outcome: Outcome, logs: _NodeLogs, prefix: str, line: str, echo: _Echo | None, on_line) -> None:
@@ -198,7 +227,7 @@ def _emit(outcome: Outcome, logs: _NodeLogs, prefix: str, line: str, echo: _Echo
 
 
 def run_all(client, lab: str, launches: list[Launch], run_dir: Path, run_id: str, *, master_port: str | None,
-            timeout_s: float | None = None, echo: bool = True) -> RunResult:
+            timeout_s: float | None = None, echo: bool = True, min_nodes: int | None = None) -> RunResult:
     """Start every launch at once (with the run's own rendezvous store on the first node, for torchrun)."""
     run_dir.mkdir(parents=True, exist_ok=True)
     _link_latest(run_dir)
@@ -221,7 +250,7 @@ def run_all(client, lab: str, launches: list[Launch], run_dir: Path, run_id: str
             # The agents start alongside the store (it imports torch too, ~2 s): their store
             # clients retry the connection until it listens, so nobody waits for it in turn.
             store_ready()
-        return _watch(client, lab, nodes, run_id, run_dir, outcomes, threads, timeout_s, printer)
+        return _watch(client, lab, nodes, run_id, run_dir, outcomes, threads, timeout_s, printer, min_nodes)
     finally:
         # Whatever happened, leave no process of this run on any node (the store included).
         stop_run(client, lab, nodes, run_id)
@@ -247,7 +276,8 @@ def _start_store(client, lab: str, node: str, master_port: str, run_id: str, run
     return thread, wait_ready
 
 
-def _watch(client, lab, nodes, run_id, run_dir, outcomes, threads, timeout_s, echo: _Echo) -> RunResult:
+def _watch(client, lab, nodes, run_id, run_dir, outcomes, threads, timeout_s, echo: _Echo,
+           min_nodes: int | None = None) -> RunResult:
     started = time.monotonic()
     first_failure: Outcome | None = None
     stop_at: float | None = None
@@ -259,6 +289,9 @@ def _watch(client, lab, nodes, run_id, run_dir, outcomes, threads, timeout_s, ec
             now = time.monotonic()
             if first_failure is None:
                 failed = [o for o in outcomes if o.exit_code not in (None, 0)]
+                # An elastic run carries on while enough nodes are left to reach its minimum.
+                if failed and min_nodes is not None and len(outcomes) - len(failed) >= min_nodes:
+                    failed = []
                 if failed:
                     first_failure = min(failed, key=lambda o: o.ended or now)
                     stop_at = now + FAIL_GRACE_S
@@ -277,7 +310,7 @@ def _watch(client, lab, nodes, run_id, run_dir, outcomes, threads, timeout_s, ec
         _stop_remaining(client, lab, nodes, run_id, outcomes)
         for thread in threads:
             thread.join(timeout=STOP_GRACE_S + 5)
-    return RunResult(run_dir, outcomes, first_failure, interrupted, timed_out)
+    return RunResult(run_dir, outcomes, first_failure, interrupted, timed_out, min_nodes)
 
 
 def _stop_remaining(client, lab, nodes, run_id, outcomes) -> None:

@@ -14,7 +14,7 @@ import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import DataLoader, DistributedSampler
 
-from trainer import gpt
+from trainer import checkpoint, gpt
 
 from trainer.batching import BatchError, global_batch_indices, parse_rank_micro, plan_micro_batches, rank_share
 from trainer.data import make_dataset
@@ -108,9 +108,14 @@ def parse_args(argv=None):
         help="DDP communication hook: compress gradients to fp16/bf16, or PowerSGD rank-1 (default none)")
     add("--static-graph", action="store_true", help="tell DDP the graph never changes between steps")
     # distributed
-    add("--timeout-s", type=above_zero, default=120.0,
-        help="process-group timeout in seconds: rendezvous and every collective fail "
-             "after this instead of hanging on a dead peer (default 120)")
+    add("--timeout-s", type=above_zero, default=float(os.environ.get("DDPLAB_PG_TIMEOUT_S") or 120),
+        help="process-group timeout in seconds: rendezvous and every collective fail after this instead "
+             "of hanging on a dead peer (default $DDPLAB_PG_TIMEOUT_S, which labctl run sets, else 120)")
+    # checkpoints (global-batch mode)
+    add("--ckpt-every", type=at_least(0), default=0,
+        help="rank 0 checkpoints model and optimizer every N steps, atomically; a restarted run resumes "
+             "from the newest one (default 0: off)")
+    add("--ckpt-dir", default=None, help="where checkpoints go (default <run_dir>/checkpoints; shared by all nodes)")
     add("--threads", type=at_least(1), default=None,
         help="torch CPU threads per process (default: torch's choice; torchrun sets 1 with >1 proc per node)")
     # logging
@@ -356,7 +361,7 @@ def main(argv=None):
 
     with metrics, profiler_for(args, c, run_dir) as prof:
         if args.global_batch or args.workload == "gpt":
-            result = run_global_batches(args, c, model, optimizer, workload, metrics, tag, timer, prof)
+            result = run_global_batches(args, c, model, optimizer, workload, metrics, tag, timer, prof, run_dir)
         else:
             result = run_epochs(args, c, model, optimizer, workload, dataset, metrics, tag, timer, prof)
     return finish(args, c, workload, run_dir, *result)
@@ -364,6 +369,9 @@ def main(argv=None):
 
 def run_epochs(args, c, model, optimizer, workload, dataset, metrics, tag, timer, prof):
     """Epoch mode (toy): each rank walks its DistributedSampler shard, --batch-size per step."""
+    if args.ckpt_every:
+        raise SystemExit("error: --ckpt-every needs global-batch mode (--global-batch G, or --workload gpt): "
+                         "there a resumed run sees exactly the samples the lost one would have")
     loader, sampler = build_loader(dataset, args.batch_size, args.seed, c.rank, c.world_size, c.device)
     if len(loader) == 0:
         raise SystemExit(f"error: --samples {args.samples} over {c.world_size} ranks "
@@ -404,7 +412,7 @@ def run_epochs(args, c, model, optimizer, workload, dataset, metrics, tag, timer
     return step, final_loss, samples_seen, elapsed_s, timings, {"epochs": args.epochs}
 
 
-def run_global_batches(args, c, model, optimizer, workload, metrics, tag, timer, prof):
+def run_global_batches(args, c, model, optimizer, workload, metrics, tag, timer, prof, run_dir):
     """Global-batch mode: K micro-steps per step, gradients synchronised only on the last."""
     global_batch = args.global_batch or args.micro_batch * c.world_size
     try:
@@ -413,6 +421,7 @@ def run_global_batches(args, c, model, optimizer, workload, metrics, tag, timer,
         global_batch_indices(workload.n_samples, global_batch, args.seed, 1)  # too big a batch fails here
     except BatchError as exc:
         raise SystemExit(f"error: {exc}") from None
+    start = resume(args, c, model, optimizer, workload, global_batch, run_dir, tag) if args.ckpt_every else 1
     tokens_per_step = global_batch * workload.tokens_per_sample
     # Scale so that DDP's average over ranks is the mean over the step's tokens (see batching.py).
     scale = c.world_size / tokens_per_step
@@ -421,7 +430,8 @@ def run_global_batches(args, c, model, optimizer, workload, metrics, tag, timer,
     samples_seen = 0
     timings = []
     t0 = last_end = time.perf_counter()
-    for step in range(1, args.steps + 1):
+    step1_consistent = None  # unknown when resuming past step 1
+    for step in range(start, args.steps + 1):
         indices = global_batch_indices(workload.n_samples, global_batch, args.seed, step)
         micros = [workload.batch(m) for m in rank_share(indices, sizes, accum, c.rank)]
         loss_sum, timing = timed_step(model, optimizer, workload, micros, scale, timer, c.world_size, c.device,
@@ -442,13 +452,48 @@ def run_global_batches(args, c, model, optimizer, workload, metrics, tag, timer,
             println(f"{tag} step {step}/{args.steps} loss {step_loss:.6f} "
                     f"({timing.step_ms:.0f} ms: compute {timing.compute_ms:.0f}, comm wait {timing.comm_wait_ms:.0f})")
         metrics.log(**record)
+        if args.ckpt_every and step % args.ckpt_every == 0 and step < args.steps and c.rank == 0:
+            checkpoint.save(ckpt_dir(args, run_dir), step, {
+                "model": workload.model.state_dict(), "optimizer": optimizer.state_dict(),
+                "workload": workload.name, "global_batch": global_batch, "seed": args.seed})
         if step == 1:
             # The check people are told to do by hand: after the first step every replica is identical.
             step1_consistent = len(set(all_gather(param_checksum(workload.model)))) == 1
             last_end = time.perf_counter()  # the check is not part of step 2's wall time
     extra = {"global_batch": global_batch, "accum_steps": accum, "micro_batches": sizes,
-             "replicas_consistent_after_step1": step1_consistent}
+             "replicas_consistent_after_step1": step1_consistent, "resumed_from_step": start - 1,
+             "restarts": int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))}
     return args.steps, step_loss, samples_seen, time.perf_counter() - t0, timings, extra
+
+
+def ckpt_dir(args, run_dir):
+    return Path(args.ckpt_dir) if args.ckpt_dir else Path(run_dir) / "checkpoints"
+
+
+def resume(args, c, model, optimizer, workload, global_batch, run_dir, tag):
+    """The step to start from: 1, or one past the newest checkpoint rank 0 can load."""
+    chosen = None
+    if c.rank == 0:
+        state, path, problems = checkpoint.load_latest(ckpt_dir(args, run_dir))
+        for problem in problems:
+            println(f"{tag} skipping a damaged checkpoint: {problem}")
+        chosen = str(path) if path else None
+    chosen = all_gather(chosen)[0]  # every rank resumes from the checkpoint rank 0 chose
+    if chosen is None:
+        return 1
+    state = checkpoint.load(chosen)
+    if (state.get("workload"), state.get("global_batch"), state.get("seed")) != (workload.name, global_batch, args.seed):
+        raise SystemExit(f"error: checkpoint {chosen} is of workload {state.get('workload')}, global batch "
+                         f"{state.get('global_batch')}, seed {state.get('seed')}; this run is {workload.name}, "
+                         f"{global_batch}, {args.seed}. Use another --ckpt-dir or remove it")
+    if state["step"] >= args.steps:
+        raise SystemExit(f"error: checkpoint {chosen} is at step {state['step']}, not before --steps {args.steps}: "
+                         "nothing left to train")
+    workload.model.load_state_dict(state["model"])
+    optimizer.load_state_dict(state["optimizer"])
+    print0(f"{tag} resuming from step {state['step']} ({chosen}), restart "
+           f"{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}, world size {c.world_size}")
+    return state["step"] + 1
 
 
 def finish(args, c, workload, run_dir, steps, final_loss, samples_seen, elapsed_s, timings, extra):

@@ -94,3 +94,46 @@ def test_is_compose_up_for(argv, lab, expected):
     from labctl.lab import is_compose_up_for
 
     assert is_compose_up_for(argv, lab) is expected
+
+
+def test_elastic_runs_pass_torchruns_settings_and_a_fresh_worker_store():
+    from labctl.launch import ELASTIC_RDZV_CONF, Elastic
+
+    three = {f"node{i}": NODE_ENV["node0"] for i in range(3)}
+    launches = build_launches("demo", three, ["-m", "trainer"], launcher="torchrun", nproc_per_node=None, run_id="r1",
+                              run_dir=RUN_DIR, elastic=Elastic(2, 2, 3), pg_timeout_s=30)
+    env = launches[0].env
+    assert env["PET_NNODES"] == "2:3" and env["PET_MAX_RESTARTS"] == "2"
+    assert env["PET_RDZV_CONF"] == "is_host=false," + ELASTIC_RDZV_CONF
+    assert env["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] == "1" and env["DDPLAB_PG_TIMEOUT_S"] == "30"
+    plain = build_launches("demo", three, ["-m", "trainer"], launcher="torchrun", nproc_per_node=None, run_id="r1",
+                           run_dir=RUN_DIR)[0].env
+    assert "PET_MAX_RESTARTS" not in plain and plain["PET_RDZV_CONF"] == "is_host=false"
+    with pytest.raises(LabError, match="need torchrun"):
+        build_launches("demo", three, ["x.py"], launcher="static", nproc_per_node=1, run_id="r1", run_dir=RUN_DIR,
+                       elastic=Elastic(1))
+
+
+@pytest.mark.parametrize("text, nodes, expected", [("2:3", 3, (2, 3)), ("3", 3, (3, 3)), ("1:2", 2, (1, 2))])
+def test_nnodes_ranges(text, nodes, expected):
+    from labctl.launch import parse_nnodes
+
+    assert parse_nnodes(text, nodes) == expected
+
+
+@pytest.mark.parametrize("text, message", [("2:4", "MAX must be the lab's node count, 3"), ("3:2", "1 <= MIN <= MAX"),
+                                           ("a:b", "MIN:MAX"), ("0:3", "1 <= MIN")])
+def test_bad_nnodes_are_refused(text, message):
+    from labctl.errors import ConfigError
+    from labctl.launch import parse_nnodes
+
+    with pytest.raises(ConfigError, match=message):
+        parse_nnodes(text, 3)
+
+
+def test_partition_and_heal_commands():
+    from labctl.faults import heal_commands, partition_commands
+
+    assert [c.argv for c in partition_commands("eth0")] == [("ip", "link", "set", "dev", "eth0", "down")]
+    assert [c.argv for c in heal_commands("eth0", "172.28.0.1")] == [
+        ("ip", "link", "set", "dev", "eth0", "up"), ("ip", "route", "replace", "default", "via", "172.28.0.1", "dev", "eth0")]

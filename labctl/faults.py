@@ -1,0 +1,112 @@
+"""Fault injection: what goes wrong with real nodes, on demand.
+
+  kill       node loss: the container is killed (SIGKILL), as a machine that loses power
+  crash      the training processes on the node die (SIGKILL), the node and its torchrun agent stay up
+  pause      the node freezes (cgroup freezer): alive to the network, silent to its peers
+  unpause    it thaws
+  partition  the node's link goes down: its peers' packets get no answer (no reset either)
+  heal       the link comes back, with the routes it had
+
+partition and heal run `ip` from a short-lived helper container in the node's network namespace
+with NET_ADMIN, as shaping does; the node itself has no added capability.
+"""
+
+from __future__ import annotations
+
+import docker.errors
+
+from labctl.compose import container_name, network_name
+from labctl.errors import LabError
+from labctl.lab import exec_in
+from labctl.launch import RUN_ID_VAR
+from labctl.shaping import Command
+
+FAULTS = ("kill", "crash", "pause", "unpause", "partition", "heal")
+
+# SIGKILL every process of a labctl run that torchrun started as a worker (LOCAL_RANK in its
+# environment); the agent, which has no LOCAL_RANK, sees its workers die and restarts or fails.
+CRASH_SCRIPT = f"""
+import os, signal
+killed = []
+for entry in os.listdir("/proc"):
+    if not entry.isdigit() or int(entry) in (1, os.getpid()):
+        continue
+    try:
+        with open(f"/proc/{{entry}}/environ", "rb") as f:
+            env = f.read().split(b"\\0")
+    except OSError:
+        continue
+    if any(v.startswith(b"{RUN_ID_VAR}=") for v in env) and any(v.startswith(b"LOCAL_RANK=") for v in env):
+        try:
+            os.kill(int(entry), signal.SIGKILL)
+            killed.append(int(entry))
+        except OSError:
+            pass
+print(len(killed))
+"""
+
+
+def _container(client, lab: str, node: str):
+    try:
+        return client.containers.get(container_name(lab, node))
+    except docker.errors.NotFound:
+        raise LabError(f"no node {node!r} in lab {lab}", hint="`labctl status` lists the nodes") from None
+
+
+def partition_commands(iface: str) -> list[Command]:
+    return [Command(("ip", "link", "set", "dev", iface, "down"))]
+
+
+def heal_commands(iface: str, gateway: str | None) -> list[Command]:
+    commands = [Command(("ip", "link", "set", "dev", iface, "up"))]
+    if gateway:
+        # Taking the link down dropped the default route with it; the subnet's route comes back by itself.
+        commands.append(Command(("ip", "route", "replace", "default", "via", gateway, "dev", iface)))
+    return commands
+
+
+def inject(client, lab: str, node: str, fault: str, iface: str) -> str:
+    """Apply one fault; a sentence saying what happened."""
+    from labctl.netshape import run_helper
+
+    container = _container(client, lab, node)
+    state = container.attrs["State"]
+    if fault == "kill":
+        if not state["Running"]:
+            return f"{node} is already down ({state['Status']})"
+        container.kill()
+        return f"{node} killed: the node is lost (`labctl up --lab {lab}` brings it back)"
+    if fault == "unpause":
+        if not state["Paused"]:
+            return f"{node} is not paused"
+        container.unpause()
+        return f"{node} unpaused"
+    if not state["Running"]:
+        raise LabError(f"{node} is not running ({state['Status']}), so it cannot {fault}",
+                       hint=f"`labctl up --lab {lab}` brings it back")
+    if fault == "pause":
+        if state["Paused"]:
+            return f"{node} is already paused"
+        container.pause()
+        return f"{node} paused: frozen, its peers wait on it (`labctl fault unpause {node}`)"
+    if state["Paused"]:
+        raise LabError(f"{node} is paused, so it cannot {fault}", hint=f"labctl fault unpause {node}")
+    if fault == "crash":
+        code, output = exec_in(client, container.name, ["python", "-c", CRASH_SCRIPT])
+        count = output.strip().splitlines()[-1] if output.strip() else "0"
+        if code != 0 or count == "0":
+            return f"{node}: no training process of a labctl run to crash"
+        return f"{node}: {count} training process{'es' * (count != '1')} killed; the node and its torchrun agent are up"
+    image = container.image.id
+    if fault == "partition":
+        code, output = run_helper(client, lab, node, image, partition_commands(iface))
+        verb = "cut off from the other nodes (`labctl fault heal " + node + "`)"
+    elif fault == "heal":
+        network = (container.attrs["NetworkSettings"]["Networks"] or {}).get(network_name(lab)) or {}
+        code, output = run_helper(client, lab, node, image, heal_commands(iface, network.get("Gateway")))
+        verb = "reconnected"
+    else:
+        raise LabError(f"unknown fault {fault!r}", hint=f"one of {', '.join(FAULTS)}")
+    if code != 0:
+        raise LabError(f"{fault} on {node} failed: {output.strip()}")
+    return f"{node} {verb}"
