@@ -16,9 +16,10 @@ from pathlib import Path
 import click
 
 from labctl import __version__
-from labctl.config import LabConfig, load_config
+from labctl.config import AUTO, LabConfig, load_config
 from labctl.errors import CommandError, LabError, RunFailed
 
+SUBNET_ATTEMPTS = 4  # `up` picks again when a concurrent `up` took the same free subnet
 CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
 
 
@@ -159,8 +160,19 @@ def up(lab, nodes, nproc_per_node, cpus, memory, subnet, master_port, image, bw,
         info(f"image {config.image_tag} is missing: building it")
         image_mod.build_image(client, config, info, lambda: BuildProgress())
     verb = "reconciling" if existing else "starting"
-    info(f"{verb} lab {config.lab}: {config.nodes} nodes on {subnet_used}")
-    nodes_state = lab_mod.apply_up(client, config, _workspace(), document, env_files, info)
+    for attempt in range(1, SUBNET_ATTEMPTS + 1):
+        info(f"{verb} lab {config.lab}: {config.nodes} nodes on {subnet_used}")
+        try:
+            nodes_state = lab_mod.apply_up(client, config, _workspace(), document, env_files, info)
+            break
+        except (CommandError, LabError) as exc:
+            # Another lab (or anything else) took the same free subnet between our pick and Compose
+            # creating the network: the failed attempt was removed, so pick again.
+            raced = "overlaps with other one" in str(exc) and config.subnet == AUTO and not existing
+            if not raced or attempt == SUBNET_ATTEMPTS:
+                raise
+            info(f"{subnet_used} was taken meanwhile; picking another subnet")
+            document, env_files, subnet_used = lab_mod.plan_up(client, config, _workspace(), per_node_cpus)
     links = None
     if wanted:
         from labctl import netshape
