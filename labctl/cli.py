@@ -516,6 +516,72 @@ def fault(lab, fault, node) -> None:
     info(faults.inject(client, config.lab, node, fault, config.iface))
 
 
+@main.group(context_settings=CONTEXT)
+def scenario() -> None:
+    """The classic multi-node traps, reproduced on a throwaway lab, diagnosed and fixed."""
+
+
+@scenario.command("list", context_settings=CONTEXT)
+def scenario_list() -> None:
+    """The scenarios, what each teaches, and its time bound."""
+    from rich.table import Table
+
+    from labctl.scenarios import SCENARIOS
+    from labctl.ui import console
+
+    table = Table(title="labctl scenario run NAME", title_justify="left", show_lines=True)
+    for column in ("name", "trap", "bound", "what it teaches"):
+        table.add_column(column)
+    for s in SCENARIOS.values():
+        table.add_row(s.name, s.title, f"{s.bound_s} s", s.lesson)
+    console.print(table)
+
+
+@scenario.command("run", context_settings=CONTEXT)
+@click.argument("names", nargs=-1, required=True, metavar="NAME... | all")
+@click.option("--json", "as_json", is_flag=True, help="Print the outcomes as a JSON list.")
+def scenario_run(names, as_json) -> None:
+    """Reproduce each trap on a fresh 2-node lab (scn-NAME), show torch's symptom and how long it
+    took to show, doctor's diagnosis, then the fix and a run that succeeds. The lab is removed at
+    the end. Exit status 0 when every fix worked within its bound."""
+    from dataclasses import asdict, replace
+
+    from rich.panel import Panel
+
+    from labctl import lab as lab_mod
+    from labctl.errors import LabError
+    from labctl.scenarios import SCENARIOS, run_scenario
+    from labctl.ui import console, info
+
+    wanted = list(SCENARIOS) if list(names) == ["all"] else list(dict.fromkeys(names))
+    unknown = [n for n in wanted if n not in SCENARIOS]
+    if unknown:
+        raise LabError(f"no scenario {', '.join(map(repr, unknown))}", hint=f"one of: {', '.join(SCENARIOS)}, or all")
+    client = lab_mod.docker_client()
+    outcomes = []
+    for name in wanted:
+        config = replace(_config(lab=f"scn-{name}"), nodes=2)
+        outcome = run_scenario(client, config, _workspace(), SCENARIOS[name], info)
+        outcomes.append(outcome)
+        if not as_json:
+            verdict = "[green]succeeded[/green]" if outcome.fixed_ok else "[bold red]still failing[/bold red]"
+            body = "\n".join([
+                f"[bold]symptom[/bold] (as torch prints it): {escape_markup(outcome.symptom or '(none seen)')}",
+                f"[bold]time to show[/bold]: {outcome.seconds_to_show:.1f} s (exit {outcome.broken_exit})",
+                "[bold]doctor[/bold] ({:.1f} s): {}".format(outcome.doctor_seconds, escape_markup(
+                    "; ".join(outcome.doctor) or "(nothing found)")),
+                f"[bold]fix[/bold]: {escape_markup(outcome.fix)}",
+                f"[bold]after the fix[/bold]: {verdict}, run took {outcome.fixed_seconds:.1f} s; "
+                f"scenario {outcome.total_seconds:.0f} s of its {outcome.bound_s} s bound: "
+                + ("[green]OK[/green]" if outcome.ok else "[bold red]FAILED[/bold red] (no symptom, no fix, or over the bound)"),
+            ])
+            console.print(Panel(body, title=f"{name}: {SCENARIOS[name].title}", title_align="left"), markup=True)
+    if as_json:
+        click.echo(json.dumps([{**asdict(o), "ok": o.ok} for o in outcomes]))
+    if not all(o.ok for o in outcomes):
+        sys.exit(1)
+
+
 # ----------------------------------------------------------------------------------------- shape
 
 

@@ -8,6 +8,7 @@ Each check names the node, what is wrong and the fix. The checks, cheapest first
   versions   torch, Python, CUDA and NCCL identical on every node (torch itself never checks)
   iface      the configured socket interface exists on every node and carries an address on the
              lab's subnet (gloo otherwise picks another NIC, or fails to find one)
+  cpus       no node has a smaller CPU allowance than the others (a straggler by configuration)
   rendezvous every node reaches node0's master port
   ports      every node reaches every other node on a port in the ephemeral range, where gloo and
              NCCL connect back after rendezvous (a firewall that only opens 29500 breaks here)
@@ -304,14 +305,44 @@ def probe_reach(client, lab: str, ips: dict[str, str], master: tuple[str, str, i
         return probe_port, dict(zip(ips, pool.map(one, list(ips))))
 
 
-def diagnose(client, lab: str, nodes: list, subnet: str | None, cheap: bool = False) -> tuple[list[Finding], dict, float]:
-    """(findings, per-node info, seconds taken). `cheap` skips the reachability probes."""
+def check_cpus(limits: dict[str, float | None]) -> list[Finding]:
+    """Nodes with less CPU than the others: a straggler by configuration."""
+    values = {node: limit for node, limit in limits.items()}
+    most = [v for v in values.values() if v is not None]
+    out = []
+    if len(set(values.values())) > 1:
+        best = None if None in values.values() else max(most)
+        for node, limit in values.items():
+            if limit is not None and (best is None or limit < best):
+                out.append(Finding("cpus", node, False, f"{node} is limited to {limit:g} CPUs, the others to "
+                                   f"{'none' if best is None else f'{best:g}'}: every step will wait for it",
+                                   f"`labctl slow {node} --clear`, or balance with --rank-micro-batch"))
+    return out or [Finding("cpus", "all", True, "every node has the same CPU allowance")]
+
+
+def node_cpu_limits(client, lab: str, names: list[str], engine_cpus: int) -> dict[str, float | None]:
+    out = {}
+    for node in names:
+        nano = client.api.inspect_container(container_name(lab, node))["HostConfig"].get("NanoCpus") or 0
+        out[node] = nano / 1e9 if nano and nano < engine_cpus * 1e9 else None
+    return out
+
+
+def diagnose(client, lab: str, nodes: list, subnet: str | None, cheap: bool = False,
+             env_overrides: dict[str, dict[str, str]] | None = None) -> tuple[list[Finding], dict, float]:
+    """(findings, per-node info, seconds taken). `cheap` skips the reachability probes;
+    `env_overrides` checks an environment a launch would add on top of each node's own."""
+    from labctl.lab import engine_cpus
+
     t0 = time.monotonic()
     names = [n.name for n in nodes]
     with ThreadPoolExecutor(max_workers=16) as pool:
         envs = dict(zip(names, pool.map(lambda n: container_env(client, lab, n), names)))
+    for node, extra in (env_overrides or {}).items():
+        envs[node] = {**envs.get(node, {}), **extra}
     info = gather_info(client, lab, names)
-    findings = check_env(envs) + check_versions(info) + check_iface(info, envs, subnet)
+    findings = (check_env(envs) + check_versions(info) + check_iface(info, envs, subnet)
+                + check_cpus(node_cpu_limits(client, lab, names, engine_cpus(client))))
     if not cheap:
         first = envs[names[0]]
         master_node = next((n for n in names if envs[n].get("NODE_RANK") == "0"), names[0])

@@ -1,0 +1,29 @@
+"""Every trap reproduced for real, diagnosed by doctor in seconds, fixed, within its bound, and
+nothing left behind."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from conftest import lab_resources, labctl
+from labctl.scenarios import SCENARIOS
+
+
+@pytest.mark.parametrize("name", list(SCENARIOS))
+def test_scenario_shows_diagnoses_and_fixes(name, docker_client, node_image):
+    result = labctl("scenario", "run", name, "--json", timeout=SCENARIOS[name].bound_s + 60)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    [outcome] = json.loads(result.stdout)
+    assert outcome["ok"] and outcome["fixed_ok"]
+    assert outcome["symptom"], "the broken run showed no symptom"
+    assert outcome["doctor"], "doctor found nothing wrong with the broken configuration"
+    assert outcome["doctor_seconds"] < 5
+    assert outcome["total_seconds"] <= SCENARIOS[name].bound_s
+    assert lab_resources(docker_client, f"scn-{name}") == {"containers": [], "networks": [], "volumes": []}
+
+
+def test_unknown_scenario_is_refused():
+    result = labctl("scenario", "run", "nope")
+    assert result.returncode == 2 and "no scenario 'nope'" in result.stderr
