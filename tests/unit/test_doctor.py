@@ -99,3 +99,29 @@ def test_master_port_in_use_and_unreachable_rendezvous():
                "node1": {"bind_errors": {}, "results": [["node0", "172.28.0.10", 29500, "refused", 1500]]}}
     found = failures(check_reach(results, master, 45000))
     assert found == [("rendezvous", "node0"), ("rendezvous", "node1")]
+
+
+def test_uneven_cpu_limits_name_the_slow_node():
+    from labctl.doctor import check_cpus
+
+    assert failures(check_cpus({"node0": None, "node1": None})) == []
+    assert failures(check_cpus({"node0": 1.0, "node1": 1.0})) == []
+    [slow] = [f for f in check_cpus({"node0": None, "node1": 0.25}) if not f.ok]
+    assert slow.node == "node1" and "0.25 CPUs, the others to none" in slow.message
+    assert failures(check_cpus({"node0": 1.0, "node1": 0.5, "node2": 1.0})) == [("cpus", "node1")]
+
+
+def test_scenario_reports_group_findings_and_find_the_symptom():
+    from types import SimpleNamespace
+
+    from labctl.doctor import Finding
+    from labctl.scenarios import SCENARIOS, first_symptom, group_findings
+
+    same = "NODE_RANK=0 on node0 and node1"
+    assert group_findings([Finding("env", "node0", False, same), Finding("env", "node1", False, same),
+                           Finding("env", "all", False, "no node has NODE_RANK 1")]) == [
+        f"node0, node1: {same}", "no node has NODE_RANK 1"]
+    outcomes = [SimpleNamespace(lines=["starting", "torch.distributed.DistNetworkError: The client socket has timed "
+                                       "out after 10000ms while trying to connect to (100.101.0.10, 29500)."])]
+    assert first_symptom(SCENARIOS["hostname-trap"].symptom, outcomes).startswith("client socket has timed out")
+    assert first_symptom(SCENARIOS["straggler"].symptom, outcomes) == ""
