@@ -11,20 +11,20 @@ TORCH_INDEX_URL ?= https://download.pytorch.org/whl/cpu
 NODES ?= 3
 PYTEST_ARGS ?=
 
-.PHONY: demo test unit integration venv engine image down clean
+.PHONY: demo test unit integration venv engine image image-mismatch down clean
 
 demo: image
 	$(LABCTL) up --nodes $(NODES)
 	$(LABCTL) run -- -m trainer --epochs 3
 	@echo "The lab is still up: '$(LABCTL) status' shows it, '$(LABCTL) down' removes it."
 
-test: image
+test: image image-mismatch
 	$(BIN)/python -m pytest tests $(PYTEST_ARGS)
 
 unit: venv
 	$(BIN)/python -m pytest tests/unit $(PYTEST_ARGS)
 
-integration: image
+integration: image image-mismatch
 	$(BIN)/python -m pytest tests/integration $(PYTEST_ARGS)
 
 venv: $(VENV)/.installed
@@ -45,6 +45,11 @@ engine:
 
 image: venv engine
 	$(LABCTL) build
+
+# The node image with a second torch release, for the version-mismatch scenario: built once (a few
+# minutes, several GB from pip's index) and cached like any image.
+image-mismatch: image
+	$(LABCTL) build --mismatch-image
 
 down: venv
 	$(LABCTL) down

@@ -89,7 +89,9 @@ def main(verbose: bool) -> None:
 @click.option("--image", metavar="TAG", help="Tag of the node image [env DDPLAB_IMAGE; default ddplab-node:torch<VERSION>-cpu].")
 @click.option("--force", is_flag=True, help="Build even if an image with the same inputs exists.")
 @click.option("--verbose", "verbose_build", is_flag=True, help="Print every line of the build's output.")
-def build(torch_version, base_image, image, force, verbose_build) -> None:
+@click.option("--mismatch-image", is_flag=True,
+              help="Also build the image with another torch release that `scenario run version-mismatch` puts on one node.")
+def build(torch_version, base_image, image, force, verbose_build, mismatch_image) -> None:
     """Build the node image (torch CPU build, iproute2, iperf3, the trainer).
 
     Works without a registry: when the base image cannot be pulled, a local Debian base is built
@@ -105,6 +107,11 @@ def build(torch_version, base_image, image, force, verbose_build) -> None:
     result = image_mod.build_image(client, config, info, lambda: BuildProgress(verbose_build), force=force)
     state = "up to date" if result.cached else "built"
     info(f"image {result.tag} {state} (base {result.base}, torch {config.torch_version}) in {time.monotonic() - started:.1f} s")
+    if mismatch_image:
+        started = time.monotonic()
+        tag = image_mod.ensure_mismatch_image(client, config, info)
+        info(f"image {tag} ready in {time.monotonic() - started:.1f} s (torch {image_mod.MISMATCH_VERSION}, "
+             "for the version-mismatch scenario)")
 
 
 # -------------------------------------------------------------------------------------------- up
@@ -566,7 +573,7 @@ def scenario_run(names, as_json) -> None:
         if not as_json:
             verdict = "[green]succeeded[/green]" if outcome.fixed_ok else "[bold red]still failing[/bold red]"
             body = "\n".join([
-                f"[bold]symptom[/bold] (as torch prints it): {escape_markup(outcome.symptom or '(none seen)')}",
+                f"[bold]symptom[/bold] (as torch prints it): {escape_markup(outcome.symptom or '(none: nothing torch printed says anything is wrong)')}",
                 f"[bold]time to show[/bold]: {outcome.seconds_to_show:.1f} s (exit {outcome.broken_exit})",
                 "[bold]doctor[/bold] ({:.1f} s): {}".format(outcome.doctor_seconds, escape_markup(
                     "; ".join(outcome.doctor) or "(nothing found)")),

@@ -199,11 +199,12 @@ if spec and spec.origin:
 out["torch"], out["cuda"] = version.get("__version__"), version.get("cuda")
 out["nccl"] = None
 if out["cuda"]:
-    try:
-        import torch
-        out["nccl"] = ".".join(map(str, torch.cuda.nccl.version()))
-    except Exception:
-        pass
+    # NCCL ships as a pip package (nvidia-nccl-cu12, -cu13) beside CUDA builds of torch: read its
+    # metadata rather than import torch, which costs seconds.
+    import importlib.metadata
+    for dist in importlib.metadata.distributions():
+        if (dist.metadata["Name"] or "").lower().startswith("nvidia-nccl"):
+            out["nccl"] = dist.version
 try:
     addrs = json.loads(subprocess.run(["ip", "-j", "-4", "addr"], capture_output=True, text=True).stdout or "[]")
 except OSError:

@@ -233,3 +233,57 @@ class _NullProgress:
 
     def detail(self, line: str) -> None:
         pass
+
+
+MISMATCH_VERSION = "2.14.1"  # the "other" release for the version-mismatch scenario
+
+
+def mismatch_tag(config: LabConfig, version: str = MISMATCH_VERSION) -> str:
+    return f"ddplab-node:torch{version}-from-{config.torch_version}"
+
+
+def ensure_mismatch_image(client, config: LabConfig, report: Report, version: str = MISMATCH_VERSION) -> str:
+    """The node image with a different torch release, for one node of the version-mismatch scenario.
+
+    Built once and cached (`labctl down` never removes images): the host's pip fetches torch
+    `version` and its dependencies through whatever index pip is configured with (on our
+    machines a CUDA build of several GB from a local index), a container of the node image
+    installs them from a read-only bind mount, and the result is committed. No build context of
+    gigabytes, no network inside the container.
+    """
+    tag = mismatch_tag(config, version)
+    if image_exists(client, tag):
+        return tag
+    if not image_exists(client, config.image_tag):
+        raise LabError(f"the node image {config.image_tag} is missing", hint="labctl build")
+    wheelhouse = REPO_ROOT / ".lab" / f"wheelhouse-torch{version}"
+    stamp = wheelhouse / WHEELHOUSE_STAMP
+    if not stamp.is_file():
+        shutil.rmtree(wheelhouse, ignore_errors=True)
+        wheelhouse.mkdir(parents=True)
+        report(f"mismatch image: downloading torch=={version} and its dependencies with the host's pip (once)")
+        try:
+            run([sys.executable, "-m", "pip", "download", "--quiet", "--only-binary=:all:", "-d", str(wheelhouse),
+                 f"torch=={version}"], timeout_s=1800)
+        except CommandError as exc:
+            raise LabError(f"could not download torch=={version} for the version-mismatch image: {exc}",
+                           hint="point pip at an index that has it (PIP_INDEX_URL / PIP_FIND_LINKS)") from None
+        stamp.write_text(f"torch=={version}\n")
+    report(f"mismatch image: installing torch {version} into a copy of {config.image_tag} (once, a few minutes)")
+    script = (f"/opt/venv/bin/pip install --quiet --no-cache-dir --no-index --find-links /wheelhouse 'torch=={version}' "
+              "&& /opt/venv/bin/python -c 'import torch; print(\"torch\", torch.__version__)'")
+    container = client.containers.run(config.image_tag, ["sh", "-c", script], entrypoint=[], user="0:0", detach=True,
+                                      network_mode="none",
+                                      volumes={str(wheelhouse): {"bind": "/wheelhouse", "mode": "ro"}})
+    try:
+        code = container.wait(timeout=1800)["StatusCode"]
+        output = container.logs().decode(errors="replace")
+        if code != 0 or f"torch {version}" not in output:
+            raise LabError(f"installing torch {version} into the mismatch image failed: {output.strip()[-500:]}")
+        repository, _, name = tag.partition(":")
+        container.commit(repository=repository, tag=name, changes=[
+            f"LABEL io.ddplab.torch-version={version}", 'ENTRYPOINT []', 'CMD ["sleep", "infinity"]'])
+    finally:
+        container.remove(force=True)
+    report(f"mismatch image: {tag} ready")
+    return tag

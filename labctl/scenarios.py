@@ -57,6 +57,8 @@ class Scenario:
     prepare: Callable[[Context], None] | None = None  # a change to the machine, before the broken run
     repair: Callable[[Context], None] | None = None  # undoing it, before the fixed run
     trainer: list[str] = field(default_factory=lambda: list(TRAINER))
+    other_torch_on_last_node: bool = False  # version-mismatch: the last node runs another torch release
+    symptom_required: bool = True  # False where the honest symptom may be "nothing at all"
 
 
 # ------------------------------------------------------------------------------ environments
@@ -223,6 +225,22 @@ SCENARIOS = {s.name: s for s in [
         fix="allow TCP between the nodes on the ephemeral range (32768-60999), not only the rendezvous port",
     ),
     Scenario(
+        name="version-mismatch",
+        title="Two torch releases in one job",
+        lesson="torch never compares versions between nodes. With one node on another release the job may "
+               "fail in an unrelated-looking way, or run and give subtly different numbers; nothing says why. "
+               "Here node1 runs torch 2.14.1 (a CUDA build, on CPU) against 2.13.0 on node0.",
+        bound_s=150,
+        symptom=r".*(Error|error:|failed|Traceback).*",
+        launcher="torchrun",
+        broken=lambda ctx: torchrun_env(ctx),
+        fixed=lambda ctx: torchrun_env(ctx),
+        fix="one torch release on every node: one image for all (`labctl up` does), or pin the release on "
+            "every real machine",
+        other_torch_on_last_node=True,
+        symptom_required=False,
+    ),
+    Scenario(
         name="straggler",
         title="One slow node drags everyone",
         lesson="DDP is bulk-synchronous: every step waits for the slowest rank's gradients. A node with a "
@@ -259,9 +277,12 @@ class Outcome:
     total_seconds: float
     bound_s: int
 
+    symptom_required: bool = True
+
     @property
     def ok(self) -> bool:
-        return self.fixed_ok and bool(self.symptom) and self.total_seconds <= self.bound_s
+        shown = bool(self.symptom) or not self.symptom_required
+        return self.fixed_ok and shown and bool(self.doctor) and self.total_seconds <= self.bound_s
 
 
 def launches_for(ctx: Context, scenario: Scenario, env: Env, run_dir) -> list[Launch]:
@@ -298,11 +319,20 @@ def run_scenario(client, config, workspace, scenario: Scenario, report) -> Outco
     from labctl import lab as lab_mod
     from labctl import runner
 
+    other_image = None
+    if scenario.other_torch_on_last_node:  # built once and cached, before the clock starts
+        from labctl.image import ensure_mismatch_image
+
+        other_image = ensure_mismatch_image(client, config, report)
     started = time.monotonic()
     lab_mod.apply_down(client, config.lab, volumes=True)
     try:
         report(f"{scenario.name}: bringing up {config.nodes} nodes ({config.lab})")
         document, env_files, subnet = lab_mod.plan_up(client, config, workspace)
+        if other_image:
+            last = config.node_names[-1]
+            document["services"][last]["image"] = other_image
+            report(f"{scenario.name}: {last} runs {other_image}")
         nodes = lab_mod.apply_up(client, config, workspace, document, env_files, lambda _m: None)
         ctx = Context(client, config.lab, nodes, config.iface)
         lab_directory = lab_mod.lab_dir(workspace, config.lab)
@@ -327,6 +357,10 @@ def run_scenario(client, config, workspace, scenario: Scenario, report) -> Outco
 
         if scenario.repair:
             scenario.repair(ctx)
+        if other_image:  # the fix: the same image on every node (Compose recreates the odd one)
+            document["services"][config.node_names[-1]]["image"] = config.image_tag
+            nodes = lab_mod.apply_up(client, config, workspace, document, env_files, lambda _m: None)
+            ctx.nodes = nodes
         ctx.run_id, run_dir = runner.new_run(lab_directory)
         report(f"{scenario.name}: the fixed run")
         t1 = time.monotonic()
@@ -342,4 +376,4 @@ def run_scenario(client, config, workspace, scenario: Scenario, report) -> Outco
         lab_mod.apply_down(client, config.lab, volumes=True)
         shutil.rmtree(lab_mod.lab_dir(workspace, config.lab), ignore_errors=True)
     return Outcome(scenario.name, symptom, shown_at - t0, broken_exit, diagnosis, doctor_s, scenario.fix, fixed_ok,
-                   fixed_s, time.monotonic() - started, scenario.bound_s)
+                   fixed_s, time.monotonic() - started, scenario.bound_s, scenario.symptom_required)
