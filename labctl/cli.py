@@ -373,7 +373,7 @@ def doctor(lab, as_json) -> None:
     client = lab_mod.docker_client()
     nodes = lab_mod.require_running(client, config.lab)
     findings, info, seconds = doctor_mod.diagnose(client, config.lab, nodes, _lab_subnet(client, config.lab))
-    ok = all(f.ok for f in findings)
+    ok = not any(f.blocking for f in findings)
     if as_json:
         click.echo(json.dumps({"ok": ok, "seconds": round(seconds, 2), "nodes": info,
                                "findings": [f.as_dict() for f in findings]}))
@@ -389,9 +389,10 @@ def _preflight(client, lab: str, nodes) -> None:
     from labctl.errors import LabError
 
     findings, info, seconds = doctor_mod.diagnose(client, lab, nodes, _lab_subnet(client, lab), cheap=True)
-    bad = [f for f in findings if not f.ok]
+    bad = [f for f in findings if f.blocking]
+    if bad or any(not f.ok for f in findings):
+        _print_findings(lab, [f for f in findings if not f.ok], None, seconds)
     if bad:
-        _print_findings(lab, bad, None, seconds)
         raise LabError(f"preflight found {len(bad)} problem{'s' * (len(bad) != 1)}; the run was not started",
                        hint=f"`labctl doctor --lab {lab}` for the full check; --no-preflight to run anyway")
 
@@ -419,13 +420,16 @@ def _print_findings(lab: str, findings, info: dict | None, seconds: float) -> No
                           str(i.get("nccl") or "-"), f"{iface} ({addrs})")
         console.print(table)
     for f in findings:
-        mark = "[green]ok[/green]  " if f.ok else "[bold red]FAIL[/bold red]"
+        mark = "[green]ok[/green]  " if f.ok else "[yellow]WARN[/yellow]" if f.warn else "[bold red]FAIL[/bold red]"
         where = "" if f.node == "all" else f"{f.node}: "
         console.print(f"{mark} {f.check:<10} {where}{escape_markup(f.message)}", markup=True, soft_wrap=True)
         if f.fix and not f.ok:
             console.print(f"     [yellow]fix:[/yellow] {escape_markup(f.fix)}", markup=True, soft_wrap=True)
-    bad = sum(not f.ok for f in findings)
+    bad = sum(f.blocking for f in findings)
+    warnings = sum(f.warn and not f.ok for f in findings)
     verdict = "[green]no problems found[/green]" if not bad else f"[bold red]{bad} problem{'s' * (bad != 1)}[/bold red]"
+    if warnings:
+        verdict += f", [yellow]{warnings} warning{'s' * (warnings != 1)}[/yellow]"
     console.print(f"{verdict} in {seconds:.1f} s", markup=True)
 
 

@@ -8,7 +8,8 @@ Each check names the node, what is wrong and the fix. The checks, cheapest first
   versions   torch, Python, CUDA and NCCL identical on every node (torch itself never checks)
   iface      the configured socket interface exists on every node and carries an address on the
              lab's subnet (gloo otherwise picks another NIC, or fails to find one)
-  cpus       no node has a smaller CPU allowance than the others (a straggler by configuration)
+  cpus       no node has a smaller CPU allowance than the others (a straggler by configuration: a
+             warning, since a run works anyway and the lab makes stragglers on purpose)
   rendezvous every node reaches node0's master port
   ports      every node reaches every other node on a port in the ephemeral range, where gloo and
              NCCL connect back after rendezvous (a firewall that only opens 29500 breaks here)
@@ -41,6 +42,11 @@ class Finding:
     ok: bool
     message: str
     fix: str = ""
+    warn: bool = False  # worth knowing, but a run works anyway (a deliberate straggler)
+
+    @property
+    def blocking(self) -> bool:
+        return not self.ok and not self.warn
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -317,7 +323,7 @@ def check_cpus(limits: dict[str, float | None]) -> list[Finding]:
             if limit is not None and (best is None or limit < best):
                 out.append(Finding("cpus", node, False, f"{node} is limited to {limit:g} CPUs, the others to "
                                    f"{'none' if best is None else f'{best:g}'}: every step will wait for it",
-                                   f"`labctl slow {node} --clear`, or balance with --rank-micro-batch"))
+                                   f"`labctl slow {node} --clear`, or balance with --rank-micro-batch", warn=True))
     return out or [Finding("cpus", "all", True, "every node has the same CPU allowance")]
 
 

@@ -125,3 +125,12 @@ def test_scenario_reports_group_findings_and_find_the_symptom():
                                        "out after 10000ms while trying to connect to (100.101.0.10, 29500)."])]
     assert first_symptom(SCENARIOS["hostname-trap"].symptom, outcomes).startswith("DistNetworkError: The client socket")
     assert first_symptom(SCENARIOS["straggler"].symptom, outcomes) == ""
+
+
+def test_a_cpu_imbalance_warns_but_does_not_block():
+    from labctl.doctor import check_cpus
+
+    [slow] = [f for f in check_cpus({"node0": None, "node1": 0.25}) if not f.ok]
+    assert slow.warn and not slow.blocking
+    [bad] = [f for f in check_env({"node0": env(0, n=2, GLOO_SOCKET_IFNAME=None), "node1": env(1, n=2)}) if not f.ok]
+    assert bad.blocking
