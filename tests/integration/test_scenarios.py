@@ -17,7 +17,8 @@ def test_scenario_shows_diagnoses_and_fixes(name, docker_client, node_image):
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     [outcome] = json.loads(result.stdout)
     assert outcome["ok"] and outcome["fixed_ok"]
-    assert outcome["symptom"], "the broken run showed no symptom"
+    # version-mismatch's honest symptom may be none at all: torch never checks
+    assert outcome["symptom"] or not SCENARIOS[name].symptom_required, "the broken run showed no symptom"
     assert outcome["doctor"], "doctor found nothing wrong with the broken configuration"
     assert outcome["doctor_seconds"] < 5
     assert outcome["total_seconds"] <= SCENARIOS[name].bound_s
