@@ -1060,7 +1060,7 @@ def bench_straggler_cmd(lab, node, cpus, workload, micro_batch, steps, repeats, 
         info(f"{node} CPU limit restored to {f'{before:g} CPUs' if before else 'none'}")
     result = {"node": node, "cpus": limit, "global_batch": global_batch, "rank_micro_batch": override}
     for split, summaries in runs.items():
-        pick = sorted(summaries, key=lambda s: s["tokens_per_s"])[len(summaries) // 2]
+        pick = scaling.median_run(summaries)
         result[split] = {k: pick[k] for k in ("micro_batches", "tokens_per_s", "step_ms", "compute_ms_per_step",
                                                 "slowest_node", "slowest_compute_ratio", "waited_for_slowest_s",
                                                 "final_loss")}

@@ -327,29 +327,22 @@ def check_cpus(limits: dict[str, float | None]) -> list[Finding]:
     return out or [Finding("cpus", "all", True, "every node has the same CPU allowance")]
 
 
-def node_cpu_limits(client, lab: str, names: list[str], engine_cpus: int) -> dict[str, float | None]:
-    out = {}
-    for node in names:
-        nano = client.api.inspect_container(container_name(lab, node))["HostConfig"].get("NanoCpus") or 0
-        out[node] = nano / 1e9 if nano and nano < engine_cpus * 1e9 else None
-    return out
-
-
 def diagnose(client, lab: str, nodes: list, subnet: str | None, cheap: bool = False,
              env_overrides: dict[str, dict[str, str]] | None = None) -> tuple[list[Finding], dict, float]:
     """(findings, per-node info, seconds taken). `cheap` skips the reachability probes;
     `env_overrides` checks an environment a launch would add on top of each node's own."""
-    from labctl.lab import engine_cpus
+    from labctl.lab import engine_cpus, node_cpus_limit
 
     t0 = time.monotonic()
     names = [n.name for n in nodes]
+    cpus = engine_cpus(client)
     with ThreadPoolExecutor(max_workers=16) as pool:
         envs = dict(zip(names, pool.map(lambda n: container_env(client, lab, n), names)))
     for node, extra in (env_overrides or {}).items():
         envs[node] = {**envs.get(node, {}), **extra}
     info = gather_info(client, lab, names)
     findings = (check_env(envs) + check_versions(info) + check_iface(info, envs, subnet)
-                + check_cpus(node_cpu_limits(client, lab, names, engine_cpus(client))))
+                + check_cpus({n: node_cpus_limit(client, lab, n, cpus) for n in names}))
     if not cheap:
         first = envs[names[0]]
         master_node = next((n for n in names if envs[n].get("NODE_RANK") == "0"), names[0])

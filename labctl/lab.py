@@ -358,10 +358,11 @@ def require_running(client, lab: str) -> list[NodeState]:
     return nodes
 
 
-def node_cpus_limit(client, lab: str, node: str) -> float | None:
-    """The node's CPU limit as the engine applies it now; None when it has none."""
+def node_cpus_limit(client, lab: str, node: str, cpus: int | None = None) -> float | None:
+    """The node's CPU limit as the engine applies it now; None when it has none (a limit of all the
+    engine's `cpus`, asked of the engine unless given, is none)."""
     nano = client.api.inspect_container(container_name(lab, node))["HostConfig"].get("NanoCpus") or 0
-    return nano / 1e9 if nano and nano < engine_cpus(client) * 1e9 else None
+    return nano / 1e9 if nano and nano < (cpus or engine_cpus(client)) * 1e9 else None
 
 
 def apply_node_cpus(client, lab: str, node: str, cpus: float | None) -> float | None:

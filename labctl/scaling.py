@@ -97,13 +97,18 @@ def model_ms(params: int, world_size: int, rate_bps: int | None, efficiency: flo
     return collective_time_s(params * 4, world_size, Link("shaped", rate_bps, DEFAULT_ALPHA_S), efficiency) * 1e3
 
 
+def median_run(summaries: list[dict]) -> dict:
+    """The run with the median tokens/s (the upper one of an even count), with all its figures."""
+    return sorted(summaries, key=lambda s: s["tokens_per_s"])[len(summaries) // 2]
+
+
 def build_rows(configs: list[Config], summaries: dict[str, list[dict]], efficiency: float) -> list[Row]:
     """Rows from every configuration's SUMMARY lines (one per repeat); medians over repeats."""
     baseline = None
     rows = []
     for config in configs:
         runs = summaries[config.name]
-        pick = sorted(runs, key=lambda s: s["tokens_per_s"])[len(runs) // 2]  # the median run, all its figures
+        pick = median_run(runs)
         tokens = [s["tokens_per_s"] for s in runs]
         if config.world_size == 1 and baseline is None:
             baseline = statistics.median(tokens)

@@ -61,6 +61,13 @@ def labctl(*args: str, timeout: float = 300, check: bool | None = None, env: dic
     return result
 
 
+def summary_of(output: str) -> dict:
+    """The one SUMMARY line a trainer run prints, parsed."""
+    lines = [line for line in output.splitlines() if "SUMMARY {" in line]
+    assert len(lines) == 1, f"expected one SUMMARY line, got {len(lines)}:\n{output}"
+    return json.loads(lines[0].split("SUMMARY ", 1)[1])
+
+
 def lab_resources(client, lab: str) -> dict[str, list[str]]:
     """Names of everything labelled with the lab. Raw list calls: the SDK's containers.list()
     inspects each container and fails on one removed in between."""
@@ -74,6 +81,14 @@ def lab_resources(client, lab: str) -> dict[str, list[str]]:
 
 def new_lab_name() -> str:
     return f"it-{uuid.uuid4().hex[:8]}"
+
+
+def module_lab(nodes: int):
+    """A lab of `nodes` nodes for the tests of one module, removed after them."""
+    name = new_lab_name()
+    labctl("up", "--lab", name, "--nodes", str(nodes), check=True)
+    yield name
+    drop_lab(name)
 
 
 def drop_lab(name: str) -> None:

@@ -3,30 +3,20 @@ whether on 2 nodes or 1 process on the host, with or without uneven per-rank mic
 
 from __future__ import annotations
 
-import json
 import subprocess
 import sys
 
 import pytest
 
-from conftest import REPO, labctl
+from conftest import REPO, labctl, module_lab, summary_of
 
 ARGS = ["-m", "trainer", "--global-batch", "32", "--micro-batch", "8", "--steps", "20", "--no-metrics"]
 
 
-def summary_of(output: str) -> dict:
-    line = next(line for line in output.splitlines() if "SUMMARY {" in line)
-    return json.loads(line.split("SUMMARY ", 1)[1])
-
 
 @pytest.fixture(scope="module")
 def lab2(docker_client, node_image):
-    from conftest import drop_lab, new_lab_name
-
-    name = new_lab_name()
-    labctl("up", "--lab", name, "--nodes", "2", check=True)
-    yield name
-    drop_lab(name)
+    yield from module_lab(2)
 
 
 @pytest.fixture(scope="module")

@@ -11,23 +11,15 @@ import time
 
 import pytest
 
-from conftest import REPO, drop_lab, labctl, new_lab_name
+from conftest import REPO, drop_lab, labctl, module_lab, new_lab_name, summary_of
 
 GPT = ["-m", "trainer", "--workload", "gpt", "--threads", "1", "--ckpt-every", "10"]
 
 
-def summary_of(output: str) -> dict:
-    lines = [line for line in output.splitlines() if "SUMMARY {" in line]
-    assert len(lines) == 1, output
-    return json.loads(lines[0].split("SUMMARY ", 1)[1])
-
 
 @pytest.fixture(scope="module")
 def lab(docker_client, node_image):
-    name = new_lab_name()
-    labctl("up", "--lab", name, "--nodes", "3", check=True)
-    yield name
-    drop_lab(name)
+    yield from module_lab(3)
 
 
 def up_again(lab: str) -> None:

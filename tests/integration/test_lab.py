@@ -9,13 +9,8 @@ import subprocess
 import sys
 import time
 
-from conftest import REPO, SCRIPTS, lab_resources, labctl
+from conftest import REPO, SCRIPTS, lab_resources, labctl, summary_of
 
-
-def summary_of(output: str) -> dict:
-    lines = [line for line in output.splitlines() if "SUMMARY {" in line]
-    assert len(lines) == 1, f"expected one SUMMARY line, got {len(lines)}:\n{output}"
-    return json.loads(lines[0].split("SUMMARY ", 1)[1])
 
 
 def test_up_reports_every_node(lab3, docker_client):

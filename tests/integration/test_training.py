@@ -7,15 +7,10 @@ import json
 
 import pytest
 
-from conftest import labctl
+from conftest import labctl, summary_of
 
 GPT = ["-m", "trainer", "--workload", "gpt", "--threads", "1"]
 
-
-def summary_of(output: str) -> dict:
-    lines = [line for line in output.splitlines() if "SUMMARY {" in line]
-    assert len(lines) == 1, output
-    return json.loads(lines[0].split("SUMMARY ", 1)[1])
 
 
 def test_gpt_trains_across_three_nodes_and_reports_where_the_time_goes(lab3, docker_client):
