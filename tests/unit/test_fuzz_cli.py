@@ -33,9 +33,11 @@ def leaf_commands(group: click.Group, prefix: tuple[str, ...] = ()) -> list[tupl
 COMMANDS = leaf_commands(main)
 NASTY = st.sampled_from(["", "0", "-1", "1", "3", "65", "1e309", "nan", "inf", "-0", "0.0", "abc", "1:2", "3:1",
                          "1,2", ",", "node0", "node9", "100mbit", "100mbps", "1gbit", "10ms", "eth0", "x" * 300,
-                         "../../etc", "a b", "ñ", "\x00", "--", "-m", "1K:64M", "172.28.0.0/33", "node2=0.25",
+                         "../../etc", "a b", "ñ", "--", "-m", "1K:64M", "172.28.0.0/33", "node2=0.25",
                          "node2=", "=", "2:4"])
-VALUES = NASTY | st.text(min_size=0, max_size=12)
+# argv entries are C strings: a NUL byte cannot reach labctl from any shell or exec call, so it is
+# not generated (click's path checks would raise on it, an input no user can give).
+VALUES = NASTY | st.text(alphabet=st.characters(blacklist_characters="\x00"), min_size=0, max_size=12)
 
 
 @st.composite
