@@ -281,8 +281,8 @@ def env(hosts, iface, nproc_per_node, master_port, rdzv_id, out_dir) -> None:
         raise ConfigError("--rdzv-id", rdzv_id, str(exc)) from None
     config = _config(iface=iface, nproc_per_node=nproc_per_node, master_port=master_port)
     check_out_dir(out_dir)
-    topo = Topology(addresses=addresses, iface=config.iface, nproc_per_node=config.nproc_per_node,
-                    master_port=config.master_port, rdzv_id=rdzv_id)
+    topo = Topology.uniform(addresses, iface=config.iface, nproc_per_node=config.nproc_per_node,
+                            master_port=config.master_port, rdzv_id=rdzv_id)
     names = [f"node{i}" for i in range(topo.nnodes)]
     paths = write_env_files(out_dir, build_env_files(topo, names))
     info(f"wrote {len(paths)} env files to {out_dir}/ (copy each to its machine, same path)")
@@ -322,7 +322,6 @@ def run(lab, nproc_per_node, launcher, timeout_s, dry_run, no_preflight, max_res
     from labctl import runner
     from labctl.config import SETTINGS
     from labctl.launch import Elastic, build_launches, parse_nnodes, parse_script_args
-    from labctl.ui import console
 
     config = _config(lab=lab)
     nproc = None
@@ -345,17 +344,25 @@ def run(lab, nproc_per_node, launcher, timeout_s, dry_run, no_preflight, max_res
     run_id, run_dir = runner.new_run(lab_directory)
     low, high = parse_nnodes(nnodes, len(nodes)) if nnodes else (None, None)
     elastic = Elastic(max_restarts, low, high)
-    launches = build_launches(config.lab, node_env, script_args, launcher=launcher, nproc_per_node=nproc,
+    launches = build_launches(node_env, script_args, launcher=launcher, nproc_per_node=nproc,
                               run_id=run_id, run_dir=run_dir, cpus=lab_mod.engine_cpus(client), elastic=elastic,
                               pg_timeout_s=pg_timeout_s)
+    docker_nodes = lab_mod.DockerNodes(client, config.lab)
     if dry_run:
-        for launch in launches:
-            console.print(f"[bold]{launch.label}[/bold] ({launch.container}): {launch.display()}", markup=True, soft_wrap=True)
+        _print_launches(docker_nodes, launches)
         return
     if not no_preflight:
         _preflight(client, config.lab, nodes)
-    runner.run_job(client, config.lab, node_env, launches, run_dir, run_id, torchrun=launcher == "torchrun",
+    runner.run_job(docker_nodes, node_env, launches, run_dir, run_id, torchrun=launcher == "torchrun",
                    timeout_s=timeout_s, min_nodes=low)
+
+
+def _print_launches(nodes, launches) -> None:
+    from labctl.ui import console
+
+    for launch in launches:
+        console.print(f"[bold]{launch.label}[/bold] ({nodes.address(launch.node)}): {launch.display()}", markup=True,
+                      soft_wrap=True)
 
 
 @main.command(context_settings=CONTEXT)

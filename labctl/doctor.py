@@ -29,7 +29,6 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 
 from labctl.compose import container_name
-from labctl.lab import exec_in
 
 CONNECT_S = 1.5  # how long a probe keeps trying one target (peers may still be starting to listen)
 PROBE_PORTS = (40000, 59999)  # inside Linux's default ephemeral range, 32768-60999
@@ -87,11 +86,11 @@ def check_env(envs: dict[str, dict[str, str]]) -> list[Finding]:
         out.append(Finding("env", "all", False, f"no node has NODE_RANK {', '.join(missing)}; "
                            f"ranks must be 0..{len(names) - 1}", "regenerate the env files with `labctl up`"))
     world = next(iter(envs.values())).get("WORLD_SIZE")
-    nnodes, nproc = next(iter(envs.values())).get("NNODES"), next(iter(envs.values())).get("NPROC_PER_NODE")
-    if world and nnodes and nproc and world.isdigit() and nnodes.isdigit() and nproc.isdigit() \
-            and int(world) != int(nnodes) * int(nproc):
-        out.append(Finding("env", "all", False, f"WORLD_SIZE={world} but NNODES x NPROC_PER_NODE = {nnodes} x {nproc}",
-                           "regenerate the env files with `labctl up`"))
+    # Each node runs its own NPROC_PER_NODE processes (real hosts may differ): they add up to WORLD_SIZE.
+    nprocs = [env.get("NPROC_PER_NODE") or "" for env in envs.values()]
+    if world and world.isdigit() and all(p.isdigit() for p in nprocs) and int(world) != sum(map(int, nprocs)):
+        out.append(Finding("env", "all", False, f"WORLD_SIZE={world} but the nodes' NPROC_PER_NODE add up to "
+                           f"{' + '.join(nprocs)} = {sum(map(int, nprocs))}", "regenerate the env files with `labctl up`"))
     hosts = [node for node, env in envs.items() if "is_host=true" in env.get("PET_RDZV_CONF", "")]
     if len(hosts) != 1:
         which = ", ".join(hosts) if hosts else "no node"
@@ -284,16 +283,19 @@ def _parse_json(node: str, output: str) -> dict:
     raise ValueError(f"{node}: no report ({output.strip()[-200:]})")
 
 
-def gather_info(client, lab: str, nodes: list[str]) -> dict[str, dict]:
-    def one(node: str) -> dict:
-        code, output = exec_in(client, container_name(lab, node), ["python", "-c", INFO_SCRIPT])
-        return _parse_json(node, output)
+def node_info(nodes, node: str) -> dict:
+    """What INFO_SCRIPT reports of one node: hostname, versions, interfaces and their addresses."""
+    code, output = nodes.run(node, ["python", "-c", INFO_SCRIPT])
+    return _parse_json(node, output)
 
+
+def gather_info(nodes, names: list[str]) -> dict[str, dict]:
+    """node_info of every node at once. `nodes` is a runner.Nodes (lab containers or SSH hosts)."""
     with ThreadPoolExecutor(max_workers=16) as pool:
-        return dict(zip(nodes, pool.map(one, nodes)))
+        return dict(zip(names, pool.map(lambda node: node_info(nodes, node), names)))
 
 
-def probe_reach(client, lab: str, ips: dict[str, str], master: tuple[str, str, int],
+def probe_reach(nodes, ips: dict[str, str], master: tuple[str, str, int],
                 probe_port: int | None = None) -> tuple[int, dict[str, dict]]:
     """Every node listens (node0 also on the master port) and connects to every other node."""
     probe_port = probe_port or random.randint(*PROBE_PORTS)
@@ -305,7 +307,7 @@ def probe_reach(client, lab: str, ips: dict[str, str], master: tuple[str, str, i
             targets.append([master_node, master_ip, master_port])
         cfg = {"listen": [probe_port] + ([master_port] if node == master_node else []), "targets": targets,
                "connect_s": CONNECT_S, "window_s": CONNECT_S + 0.8}
-        _, output = exec_in(client, container_name(lab, node), ["python", "-c", PROBE_SCRIPT, json.dumps(cfg)])
+        _, output = nodes.run(node, ["python", "-c", PROBE_SCRIPT, json.dumps(cfg)])
         return _parse_json(node, output)
 
     with ThreadPoolExecutor(max_workers=16) as pool:
@@ -331,7 +333,7 @@ def diagnose(client, lab: str, nodes: list, subnet: str | None, cheap: bool = Fa
              env_overrides: dict[str, dict[str, str]] | None = None) -> tuple[list[Finding], dict, float]:
     """(findings, per-node info, seconds taken). `cheap` skips the reachability probes;
     `env_overrides` checks an environment a launch would add on top of each node's own."""
-    from labctl.lab import engine_cpus, node_cpus_limit
+    from labctl.lab import DockerNodes, engine_cpus, node_cpus_limit
 
     t0 = time.monotonic()
     names = [n.name for n in nodes]
@@ -340,7 +342,8 @@ def diagnose(client, lab: str, nodes: list, subnet: str | None, cheap: bool = Fa
         envs = dict(zip(names, pool.map(lambda n: container_env(client, lab, n), names)))
     for node, extra in (env_overrides or {}).items():
         envs[node] = {**envs.get(node, {}), **extra}
-    info = gather_info(client, lab, names)
+    docker_nodes = DockerNodes(client, lab)
+    info = gather_info(docker_nodes, names)
     findings = (check_env(envs) + check_versions(info) + check_iface(info, envs, subnet)
                 + check_cpus({n: node_cpus_limit(client, lab, n, cpus) for n in names}))
     if not cheap:
@@ -351,7 +354,7 @@ def diagnose(client, lab: str, nodes: list, subnet: str | None, cheap: bool = Fa
         except ValueError:
             master_port = 29500
         master = (master_node, first.get("MASTER_ADDR", ""), master_port)
-        port, results = probe_reach(client, lab, {n.name: n.ip for n in nodes}, master)
+        port, results = probe_reach(docker_nodes, {n.name: n.ip for n in nodes}, master)
         findings += check_reach(results, master, port)
     for node in names:
         info[node]["ip"] = next(n.ip for n in nodes if n.name == node)

@@ -21,13 +21,26 @@ _HOST_RE = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9.-]{0,251}[A-Za-z0-9])?$")
 
 @dataclass(frozen=True, kw_only=True)
 class Topology:
-    """Who is in the job: addresses in node-rank order (the first hosts the rendezvous store)."""
+    """Who is in the job: addresses in node-rank order (the first hosts the rendezvous store), and
+    each node's socket interface and process count (real hosts may differ: a laptop's wlan0 with
+    one process, a workstation's eth0 with two)."""
 
     addresses: tuple[str, ...]
-    iface: str
-    nproc_per_node: int
+    ifaces: tuple[str, ...]
+    nprocs: tuple[int, ...]
     master_port: int
     rdzv_id: str
+
+    def __post_init__(self) -> None:
+        if not len(self.addresses) == len(self.ifaces) == len(self.nprocs):
+            raise ValueError("one interface and one process count per address")
+
+    @classmethod
+    def uniform(cls, addresses, *, iface: str, nproc_per_node: int, master_port: int, rdzv_id: str) -> Topology:
+        """Every node alike, as in the lab."""
+        n = len(addresses)
+        return cls(addresses=tuple(addresses), ifaces=(iface,) * n, nprocs=(nproc_per_node,) * n,
+                   master_port=master_port, rdzv_id=rdzv_id)
 
     @property
     def nnodes(self) -> int:
@@ -35,21 +48,17 @@ class Topology:
 
     @property
     def world_size(self) -> int:
-        return self.nnodes * self.nproc_per_node
+        return sum(self.nprocs)
 
 
 def topology_for_lab(config: LabConfig, node_ips: list[str]) -> Topology:
-    return Topology(
-        addresses=tuple(node_ips),
-        iface=config.iface,
-        nproc_per_node=config.nproc_per_node,
-        master_port=config.master_port,
-        rdzv_id=config.lab,
-    )
+    return Topology.uniform(node_ips, iface=config.iface, nproc_per_node=config.nproc_per_node,
+                            master_port=config.master_port, rdzv_id=config.lab)
 
 
 def build_node_env(topo: Topology, node_rank: int) -> dict[str, str]:
-    """The environment of node `node_rank`: identical on every node except NODE_RANK and is_host."""
+    """The environment of node `node_rank`: identical on every node except NODE_RANK and is_host
+    (and, where hosts differ, the interface and the process count)."""
     master_addr = topo.addresses[0]
     # is_host tells torchrun outright whether this node hosts the c10d store. Left unset, torchrun
     # guesses by matching the endpoint against its hostname and addresses, a match that fails on
@@ -61,13 +70,13 @@ def build_node_env(topo: Topology, node_rank: int) -> dict[str, str]:
         "MASTER_PORT": str(topo.master_port),
         "NNODES": str(topo.nnodes),
         "NODE_RANK": str(node_rank),
-        "NPROC_PER_NODE": str(topo.nproc_per_node),
+        "NPROC_PER_NODE": str(topo.nprocs[node_rank]),
         "WORLD_SIZE": str(topo.world_size),
         # Pin the NIC: auto-detection can pick docker0, a VPN tunnel or loopback and hang at init.
-        "GLOO_SOCKET_IFNAME": topo.iface,
-        "NCCL_SOCKET_IFNAME": topo.iface,
+        "GLOO_SOCKET_IFNAME": topo.ifaces[node_rank],
+        "NCCL_SOCKET_IFNAME": topo.ifaces[node_rank],
         "PET_NNODES": str(topo.nnodes),
-        "PET_NPROC_PER_NODE": str(topo.nproc_per_node),
+        "PET_NPROC_PER_NODE": str(topo.nprocs[node_rank]),
         "PET_RDZV_BACKEND": "c10d",
         "PET_RDZV_ENDPOINT": f"{master_addr}:{topo.master_port}",
         "PET_RDZV_ID": topo.rdzv_id,
@@ -108,17 +117,21 @@ def write_env_files(directory: Path, files: dict[str, str]) -> list[Path]:
 # real machines: `labctl env --hosts A,B --iface tailscale0`
 
 
+def is_host_address(text: str) -> bool:
+    """An IP address (v4 or v6) or a DNS hostname."""
+    try:
+        ipaddress.ip_address(text)
+        return True
+    except ValueError:
+        return bool(_HOST_RE.match(text))
+
+
 def parse_hosts(raw: str) -> tuple[str, ...]:
     hosts = tuple(h.strip() for h in raw.split(",") if h.strip())
     if not hosts:
         raise ConfigError("--hosts", raw, "must list at least one address, comma-separated (first = node 0)")
     for host in hosts:
-        try:
-            ipaddress.ip_address(host)
-            continue
-        except ValueError:
-            pass
-        if not _HOST_RE.match(host):
+        if not is_host_address(host):
             raise ConfigError("--hosts", raw, f"{host!r} is neither an IP address nor a hostname")
     if len(set(hosts)) != len(hosts):
         dupes = sorted({h for h in hosts if hosts.count(h) > 1})

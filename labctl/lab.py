@@ -81,6 +81,48 @@ def exec_in(client, container: str, argv: list[str], env: dict[str, str] | None 
     return client.api.exec_inspect(exec_id)["ExitCode"], output
 
 
+class DockerNodes:
+    """The lab's nodes as a run reaches them: `docker exec` into each node's container.
+
+    One of the two kinds of `runner.Nodes` (the other is `ssh.SSHHosts`): the runner, the store,
+    stopping and doctor's probes go through these few methods, whatever carries them.
+    """
+
+    def __init__(self, client, lab: str):
+        self.client = client
+        self.lab = lab
+        self.port_hint = f"move the lab to another port with `labctl up --lab {lab} --master-port PORT`"
+
+    def address(self, node: str) -> str:
+        return container_name(self.lab, node)
+
+    def shell_hint(self, node: str) -> str:
+        return f"docker exec {container_name(self.lab, node)}"
+
+    def run(self, node: str, argv: list[str]) -> tuple[int, str]:
+        return exec_in(self.client, container_name(self.lab, node), argv)
+
+    def execute(self, launch, on_output: Callable[[bytes], None]) -> int:
+        api = self.client.api
+        exec_id = api.exec_create(container_name(self.lab, launch.node), launch.argv, environment=launch.env,
+                                  workdir=launch.workdir)["Id"]
+        for chunk in api.exec_start(exec_id, stream=True):
+            on_output(chunk)
+        return api.exec_inspect(exec_id)["ExitCode"]
+
+    def node_lost(self, node: str, exit_code: int) -> str | None:
+        """Whether a launch ended because its node went down (the engine may take a moment to tell)."""
+        for _ in range(10 if exit_code == 137 else 1):  # 137: SIGKILL, as `docker kill` sends
+            state = self.client.api.inspect_container(container_name(self.lab, node))["State"]
+            if not state["Running"]:
+                return f"{node} itself went down (container {state['Status']}, exit code {state['ExitCode']}): node lost"
+            time.sleep(0.2)
+        return None
+
+    def close(self) -> None:
+        pass
+
+
 def lab_networks(client, lab: str) -> list:
     return client.networks.list(filters={"label": f"{LABEL_LAB}={lab}"})
 

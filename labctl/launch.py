@@ -2,7 +2,7 @@
 
 torchrun: the node's env file already carries PET_* defaults, so the command is the bare
 `torchrun SCRIPT ARGS`. Per run we only override the rendezvous id (a fresh one each run) and the
-store host (see `rendezvous_store_launch`).
+store host (see `store_launch` and STORE_SCRIPT).
 
 static: the manual style people use on VMs: RANK, LOCAL_RANK, WORLD_SIZE, MASTER_ADDR and
 MASTER_PORT exported by hand and plain `python SCRIPT ARGS`, one process per rank.
@@ -14,7 +14,6 @@ import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from labctl.compose import container_name
 from labctl.errors import ConfigError, LabError
 
 RUN_ID_VAR = "DDPLAB_RUN_ID"  # every process of a run inherits it; `stop` finds them by it
@@ -57,42 +56,61 @@ except OSError as exc:
 # Stops every process of one run on a node: they all carry DDPLAB_RUN_ID in their environment,
 # including torchrun's workers, which torchrun starts in sessions of their own (so a process-group
 # kill would miss them). SIGTERM first, so torchrun can stop its workers; SIGKILL after a grace.
-STOP_SCRIPT = f"""
+# Linux only (/proc), like the hosts a DDP job runs on.
+_STOP_FUNCTION = f"""
 import os, signal, sys, time
-marker = ("{RUN_ID_VAR}=" + sys.argv[1]).encode()
-grace_s = float(sys.argv[2])
-def members():
-    pids = []
-    for entry in os.listdir("/proc"):
-        if entry.isdigit() and int(entry) not in (1, os.getpid()):
+def stop_run(run_id, grace_s):
+    marker = ("{RUN_ID_VAR}=" + run_id).encode()
+    def members():
+        pids = []
+        for entry in os.listdir("/proc"):
+            if entry.isdigit() and int(entry) not in (1, os.getpid()):
+                try:
+                    with open(f"/proc/{{entry}}/environ", "rb") as f:
+                        if marker in f.read().split(b"\\0"):
+                            pids.append(int(entry))
+                except OSError:
+                    pass
+        return pids
+    def signal_all(sig):
+        for pid in members():
             try:
-                with open(f"/proc/{{entry}}/environ", "rb") as f:
-                    if marker in f.read().split(b"\\0"):
-                        pids.append(int(entry))
+                os.kill(pid, sig)
             except OSError:
                 pass
-    return pids
-def signal_all(sig):
-    for pid in members():
-        try:
-            os.kill(pid, sig)
-        except OSError:
-            pass
-signal_all(signal.SIGTERM)
-deadline = time.monotonic() + grace_s
-while members() and time.monotonic() < deadline:
-    time.sleep(0.1)
-signal_all(signal.SIGKILL)
+    signal_all(signal.SIGTERM)
+    deadline = time.monotonic() + grace_s
+    while members() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    signal_all(signal.SIGKILL)
+"""
+STOP_SCRIPT = _STOP_FUNCTION + "stop_run(sys.argv[1], float(sys.argv[2]))\n"
+
+# What each launch on a real host runs under (`hosts run`): the job as a child, and a dead man's
+# switch on stdin. labctl holds the SSH session's stdin open for the whole run and never writes to
+# it; when it reads end-of-file, labctl or the connection is gone (Ctrl-C, kill -9, a dropped
+# link), and every process of the run on this host is stopped, so none is left holding the port.
+WATCHDOG_SCRIPT = _STOP_FUNCTION + f"""
+import subprocess, threading
+grace_s = float(sys.argv[1])
+child = subprocess.Popen(sys.argv[2:])
+def watch():
+    sys.stdin.buffer.read()
+    if child.poll() is None:
+        print("labctl: the SSH session closed; stopping this host's part of the run", flush=True)
+        stop_run(os.environ["{RUN_ID_VAR}"], grace_s)
+threading.Thread(target=watch, daemon=True).start()
+code = child.wait()
+sys.exit(code if code >= 0 else 128 - code)
 """
 
 
 @dataclass(frozen=True)
 class Launch:
-    """One process tree to start on one node."""
+    """One process tree to start on one node (which `runner.Nodes` reaches, by the node's name)."""
 
     label: str  # the output prefix, e.g. node1 or node1/r3
     node: str
-    container: str
     argv: list[str]
     env: dict[str, str] = field(default_factory=dict)
     workdir: str | None = None
@@ -132,7 +150,7 @@ def torchrun_argv(script_args: list[str], nproc_per_node: int | None) -> list[st
     return argv + script_args
 
 
-def run_env(run_id: str, run_dir: Path) -> dict[str, str]:
+def run_env(run_id: str, run_dir: Path | str) -> dict[str, str]:
     return {RUN_ID_VAR: run_id, RUN_DIR_VAR: str(run_dir)}
 
 
@@ -179,19 +197,20 @@ def parse_nnodes(text: str, lab_nodes: int) -> tuple[int, int]:
     return low, high
 
 
-def build_launches(lab: str, node_env: dict[str, dict[str, str]], script_args: list[str], *, launcher: str,
-                   nproc_per_node: int | None, run_id: str, run_dir: Path, cpus: int | None = None,
+def build_launches(node_env: dict[str, dict[str, str]], script_args: list[str], *, launcher: str,
+                   nproc_per_node: int | None, run_id: str, run_dir: Path | str, cpus: int | None = None,
                    elastic: Elastic = Elastic(), pg_timeout_s: float | None = None) -> list[Launch]:
     """The processes of one run, in node-rank order. `node_env` maps node name -> its env file; a
-    subset of the lab's nodes runs a smaller job. Given the machine's `cpus`, every process gets an
-    OMP_NUM_THREADS that shares them out (see threads_per_process); `pg_timeout_s` goes to the
-    trainer's process-group timeout through DDPLAB_PG_TIMEOUT_S."""
+    subset of the lab's nodes runs a smaller job. Each node runs its env file's NPROC_PER_NODE
+    processes (real hosts may differ) unless `nproc_per_node` says otherwise. Given the machine's
+    `cpus`, every process gets an OMP_NUM_THREADS that shares them out (see threads_per_process);
+    `pg_timeout_s` goes to the trainer's process-group timeout through DDPLAB_PG_TIMEOUT_S."""
     names = list(node_env)
     first = node_env[names[0]]
-    nproc = nproc_per_node or int(first.get("NPROC_PER_NODE", "1"))
+    nprocs = [nproc_per_node or int(node_env[name].get("NPROC_PER_NODE", "1")) for name in names]
     common = run_env(run_id, run_dir)
     if cpus:
-        common["OMP_NUM_THREADS"] = str(threads_per_process(cpus, len(names), nproc))
+        common["OMP_NUM_THREADS"] = str(threads_per_process(cpus, sum(nprocs), 1))
     if pg_timeout_s:
         common[PG_TIMEOUT_VAR] = f"{pg_timeout_s:g}"
     launches = []
@@ -211,18 +230,17 @@ def build_launches(lab: str, node_env: dict[str, dict[str, str]], script_args: l
                 # ("Gloo connectFullMesh failed ... Connection refused"); without sharing, each
                 # attempt's rank 0 hosts a fresh store.
                 env["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] = "1"
-            launches.append(Launch(name, name, container_name(lab, name),
-                                   torchrun_argv(script_args, nproc_per_node), env))
+            launches.append(Launch(name, name, torchrun_argv(script_args, nproc_per_node), env))
         return launches
     if launcher != "static":
         raise LabError(f"unknown launcher {launcher!r}", hint="torchrun or static")
     if elastic.on:
         raise LabError("--max-restarts and --nnodes need torchrun: the static launcher has no agent to restart workers",
                        hint="drop --launcher static")
-    world_size = len(names) * nproc
-    for node_rank, name in enumerate(names):
+    world_size = sum(nprocs)
+    for node_rank, (name, nproc) in enumerate(zip(names, nprocs)):
         for local_rank in range(nproc):
-            rank = node_rank * nproc + local_rank
+            rank = sum(nprocs[:node_rank]) + local_rank
             env = {
                 **common,
                 "RANK": str(rank),
@@ -234,10 +252,9 @@ def build_launches(lab: str, node_env: dict[str, dict[str, str]], script_args: l
                 "MASTER_PORT": first["MASTER_PORT"],
             }
             label = name if nproc == 1 else f"{name}/r{rank}"
-            launches.append(Launch(label, name, container_name(lab, name), python_argv(script_args), env))
+            launches.append(Launch(label, name, python_argv(script_args), env))
     return launches
 
 
-def store_launch(lab: str, node: str, master_port: str, run_id: str, run_dir: Path) -> Launch:
-    return Launch(f"{node}/store", node, container_name(lab, node),
-                  ["python", "-c", STORE_SCRIPT, master_port], run_env(run_id, run_dir))
+def store_launch(node: str, master_port: str, run_id: str, run_dir: Path | str) -> Launch:
+    return Launch(f"{node}/store", node, ["python", "-c", STORE_SCRIPT, master_port], run_env(run_id, run_dir))

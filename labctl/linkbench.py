@@ -94,12 +94,13 @@ def run_sweep(client, lab: str, node_env: dict, sizes: list[int], iters: int, ru
     """torchrun -m trainer.bench_allreduce on every node; rank 0's timings."""
     from labctl import runner
     from labctl.lab import engine_cpus
+    from labctl.lab import DockerNodes
     from labctl.launch import build_launches
 
     args = ["-m", "trainer.bench_allreduce", "--sizes", ",".join(map(str, sizes)), "--iters", str(iters)]
-    launches = build_launches(lab, node_env, args, launcher="torchrun", nproc_per_node=1, run_id=run_id, run_dir=run_dir,
+    launches = build_launches(node_env, args, launcher="torchrun", nproc_per_node=1, run_id=run_id, run_dir=run_dir,
                               cpus=engine_cpus(client))
-    runner.run_job(client, lab, node_env, launches, run_dir, run_id, torchrun=True, echo=False)
+    runner.run_job(DockerNodes(client, lab), node_env, launches, run_dir, run_id, torchrun=True, echo=False)
     return json.loads((run_dir / "allreduce.json").read_text())
 
 

@@ -1,13 +1,15 @@
 """Run one job on every node at once: stream prefixed output, save per-node logs, stop cleanly.
 
-Each Launch becomes a `docker exec` (through the SDK) read by a thread of its own. The main thread
-watches: the first node to fail starts a short grace period after which the others are stopped,
-Ctrl-C and --timeout-s stop everyone at once, and every process of the run is found for stopping
-by the DDPLAB_RUN_ID in its environment (see launch.STOP_SCRIPT).
+Each Launch is started on its node through a `Nodes` (a `docker exec` into a lab container, or an
+SSH session on a real host) and read by a thread of its own. The main thread watches: the first
+node to fail starts a short grace period after which the others are stopped, Ctrl-C and
+--timeout-s stop everyone at once, and every process of the run is found for stopping by the
+DDPLAB_RUN_ID in its environment (see launch.STOP_SCRIPT).
 """
 
 from __future__ import annotations
 
+import codecs
 import re
 import secrets
 import threading
@@ -15,12 +17,12 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Callable, Protocol
 
 from rich.markup import escape
 
 from labctl.compose import container_name
 from labctl.errors import LabError, RunFailed
-from labctl.lab import exec_in
 from labctl.launch import PORT_CHECK_SCRIPT, STOP_SCRIPT, STORE_FAILED, STORE_READY, Launch, store_launch
 from labctl.ui import console, node_colour
 
@@ -31,20 +33,41 @@ _PRINT_LOCK = threading.Lock()
 _ERROR_LINE = re.compile(r"^\s*([A-Za-z_][\w.]*(Error|Exception|Interrupt)|error)\b.*")
 
 
+class Nodes(Protocol):
+    """Where a run's processes go: `lab.DockerNodes` (containers) or `ssh.SSHHosts` (real hosts).
+
+    argv[0] "python" and "torchrun" mean the node's own Python and its torchrun.
+    """
+
+    port_hint: str  # how to move the rendezvous port when it is taken
+
+    def address(self, node: str) -> str: ...  # for people: a container name, user@host:port
+
+    def shell_hint(self, node: str) -> str: ...  # a command prefix that runs something on the node
+
+    def run(self, node: str, argv: list[str]) -> tuple[int, str]: ...  # short command: (status, output)
+
+    def execute(self, launch: Launch, on_output: Callable[[bytes], None]) -> int: ...  # streams; status
+
+    def node_lost(self, node: str, exit_code: int) -> str | None: ...  # "the node itself is gone", or None
+
+    def close(self) -> None: ...
+
+
 def new_run(lab_directory: Path) -> tuple[str, Path]:
     """A fresh run id and its folder under .lab/<lab>/runs/ (created when the run starts)."""
     run_id = time.strftime("%Y%m%d-%H%M%S") + "-" + secrets.token_hex(2)
     return run_id, lab_directory / "runs" / run_id
 
 
-def run_job(client, lab: str, node_env: dict[str, dict[str, str]], launches: list[Launch], run_dir: Path,
+def run_job(nodes: Nodes, node_env: dict[str, dict[str, str]], launches: list[Launch], run_dir: Path,
             run_id: str, *, torchrun: bool, timeout_s: float | None = None, echo: bool = True,
             min_nodes: int | None = None) -> RunResult:
     """Check node0's rendezvous port, run every launch, and raise RunFailed unless all succeeded
     (with `min_nodes`, an elastic run: it succeeds when at least that many nodes finish cleanly)."""
-    check_master_port(client, lab, node_env)
+    check_master_port(nodes, node_env)
     master_port = next(iter(node_env.values()))["MASTER_PORT"] if torchrun else None
-    result = run_all(client, lab, launches, run_dir, run_id, master_port=master_port, timeout_s=timeout_s, echo=echo,
+    result = run_all(nodes, launches, run_dir, run_id, master_port=master_port, timeout_s=timeout_s, echo=echo,
                      min_nodes=min_nodes)
     lost = result.lost_nodes()
     if result.ok and lost:
@@ -68,29 +91,29 @@ def read_node_envs(directory: Path, names: list[str]) -> dict[str, dict[str, str
     return envs
 
 
-def check_master_port(client, lab: str, node_env: dict[str, dict[str, str]]) -> None:
+def check_master_port(nodes: Nodes, node_env: dict[str, dict[str, str]]) -> None:
     """Fail before launching when the rendezvous port on node0 is already taken."""
     first = next(iter(node_env))
     port = node_env[first]["MASTER_PORT"]
-    code, output = exec_in(client, container_name(lab, first), ["python", "-c", PORT_CHECK_SCRIPT, port])
+    code, output = nodes.run(first, ["python", "-c", PORT_CHECK_SCRIPT, port])
     if code == 0:
         return
-    _, listeners = exec_in(client, container_name(lab, first), ["ss", "-Hltnp", f"sport = :{port}"])
+    _, listeners = nodes.run(first, ["ss", "-Hltnp", f"sport = :{port}"])
     held_by = listeners.strip() or "another process"
     raise LabError(f"MASTER_PORT {port} is already in use on {first} ({output.strip()}): {held_by}",
-                   hint=f"a run may still be running there; wait for it or `docker exec {container_name(lab, first)} pkill -f torchrun`, "
-                        f"or move the lab to another port with `labctl up --lab {lab} --master-port PORT`")
+                   hint=f"a run may still be running there; wait for it or `{nodes.shell_hint(first)} pkill -f torchrun`, "
+                        f"or {nodes.port_hint}")
 
 
-def stop_run(client, lab: str, nodes: list[str], run_id: str) -> None:
+def stop_run(nodes: Nodes, names: list[str], run_id: str) -> None:
     def stop(node: str) -> None:
         try:
-            exec_in(client, container_name(lab, node), ["python", "-c", STOP_SCRIPT, run_id, str(STOP_GRACE_S)])
+            nodes.run(node, ["python", "-c", STOP_SCRIPT, run_id, str(STOP_GRACE_S)])
         except Exception:  # a node that is gone has nothing left to stop
             pass
 
     with ThreadPoolExecutor(max_workers=8) as pool:
-        list(pool.map(stop, nodes))
+        list(pool.map(stop, names))
 
 
 @dataclass
@@ -178,40 +201,34 @@ class _NodeLogs:
             f.close()
 
 
-def _stream(client, outcome: Outcome, logs: _NodeLogs, colour: str, echo: _Echo | None, on_line=None) -> None:
+def _stream(nodes: Nodes, outcome: Outcome, logs: _NodeLogs, colour: str, echo: _Echo | None, on_line=None) -> None:
     launch = outcome.launch
     prefix = f"[{colour}]{launch.label:>8} |[/{colour}] "
+    decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")  # a character may span two chunks
+    pending = ""
+
+    def on_output(chunk: bytes) -> None:
+        nonlocal pending
+        pending += decoder.decode(chunk)
+        *complete, pending = pending.split("\n")
+        for line in complete:
+            _emit(outcome, logs, prefix, line, echo, on_line)
+
     try:
-        exec_id = client.api.exec_create(launch.container, launch.argv, environment=launch.env,
-                                         workdir=launch.workdir)["Id"]
-        pending = ""
-        for chunk in client.api.exec_start(exec_id, stream=True):
-            pending += chunk.decode(errors="replace")
-            *complete, pending = pending.split("\n")
-            for line in complete:
-                _emit(outcome, logs, prefix, line, echo, on_line)
+        exit_code = nodes.execute(launch, on_output)
+        pending += decoder.decode(b"", final=True)
         if pending:
             _emit(outcome, logs, prefix, pending, echo, on_line)
-        outcome.exit_code = client.api.exec_inspect(exec_id)["ExitCode"]
-        if outcome.exit_code != 0:
-            _note_node_loss(client, outcome, logs, prefix, echo, on_line)
+        outcome.exit_code = exit_code
+        if exit_code != 0:
+            lost = nodes.node_lost(launch.node, exit_code)
+            if lost:
+                _emit(outcome, logs, prefix, f"labctl: {lost}", echo, on_line)
     except Exception as exc:  # the node vanished under us (docker kill, down)
         _emit(outcome, logs, prefix, f"labctl: lost the node: {exc}", echo, on_line)
         outcome.exit_code = outcome.exit_code if outcome.exit_code is not None else 255
     finally:
         outcome.ended = time.monotonic()
-
-
-def _note_node_loss(client, outcome: Outcome, logs: _NodeLogs, prefix: str, echo, on_line) -> None:
-    """Say so when a launch ended because its node went down (the engine may take a moment to tell)."""
-    launch = outcome.launch
-    for _ in range(10 if outcome.exit_code == 137 else 1):  # 137: SIGKILL, as `docker kill` sends
-        state = client.api.inspect_container(launch.container)["State"]
-        if not state["Running"]:
-            _emit(outcome, logs, prefix, f"labctl: {launch.node} itself went down (container {state['Status']}, "
-                  f"exit code {state['ExitCode']}): node lost", echo, on_line)
-            return
-        time.sleep(0.2)
 
 
 def _emit(outcome: Outcome, logs: _NodeLogs, prefix: str, line: str, echo: _Echo | None, on_line) -> None:
@@ -226,23 +243,23 @@ def _emit(outcome: Outcome, logs: _NodeLogs, prefix: str, line: str, echo: _Echo
             console.print(prefix + escape(line), markup=True, soft_wrap=True)
 
 
-def run_all(client, lab: str, launches: list[Launch], run_dir: Path, run_id: str, *, master_port: str | None,
+def run_all(nodes: Nodes, launches: list[Launch], run_dir: Path, run_id: str, *, master_port: str | None,
             timeout_s: float | None = None, echo: bool = True, min_nodes: int | None = None) -> RunResult:
     """Start every launch at once (with the run's own rendezvous store on the first node, for torchrun)."""
     run_dir.mkdir(parents=True, exist_ok=True)
     _link_latest(run_dir)
     logs = _NodeLogs(run_dir)
-    nodes = list(dict.fromkeys(launch.node for launch in launches))
-    colours = {node: node_colour(i) for i, node in enumerate(nodes)}
+    names = list(dict.fromkeys(launch.node for launch in launches))
+    colours = {node: node_colour(i) for i, node in enumerate(names)}
     outcomes = [Outcome(launch) for launch in launches]
     printer = _Echo(on=echo)
     threads = []
     store_thread = None
     try:
         if master_port is not None:
-            store_thread, store_ready = _start_store(client, lab, nodes[0], master_port, run_id, run_dir, logs)
+            store_thread, store_ready = _start_store(nodes, names[0], master_port, run_id, run_dir, logs)
         for outcome in outcomes:
-            thread = threading.Thread(target=_stream, args=(client, outcome, logs, colours[outcome.launch.node], printer),
+            thread = threading.Thread(target=_stream, args=(nodes, outcome, logs, colours[outcome.launch.node], printer),
                                       daemon=True)
             thread.start()
             threads.append(thread)
@@ -250,20 +267,21 @@ def run_all(client, lab: str, launches: list[Launch], run_dir: Path, run_id: str
             # The agents start alongside the store (it imports torch too, ~2 s): their store
             # clients retry the connection until it listens, so nobody waits for it in turn.
             store_ready()
-        return _watch(client, lab, nodes, run_id, run_dir, outcomes, threads, timeout_s, printer, min_nodes)
+        return _watch(nodes, names, run_id, run_dir, outcomes, threads, timeout_s, printer, min_nodes)
     finally:
         # Whatever happened, leave no process of this run on any node (the store included).
-        stop_run(client, lab, nodes, run_id)
+        stop_run(nodes, names, run_id)
         if store_thread:
             store_thread.join(timeout=5)
+        nodes.close()
         logs.close()
 
 
-def _start_store(client, lab: str, node: str, master_port: str, run_id: str, run_dir: Path, logs: _NodeLogs):
-    launch = store_launch(lab, node, master_port, run_id, run_dir)
+def _start_store(nodes: Nodes, node: str, master_port: str, run_id: str, run_dir: Path, logs: _NodeLogs):
+    launch = store_launch(node, master_port, run_id, run_dir)
     outcome = Outcome(launch)
     ready = threading.Event()
-    thread = threading.Thread(target=_stream, args=(client, outcome, logs, "dim", None, lambda _line: ready.set()),
+    thread = threading.Thread(target=_stream, args=(nodes, outcome, logs, "dim", None, lambda _line: ready.set()),
                               daemon=True)
     thread.start()
 
@@ -276,7 +294,7 @@ def _start_store(client, lab: str, node: str, master_port: str, run_id: str, run
     return thread, wait_ready
 
 
-def _watch(client, lab, nodes, run_id, run_dir, outcomes, threads, timeout_s, echo: _Echo,
+def _watch(nodes: Nodes, names, run_id, run_dir, outcomes, threads, timeout_s, echo: _Echo,
            min_nodes: int | None = None) -> RunResult:
     started = time.monotonic()
     first_failure: Outcome | None = None
@@ -298,26 +316,26 @@ def _watch(client, lab, nodes, run_id, run_dir, outcomes, threads, timeout_s, ec
             if timeout_s is not None and now - started > timeout_s and not timed_out:
                 timed_out = True
                 echo.mute()
-                _stop_remaining(client, lab, nodes, run_id, outcomes)
+                _stop_remaining(nodes, names, run_id, outcomes)
             if stop_at is not None and now > stop_at:
                 stop_at = None
                 echo.mute()
-                _stop_remaining(client, lab, nodes, run_id, outcomes)
+                _stop_remaining(nodes, names, run_id, outcomes)
     except KeyboardInterrupt:
         interrupted = True
         console.print("[bold yellow]labctl: Ctrl-C, stopping the run on every node[/bold yellow]", markup=True)
         echo.mute()
-        _stop_remaining(client, lab, nodes, run_id, outcomes)
+        _stop_remaining(nodes, names, run_id, outcomes)
         for thread in threads:
             thread.join(timeout=STOP_GRACE_S + 5)
     return RunResult(run_dir, outcomes, first_failure, interrupted, timed_out, min_nodes)
 
 
-def _stop_remaining(client, lab, nodes, run_id, outcomes) -> None:
+def _stop_remaining(nodes: Nodes, names, run_id, outcomes) -> None:
     for outcome in outcomes:
         if outcome.exit_code is None:
             outcome.stopped = True
-    stop_run(client, lab, nodes, run_id)
+    stop_run(nodes, names, run_id)
 
 
 def _link_latest(run_dir: Path) -> None:

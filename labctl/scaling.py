@@ -262,13 +262,14 @@ def run_host(config: Config, trainer_args: list[str], run_dir: Path, threads: in
 def run_lab(client, lab: str, node_env: dict, config: Config, trainer_args: list[str], lab_directory: Path) -> dict:
     """The trainer on the first `config.nodes` nodes with torchrun, output to the run's logs only."""
     from labctl import runner
+    from labctl.lab import DockerNodes
     from labctl.launch import build_launches
 
     subset = dict(list(node_env.items())[: config.nodes])
     run_id, run_dir = runner.new_run(lab_directory)
-    launches = build_launches(lab, subset, ["-m", "trainer", *trainer_args], launcher="torchrun",
+    launches = build_launches(subset, ["-m", "trainer", *trainer_args], launcher="torchrun",
                               nproc_per_node=config.nproc_per_node, run_id=run_id, run_dir=run_dir)
-    result = runner.run_job(client, lab, subset, launches, run_dir, run_id, torchrun=True, echo=False)
+    result = runner.run_job(DockerNodes(client, lab), subset, launches, run_dir, run_id, torchrun=True, echo=False)
     return parse_summary(result.outcomes[0].lines)
 
 

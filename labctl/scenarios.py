@@ -15,7 +15,6 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable
 
-from labctl.compose import container_name
 from labctl.errors import LabError
 from labctl.launch import Launch, run_env
 
@@ -288,8 +287,7 @@ class Outcome:
 def launches_for(ctx: Context, scenario: Scenario, env: Env, run_dir) -> list[Launch]:
     argv = (["torchrun"] if scenario.launcher == "torchrun" else ["python"]) + scenario.trainer
     common = run_env(ctx.run_id, run_dir)
-    return [Launch(node, node, container_name(ctx.lab, node), argv, {**common, "OMP_NUM_THREADS": "1", **env[node]})
-            for node in ctx.names]
+    return [Launch(node, node, argv, {**common, "OMP_NUM_THREADS": "1", **env[node]}) for node in ctx.names]
 
 
 def group_findings(findings) -> list[str]:
@@ -344,7 +342,7 @@ def run_scenario(client, config, workspace, scenario: Scenario, report) -> Outco
         report(f"{scenario.name}: the broken run ({scenario.launcher})")
         t0 = time.monotonic()
         limit = max(10.0, scenario.bound_s - (t0 - started) - 40)
-        broken = runner.run_all(client, config.lab, launches_for(ctx, scenario, broken_env, run_dir), run_dir,
+        broken = runner.run_all(lab_mod.DockerNodes(client, config.lab), launches_for(ctx, scenario, broken_env, run_dir), run_dir,
                                 ctx.run_id, master_port=None, timeout_s=limit, echo=False)
         failed = [o for o in broken.outcomes if o.exit_code not in (0, None)]
         shown_at = min((o.ended for o in failed if o.ended), default=None) or max(o.ended or t0 for o in broken.outcomes)
@@ -364,7 +362,7 @@ def run_scenario(client, config, workspace, scenario: Scenario, report) -> Outco
         ctx.run_id, run_dir = runner.new_run(lab_directory)
         report(f"{scenario.name}: the fixed run")
         t1 = time.monotonic()
-        fixed = runner.run_all(client, config.lab, launches_for(ctx, scenario, scenario.fixed(ctx), run_dir), run_dir,
+        fixed = runner.run_all(lab_mod.DockerNodes(client, config.lab), launches_for(ctx, scenario, scenario.fixed(ctx), run_dir), run_dir,
                                ctx.run_id, master_port=None, timeout_s=max(10.0, scenario.bound_s - (t1 - started)),
                                echo=False)
         fixed_s = time.monotonic() - t1

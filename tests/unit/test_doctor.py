@@ -134,3 +134,15 @@ def test_a_cpu_imbalance_warns_but_does_not_block():
     assert slow.warn and not slow.blocking
     [bad] = [f for f in check_env({"node0": env(0, n=2, GLOO_SOCKET_IFNAME=None), "node1": env(1, n=2)}) if not f.ok]
     assert bad.blocking
+
+
+def test_world_size_is_the_sum_of_every_nodes_processes():
+    mixed = {f"node{i}": env(i, 2) for i in range(2)}
+    mixed["node0"]["NPROC_PER_NODE"] = "2"
+    for e in mixed.values():
+        e["WORLD_SIZE"] = "3"
+    assert [f for f in check_env(mixed) if not f.ok] == []
+    for e in mixed.values():
+        e["WORLD_SIZE"] = "4"
+    [bad] = [f for f in check_env(mixed) if not f.ok]
+    assert "WORLD_SIZE=4 but the nodes' NPROC_PER_NODE add up to 2 + 1 = 3" in bad.message

@@ -14,22 +14,22 @@ NODE_ENV = {
 
 
 def test_torchrun_plan():
-    launches = build_launches("demo", NODE_ENV, ["-m", "trainer", "--epochs", "2"], launcher="torchrun",
+    launches = build_launches(NODE_ENV, ["-m", "trainer", "--epochs", "2"], launcher="torchrun",
                               nproc_per_node=None, run_id="r1", run_dir=RUN_DIR)
     common = {"DDPLAB_RUN_ID": "r1", "DDPLAB_RUN_DIR": str(RUN_DIR), "PET_NNODES": "2", "PET_RDZV_ID": "r1",
               "PET_RDZV_CONF": "is_host=false"}
     assert launches == [
-        Launch("node0", "node0", "demo-node0", ["torchrun", "-m", "trainer", "--epochs", "2"], common),
-        Launch("node1", "node1", "demo-node1", ["torchrun", "-m", "trainer", "--epochs", "2"], common),
+        Launch("node0", "node0", ["torchrun", "-m", "trainer", "--epochs", "2"], common),
+        Launch("node1", "node1", ["torchrun", "-m", "trainer", "--epochs", "2"], common),
     ]
 
 
 def test_a_subset_of_nodes_runs_a_smaller_job_with_threads_shared_out():
     first = {"node0": NODE_ENV["node0"]}
-    [launch] = build_launches("demo", first, ["-m", "trainer"], launcher="torchrun", nproc_per_node=None,
+    [launch] = build_launches(first, ["-m", "trainer"], launcher="torchrun", nproc_per_node=None,
                               run_id="r1", run_dir=RUN_DIR, cpus=8)
     assert launch.env["PET_NNODES"] == "1" and launch.env["OMP_NUM_THREADS"] == "8"
-    launches = build_launches("demo", NODE_ENV, ["x.py"], launcher="static", nproc_per_node=2, run_id="r1",
+    launches = build_launches(NODE_ENV, ["x.py"], launcher="static", nproc_per_node=2, run_id="r1",
                               run_dir=RUN_DIR, cpus=8)
     assert {l.env["OMP_NUM_THREADS"] for l in launches} == {"2"} and launches[0].env["WORLD_SIZE"] == "4"
 
@@ -45,11 +45,11 @@ def test_torchrun_nproc_override_and_script_form():
 
 
 def test_static_plan_ranks_and_environment():
-    launches = build_launches("demo", NODE_ENV, ["train.py"], launcher="static", nproc_per_node=2,
+    launches = build_launches(NODE_ENV, ["train.py"], launcher="static", nproc_per_node=2,
                               run_id="r1", run_dir=RUN_DIR)
-    assert [(l.label, l.container, l.env["RANK"], l.env["LOCAL_RANK"]) for l in launches] == [
-        ("node0/r0", "demo-node0", "0", "0"), ("node0/r1", "demo-node0", "1", "1"),
-        ("node1/r2", "demo-node1", "2", "0"), ("node1/r3", "demo-node1", "3", "1"),
+    assert [(l.label, l.node, l.env["RANK"], l.env["LOCAL_RANK"]) for l in launches] == [
+        ("node0/r0", "node0", "0", "0"), ("node0/r1", "node0", "1", "1"),
+        ("node1/r2", "node1", "2", "0"), ("node1/r3", "node1", "3", "1"),
     ]
     for launch in launches:
         assert launch.argv == ["python", "train.py"]
@@ -57,8 +57,18 @@ def test_static_plan_ranks_and_environment():
         assert launch.env["MASTER_PORT"] == "29500" and launch.env["DDPLAB_RUN_ID"] == "r1"
 
 
+def test_static_plan_follows_each_nodes_own_process_count():
+    # Real hosts may differ: a workstation with 2 processes, a laptop with 1.
+    mixed = {"node0": {**NODE_ENV["node0"], "NPROC_PER_NODE": "2"}, "node1": NODE_ENV["node1"]}
+    launches = build_launches(mixed, ["train.py"], launcher="static", nproc_per_node=None, run_id="r1", run_dir=RUN_DIR)
+    assert [(l.label, l.env["RANK"], l.env["LOCAL_RANK"], l.env["LOCAL_WORLD_SIZE"], l.env["GROUP_RANK"])
+            for l in launches] == [("node0/r0", "0", "0", "2", "0"), ("node0/r1", "1", "1", "2", "0"),
+                                   ("node1", "2", "0", "1", "1")]
+    assert {l.env["WORLD_SIZE"] for l in launches} == {"3"}
+
+
 def test_static_plan_defaults_to_the_env_files_nproc():
-    launches = build_launches("demo", NODE_ENV, ["train.py"], launcher="static", nproc_per_node=None,
+    launches = build_launches(NODE_ENV, ["train.py"], launcher="static", nproc_per_node=None,
                               run_id="r1", run_dir=RUN_DIR)
     assert [l.label for l in launches] == ["node0", "node1"]
 
@@ -100,17 +110,17 @@ def test_elastic_runs_pass_torchruns_settings_and_a_fresh_worker_store():
     from labctl.launch import ELASTIC_RDZV_CONF, Elastic
 
     three = {f"node{i}": NODE_ENV["node0"] for i in range(3)}
-    launches = build_launches("demo", three, ["-m", "trainer"], launcher="torchrun", nproc_per_node=None, run_id="r1",
+    launches = build_launches(three, ["-m", "trainer"], launcher="torchrun", nproc_per_node=None, run_id="r1",
                               run_dir=RUN_DIR, elastic=Elastic(2, 2, 3), pg_timeout_s=30)
     env = launches[0].env
     assert env["PET_NNODES"] == "2:3" and env["PET_MAX_RESTARTS"] == "2"
     assert env["PET_RDZV_CONF"] == "is_host=false," + ELASTIC_RDZV_CONF
     assert env["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] == "1" and env["DDPLAB_PG_TIMEOUT_S"] == "30"
-    plain = build_launches("demo", three, ["-m", "trainer"], launcher="torchrun", nproc_per_node=None, run_id="r1",
+    plain = build_launches(three, ["-m", "trainer"], launcher="torchrun", nproc_per_node=None, run_id="r1",
                            run_dir=RUN_DIR)[0].env
     assert "PET_MAX_RESTARTS" not in plain and plain["PET_RDZV_CONF"] == "is_host=false"
     with pytest.raises(LabError, match="need torchrun"):
-        build_launches("demo", three, ["x.py"], launcher="static", nproc_per_node=1, run_id="r1", run_dir=RUN_DIR,
+        build_launches(three, ["x.py"], launcher="static", nproc_per_node=1, run_id="r1", run_dir=RUN_DIR,
                        elastic=Elastic(1))
 
 

@@ -39,8 +39,8 @@ def test_lab_env_files_golden():
 
 
 def test_env_identity_rules():
-    topo = Topology(addresses=("10.0.0.1", "10.0.0.2", "10.0.0.3"), iface="tailscale0", nproc_per_node=2,
-                    master_port=29500, rdzv_id="job")
+    topo = Topology.uniform(("10.0.0.1", "10.0.0.2", "10.0.0.3"), iface="tailscale0", nproc_per_node=2,
+                            master_port=29500, rdzv_id="job")
     envs = [build_node_env(topo, rank) for rank in range(3)]
     assert [e["PET_RDZV_CONF"] for e in envs] == ["is_host=true", "is_host=false", "is_host=false"]
     assert [e["NODE_RANK"] for e in envs] == ["0", "1", "2"]
@@ -52,6 +52,17 @@ def test_env_identity_rules():
         # only the rank and the store host differ between nodes
     differing = {k for k in envs[0] if len({e[k] for e in envs}) > 1}
     assert differing == {"NODE_RANK", "PET_RDZV_CONF"}
+
+
+def test_hosts_that_differ_keep_their_own_interface_and_process_count():
+    topo = Topology(addresses=("100.64.0.1", "100.64.0.2"), ifaces=("eth0", "wlan0"), nprocs=(2, 1),
+                    master_port=29500, rdzv_id="mixed")
+    first, second = (build_node_env(topo, rank) for rank in range(2))
+    assert (first["GLOO_SOCKET_IFNAME"], first["NPROC_PER_NODE"], first["PET_NPROC_PER_NODE"]) == ("eth0", "2", "2")
+    assert (second["NCCL_SOCKET_IFNAME"], second["NPROC_PER_NODE"], second["PET_NPROC_PER_NODE"]) == ("wlan0", "1", "1")
+    assert first["WORLD_SIZE"] == second["WORLD_SIZE"] == "3"
+    with pytest.raises(ValueError, match="one interface and one process count per address"):
+        Topology(addresses=("a", "b"), ifaces=("eth0",), nprocs=(1, 1), master_port=1, rdzv_id="x")
 
 
 def test_compose_golden():
@@ -100,8 +111,8 @@ def test_parse_hosts_rejects(raw, fragment):
 
 
 def test_host_commands_golden():
-    topo = Topology(addresses=("100.64.0.1", "100.64.0.2"), iface="tailscale0", nproc_per_node=1,
-                    master_port=29500, rdzv_id="ddplab")
+    topo = Topology.uniform(("100.64.0.1", "100.64.0.2"), iface="tailscale0", nproc_per_node=1,
+                            master_port=29500, rdzv_id="ddplab")
     files = build_env_files(topo, ["node0", "node1"])
     for name, text in files.items():
         check_golden(f"hosts-{name}", text)
