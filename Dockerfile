@@ -8,14 +8,19 @@ ARG BASE_IMAGE=python:3.11-slim-bookworm
 
 FROM ${BASE_IMAGE} AS base
 # iproute2 (tc, ss) shapes and inspects links, iperf3 measures the raw wire, procps and
-# util-linux (pkill, setsid) let labctl stop a run. The debootstrapped base already has them.
+# util-linux (pkill, setsid) let labctl stop a run; openssh-server, rsync and libnss-wrapper make
+# a node an SSH host for `labctl up --ssh` (nss_wrapper gives sshd a user entry for whatever uid
+# the node runs as). The debootstrapped base already has them all.
+# No host key stays in the image: each node makes its own when it starts, as a machine does.
 RUN set -eu; missing=""; \
-    for pair in tc:iproute2 ss:iproute2 iperf3:iperf3 pkill:procps setsid:util-linux; do \
-      command -v "${pair%%:*}" >/dev/null 2>&1 || missing="$missing ${pair#*:}"; \
+    for package in iproute2 iperf3 procps util-linux openssh-server rsync libnss-wrapper; do \
+      dpkg -s "$package" >/dev/null 2>&1 || missing="$missing $package"; \
     done; \
     if [ -n "$missing" ]; then \
       apt-get update && apt-get install -y --no-install-recommends $missing && rm -rf /var/lib/apt/lists/*; \
-    fi
+    fi; \
+    rm -f /etc/ssh/ssh_host_*; \
+    mkdir -p /run/sshd && chmod 0755 /run/sshd
 
 # Install into a virtual environment in a throwaway stage, so the final image carries the
 # installed packages but not the wheel files.

@@ -1,6 +1,6 @@
 # ddplab: `make demo` runs the main job, `make test` the whole suite. Both set everything up first:
 # the virtual environment, a Docker engine with Compose v2 (installed and started where we are root
-# on Debian and none runs), and the node image.
+# on Debian and none runs), the OpenSSH client and rsync, and the node image.
 
 PYTHON ?= python3
 VENV := .venv
@@ -11,7 +11,7 @@ TORCH_INDEX_URL ?= https://download.pytorch.org/whl/cpu
 NODES ?= 3
 PYTEST_ARGS ?=
 
-.PHONY: demo test unit integration venv engine image image-mismatch down clean
+.PHONY: demo test unit integration venv tools engine image image-mismatch down clean
 
 demo: image
 	$(LABCTL) up --nodes $(NODES)
@@ -21,7 +21,7 @@ demo: image
 test: image image-mismatch
 	$(BIN)/python -m pytest tests $(PYTEST_ARGS)
 
-unit: venv
+unit: venv tools
 	$(BIN)/python -m pytest tests/unit $(PYTEST_ARGS)
 
 integration: image image-mismatch
@@ -43,7 +43,11 @@ $(VENV)/.installed: pyproject.toml
 engine:
 	PYTHON=$(PYTHON) bash labctl/scripts/ensure-docker.sh
 
-image: venv engine
+# ssh, ssh-keygen and rsync: `labctl hosts` and its tests (installed as root on Debian where missing).
+tools:
+	bash labctl/scripts/ensure-tools.sh
+
+image: venv engine tools
 	$(LABCTL) build
 
 # The node image with a second torch release, for the version-mismatch scenario: built once (a few

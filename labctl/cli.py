@@ -128,13 +128,21 @@ def build(torch_version, base_image, image, force, verbose_build, mismatch_image
 @click.option("--image", metavar="TAG", help="Node image [env DDPLAB_IMAGE].")
 @click.option("--bw", metavar="RATE", help="Shape every node's link at bring-up, e.g. 1gbit (as `labctl shape --bw`).")
 @click.option("--node-cpus", metavar="NODE=C,...", help="Per-node CPU limits over --cpus, e.g. node2=0.25 (a straggler).")
+@click.option("--ssh/--no-ssh", default=None,
+              help="Make every node an SSH host and write .lab/<lab>/hosts.toml for `labctl hosts` "
+                   "[default: as the running lab is; off for a new one].")
 @click.option("--dry-run", is_flag=True, help="Print the Compose file and env files that would be used; change nothing.")
 @click.option("--json", "as_json", is_flag=True, help="Print the node table as JSON (as `status --json`).")
-def up(lab, nodes, nproc_per_node, cpus, memory, subnet, master_port, image, bw, node_cpus, dry_run, as_json) -> None:
+def up(lab, nodes, nproc_per_node, cpus, memory, subnet, master_port, image, bw, node_cpus, ssh, dry_run,
+       as_json) -> None:
     """Start (or reconcile) the lab: nodes node0..node{N-1} on their own bridge network.
 
     On a running lab, `up` reconciles instead of failing: `--nodes 5` on a 3-node lab adds two
     nodes (and rewrites every env file, since NNODES changed); without `--nodes` it keeps the count.
+
+    With --ssh every node also runs sshd (as the node's own user, with a host key of its own) for a
+    key pair made for the lab, and .lab/<lab>/hosts.toml describes the nodes as real hosts: their
+    addresses, the user, the key and a known_hosts file, for `labctl hosts check|sync|run`.
     """
     from labctl import image as image_mod
     from labctl import lab as lab_mod
@@ -156,8 +164,19 @@ def up(lab, nodes, nproc_per_node, cpus, memory, subnet, master_port, image, bw,
 
     # Checked against the lab's final size (a running lab keeps its count), before anything changes.
     per_node_cpus = parse_node_cpus(node_cpus, config.nodes) if node_cpus is not None else None
+    from labctl import sshnodes
+    from labctl.compose import LABEL_SSH
+
+    if ssh is None:  # a running lab keeps what it was brought up with
+        ssh = any((c.get("Labels") or {}).get(LABEL_SSH) == "true" for c in existing)
+    lab_directory = lab_mod.lab_dir(_workspace(), config.lab)
+    public_key = None
+    if ssh:
+        key_file = sshnodes.ssh_dir(lab_directory) / (sshnodes.KEY_FILE + ".pub")
+        public_key = (key_file.read_text().strip() if key_file.is_file() else f"<made by `labctl up --ssh`: {key_file}>") \
+            if dry_run else sshnodes.ensure_key_pair(lab_directory, config.lab)
     started = time.monotonic()
-    document, env_files, subnet_used = lab_mod.plan_up(client, config, _workspace(), per_node_cpus)
+    document, env_files, subnet_used = lab_mod.plan_up(client, config, _workspace(), per_node_cpus, public_key)
     if dry_run:
         console.print(render_compose(document), markup=False)
         for name, text in env_files.items():
@@ -179,7 +198,7 @@ def up(lab, nodes, nproc_per_node, cpus, memory, subnet, master_port, image, bw,
             if not raced or attempt == SUBNET_ATTEMPTS:
                 raise
             info(f"{subnet_used} was taken meanwhile; picking another subnet")
-            document, env_files, subnet_used = lab_mod.plan_up(client, config, _workspace(), per_node_cpus)
+            document, env_files, subnet_used = lab_mod.plan_up(client, config, _workspace(), per_node_cpus, public_key)
     links = None
     if wanted:
         from labctl import netshape
@@ -187,6 +206,12 @@ def up(lab, nodes, nproc_per_node, cpus, memory, subnet, master_port, image, bw,
         names = [n.name for n in nodes_state]
         netshape.apply_shape(client, config.lab, names, wanted, config.iface)
         links = netshape.read_links(client, config.lab, names, config.iface)
+    inventory = lab_directory / sshnodes.INVENTORY_FILE
+    if ssh:
+        inventory = sshnodes.write_ssh_files(client, config, lab_directory, nodes_state, lab_mod.engine_cpus(client))
+        info(f"every node is an SSH host; {inventory} describes them: `labctl hosts check --lab {config.lab}`")
+    elif inventory.is_file():  # the nodes no longer run sshd: an inventory of them would mislead
+        inventory.unlink()
     if as_json:
         click.echo(json.dumps(_status_json(config.lab, nodes_state, links)))
         return
@@ -320,22 +345,11 @@ def run(lab, nproc_per_node, launcher, timeout_s, dry_run, no_preflight, max_res
     """
     from labctl import lab as lab_mod
     from labctl import runner
-    from labctl.config import SETTINGS
     from labctl.launch import Elastic, build_launches, parse_nnodes, parse_script_args
 
     config = _config(lab=lab)
-    nproc = None
-    if nproc_per_node is not None:
-        try:
-            nproc = SETTINGS["nproc_per_node"][1](nproc_per_node)
-        except ValueError as exc:
-            from labctl.errors import ConfigError
-
-            raise ConfigError("--nproc-per-node", nproc_per_node, str(exc)) from None
-    if timeout_s is not None and timeout_s <= 0:
-        from labctl.errors import ConfigError
-
-        raise ConfigError("--timeout-s", timeout_s, "must be a positive number of seconds")
+    nproc = _nproc_flag(nproc_per_node)
+    _check_timeout(timeout_s)
     script_args = parse_script_args(list(script))
     client = lab_mod.docker_client()
     nodes = lab_mod.require_running(client, config.lab)
@@ -355,6 +369,26 @@ def run(lab, nproc_per_node, launcher, timeout_s, dry_run, no_preflight, max_res
         _preflight(client, config.lab, nodes)
     runner.run_job(docker_nodes, node_env, launches, run_dir, run_id, torchrun=launcher == "torchrun",
                    timeout_s=timeout_s, min_nodes=low)
+
+
+def _nproc_flag(value: str | None) -> int | None:
+    """--nproc-per-node, checked by the same rule as DDPLAB_NPROC_PER_NODE; None when not given."""
+    from labctl.config import SETTINGS
+    from labctl.errors import ConfigError
+
+    if value is None:
+        return None
+    try:
+        return SETTINGS["nproc_per_node"][1](value)
+    except ValueError as exc:
+        raise ConfigError("--nproc-per-node", value, str(exc)) from None
+
+
+def _check_timeout(timeout_s: float | None) -> None:
+    from labctl.errors import ConfigError
+
+    if timeout_s is not None and timeout_s <= 0:
+        raise ConfigError("--timeout-s", timeout_s, "must be a positive number of seconds")
 
 
 def _print_launches(nodes, launches) -> None:
@@ -385,7 +419,7 @@ def doctor(lab, as_json) -> None:
         click.echo(json.dumps({"ok": ok, "seconds": round(seconds, 2), "nodes": info,
                                "findings": [f.as_dict() for f in findings]}))
     else:
-        _print_findings(config.lab, findings, info, seconds)
+        _print_findings(f"lab {config.lab}: nodes", findings, info, seconds)
     if not ok:
         sys.exit(1)
 
@@ -398,7 +432,7 @@ def _preflight(client, lab: str, nodes) -> None:
     findings, info, seconds = doctor_mod.diagnose(client, lab, nodes, _lab_subnet(client, lab), cheap=True)
     bad = [f for f in findings if f.blocking]
     if bad or any(not f.ok for f in findings):
-        _print_findings(lab, [f for f in findings if not f.ok], None, seconds)
+        _print_findings(f"lab {lab}", [f for f in findings if not f.ok], None, seconds)
     if bad:
         raise LabError(f"preflight found {len(bad)} problem{'s' * (len(bad) != 1)}; the run was not started",
                        hint=f"`labctl doctor --lab {lab}` for the full check; --no-preflight to run anyway")
@@ -411,13 +445,13 @@ def _lab_subnet(client, lab: str) -> str | None:
     return subnets[0] if subnets else None
 
 
-def _print_findings(lab: str, findings, info: dict | None, seconds: float) -> None:
+def _print_findings(title: str, findings, info: dict | None, seconds: float) -> None:
     from rich.table import Table
 
     from labctl.ui import console
 
     if info:
-        table = Table(title=f"lab {lab}: nodes", title_justify="left")
+        table = Table(title=title, title_justify="left")
         for column in ("node", "ip", "torch", "python", "cuda", "nccl", "socket iface"):
             table.add_column(column)
         for node, i in info.items():
@@ -444,6 +478,191 @@ def escape_markup(text: str) -> str:
     from rich.markup import escape
 
     return escape(text)
+
+
+# ----------------------------------------------------------------------------------------- hosts
+
+
+@main.group(context_settings=CONTEXT)
+def hosts() -> None:
+    """The same env files, preflight and trainer on real machines, over SSH.
+
+    \b
+    The machines are listed in an inventory (TOML): address, user, SSH port, identity file, socket
+    interface, processes, the Python that has torch, and the workspace folder, per host or under
+    [defaults]. `labctl up --ssh` writes one for the lab's nodes at .lab/<lab>/hosts.toml.
+    Host keys are checked against known_hosts: a new host needs --accept-new, a changed key is refused.
+
+    \b
+      labctl hosts check --inventory cluster.toml --accept-new   # first contact: record the host keys
+      labctl hosts run --inventory cluster.toml -- -m trainer --epochs 3
+    """
+
+
+def inventory_option(f):
+    return click.option("--inventory", metavar="FILE", envvar="DDPLAB_INVENTORY",
+                        help="The hosts (TOML) [env DDPLAB_INVENTORY; default .lab/<lab>/hosts.toml, "
+                             "as `labctl up --ssh` writes it].")(f)
+
+
+def accept_new_option(f):
+    return click.option("--accept-new", is_flag=True,
+                        help="Record the host key of a host seen for the first time (a changed key is still refused).")(f)
+
+
+def _inventory(lab: str | None, path: str | None):
+    from labctl.inventory import load_inventory
+
+    if path is None:
+        return load_inventory(_workspace() / ".lab" / _config(lab=lab).lab / "hosts.toml")
+    return load_inventory(Path(path))
+
+
+def _exclude_option(f):
+    return click.option("--exclude", "excludes", multiple=True, metavar="PATTERN",
+                        help="Also leave PATTERN out of the sync (rsync's --exclude syntax; repeatable).")(f)
+
+
+@hosts.command("check", context_settings=CONTEXT)
+@lab_option
+@inventory_option
+@accept_new_option
+@click.option("--json", "as_json", is_flag=True, help='Print {"ok", "seconds", "nodes": {...}, "findings": [...]}.')
+def hosts_check(lab, inventory, accept_new, as_json) -> None:
+    """doctor's checks on the inventory's hosts, over SSH: host keys, torch and Python versions, the
+    socket interface, and the rendezvous and back-connect ports between every pair of hosts. Exit
+    status 1 when something is wrong; each problem names the host and the fix."""
+    from labctl import hosts as hosts_mod
+    from labctl.ssh import SSHHosts, require_tools
+    from labctl.ui import info
+
+    require_tools("ssh")
+    inv = _inventory(lab, inventory)
+    started = time.monotonic()
+    findings, facts = hosts_mod.check(SSHHosts(inv, accept_new=accept_new), info)
+    seconds = time.monotonic() - started
+    ok = not any(f.blocking for f in findings)
+    if as_json:
+        click.echo(json.dumps({"ok": ok, "seconds": round(seconds, 2), "nodes": facts,
+                               "findings": [f.as_dict() for f in findings]}))
+    else:
+        _print_findings(f"hosts of {inv.path}", findings, facts, seconds)
+    if not ok:
+        sys.exit(1)
+
+
+@hosts.command("sync", context_settings=CONTEXT)
+@lab_option
+@inventory_option
+@accept_new_option
+@_exclude_option
+@click.option("--dry-run", is_flag=True, help="Print the rsync command for each host; change nothing.")
+def hosts_sync(lab, inventory, accept_new, excludes, dry_run) -> None:
+    """Mirror the workspace (the directory you run labctl from) to every host's workspace folder
+    with rsync, leaving out virtual environments, .lab/ outputs, .git and caches, and write each
+    host's env file there (under .lab/<name>/). Only a folder that is empty or was made by an
+    earlier sync is mirrored into: --delete never empties a folder of yours."""
+    import shlex
+
+    from labctl import hosts as hosts_mod
+    from labctl.ssh import SSHHosts, require_tools, rsync_push_argv, sync_excludes
+    from labctl.ui import console, info
+
+    require_tools("ssh", "rsync")
+    inv = _inventory(lab, inventory)
+    ssh_hosts = SSHHosts(inv, accept_new=accept_new)
+    patterns = sync_excludes(_workspace(), excludes)
+    if dry_run:
+        for host in inv.hosts:
+            console.print(f"[bold]{host.name}[/bold]: {shlex.join(rsync_push_argv(host, _workspace(), patterns))}",
+                          markup=True, soft_wrap=True)
+        return
+    started = time.monotonic()
+    stats = hosts_mod.sync(ssh_hosts, _workspace(), patterns, inv.env_files())
+    for host in inv.hosts:
+        s = stats[host.name]
+        info(f"{host.name} ({host.destination}): {s['files']} files changed, {s['bytes_sent'] / 1e3:,.1f} kB sent "
+             f"to {host.workspace}")
+    info(f"synced {len(inv.hosts)} hosts in {time.monotonic() - started:.1f} s; to run by hand on each:")
+    for name, command in hosts_mod.manual_commands(ssh_hosts):
+        console.print(f"[bold]{name}[/bold]: {command}", markup=True, soft_wrap=True)
+
+
+@hosts.command("run", context_settings={**CONTEXT, "ignore_unknown_options": True, "allow_interspersed_args": False})
+@lab_option
+@inventory_option
+@accept_new_option
+@click.option("--nproc-per-node", metavar="P", help="Processes on every host [default: each host's nproc_per_node].")
+@click.option("--launcher", type=click.Choice(["torchrun", "static"]), default="torchrun", show_default=True,
+              help="torchrun (c10d rendezvous) or static (RANK/WORLD_SIZE/MASTER_ADDR exported, plain python).")
+@click.option("--timeout-s", type=float, default=None, metavar="S",
+              help="Stop the run on every host after S seconds (default: no limit).")
+@click.option("--pg-timeout-s", type=click.FloatRange(1, 3600), default=30.0, show_default=True, metavar="S",
+              help="Process-group timeout for the trainer (DDPLAB_PG_TIMEOUT_S): a dead peer fails collectives after S.")
+@click.option("--no-sync", is_flag=True, help="Run what is already on the hosts (only the env files are written).")
+@_exclude_option
+@click.option("--no-preflight", is_flag=True, help="Skip the checks (versions, interface) before the run.")
+@click.option("--dry-run", is_flag=True, help="Print what each host would run; run nothing.")
+@click.argument("script", nargs=-1, type=click.UNPROCESSED)
+def hosts_run(lab, inventory, accept_new, nproc_per_node, launcher, timeout_s, pg_timeout_s, no_sync, excludes,
+              no_preflight, dry_run, script) -> None:
+    """Run TRAINING_SCRIPT [ARGS...] (or `-m module [ARGS...]`) on every host at once, as `labctl run`
+    does on the lab: sync the workspace, write each host's env file, start torchrun on every host
+    over SSH, stream the output prefixed with each host's name, and save the logs here under
+    .lab/<name>/runs/. Ctrl-C, or any host failing, stops the job on every host.
+
+    \b
+    Examples:
+      labctl hosts run --inventory cluster.toml -- -m trainer --epochs 3
+      labctl hosts run -- my_ddp_script.py --lr 0.1      # the lab's nodes, after `labctl up --ssh`
+    """
+    from labctl import hosts as hosts_mod
+    from labctl import runner
+    from labctl.errors import LabError
+    from labctl.launch import build_launches, parse_script_args
+    from labctl.ssh import SSHHosts, require_tools, sync_excludes
+    from labctl.ui import info
+
+    nproc = _nproc_flag(nproc_per_node)
+    _check_timeout(timeout_s)
+    script_args = parse_script_args(list(script))
+    require_tools("ssh", *([] if no_sync else ["rsync"]))
+    inv = _inventory(lab, inventory)
+    env_texts = inv.env_files(nproc)
+    node_env = {name: hosts_mod.parse_env_text(text) for name, text in env_texts.items()}
+    run_id, run_dir = runner.new_run(hosts_mod.local_dir(_workspace(), inv))
+    remote_run_dir = f"{hosts_mod.state_dir(inv)}/runs/{run_id}"
+    launches = build_launches(node_env, script_args, launcher=launcher, nproc_per_node=nproc, run_id=run_id,
+                              run_dir=remote_run_dir, pg_timeout_s=pg_timeout_s)
+    ssh_hosts = SSHHosts(inv, accept_new=accept_new,
+                         env_files={name: f"{hosts_mod.state_dir(inv)}/{name}.env" for name in inv.names})
+    if dry_run:
+        _print_launches(ssh_hosts, launches)
+        return
+    if not no_preflight:
+        started = time.monotonic()
+        findings = hosts_mod.host_findings(inv, hosts_mod.connect(ssh_hosts, info), nproc)
+        bad = [f for f in findings if f.blocking]
+        if any(not f.ok for f in findings):
+            _print_findings(f"hosts of {inv.path}", [f for f in findings if not f.ok], None,
+                            time.monotonic() - started)
+        if bad:
+            raise LabError(f"preflight found {len(bad)} problem{'s' * (len(bad) != 1)}; the run was not started",
+                           hint=f"`labctl hosts check --inventory {inv.path}` for the full check; --no-preflight "
+                                "to run anyway")
+    if no_sync:
+        hosts_mod.prepare(ssh_hosts, env_texts)
+    else:
+        started = time.monotonic()
+        stats = hosts_mod.sync(ssh_hosts, _workspace(), sync_excludes(_workspace(), excludes), env_texts)
+        info(f"synced {len(inv.hosts)} hosts in {time.monotonic() - started:.1f} s "
+             f"({sum(s['files'] for s in stats.values())} files changed)")
+    info(f"run {run_id} on {', '.join(inv.names)} (logs: {run_dir})")
+    try:
+        runner.run_job(ssh_hosts, node_env, launches, run_dir, run_id, torchrun=launcher == "torchrun",
+                       timeout_s=timeout_s)
+    finally:
+        hosts_mod.fetch_outputs(ssh_hosts, remote_run_dir, run_dir, info)
 
 
 @main.command(context_settings=CONTEXT)

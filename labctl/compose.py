@@ -19,6 +19,8 @@ LABEL_LAB = "io.ddplab.lab"
 LABEL_NODE = "io.ddplab.node"
 LABEL_RANK = "io.ddplab.node-rank"
 LABEL_WORKSPACE = "io.ddplab.workspace"
+LABEL_SSH = "io.ddplab.ssh"  # "true" on the nodes of a lab brought up with --ssh
+SSH_KEY_VAR = "DDPLAB_SSH_AUTHORIZED_KEY"  # the lab's public key; the node's entry point starts sshd for it
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -29,6 +31,7 @@ class ComposePlan:
     workspace: Path
     user: str  # "uid:gid" of the invoking user, so files the nodes write in the workspace are theirs
     node_cpus: Mapping[str, float] = field(default_factory=dict)  # per-node CPU limits (stragglers)
+    ssh_public_key: str | None = None  # `up --ssh`: every node an SSH host that accepts this key
 
 
 def network_name(lab: str) -> str:
@@ -61,6 +64,9 @@ def build_compose(config: LabConfig, plan: ComposePlan, template: dict[str, Any]
         node["user"] = plan.user
         node["env_file"] = [f"{name}.env"]
         node["labels"] = {**lab_labels, LABEL_NODE: name, LABEL_RANK: str(rank)}
+        if plan.ssh_public_key:
+            node["labels"][LABEL_SSH] = "true"
+            node["environment"] = {**node["environment"], SSH_KEY_VAR: plan.ssh_public_key}
         # The workspace appears at the same absolute path on every node and on the host, so
         # paths in commands, logs and run folders mean the same thing everywhere.
         node["volumes"] = [

@@ -27,6 +27,7 @@ import time
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
+from typing import Callable
 
 from labctl.compose import container_name
 
@@ -132,7 +133,10 @@ def check_versions(info: dict[str, dict]) -> list[Finding]:
     return out
 
 
-def check_iface(info: dict[str, dict], envs: dict[str, dict[str, str]], subnet: str | None) -> list[Finding]:
+def check_iface(info: dict[str, dict], envs: dict[str, dict[str, str]], subnet: str | None,
+                how_to_set: Callable[[str], str] = lambda node: "set GLOO_SOCKET_IFNAME to") -> list[Finding]:
+    """The socket interface of each node exists and carries an address (on the lab's subnet, if
+    given). `how_to_set(node)` starts the fix: in the lab an env var, on real hosts the inventory."""
     out = []
     net = ipaddress.ip_network(subnet) if subnet else None
     for node, i in info.items():
@@ -141,23 +145,29 @@ def check_iface(info: dict[str, dict], envs: dict[str, dict[str, str]], subnet: 
             continue
         addrs = i.get("ifaces", {}).get(iface)
         have = ", ".join(f"{name} ({', '.join(a) or 'no address'})" for name, a in i.get("ifaces", {}).items())
+        master = envs[node].get("MASTER_ADDR", "MASTER_ADDR")
         if addrs is None:
             out.append(Finding("iface", node, False, f"GLOO_SOCKET_IFNAME={iface}, but {node} has no such interface "
                                f"(gloo fails with 'Unable to find address for: {iface}'); it has: {have}",
-                               "set GLOO_SOCKET_IFNAME to the interface on the lab network (find it with `ip route get MASTER_ADDR`)"))
+                               f"{how_to_set(node)} the interface that reaches the others (on {node}, "
+                               f"`ip route get {master}` names it)"))
             continue
         on_subnet = [a for a in addrs if net is None or ipaddress.ip_interface(a).ip in net]
         if not on_subnet:
-            out.append(Finding("iface", node, False, f"{iface} carries {', '.join(addrs) or 'no address'}, none on the "
-                               f"lab subnet {subnet}: gloo would advertise an address the peers cannot reach",
-                               f"set GLOO_SOCKET_IFNAME to the interface with an address in {subnet}; it has: {have}"))
+            where = f"none on the lab subnet {subnet}" if net else "no IPv4 address"
+            out.append(Finding("iface", node, False, f"{iface} carries {', '.join(addrs) or 'no address'}, {where}: "
+                               "gloo would advertise an address the peers cannot reach",
+                               f"{how_to_set(node)} the interface with an address{f' in {subnet}' if net else ''}; "
+                               f"it has: {have}"))
     if not out:
         ifaces = sorted({envs[n].get("GLOO_SOCKET_IFNAME", "?") for n in info})
-        out.append(Finding("iface", "all", True, f"{', '.join(ifaces)} up with an address on {subnet} on every node"))
+        where = f" on {subnet}" if subnet else ""
+        out.append(Finding("iface", "all", True, f"{', '.join(ifaces)} up with an address{where} on every node"))
     return out
 
 
-def check_reach(results: dict[str, dict], master: tuple[str, str, int], probe_port: int) -> list[Finding]:
+def check_reach(results: dict[str, dict], master: tuple[str, str, int], probe_port: int,
+                connect_s: float = CONNECT_S) -> list[Finding]:
     """Findings from every node's probe: {node: {"bind_errors": {port: error}, "results": [[target, ip, port, status, ms]]}}."""
     out = []
     master_node, master_ip, master_port = master
@@ -173,7 +183,7 @@ def check_reach(results: dict[str, dict], master: tuple[str, str, int], probe_po
         for target, ip, port, status, ms in r.get("results", []):
             if status == "ok":
                 continue
-            why = {"timeout": f"no answer in {CONNECT_S:g} s: packets are dropped (a firewall)",
+            why = {"timeout": f"no answer in {connect_s:g} s: packets are dropped (a firewall)",
                    "refused": "connection refused: nothing listens, or a firewall rejects it"}.get(status, status)
             if port == master_port and target == master_node:
                 rdzv_bad.append(Finding("rendezvous", node, False, f"{node} cannot reach the rendezvous {master_ip}:{port} "
@@ -192,7 +202,7 @@ def check_reach(results: dict[str, dict], master: tuple[str, str, int], probe_po
 # ------------------------------------------------------------------------------ gathering
 
 INFO_SCRIPT = r"""
-import importlib.util, json, os, socket, subprocess, sys
+import importlib.util, json, os, shutil, socket, subprocess, sys
 out = {"hostname": socket.gethostname(), "python": sys.version.split()[0]}
 spec = importlib.util.find_spec("torch")
 version = {}
@@ -214,6 +224,7 @@ try:
     addrs = json.loads(subprocess.run(["ip", "-j", "-4", "addr"], capture_output=True, text=True).stdout or "[]")
 except OSError:
     addrs = []
+out["rsync"] = shutil.which("rsync") is not None  # `labctl hosts sync` needs it at both ends
 out["ifaces"] = {a["ifname"]: [f"{i['local']}/{i['prefixlen']}" for i in a.get("addr_info", [])] for a in addrs}
 print(json.dumps(out))
 """
@@ -233,10 +244,13 @@ for port in cfg["listen"]:
         listeners.append(s)
     except OSError as e:
         errors[str(port)] = e.strerror or str(e)
+accepted, lock = [0], threading.Lock()
 def serve(s):
     while time.monotonic() < deadline:
         try:
             s.accept()[0].close()
+            with lock:
+                accepted[0] += 1
         except OSError:
             pass
 for s in listeners:
@@ -264,7 +278,9 @@ for t in threads:
     t.start()
 for t in threads:
     t.join()
-while time.monotonic() < deadline:
+# Keep listening for peers still on their way, until every one expected has connected: a pair that
+# cannot connect (a firewall) keeps the window open to its end, a healthy lab ends as soon as it can.
+while time.monotonic() < deadline and accepted[0] < cfg["expect"]:
     time.sleep(0.05)
 print(json.dumps({"bind_errors": errors, "results": results}))
 """
@@ -295,8 +311,8 @@ def gather_info(nodes, names: list[str]) -> dict[str, dict]:
         return dict(zip(names, pool.map(lambda node: node_info(nodes, node), names)))
 
 
-def probe_reach(nodes, ips: dict[str, str], master: tuple[str, str, int],
-                probe_port: int | None = None) -> tuple[int, dict[str, dict]]:
+def probe_reach(nodes, ips: dict[str, str], master: tuple[str, str, int], probe_port: int | None = None,
+                connect_s: float = CONNECT_S) -> tuple[int, dict[str, dict]]:
     """Every node listens (node0 also on the master port) and connects to every other node."""
     probe_port = probe_port or random.randint(*PROBE_PORTS)
     master_node, master_ip, master_port = master
@@ -305,8 +321,10 @@ def probe_reach(nodes, ips: dict[str, str], master: tuple[str, str, int],
         targets = [[other, ip, probe_port] for other, ip in ips.items() if other != node]
         if node != master_node:
             targets.append([master_node, master_ip, master_port])
+        peers = len(ips) - 1  # each dials this node's probe port, and the master port on the master
         cfg = {"listen": [probe_port] + ([master_port] if node == master_node else []), "targets": targets,
-               "connect_s": CONNECT_S, "window_s": CONNECT_S + 0.8}
+               "connect_s": connect_s, "window_s": connect_s + 0.8,
+               "expect": peers * (2 if node == master_node else 1)}
         _, output = nodes.run(node, ["python", "-c", PROBE_SCRIPT, json.dumps(cfg)])
         return _parse_json(node, output)
 

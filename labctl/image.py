@@ -26,11 +26,13 @@ from labctl.config import LabConfig
 from labctl.errors import CommandError, LabError
 from labctl.proc import run
 
-LOCAL_BASE = "ddplab-base:bookworm"
 LABEL_BUILD_HASH = "io.ddplab.build-hash"
 WHEELHOUSE = REPO_ROOT / ".lab" / "wheelhouse"
 WHEELHOUSE_STAMP = "ddplab-wheelhouse.txt"
-BASE_PACKAGES = "python3,python3-venv,python3-pip,iproute2,iperf3,procps,util-linux,ca-certificates"
+BASE_PACKAGES = ("python3,python3-venv,python3-pip,iproute2,iperf3,procps,util-linux,ca-certificates,"
+                 "openssh-server,rsync,libnss-wrapper")
+# The local base's tag names its package list, so a base made before the list changed is not reused.
+LOCAL_BASE = f"ddplab-base:bookworm-{hashlib.sha256(BASE_PACKAGES.encode()).hexdigest()[:8]}"
 _STEP_RE = re.compile(r"^Step (\d+)/(\d+) : (.*)$")
 
 Report = Callable[[str], None]
@@ -171,6 +173,9 @@ def build_local_base(config: LabConfig, report: Report) -> None:
     with tempfile.TemporaryDirectory(prefix="ddplab-rootfs-") as tmp:
         rootfs = Path(tmp) / "rootfs"
         run(["debootstrap", "--variant=minbase", f"--include={BASE_PACKAGES}", "bookworm", str(rootfs), mirror])
+        # openssh-server's install made host keys: no image layer may carry them (nodes make their own).
+        for key in (rootfs / "etc" / "ssh").glob("ssh_host_*"):
+            key.unlink()
         report(f"base: importing as {LOCAL_BASE}")
         tar = subprocess.Popen(["tar", "-C", str(rootfs), "-c", "."], stdout=subprocess.PIPE)
         try:

@@ -181,13 +181,14 @@ def check_host_limits(client, config: LabConfig, node_cpus: dict[str, float] | N
     check_cpus(client, limits)
 
 
-def plan_up(client, config: LabConfig, workspace: Path,
-            node_cpus: dict[str, float] | None = None) -> tuple[dict, dict[str, str], str]:
+def plan_up(client, config: LabConfig, workspace: Path, node_cpus: dict[str, float] | None = None,
+            ssh_public_key: str | None = None) -> tuple[dict, dict[str, str], str]:
     """Validate against the engine and render everything; creates nothing."""
     subnet = choose_subnet(client, config)
     check_fits(config, subnet)
     check_host_limits(client, config, node_cpus)
-    plan = ComposePlan(subnet=subnet, workspace=workspace, user=invoking_user(), node_cpus=node_cpus or {})
+    plan = ComposePlan(subnet=subnet, workspace=workspace, user=invoking_user(), node_cpus=node_cpus or {},
+                       ssh_public_key=ssh_public_key)
     document = compose_mod.build_compose(config, plan, compose_mod.load_template())
     ips = [node_ip(subnet, i) for i in range(config.nodes)]
     env_files = build_env_files(topology_for_lab(config, ips), config.node_names)

@@ -95,13 +95,17 @@ import subprocess, threading
 grace_s = float(sys.argv[1])
 child = subprocess.Popen(sys.argv[2:])
 def watch():
-    sys.stdin.buffer.read()
+    # Raw reads of fd 0: a thread blocked in sys.stdin's buffered reader holds its lock, and the
+    # interpreter aborts at exit (SIGABRT) when it finds it held.
+    while os.read(0, 4096):
+        pass
     if child.poll() is None:
         print("labctl: the SSH session closed; stopping this host's part of the run", flush=True)
         stop_run(os.environ["{RUN_ID_VAR}"], grace_s)
 threading.Thread(target=watch, daemon=True).start()
 code = child.wait()
-sys.exit(code if code >= 0 else 128 - code)
+sys.stdout.flush()
+os._exit(code if code >= 0 else 128 - code)  # not sys.exit: the watcher may still be blocked in its read
 """
 
 

@@ -13,11 +13,14 @@ log = logging.getLogger("labctl.proc")
 
 
 def run(argv: list[str], *, cwd: Path | None = None, check: bool = True, capture: bool = True,
-        timeout_s: float | None = None, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    """Run argv (never a shell string). Raises CommandError with the command, status and output."""
+        timeout_s: float | None = None, env: dict[str, str] | None = None,
+        input_text: str | None = None) -> subprocess.CompletedProcess[str]:
+    """Run argv (never a shell string), with `input_text` on its stdin if given.
+    Raises CommandError with the command, status and output."""
     log.debug("$ %s", shlex.join(argv))
     try:
-        result = subprocess.run(argv, cwd=cwd, text=True, capture_output=capture, timeout=timeout_s, env=env)
+        result = subprocess.run(argv, cwd=cwd, text=True, capture_output=capture, timeout=timeout_s, env=env,
+                                input=input_text)
     except FileNotFoundError:
         raise CommandError(argv, 127, stderr=f"{argv[0]}: command not found") from None
     except subprocess.TimeoutExpired as exc:

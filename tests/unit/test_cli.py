@@ -103,3 +103,57 @@ def test_cost_table_outside_a_lab_lists_every_preset():
     for name in ("1GbE", "2.5GbE", "10GbE", "100G-RoCE", "400G-RoCE", "NVLink"):
         assert name in result.output
     assert "comm/compute" in result.output
+
+
+INVENTORY = """
+name = "pair"
+[defaults]
+iface = "eth0"
+user = "me"
+python = "/opt/venv/bin/python"
+[[hosts]]
+address = "10.1.0.1"
+nproc_per_node = 2
+[[hosts]]
+address = "10.1.0.2"
+"""
+
+
+@pytest.mark.parametrize("args, fragment", [
+    (["hosts", "check"], "no inventory at "),
+    (["hosts", "run", "--inventory", "nope.toml", "--", "x.py"], "no inventory at nope.toml"),
+    (["hosts", "run", "--inventory", "hosts.toml"], "no training script given"),
+    (["hosts", "run", "--inventory", "hosts.toml", "--nproc-per-node", "0", "--", "x.py"],
+     "invalid --nproc-per-node='0'"),
+    (["hosts", "run", "--inventory", "hosts.toml", "--timeout-s", "-1", "--", "x.py"], "positive number of seconds"),
+    (["hosts", "sync", "--inventory", "bad.toml"], "hosts[0].port='x'"),
+])
+def test_hosts_bad_input_exit_2(tmp_path, args, fragment):
+    (tmp_path / "hosts.toml").write_text(INVENTORY)
+    (tmp_path / "bad.toml").write_text('[[hosts]]\naddress = "10.0.0.1"\niface = "eth0"\nport = "x"\n')
+    result = invoke(*args)
+    assert result.exit_code == 2, result.output
+    assert fragment in result.output
+
+
+def test_hosts_run_dry_run_shows_each_hosts_command_and_connects_to_nothing(tmp_path):
+    (tmp_path / "hosts.toml").write_text(INVENTORY)
+    result = invoke("hosts", "run", "--inventory", "hosts.toml", "--dry-run", "--", "-m", "trainer", "--epochs", "1")
+    assert result.exit_code == 0, result.output
+    lines = [line for line in result.output.splitlines() if "torchrun" in line]
+    assert [line.split(" (")[0] for line in lines] == ["node0", "node1"]
+    assert "(me@10.1.0.1:22)" in lines[0] and "PET_RDZV_CONF=is_host=false" in lines[0]
+    assert "DDPLAB_RUN_DIR=.lab/pair/runs/" in lines[0]
+    static = invoke("hosts", "run", "--inventory", "hosts.toml", "--dry-run", "--launcher", "static", "--", "x.py")
+    # The first host runs two processes, the second one: three ranks in all.
+    assert [line.split(" (")[0] for line in static.output.splitlines()] == ["node0/r0", "node0/r1", "node1"]
+    assert "WORLD_SIZE=3" in static.output
+
+
+def test_hosts_sync_dry_run_prints_rsync_with_strict_host_keys(tmp_path):
+    (tmp_path / "hosts.toml").write_text(INVENTORY)
+    result = invoke("hosts", "sync", "--inventory", "hosts.toml", "--dry-run", "--exclude", "*.ckpt")
+    assert result.exit_code == 0, result.output
+    assert "node1: rsync --archive --delete" in result.output and "'--exclude=*.ckpt'" in result.output
+    assert "StrictHostKeyChecking=yes" in result.output and "10.1.0.2:ddplab-workspace/" in result.output
+    assert not (tmp_path / ".lab").exists()

@@ -83,4 +83,5 @@ def test_any_input_is_a_clear_exit_never_a_traceback(sandbox, argv):
 
 def test_the_grammar_covers_every_command():
     names = {" ".join(path) for path, _ in COMMANDS}
-    assert {"up", "down", "run", "doctor", "fault", "shape", "bench scaling", "bench straggler", "cost", "env"} <= names
+    assert {"up", "down", "run", "doctor", "fault", "shape", "bench scaling", "bench straggler", "cost", "env",
+            "hosts check", "hosts sync", "hosts run"} <= names

@@ -1,0 +1,244 @@
+"""`labctl hosts`: the lab's env files, preflight and trainer on real machines, over SSH.
+
+  check  doctor's checks, over SSH: every host reached with a verified host key, torch and Python
+         the same everywhere, the socket interface present with an address, the rendezvous port on
+         the first host and a back-connect port between every pair of hosts reachable
+  sync   the workspace mirrored to every host with rsync (no virtual environments, no .lab/ outputs,
+         no caches), and each host's env file written beside it
+  run    sync, then the same launch path as `labctl run` (runner.run_job over ssh.SSHHosts): output
+         streamed with each host's name, logs saved here, and every host stopped on Ctrl-C or on
+         any host's failure
+
+On each host, under its workspace: .lab/<inventory name>/<host>.env and runs/<run id>/ (the job's
+per-rank metrics, copied back here after the run). Here: .lab/<inventory name>/runs/<run id>/.
+"""
+
+from __future__ import annotations
+
+import io
+import re
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, TypeVar
+
+from labctl.doctor import Finding, check_env, check_iface, check_reach, check_versions, node_info, probe_reach
+from labctl.errors import CommandError, LabError
+from labctl.inventory import Inventory
+from labctl.proc import run
+from labctl.ssh import (
+    PREPARE_SCRIPT, SSHError, SSHHosts, is_known, recorded_fingerprint, rsync_pull_argv, rsync_push_argv, rsync_stats,
+    ssh_command_hint,
+)
+
+Report = Callable[[str], None]
+T = TypeVar("T")
+PROBE_CONNECT_S = 3.0  # hosts start their probes over separate SSH sessions, up to a second or so apart
+SYNC_TIMEOUT_S = 1800
+
+
+def state_dir(inventory: Inventory) -> str:
+    """Where labctl keeps a host's env file and the job's outputs, relative to its workspace."""
+    return f".lab/{inventory.name}"
+
+
+def local_dir(workspace: Path, inventory: Inventory) -> Path:
+    return workspace / ".lab" / inventory.name
+
+
+def parse_env_text(text: str) -> dict[str, str]:
+    from dotenv import dotenv_values
+
+    return {k: v for k, v in dotenv_values(stream=io.StringIO(text)).items() if v is not None}
+
+
+def on_every_host(inventory: Inventory, work: Callable[[str], T]) -> dict[str, T]:
+    """work(host name) on every host at once; if any raise, one LabError naming each host that failed."""
+    def attempt(name: str):
+        try:
+            return name, work(name), None
+        except LabError as exc:
+            return name, None, exc
+
+    with ThreadPoolExecutor(max_workers=16) as pool:
+        outcomes = list(pool.map(attempt, inventory.names))
+    errors = [exc for _, _, exc in outcomes if exc is not None]
+    if len(errors) == 1:
+        raise errors[0]
+    if errors:
+        raise LabError("; ".join(e.message for e in errors), hint=errors[0].hint)
+    return {name: value for name, value, _ in outcomes}
+
+
+# ----------------------------------------------------------------------------------- connect
+
+
+@dataclass
+class Reached:
+    """What every host said when asked: its facts (doctor's INFO), or why it could not be asked."""
+
+    info: dict[str, dict]
+    failed: dict[str, LabError]
+
+
+def connect(hosts: SSHHosts, report: Report) -> Reached:
+    """Reach every host at once and gather doctor's facts; a host SSH refuses is a failure, not an abort."""
+    inventory = hosts.inventory
+    new = {h.name for h in inventory.hosts if hosts.accept_new and not is_known(h)}
+
+    def ask(name: str):
+        host = inventory.host(name)
+        try:
+            info = node_info(hosts, name)
+        except SSHError as exc:
+            return name, None, exc
+        except ValueError as exc:  # the Python named in the inventory did not run: what the shell said
+            said = re.search(r"no report \((.*)\)$", str(exc), re.S)
+            return name, None, LabError(f"{name} ({host.destination}): {host.python} did not run there: "
+                                        f"{(said.group(1) if said else str(exc)).strip()}",
+                                        hint=f"set python (or venv) for {name} in {inventory.path} to the Python "
+                                        "that has torch")
+        if name in new:
+            report(f"{name}: recorded its host key {recorded_fingerprint(host)} in "
+                   f"{host.known_hosts or '~/.ssh/known_hosts'} (--accept-new)")
+        return name, info, None
+
+    with ThreadPoolExecutor(max_workers=16) as pool:
+        answers = list(pool.map(ask, inventory.names))
+    for name, info, _ in answers:
+        if info is not None:
+            info["ip"] = inventory.host(name).address
+            info["iface"] = inventory.host(name).iface
+    return Reached({n: i for n, i, _ in answers if i is not None}, {n: e for n, _, e in answers if e is not None})
+
+
+def host_findings(inventory: Inventory, reached: Reached, nproc_per_node: int | None = None) -> list[Finding]:
+    """Everything doctor checks that needs no traffic between the hosts."""
+    out = [Finding("ssh" if isinstance(exc, SSHError) else "python", name, False, exc.message, exc.hint or "")
+           for name, exc in reached.failed.items()]
+    if not reached.failed:
+        out.append(Finding("ssh", "all", True, f"{len(inventory.hosts)} host{'s' * (len(inventory.hosts) != 1)} "
+                           "reached, every host key verified"))
+    envs = {name: parse_env_text(text) for name, text in inventory.env_files(nproc_per_node).items()}
+    out += check_env(envs)
+    info = reached.info
+    with_torch = {name: i for name, i in info.items() if i.get("torch")}
+    for name in info.keys() - with_torch.keys():
+        host = inventory.host(name)
+        out.append(Finding("versions", name, False, f"{host.python} on {name} has no torch",
+                           "install the same torch release as on the other hosts, or point python (or venv) in "
+                           "the inventory at the environment that has it"))
+    checked = check_versions(with_torch) if with_torch else []
+    if info:
+        checked += check_iface(info, {name: envs[name] for name in info}, None,
+                               how_to_set=lambda node: f"set iface for {node} in {inventory.path} to")
+    if len(with_torch) == len(inventory.hosts):
+        out += checked
+    else:  # "the same on every node" would claim hosts that were not asked, or have no torch
+        out += [f for f in checked if not f.ok]
+    no_rsync = sorted(name for name, i in info.items() if not i.get("rsync"))
+    out += [Finding("tools", name, False, f"{name} has no rsync, which `labctl hosts sync` needs at both ends",
+                    "install it there: apt-get install rsync (or dnf, brew ...)") for name in no_rsync]
+    return out
+
+
+def reach_findings(hosts: SSHHosts, reached: Reached) -> list[Finding]:
+    """doctor's probes between the hosts: the rendezvous port on the first, and a back-connect port
+    between every pair, dialled at the address each host's interface carries, which is the address
+    gloo and NCCL will advertise to their peers."""
+    inventory = hosts.inventory
+    first = inventory.hosts[0]
+    ips = {}
+    for name, info in reached.info.items():
+        addrs = info.get("ifaces", {}).get(inventory.host(name).iface) or []
+        if addrs:
+            ips[name] = addrs[0].split("/")[0]
+    if ips.keys() != set(inventory.names):
+        # A host that SSH cannot reach, or without an address on its interface, cannot take part.
+        return [Finding("ports", "all", False, "the rendezvous and back-connect ports were not probed: every host "
+                        "must be reached with an address on its interface first (see above)", warn=True)]
+    master = (first.name, first.address, inventory.master_port)
+    port, results = probe_reach(hosts, ips, master, connect_s=PROBE_CONNECT_S)
+    return check_reach(results, master, port, connect_s=PROBE_CONNECT_S)
+
+
+def check(hosts: SSHHosts, report: Report) -> tuple[list[Finding], dict[str, dict]]:
+    reached = connect(hosts, report)
+    findings = host_findings(hosts.inventory, reached)
+    findings += reach_findings(hosts, reached)
+    return findings, reached.info
+
+
+# -------------------------------------------------------------------------------------- sync
+
+
+def prepare(hosts: SSHHosts, env_texts: dict[str, str]) -> None:
+    """Every host's workspace made (or found to be labctl's) and its env file written."""
+    inventory = hosts.inventory
+    state = state_dir(inventory)
+
+    def one(name: str) -> None:
+        host = inventory.host(name)
+        code, output = hosts.run(name, ["sh", "-c", PREPARE_SCRIPT, "sh", host.workspace, state, f"{name}.env"],
+                                 input_text=env_texts[name])
+        if code == 3 and "DDPLAB_NOT_OURS" in output:
+            raise LabError(f"{name}: {host.workspace} on {host.destination} is not empty and was not made by labctl; "
+                           "`hosts sync` mirrors the workspace into it and would delete what is there",
+                           hint=f"set workspace for {name} in {inventory.path} to a new or empty folder")
+        if code != 0:
+            raise LabError(f"{name}: could not prepare {host.workspace} on {host.destination} (status {code}): "
+                           f"{output.strip()[-300:]}")
+
+    on_every_host(inventory, one)
+
+
+def push(hosts: SSHHosts, workspace: Path, excludes: list[str]) -> dict[str, dict[str, int]]:
+    """rsync the workspace to every host at once: {host: {"files", "bytes_sent"}}."""
+
+    def one(name: str) -> dict[str, int]:
+        host = hosts.host(name)
+        try:
+            result = run(rsync_push_argv(host, workspace, excludes, accept_new=hosts.accept_new), check=False,
+                         timeout_s=SYNC_TIMEOUT_S)
+        except CommandError as exc:
+            raise LabError(f"{name}: rsync to {host.destination} did not finish: {exc}") from None
+        if result.returncode != 0:
+            error = hosts.failure(name, result.stderr)
+            if error is not None:
+                raise error
+            raise LabError(f"{name}: rsync to {host.destination} failed (status {result.returncode}): "
+                           f"{result.stderr.strip()[-300:]}", hint="rsync must be installed on the host too; "
+                           f"`labctl hosts check --inventory {hosts.inventory.path}` checks")
+        return rsync_stats(result.stdout)
+
+    return on_every_host(hosts.inventory, one)
+
+
+def sync(hosts: SSHHosts, workspace: Path, excludes: list[str], env_texts: dict[str, str]) -> dict[str, dict[str, int]]:
+    prepare(hosts, env_texts)
+    return push(hosts, workspace, excludes)
+
+
+def fetch_outputs(hosts: SSHHosts, remote_run_dir: str, run_dir: Path, report: Report) -> None:
+    """Copy what the job wrote on each host (per-rank metrics) into the local run folder; best effort."""
+
+    def one(name: str) -> None:
+        result = run(rsync_pull_argv(hosts.host(name), remote_run_dir, run_dir), check=False, timeout_s=300)
+        if result.returncode not in (0, 23):  # 23: nothing there (a job that wrote no metrics)
+            report(f"{name}: could not copy {remote_run_dir} back: {result.stderr.strip()[-200:]}")
+
+    try:
+        on_every_host(hosts.inventory, one)
+    except LabError as exc:
+        report(f"could not copy the outputs back: {exc.message}")
+
+
+def manual_commands(hosts: SSHHosts) -> list[tuple[str, str]]:
+    """(host, what to type to run the job by hand there), as `labctl env` prints for its files."""
+    inventory = hosts.inventory
+    out = []
+    for host in inventory.hosts:
+        env_file = f"{state_dir(inventory)}/{host.name}.env"
+        out.append((host.name, f"{ssh_command_hint(host)}, then: cd {host.workspace} && set -a && . ./{env_file} && "
+                               f"set +a && {host.python} -m torch.distributed.run -m trainer"))
+    return out

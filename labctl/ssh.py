@@ -1,0 +1,414 @@
+"""SSH and rsync to real hosts, through the system's OpenSSH client, with host keys verified.
+
+Every connection is `ssh` with BatchMode (never a prompt) and StrictHostKeyChecking=yes against the
+inventory's known_hosts file. A host seen for the first time is accepted only with --accept-new
+(OpenSSH's own accept-new: record a new key, still refuse a changed one), and a changed key is
+refused with the fingerprint the host now presents. Nothing here accepts every key
+(StrictHostKeyChecking=no), as Ansible does not by default either.
+
+Pure builders come first (ssh options, remote command lines, rsync argv, reading ssh's messages);
+`SSHHosts`, the runner.Nodes for real hosts, runs them. The remote side needs a POSIX shell, the
+inventory's Python, and rsync for `hosts sync`; processes are found by /proc, so hosts run Linux.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import logging
+import os
+import re
+import shlex
+import subprocess
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Mapping
+
+from labctl.errors import CommandError, LabError
+from labctl.inventory import Host, Inventory
+from labctl.launch import WATCHDOG_SCRIPT, Launch
+from labctl.proc import run
+from labctl.runner import STOP_GRACE_S
+
+log = logging.getLogger("labctl.ssh")
+
+CONNECT_TIMEOUT_S = 10
+ALIVE_INTERVAL_S = 5  # a silent host is given up after 3 unanswered keep-alives: 15 s
+MARKER = ".ddplab-workspace"  # in every workspace `hosts sync` owns: it mirrors only into those
+# Left out of `hosts sync`: outputs, caches and virtual environments (a venv is tied to the machine
+# that made it; each host has its own Python, named in the inventory).
+SYNC_EXCLUDES = (".git/", ".lab/", ".venv/", "venv/", "__pycache__/", "*.pyc", ".pytest_cache/", ".mypy_cache/",
+                 ".ruff_cache/", ".hypothesis/", ".ipynb_checkpoints/", ".tox/", ".nox/", "*.egg-info/")
+
+
+# ------------------------------------------------------------------------------------- builders
+
+
+def _ssh_option_value(text: str) -> str:
+    """ssh splits some option values (UserKnownHostsFile) on whitespace; double quotes keep a path whole."""
+    if re.search(r"[\s\"'\\]", text):
+        return '"' + text.replace("\\", "\\\\").replace('"', '\\"') + '"'
+    return text
+
+
+def ssh_options(host: Host, *, accept_new: bool) -> list[str]:
+    opts = [
+        "-o", "BatchMode=yes",  # a missing key or an unknown host fails; nothing ever waits for a password
+        "-o", f"StrictHostKeyChecking={'accept-new' if accept_new else 'yes'}",
+        "-o", f"ConnectTimeout={CONNECT_TIMEOUT_S}",
+        "-o", f"ServerAliveInterval={ALIVE_INTERVAL_S}", "-o", "ServerAliveCountMax=3",
+        "-o", "LogLevel=ERROR",  # ssh's errors (a changed key) still show; its chatter does not mix into output
+        "-p", str(host.port),
+    ]
+    if host.known_hosts is not None:
+        opts += ["-o", f"UserKnownHostsFile={_ssh_option_value(str(host.known_hosts))}"]
+    if host.identity_file is not None:
+        opts += ["-i", str(host.identity_file), "-o", "IdentitiesOnly=yes"]
+    if host.user:
+        opts += ["-l", host.user]
+    return opts
+
+
+def ssh_argv(host: Host, command: str, *, accept_new: bool = False) -> list[str]:
+    """`ssh ... -- ADDRESS COMMAND`: COMMAND is one line for the remote user's shell (remote_command)."""
+    return ["ssh", *ssh_options(host, accept_new=accept_new), "-T", "--", host.address, command]
+
+
+def ssh_command_hint(host: Host) -> str:
+    """The plain ssh command a person would type to reach the host."""
+    return shlex.join(["ssh", "-p", str(host.port), f"{host.user}@{host.address}" if host.user else host.address])
+
+
+def known_hosts_name(host: Host) -> str:
+    """How ssh names the host in known_hosts: the address, or [address]:port off port 22."""
+    return host.address if host.port == 22 else f"[{host.address}]:{host.port}"
+
+
+def sh_word(text: str) -> str:
+    """One word for the remote POSIX shell; a leading ~/ stays the user's home."""
+    if text.startswith("~/"):
+        return '"$HOME"/' + shlex.quote(text[2:])
+    return shlex.quote(text)
+
+
+def remote_command(argv: list[str], *, workdir: str | None = None, env_file: str | None = None,
+                   env: Mapping[str, str] | None = None) -> str:
+    """The line the remote shell runs: cd WORKDIR, load ENV_FILE (relative to it), then exec argv with
+    `env` on top. SSH carries one string, not argv, so every word is quoted here and only here."""
+    steps = []
+    if workdir:
+        steps.append(f"cd {sh_word(workdir)}")
+    if env_file:
+        # `. NAME` without a slash would search PATH, not the current directory.
+        steps.append(f"set -a && . {sh_word(env_file if '/' in env_file else './' + env_file)} && set +a")
+    words = [sh_word(argv[0]), *(shlex.quote(a) for a in argv[1:])]
+    if env:
+        words = ["env", *(shlex.quote(f"{k}={v}") for k, v in env.items()), *words]
+    steps.append("exec " + " ".join(words))
+    return " && ".join(steps)
+
+
+def resolve_argv(host: Host, argv: list[str]) -> list[str]:
+    """The host's own Python for "python", and its torchrun as `python -m torch.distributed.run`
+    (a venv's torchrun may not be on the PATH of a non-interactive SSH session)."""
+    if argv and argv[0] == "python":
+        return [host.python, *argv[1:]]
+    if argv and argv[0] == "torchrun":
+        return [host.python, "-m", "torch.distributed.run", *argv[1:]]
+    return list(argv)
+
+
+def _rsync_remote(host: Host, path: str) -> str:
+    address = f"[{host.address}]" if ":" in host.address else host.address
+    return f"{address}:{path}"
+
+
+def _rsync_shell(host: Host, accept_new: bool) -> str:
+    return shlex.join(["ssh", *ssh_options(host, accept_new=accept_new)])
+
+
+def rsync_push_argv(host: Host, source: Path, excludes: list[str], *, accept_new: bool = False) -> list[str]:
+    """Mirror `source` into the host's workspace: --delete, so a removed file does not linger there
+    and shadow a module; excluded paths (and the marker) are never deleted on the host."""
+    return ["rsync", "--archive", "--delete", "--stats", *(f"--exclude={p}" for p in excludes),
+            f"--exclude=/{MARKER}", "-e", _rsync_shell(host, accept_new), "--", f"{source}/",
+            _rsync_remote(host, f"{host.workspace}/")]
+
+
+def rsync_pull_argv(host: Host, remote_dir: str, dest: Path) -> list[str]:
+    """Copy a folder under the host's workspace back (what the job wrote there: per-rank metrics)."""
+    return ["rsync", "--archive", "-e", _rsync_shell(host, False), "--",
+            _rsync_remote(host, f"{host.workspace}/{remote_dir}/"), f"{dest}/"]
+
+
+def sync_excludes(workspace: Path, extra: tuple[str, ...] = ()) -> list[str]:
+    """The default exclusions, every virtual environment found in the top two levels of the
+    workspace (by its pyvenv.cfg, whatever its name), and the user's own patterns."""
+    venvs = sorted({f"/{cfg.parent.relative_to(workspace)}/" for pattern in ("*/pyvenv.cfg", "*/*/pyvenv.cfg")
+                    for cfg in workspace.glob(pattern)})
+    return [*SYNC_EXCLUDES, *venvs, *extra]
+
+
+_STATS = {"files": re.compile(r"Number of regular files transferred: ([\d,]+)"),
+          "bytes_sent": re.compile(r"Total bytes sent: ([\d,]+)")}
+
+
+def rsync_stats(output: str) -> dict[str, int]:
+    """Files and bytes that went over the wire, from rsync's --stats."""
+    out = {}
+    for key, pattern in _STATS.items():
+        match = pattern.search(output)
+        out[key] = int(match.group(1).replace(",", "")) if match else 0
+    return out
+
+
+# The first step on each host before a sync: the workspace is labctl's (empty, or marked by an
+# earlier sync), never a folder of the user's that --delete would empty; then the host's env file,
+# written whole or not at all.
+PREPARE_SCRIPT = f"""set -e
+ws=$1; state=$2; name=$3
+if [ -d "$ws" ] && [ -n "$(ls -A "$ws")" ] && [ ! -e "$ws/{MARKER}" ]; then
+  echo "DDPLAB_NOT_OURS"; exit 3
+fi
+mkdir -p "$ws/$state"
+touch "$ws/{MARKER}"
+cat > "$ws/$state/$name.tmp"
+mv "$ws/$state/$name.tmp" "$ws/$state/$name"
+"""
+
+
+# ------------------------------------------------------------------------- reading ssh's messages
+
+
+def key_fingerprint(key_type: str, blob_b64: str) -> str:
+    """OpenSSH's SHA256 fingerprint of a public key, as `ssh-keygen -l` prints it."""
+    digest = hashlib.sha256(base64.b64decode(blob_b64)).digest()
+    return "SHA256:" + base64.b64encode(digest).decode().rstrip("=")
+
+
+def scanned_fingerprints(keyscan_output: str) -> list[tuple[str, str]]:
+    """(key type, fingerprint) for each `host type base64` line of ssh-keyscan."""
+    out = []
+    for line in keyscan_output.splitlines():
+        fields = line.split()
+        if len(fields) >= 3 and not line.startswith("#"):
+            try:
+                out.append((fields[1], key_fingerprint(fields[1], fields[2])))
+            except ValueError:
+                continue
+    return out
+
+
+_CHANGED = re.compile(r"REMOTE HOST IDENTIFICATION HAS CHANGED")
+_SENT = re.compile(r"The fingerprint for the (\S+) key sent by the remote host is\s+(SHA256:[A-Za-z0-9+/]+)")
+_OFFENDING = re.compile(r"Offending \S+ key in (.+?):(\d+)")
+_UNKNOWN = re.compile(r"No \S+ host key is known for|Host key verification failed")
+_AUTH = re.compile(r"Permission denied \(([^)]*)\)")
+_UNREACHABLE = re.compile(r"(Connection refused|Connection timed out|No route to host|Could not resolve hostname"
+                          r"[^\n]*|Network is unreachable|Operation timed out|Connection closed by[^\n]*|"
+                          r"Connection reset by[^\n]*|kex_exchange_identification[^\n]*)")
+
+
+class SSHError(LabError):
+    """SSH could not run anything on a host: which host, what ssh said, what to do. Exit status 2."""
+
+    def __init__(self, host: Host, message: str, hint: str | None = None, kind: str = "ssh"):
+        super().__init__(message, hint)
+        self.host = host
+        self.kind = kind
+
+
+@dataclass(frozen=True)
+class Failure:
+    kind: str  # changed | unknown | auth | unreachable
+    detail: str = ""
+    key_type: str = ""
+    fingerprint: str = ""
+    where: str = ""  # known_hosts file:line of the key on record
+
+
+def classify(stderr: str) -> Failure | None:
+    """What went wrong, from ssh's own words (exit status 255), or None when ssh said nothing we know."""
+    if _CHANGED.search(stderr):
+        sent = _SENT.search(stderr)
+        offending = _OFFENDING.search(stderr)
+        return Failure("changed", key_type=sent.group(1) if sent else "", fingerprint=sent.group(2) if sent else "?",
+                       where=f"{offending.group(1)}:{offending.group(2)}" if offending else "")
+    if _UNKNOWN.search(stderr):
+        return Failure("unknown")
+    auth = _AUTH.search(stderr)
+    if auth:
+        return Failure("auth", detail=auth.group(0))
+    unreachable = _UNREACHABLE.search(stderr)
+    if unreachable:
+        return Failure("unreachable", detail=unreachable.group(0).strip())
+    return None
+
+
+def explain(host: Host, name: str, failure: Failure, presented: list[tuple[str, str]]) -> SSHError:
+    """The refusal or failure as one message and a hint. `presented`: what ssh-keyscan saw the host offer."""
+    known = str(host.known_hosts or "~/.ssh/known_hosts")
+    who = f"{name} ({host.destination})"
+    pattern = known_hosts_name(host)
+    if failure.kind == "changed":
+        return SSHError(host, f"{who}: REFUSED, its host key has CHANGED: it now presents {failure.key_type} key "
+                        f"{failure.fingerprint}, which is not the key on record in {failure.where or known}. Someone may "
+                        "be intercepting the connection, or the machine was reinstalled; labctl never replaces a "
+                        "known key by itself",
+                        hint=f"if you know it was reinstalled, compare {failure.fingerprint} with `ssh-keygen -lf "
+                        f"/etc/ssh/ssh_host_{failure.key_type.lower()}_key.pub` run on that machine, then remove "
+                        f"the old key with `ssh-keygen -R '{pattern}' -f {known}` and run again with --accept-new",
+                        kind="hostkey-changed")
+    if failure.kind == "unknown":
+        offered = ", ".join(f"{t} {fp}" for t, fp in presented) or "nothing ssh-keyscan could read"
+        return SSHError(host, f"{who}: its host key is not in {known}, and labctl does not trust a key it has never "
+                        f"seen. The host presents {offered}",
+                        hint="compare that with `ssh-keygen -lf /etc/ssh/ssh_host_ed25519_key.pub` run on the host "
+                        "itself; if it matches, run again with --accept-new, which records it", kind="hostkey-unknown")
+    if failure.kind == "auth":
+        return SSHError(host, f"{who}: SSH refused the login ({failure.detail})",
+                        hint="check user and identity_file in the inventory; the public key must be in "
+                        "~/.ssh/authorized_keys of that user on the host", kind="auth")
+    return SSHError(host, f"{who}: cannot reach it over SSH ({failure.detail})",
+                    hint=f"is the machine up, sshd running and TCP {host.port} open to you? `{ssh_command_hint(host)}` "
+                    "by hand says the same", kind="unreachable")
+
+
+# --------------------------------------------------------------------------------- side effects
+
+
+def require_tools(*tools: str) -> None:
+    import shutil
+
+    missing = [t for t in tools if shutil.which(t) is None]
+    if missing:
+        raise LabError(f"{' and '.join(missing)} not found on this machine: `labctl hosts` needs the OpenSSH client "
+                       "and rsync", hint="apt-get install openssh-client rsync (`make venv` does it where it can)")
+
+
+def scan_host_keys(host: Host) -> list[tuple[str, str]]:
+    """The keys the host offers now (ssh-keyscan), for a message; never trusted by themselves."""
+    try:
+        result = run(["ssh-keyscan", "-T", "5", "-p", str(host.port), host.address], check=False, timeout_s=15)
+    except CommandError:
+        return []
+    return scanned_fingerprints(result.stdout)
+
+
+def is_known(host: Host) -> bool:
+    """Whether known_hosts has a key for the host (ssh-keygen -F reads hashed files too)."""
+    argv = ["ssh-keygen", "-F", known_hosts_name(host)]
+    if host.known_hosts is not None:
+        if not host.known_hosts.is_file():
+            return False
+        argv += ["-f", str(host.known_hosts)]
+    return run(argv, check=False, timeout_s=10).returncode == 0
+
+
+def recorded_fingerprint(host: Host) -> str:
+    """The key known_hosts holds for the host, as `TYPE SHA256:...` (what --accept-new just recorded)."""
+    argv = ["ssh-keygen", "-l", "-F", known_hosts_name(host)]
+    if host.known_hosts is not None:
+        argv += ["-f", str(host.known_hosts)]
+    match = re.search(r"(\S+) (SHA256:[A-Za-z0-9+/]+)", run(argv, check=False, timeout_s=10).stdout)
+    return f"{match.group(1)} {match.group(2)}" if match else "?"
+
+
+class SSHHosts:
+    """The inventory's hosts as a run reaches them: one ssh session per launch or command.
+
+    A runner.Nodes. Launches run under launch.WATCHDOG_SCRIPT with the session's stdin held open,
+    so a vanished labctl (Ctrl-C, kill -9, a dropped link) stops the run on the host.
+    """
+
+    def __init__(self, inventory: Inventory, *, accept_new: bool = False, env_files: Mapping[str, str] | None = None):
+        self.inventory = inventory
+        self.accept_new = accept_new
+        self.env_files = dict(env_files or {})  # host name -> its env file, relative to the workspace
+        self.port_hint = f"set another master_port in {inventory.path}"
+        self._procs: list[subprocess.Popen] = []
+        self._lock = threading.Lock()
+
+    def host(self, node: str) -> Host:
+        return self.inventory.host(node)
+
+    def address(self, node: str) -> str:
+        return self.host(node).destination
+
+    def shell_hint(self, node: str) -> str:
+        return ssh_command_hint(self.host(node))
+
+    def argv(self, node: str, command: str) -> list[str]:
+        return ssh_argv(self.host(node), command, accept_new=self.accept_new)
+
+    def failure(self, node: str, stderr: str) -> SSHError | None:
+        """The SSHError for an exit status 255 whose message we recognise (else the command's own 255)."""
+        found = classify(stderr)
+        if found is None:
+            return None
+        host = self.host(node)
+        return explain(host, node, found, scan_host_keys(host) if found.kind == "unknown" else [])
+
+    def run(self, node: str, argv: list[str], *, input_text: str = "", timeout_s: float = 60,
+            workdir: str | None = None) -> tuple[int, str]:
+        """Run a short command on the host: (exit status, output). Raises SSHError when SSH itself fails."""
+        host = self.host(node)
+        command = remote_command(resolve_argv(host, argv), workdir=workdir)
+        try:
+            result = run(self.argv(node, command), check=False, timeout_s=timeout_s, input_text=input_text)
+        except CommandError as exc:
+            raise SSHError(host, f"{node} ({host.destination}): {exc.stderr.splitlines()[0] if exc.stderr else exc}",
+                           hint="is the host overloaded or the link down? `labctl hosts check` tells") from None
+        if result.returncode == 255:
+            error = self.failure(node, result.stderr)
+            if error is not None:
+                raise error
+        return result.returncode, result.stdout + result.stderr
+
+    def execute(self, launch: Launch, on_output: Callable[[bytes], None]) -> int:
+        host = self.host(launch.node)
+        argv = [*resolve_argv(host, ["python"]), "-c", WATCHDOG_SCRIPT, f"{STOP_GRACE_S:g}",
+                *resolve_argv(host, launch.argv)]
+        env = {"PYTHONUNBUFFERED": "1", **host.env, **launch.env}
+        command = remote_command(argv, workdir=launch.workdir or host.workspace,
+                                 env_file=self.env_files.get(launch.node), env=env)
+        ssh = self.argv(launch.node, command)
+        log.debug("$ %s", shlex.join(ssh))
+        # A session of its own: Ctrl-C goes to labctl alone, which stops every host in order.
+        proc = subprocess.Popen(ssh, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                start_new_session=True)
+        with self._lock:
+            self._procs.append(proc)
+        fd = proc.stdout.fileno()
+        while chunk := os.read(fd, 65536):
+            on_output(chunk)
+        proc.stdout.close()
+        return proc.wait()
+
+    def node_lost(self, node: str, exit_code: int) -> str | None:
+        if exit_code != 255:
+            return None
+        try:
+            self.run(node, ["true"], timeout_s=CONNECT_TIMEOUT_S + 5)
+        except LabError as exc:
+            return f"lost {node}: {exc.message}"
+        return f"the SSH session to {node} ({self.address(node)}) ended with status 255 (the connection dropped)"
+
+    def close(self) -> None:
+        """End every session: closing stdin trips each host's watchdog; then wait, and kill what is left."""
+        with self._lock:
+            procs, self._procs = self._procs, []
+        for proc in procs:
+            try:
+                proc.stdin.close()
+            except OSError:
+                pass
+        deadline = time.monotonic() + STOP_GRACE_S + 5
+        for proc in procs:
+            try:
+                proc.wait(timeout=max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
