@@ -500,7 +500,7 @@ def hosts() -> None:
 
 
 def inventory_option(f):
-    return click.option("--inventory", metavar="FILE", envvar="DDPLAB_INVENTORY",
+    return click.option("--inventory", metavar="FILE",
                         help="The hosts (TOML) [env DDPLAB_INVENTORY; default .lab/<lab>/hosts.toml, "
                              "as `labctl up --ssh` writes it].")(f)
 
@@ -513,9 +513,9 @@ def accept_new_option(f):
 def _inventory(lab: str | None, path: str | None):
     from labctl.inventory import load_inventory
 
-    if path is None:
-        return load_inventory(_workspace() / ".lab" / _config(lab=lab).lab / "hosts.toml")
-    return load_inventory(Path(path))
+    config = _config(lab=lab, inventory=path)
+    return load_inventory(Path(config.inventory) if config.inventory else
+                          _workspace() / ".lab" / config.lab / "hosts.toml")
 
 
 def _exclude_option(f):

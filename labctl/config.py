@@ -50,6 +50,8 @@ class LabConfig:
     """Where the host's pip finds the CPU torch wheel when no local copy exists."""
     debian_mirror: str = ""
     """Debian mirror for the local base image; empty means the one apt uses here."""
+    inventory: str = ""
+    """The hosts `labctl hosts` drives (a TOML file); empty means .lab/<lab>/hosts.toml (`up --ssh` writes it)."""
     sources: Mapping[str, str] = field(default_factory=dict, compare=False, repr=False)
     """Where each setting came from ('default', '.env', 'environment', 'flag')."""
 
@@ -173,6 +175,7 @@ SETTINGS: dict[str, tuple[str, Callable[[str], Any]]] = {
     "iface": ("DDPLAB_IFACE", _regex(_IFACE_RE, "must be a network interface name such as eth0 (1-15 characters)")),
     "torch_index_url": ("DDPLAB_TORCH_INDEX_URL", _regex(re.compile(r"^(https?|file)://\S+$"), "must be an http(s):// or file:// URL")),
     "debian_mirror": ("DDPLAB_DEBIAN_MIRROR", _regex(re.compile(r"^((https?|file)://\S+)?$"), "must be an http(s):// URL or empty")),
+    "inventory": ("DDPLAB_INVENTORY", _regex(re.compile(r"^[^\x00]*$"), "must be a file path, or empty")),
 }
 
 FLAG_NAMES = {name: "--" + name.replace("_", "-") for name in SETTINGS}
