@@ -146,7 +146,8 @@ def up(lab, nodes, nproc_per_node, cpus, memory, subnet, master_port, image, bw,
     """
     from labctl import image as image_mod
     from labctl import lab as lab_mod
-    from labctl.compose import render_compose
+    from labctl import sshnodes
+    from labctl.compose import LABEL_SSH, render_compose
     from labctl.ui import BuildProgress, console, info, nodes_table
 
     from labctl.shaping import parse_shape
@@ -164,17 +165,10 @@ def up(lab, nodes, nproc_per_node, cpus, memory, subnet, master_port, image, bw,
 
     # Checked against the lab's final size (a running lab keeps its count), before anything changes.
     per_node_cpus = parse_node_cpus(node_cpus, config.nodes) if node_cpus is not None else None
-    from labctl import sshnodes
-    from labctl.compose import LABEL_SSH
-
     if ssh is None:  # a running lab keeps what it was brought up with
         ssh = any((c.get("Labels") or {}).get(LABEL_SSH) == "true" for c in existing)
     lab_directory = lab_mod.lab_dir(_workspace(), config.lab)
-    public_key = None
-    if ssh:
-        key_file = sshnodes.ssh_dir(lab_directory) / (sshnodes.KEY_FILE + ".pub")
-        public_key = (key_file.read_text().strip() if key_file.is_file() else f"<made by `labctl up --ssh`: {key_file}>") \
-            if dry_run else sshnodes.ensure_key_pair(lab_directory, config.lab)
+    public_key = sshnodes.lab_public_key(lab_directory, config.lab, make=not dry_run) if ssh else None
     started = time.monotonic()
     document, env_files, subnet_used = lab_mod.plan_up(client, config, _workspace(), per_node_cpus, public_key)
     if dry_run:
@@ -414,12 +408,17 @@ def doctor(lab, as_json) -> None:
     client = lab_mod.docker_client()
     nodes = lab_mod.require_running(client, config.lab)
     findings, info, seconds = doctor_mod.diagnose(client, config.lab, nodes, _lab_subnet(client, config.lab))
+    _report_check(f"lab {config.lab}: nodes", findings, info, seconds, as_json)
+
+
+def _report_check(title: str, findings, info: dict, seconds: float, as_json: bool) -> None:
+    """doctor's report (a table, or JSON), and exit status 1 when anything is wrong."""
     ok = not any(f.blocking for f in findings)
     if as_json:
         click.echo(json.dumps({"ok": ok, "seconds": round(seconds, 2), "nodes": info,
                                "findings": [f.as_dict() for f in findings]}))
     else:
-        _print_findings(f"lab {config.lab}: nodes", findings, info, seconds)
+        _print_findings(title, findings, info, seconds)
     if not ok:
         sys.exit(1)
 
@@ -427,15 +426,21 @@ def doctor(lab, as_json) -> None:
 def _preflight(client, lab: str, nodes) -> None:
     """doctor's cheap checks; a failure stops the run before anything can hang."""
     from labctl import doctor as doctor_mod
+
+    findings, _, seconds = doctor_mod.diagnose(client, lab, nodes, _lab_subnet(client, lab), cheap=True)
+    _refuse_on_problems(f"lab {lab}", findings, seconds, f"labctl doctor --lab {lab}")
+
+
+def _refuse_on_problems(title: str, findings, seconds: float, full_check: str) -> None:
+    """A preflight's verdict: show what is not right, and refuse to start on a problem (warnings pass)."""
     from labctl.errors import LabError
 
-    findings, info, seconds = doctor_mod.diagnose(client, lab, nodes, _lab_subnet(client, lab), cheap=True)
+    if any(not f.ok for f in findings):
+        _print_findings(title, [f for f in findings if not f.ok], None, seconds)
     bad = [f for f in findings if f.blocking]
-    if bad or any(not f.ok for f in findings):
-        _print_findings(f"lab {lab}", [f for f in findings if not f.ok], None, seconds)
     if bad:
         raise LabError(f"preflight found {len(bad)} problem{'s' * (len(bad) != 1)}; the run was not started",
-                       hint=f"`labctl doctor --lab {lab}` for the full check; --no-preflight to run anyway")
+                       hint=f"`{full_check}` for the full check; --no-preflight to run anyway")
 
 
 def _lab_subnet(client, lab: str) -> str | None:
@@ -540,15 +545,7 @@ def hosts_check(lab, inventory, accept_new, as_json) -> None:
     inv = _inventory(lab, inventory)
     started = time.monotonic()
     findings, facts = hosts_mod.check(SSHHosts(inv, accept_new=accept_new), info)
-    seconds = time.monotonic() - started
-    ok = not any(f.blocking for f in findings)
-    if as_json:
-        click.echo(json.dumps({"ok": ok, "seconds": round(seconds, 2), "nodes": facts,
-                               "findings": [f.as_dict() for f in findings]}))
-    else:
-        _print_findings(f"hosts of {inv.path}", findings, facts, seconds)
-    if not ok:
-        sys.exit(1)
+    _report_check(f"hosts of {inv.path}", findings, facts, time.monotonic() - started, as_json)
 
 
 @hosts.command("sync", context_settings=CONTEXT)
@@ -578,7 +575,7 @@ def hosts_sync(lab, inventory, accept_new, excludes, dry_run) -> None:
                           markup=True, soft_wrap=True)
         return
     started = time.monotonic()
-    stats = hosts_mod.sync(ssh_hosts, _workspace(), patterns, inv.env_files())
+    stats = hosts_mod.sync(ssh_hosts, _workspace(), patterns, inv.env_files(), info)
     for host in inv.hosts:
         s = stats[host.name]
         info(f"{host.name} ({host.destination}): {s['files']} files changed, {s['bytes_sent'] / 1e3:,.1f} kB sent "
@@ -617,10 +614,8 @@ def hosts_run(lab, inventory, accept_new, nproc_per_node, launcher, timeout_s, p
       labctl hosts run -- my_ddp_script.py --lr 0.1      # the lab's nodes, after `labctl up --ssh`
     """
     from labctl import hosts as hosts_mod
-    from labctl import runner
-    from labctl.errors import LabError
-    from labctl.launch import build_launches, parse_script_args
-    from labctl.ssh import SSHHosts, require_tools, sync_excludes
+    from labctl.launch import parse_script_args
+    from labctl.ssh import require_tools, sync_excludes
     from labctl.ui import info
 
     nproc = _nproc_flag(nproc_per_node)
@@ -628,41 +623,18 @@ def hosts_run(lab, inventory, accept_new, nproc_per_node, launcher, timeout_s, p
     script_args = parse_script_args(list(script))
     require_tools("ssh", *([] if no_sync else ["rsync"]))
     inv = _inventory(lab, inventory)
-    env_texts = inv.env_files(nproc)
-    node_env = {name: hosts_mod.parse_env_text(text) for name, text in env_texts.items()}
-    run_id, run_dir = runner.new_run(hosts_mod.local_dir(_workspace(), inv))
-    remote_run_dir = f"{hosts_mod.state_dir(inv)}/runs/{run_id}"
-    launches = build_launches(node_env, script_args, launcher=launcher, nproc_per_node=nproc, run_id=run_id,
-                              run_dir=remote_run_dir, pg_timeout_s=pg_timeout_s)
-    ssh_hosts = SSHHosts(inv, accept_new=accept_new,
-                         env_files={name: f"{hosts_mod.state_dir(inv)}/{name}.env" for name in inv.names})
+    plan = hosts_mod.plan_run(inv, _workspace(), script_args, launcher=launcher, nproc_per_node=nproc,
+                              pg_timeout_s=pg_timeout_s, accept_new=accept_new)
     if dry_run:
-        _print_launches(ssh_hosts, launches)
+        _print_launches(plan.hosts, plan.launches)
         return
     if not no_preflight:
         started = time.monotonic()
-        findings = hosts_mod.host_findings(inv, hosts_mod.connect(ssh_hosts, info), nproc)
-        bad = [f for f in findings if f.blocking]
-        if any(not f.ok for f in findings):
-            _print_findings(f"hosts of {inv.path}", [f for f in findings if not f.ok], None,
-                            time.monotonic() - started)
-        if bad:
-            raise LabError(f"preflight found {len(bad)} problem{'s' * (len(bad) != 1)}; the run was not started",
-                           hint=f"`labctl hosts check --inventory {inv.path}` for the full check; --no-preflight "
-                                "to run anyway")
-    if no_sync:
-        hosts_mod.prepare(ssh_hosts, env_texts)
-    else:
-        started = time.monotonic()
-        stats = hosts_mod.sync(ssh_hosts, _workspace(), sync_excludes(_workspace(), excludes), env_texts)
-        info(f"synced {len(inv.hosts)} hosts in {time.monotonic() - started:.1f} s "
-             f"({sum(s['files'] for s in stats.values())} files changed)")
-    info(f"run {run_id} on {', '.join(inv.names)} (logs: {run_dir})")
-    try:
-        runner.run_job(ssh_hosts, node_env, launches, run_dir, run_id, torchrun=launcher == "torchrun",
-                       timeout_s=timeout_s)
-    finally:
-        hosts_mod.fetch_outputs(ssh_hosts, remote_run_dir, run_dir, info)
+        findings = hosts_mod.host_findings(inv, hosts_mod.connect(plan.hosts, info), nproc)
+        _refuse_on_problems(f"hosts of {inv.path}", findings, time.monotonic() - started,
+                            f"labctl hosts check --inventory {inv.path}")
+    excluded = None if no_sync else sync_excludes(_workspace(), excludes)
+    hosts_mod.execute_run(plan, _workspace(), excluded, timeout_s, info)
 
 
 @main.command(context_settings=CONTEXT)

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import io
 import re
+import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,6 +26,7 @@ from typing import Callable, TypeVar
 from labctl.doctor import Finding, check_env, check_iface, check_reach, check_versions, node_info, probe_reach
 from labctl.errors import CommandError, LabError
 from labctl.inventory import Inventory
+from labctl.launch import Launch, build_launches
 from labctl.proc import run
 from labctl.ssh import (
     PREPARE_SCRIPT, SSHError, SSHHosts, is_known, recorded_fingerprint, rsync_pull_argv, rsync_push_argv, rsync_stats,
@@ -52,8 +54,8 @@ def parse_env_text(text: str) -> dict[str, str]:
     return {k: v for k, v in dotenv_values(stream=io.StringIO(text)).items() if v is not None}
 
 
-def on_every_host(inventory: Inventory, work: Callable[[str], T]) -> dict[str, T]:
-    """work(host name) on every host at once; if any raise, one LabError naming each host that failed."""
+def each_host(inventory: Inventory, work: Callable[[str], T]) -> tuple[dict[str, T], dict[str, LabError]]:
+    """work(host name) on every host at once: what each returned, and the LabError each raised."""
     def attempt(name: str):
         try:
             return name, work(name), None
@@ -62,12 +64,18 @@ def on_every_host(inventory: Inventory, work: Callable[[str], T]) -> dict[str, T
 
     with ThreadPoolExecutor(max_workers=16) as pool:
         outcomes = list(pool.map(attempt, inventory.names))
-    errors = [exc for _, _, exc in outcomes if exc is not None]
+    return ({name: value for name, value, exc in outcomes if exc is None},
+            {name: exc for name, _, exc in outcomes if exc is not None})
+
+
+def on_every_host(inventory: Inventory, work: Callable[[str], T]) -> dict[str, T]:
+    """work(host name) on every host at once; if any raise, one LabError naming each host that failed."""
+    values, errors = each_host(inventory, work)
     if len(errors) == 1:
-        raise errors[0]
+        raise next(iter(errors.values()))
     if errors:
-        raise LabError("; ".join(e.message for e in errors), hint=errors[0].hint)
-    return {name: value for name, value, _ in outcomes}
+        raise LabError("; ".join(e.message for e in errors.values()), hint=next(iter(errors.values())).hint)
+    return values
 
 
 # ----------------------------------------------------------------------------------- connect
@@ -81,35 +89,40 @@ class Reached:
     failed: dict[str, LabError]
 
 
+def unknown_hosts(hosts: SSHHosts) -> set[str]:
+    """The hosts whose key --accept-new is about to record (none without it)."""
+    return {h.name for h in hosts.inventory.hosts if hosts.accept_new and not is_known(h)}
+
+
+def report_recorded(hosts: SSHHosts, names: set[str], report: Report) -> None:
+    """Say which key was recorded for each host that was new: labctl tells what it trusted."""
+    for name in sorted(names):
+        host = hosts.host(name)
+        if is_known(host):
+            report(f"{name}: recorded its host key {recorded_fingerprint(host)} in "
+                   f"{host.known_hosts or '~/.ssh/known_hosts'} (--accept-new)")
+
+
 def connect(hosts: SSHHosts, report: Report) -> Reached:
     """Reach every host at once and gather doctor's facts; a host SSH refuses is a failure, not an abort."""
     inventory = hosts.inventory
-    new = {h.name for h in inventory.hosts if hosts.accept_new and not is_known(h)}
+    new = unknown_hosts(hosts)
 
-    def ask(name: str):
+    def ask(name: str) -> dict:
         host = inventory.host(name)
         try:
             info = node_info(hosts, name)
-        except SSHError as exc:
-            return name, None, exc
         except ValueError as exc:  # the Python named in the inventory did not run: what the shell said
             said = re.search(r"no report \((.*)\)$", str(exc), re.S)
-            return name, None, LabError(f"{name} ({host.destination}): {host.python} did not run there: "
-                                        f"{(said.group(1) if said else str(exc)).strip()}",
-                                        hint=f"set python (or venv) for {name} in {inventory.path} to the Python "
-                                        "that has torch")
-        if name in new:
-            report(f"{name}: recorded its host key {recorded_fingerprint(host)} in "
-                   f"{host.known_hosts or '~/.ssh/known_hosts'} (--accept-new)")
-        return name, info, None
+            raise LabError(f"{name} ({host.destination}): {host.python} did not run there: "
+                           f"{(said.group(1) if said else str(exc)).strip()}",
+                           hint=f"set python (or venv) for {name} in {inventory.path} to the Python that has torch"
+                           ) from None
+        return {**info, "ip": host.address, "iface": host.iface}
 
-    with ThreadPoolExecutor(max_workers=16) as pool:
-        answers = list(pool.map(ask, inventory.names))
-    for name, info, _ in answers:
-        if info is not None:
-            info["ip"] = inventory.host(name).address
-            info["iface"] = inventory.host(name).iface
-    return Reached({n: i for n, i, _ in answers if i is not None}, {n: e for n, _, e in answers if e is not None})
+    info, failed = each_host(inventory, ask)
+    report_recorded(hosts, new, report)
+    return Reached(info, failed)
 
 
 def host_findings(inventory: Inventory, reached: Reached, nproc_per_node: int | None = None) -> list[Finding]:
@@ -138,7 +151,7 @@ def host_findings(inventory: Inventory, reached: Reached, nproc_per_node: int | 
         out += [f for f in checked if not f.ok]
     no_rsync = sorted(name for name, i in info.items() if not i.get("rsync"))
     out += [Finding("tools", name, False, f"{name} has no rsync, which `labctl hosts sync` needs at both ends",
-                    "install it there: apt-get install rsync (or dnf, brew ...)") for name in no_rsync]
+                    "install it there: apt-get install rsync (or dnf install rsync)") for name in no_rsync]
     return out
 
 
@@ -214,8 +227,13 @@ def push(hosts: SSHHosts, workspace: Path, excludes: list[str]) -> dict[str, dic
     return on_every_host(hosts.inventory, one)
 
 
-def sync(hosts: SSHHosts, workspace: Path, excludes: list[str], env_texts: dict[str, str]) -> dict[str, dict[str, int]]:
-    prepare(hosts, env_texts)
+def sync(hosts: SSHHosts, workspace: Path, excludes: list[str], env_texts: dict[str, str],
+         report: Report) -> dict[str, dict[str, int]]:
+    new = unknown_hosts(hosts)
+    try:
+        prepare(hosts, env_texts)
+    finally:
+        report_recorded(hosts, new, report)
     return push(hosts, workspace, excludes)
 
 
@@ -223,14 +241,68 @@ def fetch_outputs(hosts: SSHHosts, remote_run_dir: str, run_dir: Path, report: R
     """Copy what the job wrote on each host (per-rank metrics) into the local run folder; best effort."""
 
     def one(name: str) -> None:
-        result = run(rsync_pull_argv(hosts.host(name), remote_run_dir, run_dir), check=False, timeout_s=300)
+        try:
+            result = run(rsync_pull_argv(hosts.host(name), remote_run_dir, run_dir), check=False, timeout_s=300)
+        except CommandError as exc:  # it never masks how the run itself ended
+            report(f"{name}: could not copy {remote_run_dir} back: {exc}")
+            return
         if result.returncode not in (0, 23):  # 23: nothing there (a job that wrote no metrics)
             report(f"{name}: could not copy {remote_run_dir} back: {result.stderr.strip()[-200:]}")
 
+    each_host(hosts.inventory, one)
+
+
+# --------------------------------------------------------------------------------------- run
+
+
+@dataclass(frozen=True)
+class RunPlan:
+    """What `hosts run` will do, as plain data: nothing has touched a host yet."""
+
+    hosts: SSHHosts
+    run_id: str
+    run_dir: Path  # here: logs, and the metrics copied back
+    remote_run_dir: str  # on each host, relative to its workspace
+    env_texts: dict[str, str]  # host name -> its env file
+    node_env: dict[str, dict[str, str]]
+    launches: list[Launch]
+    torchrun: bool
+
+
+def plan_run(inventory: Inventory, workspace: Path, script_args: list[str], *, launcher: str,
+             nproc_per_node: int | None, pg_timeout_s: float | None, accept_new: bool) -> RunPlan:
+    from labctl.runner import new_run
+
+    env_texts = inventory.env_files(nproc_per_node)
+    node_env = {name: parse_env_text(text) for name, text in env_texts.items()}
+    run_id, run_dir = new_run(local_dir(workspace, inventory))
+    remote_run_dir = f"{state_dir(inventory)}/runs/{run_id}"
+    launches = build_launches(node_env, script_args, launcher=launcher, nproc_per_node=nproc_per_node,
+                              run_id=run_id, run_dir=remote_run_dir, pg_timeout_s=pg_timeout_s)
+    hosts = SSHHosts(inventory, accept_new=accept_new,
+                     env_files={name: f"{state_dir(inventory)}/{name}.env" for name in inventory.names})
+    return RunPlan(hosts, run_id, run_dir, remote_run_dir, env_texts, node_env, launches, launcher == "torchrun")
+
+
+def execute_run(plan: RunPlan, workspace: Path, excludes: list[str] | None, timeout_s: float | None,
+                report: Report) -> None:
+    """Sync (unless `excludes` is None: then only the env files are written), run on every host
+    through the runner as `labctl run` does, and copy each host's outputs back, whatever happened."""
+    from labctl.runner import run_job
+
+    if excludes is None:
+        prepare(plan.hosts, plan.env_texts)
+    else:
+        started = time.monotonic()
+        stats = sync(plan.hosts, workspace, excludes, plan.env_texts, report)
+        report(f"synced {len(stats)} hosts in {time.monotonic() - started:.1f} s "
+               f"({sum(s['files'] for s in stats.values())} files changed)")
+    report(f"run {plan.run_id} on {', '.join(plan.hosts.inventory.names)} (logs: {plan.run_dir})")
     try:
-        on_every_host(hosts.inventory, one)
-    except LabError as exc:
-        report(f"could not copy the outputs back: {exc.message}")
+        run_job(plan.hosts, plan.node_env, plan.launches, plan.run_dir, plan.run_id, torchrun=plan.torchrun,
+                timeout_s=timeout_s)
+    finally:
+        fetch_outputs(plan.hosts, plan.remote_run_dir, plan.run_dir, report)
 
 
 def manual_commands(hosts: SSHHosts) -> list[tuple[str, str]]:

@@ -351,11 +351,10 @@ class SSHHosts:
         host = self.host(node)
         return explain(host, node, found, scan_host_keys(host) if found.kind == "unknown" else [])
 
-    def run(self, node: str, argv: list[str], *, input_text: str = "", timeout_s: float = 60,
-            workdir: str | None = None) -> tuple[int, str]:
+    def run(self, node: str, argv: list[str], *, input_text: str = "", timeout_s: float = 60) -> tuple[int, str]:
         """Run a short command on the host: (exit status, output). Raises SSHError when SSH itself fails."""
         host = self.host(node)
-        command = remote_command(resolve_argv(host, argv), workdir=workdir)
+        command = remote_command(resolve_argv(host, argv))
         try:
             result = run(self.argv(node, command), check=False, timeout_s=timeout_s, input_text=input_text)
         except CommandError as exc:

@@ -31,11 +31,14 @@ def ssh_dir(lab_directory: Path) -> Path:
     return lab_directory / "ssh"
 
 
-def ensure_key_pair(lab_directory: Path, lab: str) -> str:
-    """The lab's SSH key pair, made once; returns the public key's line."""
+def lab_public_key(lab_directory: Path, lab: str, *, make: bool) -> str:
+    """The public half of the lab's SSH key pair, which is made once, here, when `make` says so (a
+    dry run changes nothing: it shows a placeholder until the key exists)."""
     from labctl.ssh import require_tools
 
     key = ssh_dir(lab_directory) / KEY_FILE
+    if not key.is_file() and not make:
+        return f"<the public key `labctl up --ssh` makes at {key}.pub>"
     if not key.is_file():
         require_tools("ssh-keygen")
         key.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
