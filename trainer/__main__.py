@@ -30,7 +30,9 @@ Every rank prints its mean loss per epoch; rank 0 ends with one line
 <run_dir>/metrics-rank<RANK>.jsonl. See `python -m trainer --help`.
 """
 
+from trainer.dist import exit_done
 from trainer.train import main
 
 if __name__ == "__main__":
     main()
+    exit_done()  # success only: an error has already left main() with its traceback

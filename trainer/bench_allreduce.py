@@ -84,4 +84,7 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
+    from trainer.dist import exit_done
+
     main()
+    exit_done()

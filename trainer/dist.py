@@ -112,6 +112,21 @@ def compute_cleanup():
         dist.destroy_process_group()
 
 
+def exit_done():
+    """Leave the process at once, after a run that finished: every output written and flushed,
+    the process group left.
+
+    What remains after main() returns is torch's own teardown: C++ static destructors that stop the
+    autograd engine's and gloo's threads. That races and aborts now and then ("terminate called
+    without an active exception", SIGABRT) with no Python frame left to blame, as faulthandler
+    shows: 3 runs in 82 of 3 ranks on a loaded 2-core machine here, after the SUMMARY line. A job
+    that succeeded must not exit -6, and nothing is left to tear down, so skip that teardown.
+    """
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
+
+
 def is_rank0():
     _, rank, _, _ = get_dist_info()
     return rank == 0
