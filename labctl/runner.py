@@ -31,6 +31,14 @@ STOP_GRACE_S = 3.0  # SIGTERM -> SIGKILL
 STORE_START_TIMEOUT_S = 60.0
 _PRINT_LOCK = threading.Lock()
 _ERROR_LINE = re.compile(r"^\s*([A-Za-z_][\w.]*(Error|Exception|Interrupt)|error)\b.*")
+# Ways a process dies whose last error line does not say why, and what is going on.
+KNOWN_DEATHS = (
+    (re.compile(r"terminate called without an active exception"),
+     "it aborted while Python was exiting, after its work: a gloo worker thread was still freeing the last "
+     "collective's tensors, which needs the interpreter that was shutting down (torch's race at exit, as in "
+     "pytorch/pytorch#179291; a few runs in a hundred on a busy machine). A script avoids it by ending, once it "
+     "has written and flushed everything and left the process group, with os._exit(0), as python -m trainer does"),
+)
 
 
 class Nodes(Protocol):
@@ -134,6 +142,9 @@ class Outcome:
                 return line.strip()
         return next((line.strip() for line in reversed(self.lines) if line.strip()), "no output")
 
+    def known_cause(self) -> str | None:
+        return next((why for pattern, why in KNOWN_DEATHS if any(pattern.search(line) for line in self.lines)), None)
+
 
 @dataclass
 class RunResult:
@@ -162,6 +173,9 @@ class RunResult:
             return f"--timeout-s reached; every node was stopped. Logs: {self.run_dir}"
         culprit = self.first_failure or next(o for o in self.outcomes if o.exit_code != 0)
         parts = [f"{culprit.launch.label} exited with status {culprit.exit_code}: {culprit.reason()}"]
+        cause = culprit.known_cause()
+        if cause:
+            parts.append(f"why: {cause}")
         stopped = [o.launch.label for o in self.outcomes if o.stopped]
         if stopped:
             parts.append(f"labctl then stopped {', '.join(stopped)}")

@@ -1,0 +1,35 @@
+"""How a failed run is explained: the node, its exit status, its error line, and what a known way of
+dying means."""
+
+from pathlib import Path
+
+from labctl.launch import Launch
+from labctl.runner import Outcome, RunResult
+
+# Node output when a worker aborted at exit (torchrun --standalone, plain_ddp.py, torch 2.13), as seen here.
+EXIT_RACE = """PLAIN_DDP rank=1 world=2 local_rank=0 rank_sum=1 replicas_equal=True
+terminate called without an active exception
+E1122 13:31:21.911000 26595 torch/distributed/elastic/multiprocessing/api.py:1002] failed (exitcode: -6) local_rank: 0 (pid: 26599) of binary: /opt/venv/bin/python
+torch.distributed.elastic.multiprocessing.errors.ChildFailedError:
+  exitcode  : -6 (pid: 26599)  (SIGABRT)
+  traceback : Signal 6 (SIGABRT) received by PID 26599""".splitlines()
+
+
+def failed(lines, node="node1", code=1):
+    return Outcome(Launch(node, node, ["torchrun", "x.py"]), exit_code=code, lines=lines)
+
+
+def test_a_worker_that_aborted_at_exit_is_explained():
+    culprit = failed(EXIT_RACE)
+    other = Outcome(Launch("node0", "node0", ["torchrun", "x.py"]), exit_code=None, stopped=True)
+    text = RunResult(Path("/r"), [other, culprit], culprit).explain()
+    assert text.startswith("node1 exited with status 1: exitcode  : -6 (pid: 26599)  (SIGABRT)")
+    assert "why: it aborted while Python was exiting, after its work" in text
+    assert "ending, once it has written and flushed everything and left the process group, with os._exit(0)" in text
+    assert "labctl then stopped node0" in text and text.endswith("logs: /r/node1.log")
+
+
+def test_an_ordinary_error_gets_its_own_line_and_no_guess():
+    culprit = failed(["Traceback (most recent call last):", "ValueError: deliberate failure on rank 1"])
+    text = RunResult(Path("/r"), [culprit], culprit).explain()
+    assert "ValueError: deliberate failure on rank 1" in text and "why:" not in text
