@@ -93,7 +93,7 @@ STOP_SCRIPT = _STOP_FUNCTION + "stop_run(sys.argv[1], float(sys.argv[2]))\n"
 WATCHDOG_SCRIPT = _STOP_FUNCTION + f"""
 import subprocess, threading
 grace_s = float(sys.argv[1])
-child = subprocess.Popen(sys.argv[2:])
+child = subprocess.Popen(sys.argv[2:], stdin=subprocess.DEVNULL)  # the session's stdin is the watchdog's alone
 def watch():
     # Raw reads of fd 0: a thread blocked in sys.stdin's buffered reader holds its lock, and the
     # interpreter aborts at exit (SIGABRT) when it finds it held.
