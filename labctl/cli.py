@@ -64,6 +64,18 @@ def lab_option(f):
     return click.option("--lab", metavar="NAME", help="Lab name [env DDPLAB_LAB; default ddplab].")(f)
 
 
+def run_options(f):
+    """What `labctl run` and `labctl hosts run` both take: the launcher and the two timeouts."""
+    f = click.option("--pg-timeout-s", type=click.FloatRange(1, 3600), default=30.0, show_default=True, metavar="S",
+                     help="Process-group timeout for the trainer (DDPLAB_PG_TIMEOUT_S): a dead peer fails "
+                          "collectives after S.")(f)
+    f = click.option("--timeout-s", type=float, default=None, metavar="S",
+                     help="Stop the run everywhere after S seconds (default: no limit).")(f)
+    return click.option("--launcher", type=click.Choice(["torchrun", "static"]), default="torchrun",
+                        show_default=True, help="torchrun (c10d rendezvous) or static (RANK/WORLD_SIZE/MASTER_ADDR "
+                                                "exported, plain python).")(f)
+
+
 @click.group(cls=LabGroup, context_settings=CONTEXT)
 @click.version_option(__version__, prog_name="labctl")
 @click.option("-v", "--verbose", is_flag=True, help="Log every external command labctl runs.")
@@ -316,17 +328,12 @@ def env(hosts, iface, nproc_per_node, master_port, rdzv_id, out_dir) -> None:
 @main.command(context_settings={**CONTEXT, "ignore_unknown_options": True, "allow_interspersed_args": False})
 @lab_option
 @click.option("--nproc-per-node", metavar="P", help="Processes per node [default: the lab's, from its env files].")
-@click.option("--launcher", type=click.Choice(["torchrun", "static"]), default="torchrun", show_default=True,
-              help="torchrun (c10d rendezvous) or static (RANK/WORLD_SIZE/MASTER_ADDR exported, plain python).")
-@click.option("--timeout-s", type=float, default=None, metavar="S",
-              help="Stop the run on every node after S seconds (default: no limit).")
+@run_options
 @click.option("--dry-run", is_flag=True, help="Print the command each node would run; run nothing.")
 @click.option("--no-preflight", is_flag=True, help="Skip doctor's cheap checks (env, versions, interface) before the run.")
 @click.option("--max-restarts", type=click.IntRange(0, 100), default=0, show_default=True, metavar="K",
               help="torchrun restarts every worker up to K times after a failure (the trainer resumes from its checkpoint).")
 @click.option("--nnodes", metavar="MIN:MAX", help="Elastic node range, MAX = the lab's nodes: the run goes on with MIN survivors.")
-@click.option("--pg-timeout-s", type=click.FloatRange(1, 3600), default=30.0, show_default=True, metavar="S",
-              help="Process-group timeout for the trainer (DDPLAB_PG_TIMEOUT_S): a dead peer fails collectives after S.")
 @click.argument("script", nargs=-1, type=click.UNPROCESSED)
 def run(lab, nproc_per_node, launcher, timeout_s, dry_run, no_preflight, max_restarts, nnodes, pg_timeout_s,
         script) -> None:
@@ -590,12 +597,7 @@ def hosts_sync(lab, inventory, accept_new, excludes, dry_run) -> None:
 @inventory_option
 @accept_new_option
 @click.option("--nproc-per-node", metavar="P", help="Processes on every host [default: each host's nproc_per_node].")
-@click.option("--launcher", type=click.Choice(["torchrun", "static"]), default="torchrun", show_default=True,
-              help="torchrun (c10d rendezvous) or static (RANK/WORLD_SIZE/MASTER_ADDR exported, plain python).")
-@click.option("--timeout-s", type=float, default=None, metavar="S",
-              help="Stop the run on every host after S seconds (default: no limit).")
-@click.option("--pg-timeout-s", type=click.FloatRange(1, 3600), default=30.0, show_default=True, metavar="S",
-              help="Process-group timeout for the trainer (DDPLAB_PG_TIMEOUT_S): a dead peer fails collectives after S.")
+@run_options
 @click.option("--no-sync", is_flag=True, help="Run what is already on the hosts (only the env files are written).")
 @_exclude_option
 @click.option("--no-preflight", is_flag=True, help="Skip the checks (versions, interface) before the run.")
