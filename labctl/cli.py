@@ -523,11 +523,14 @@ def accept_new_option(f):
 
 
 def _inventory(lab: str | None, path: str | None):
+    """The inventory given, or the one `labctl up --ssh` writes for the lab."""
     from labctl.inventory import load_inventory
+    from labctl.lab import lab_dir
+    from labctl.sshnodes import INVENTORY_FILE
 
     config = _config(lab=lab, inventory=path)
     return load_inventory(Path(config.inventory) if config.inventory else
-                          _workspace() / ".lab" / config.lab / "hosts.toml")
+                          lab_dir(_workspace(), config.lab) / INVENTORY_FILE)
 
 
 def _exclude_option(f):

@@ -44,8 +44,13 @@ def state_dir(inventory: Inventory) -> str:
     return f".lab/{inventory.name}"
 
 
+def env_file(inventory: Inventory, name: str) -> str:
+    """Where a host's env file is, relative to its workspace (PREPARE_SCRIPT writes it there)."""
+    return f"{state_dir(inventory)}/{name}.env"
+
+
 def local_dir(workspace: Path, inventory: Inventory) -> Path:
-    return workspace / ".lab" / inventory.name
+    return workspace / state_dir(inventory)
 
 
 def parse_env_text(text: str) -> dict[str, str]:
@@ -280,7 +285,7 @@ def plan_run(inventory: Inventory, workspace: Path, script_args: list[str], *, l
     launches = build_launches(node_env, script_args, launcher=launcher, nproc_per_node=nproc_per_node,
                               run_id=run_id, run_dir=remote_run_dir, pg_timeout_s=pg_timeout_s)
     hosts = SSHHosts(inventory, accept_new=accept_new,
-                     env_files={name: f"{state_dir(inventory)}/{name}.env" for name in inventory.names})
+                     env_files={name: env_file(inventory, name) for name in inventory.names})
     return RunPlan(hosts, run_id, run_dir, remote_run_dir, env_texts, node_env, launches, launcher == "torchrun")
 
 
@@ -310,7 +315,7 @@ def manual_commands(hosts: SSHHosts) -> list[tuple[str, str]]:
     inventory = hosts.inventory
     out = []
     for host in inventory.hosts:
-        env_file = f"{state_dir(inventory)}/{host.name}.env"
-        out.append((host.name, f"{ssh_command_hint(host)}, then: cd {host.workspace} && set -a && . ./{env_file} && "
+        out.append((host.name, f"{ssh_command_hint(host)}, then: cd {host.workspace} && set -a && "
+                               f". ./{env_file(inventory, host.name)} && "
                                f"set +a && {host.python} -m torch.distributed.run -m trainer"))
     return out

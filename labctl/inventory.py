@@ -80,11 +80,15 @@ class Host:
     """Extra environment for the job on this host (NCCL_DEBUG=INFO, OMP_NUM_THREADS=4, ...)."""
 
     @property
+    def bracketed_address(self) -> str:
+        """The address as it goes before ':port' or ':path' (an IPv6 address in brackets)."""
+        return f"[{self.address}]" if ":" in self.address else self.address
+
+    @property
     def destination(self) -> str:
         """user@address:port, for people."""
         user = f"{self.user}@" if self.user else ""
-        address = f"[{self.address}]" if ":" in self.address else self.address
-        return f"{user}{address}:{self.port}"
+        return f"{user}{self.bracketed_address}:{self.port}"
 
 
 @dataclass(frozen=True, kw_only=True)

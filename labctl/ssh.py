@@ -121,8 +121,7 @@ def resolve_argv(host: Host, argv: list[str]) -> list[str]:
 
 
 def _rsync_remote(host: Host, path: str) -> str:
-    address = f"[{host.address}]" if ":" in host.address else host.address
-    return f"{address}:{path}"
+    return f"{host.bracketed_address}:{path}"
 
 
 def _rsync_shell(host: Host, accept_new: bool) -> str:
