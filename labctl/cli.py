@@ -156,6 +156,7 @@ def up(lab, nodes, nproc_per_node, cpus, memory, subnet, master_port, image, bw,
     key pair made for the lab, and .lab/<lab>/hosts.toml describes the nodes as real hosts: their
     addresses, the user, the key and a known_hosts file, for `labctl hosts check|sync|run`.
     """
+    from labctl import engine as engine_mod
     from labctl import image as image_mod
     from labctl import lab as lab_mod
     from labctl import sshnodes
@@ -168,6 +169,7 @@ def up(lab, nodes, nproc_per_node, cpus, memory, subnet, master_port, image, bw,
                      subnet=subnet, master_port=master_port, image=image)
     wanted = parse_shape(bw) if bw is not None else None
     client = lab_mod.docker_client()
+    engine = lab_mod.usable_engine(client)
     existing = lab_mod.lab_containers(client, config.lab)
     if existing and config.sources.get("nodes") == "default":
         from dataclasses import replace
@@ -179,10 +181,12 @@ def up(lab, nodes, nproc_per_node, cpus, memory, subnet, master_port, image, bw,
     per_node_cpus = parse_node_cpus(node_cpus, config.nodes) if node_cpus is not None else None
     if ssh is None:  # a running lab keeps what it was brought up with
         ssh = any((c.get("Labels") or {}).get(LABEL_SSH) == "true" for c in existing)
+    if ssh and engine_mod.ssh_refusal(engine):
+        raise engine_mod.ssh_refusal(engine)
     lab_directory = lab_mod.lab_dir(_workspace(), config.lab)
     public_key = sshnodes.lab_public_key(lab_directory, config.lab, make=not dry_run) if ssh else None
     started = time.monotonic()
-    document, env_files, subnet_used = lab_mod.plan_up(client, config, _workspace(), per_node_cpus, public_key)
+    document, env_files, subnet_used = lab_mod.plan_up(client, config, _workspace(), per_node_cpus, public_key, engine)
     if dry_run:
         console.print(render_compose(document), markup=False)
         for name, text in env_files.items():
@@ -191,11 +195,14 @@ def up(lab, nodes, nproc_per_node, cpus, memory, subnet, master_port, image, bw,
     if not image_mod.image_exists(client, config.image_tag):
         info(f"image {config.image_tag} is missing: building it")
         image_mod.build_image(client, config, info, lambda: BuildProgress())
+    warning = engine_mod.limits_warning(engine, config.memory, config.pids_limit)
+    if warning:
+        info(warning)
     verb = "reconciling" if existing else "starting"
     for attempt in range(1, SUBNET_ATTEMPTS + 1):
         info(f"{verb} lab {config.lab}: {config.nodes} nodes on {subnet_used}")
         try:
-            nodes_state = lab_mod.apply_up(client, config, _workspace(), document, env_files, info)
+            nodes_state = lab_mod.apply_up(client, config, _workspace(), document, env_files, info, engine)
             break
         except (CommandError, LabError) as exc:
             # Another lab (or anything else) took the same free subnet between our pick and Compose
@@ -204,7 +211,8 @@ def up(lab, nodes, nproc_per_node, cpus, memory, subnet, master_port, image, bw,
             if not raced or attempt == SUBNET_ATTEMPTS:
                 raise
             info(f"{subnet_used} was taken meanwhile; picking another subnet")
-            document, env_files, subnet_used = lab_mod.plan_up(client, config, _workspace(), per_node_cpus, public_key)
+            document, env_files, subnet_used = lab_mod.plan_up(client, config, _workspace(), per_node_cpus, public_key,
+                                                               engine)
     links = None
     if wanted:
         from labctl import netshape

@@ -32,6 +32,7 @@ class ComposePlan:
     user: str  # "uid:gid" of the invoking user, so files the nodes write in the workspace are theirs
     node_cpus: Mapping[str, float] = field(default_factory=dict)  # per-node CPU limits (stragglers)
     ssh_public_key: str | None = None  # `up --ssh`: every node an SSH host that accepts this key
+    limits: bool = True  # False on an engine that ignores them: the file then claims none
 
 
 def network_name(lab: str) -> str:
@@ -75,12 +76,13 @@ def build_compose(config: LabConfig, plan: ComposePlan, template: dict[str, Any]
         ]
         node["working_dir"] = str(plan.workspace)
         node["networks"] = {"lab": {"ipv4_address": node_ip(plan.subnet, rank)}}
-        node["pids_limit"] = config.pids_limit
-        cpus = plan.node_cpus.get(name, config.cpus)
-        if cpus is not None:
-            node["cpus"] = cpus
-        if config.memory is not None:
-            node["mem_limit"] = config.memory
+        if plan.limits:
+            node["pids_limit"] = config.pids_limit
+            cpus = plan.node_cpus.get(name, config.cpus)
+            if cpus is not None:
+                node["cpus"] = cpus
+            if config.memory is not None:
+                node["mem_limit"] = config.memory
         services[name] = node
 
     network = copy.deepcopy(template["networks"]["lab"])

@@ -2,6 +2,8 @@
 
 Each check names the node, what is wrong and the fix. The checks, cheapest first:
 
+  engine     which engine the lab runs on: Docker Engine (rootful or rootless), Docker Desktop or
+             Podman, its version and endpoint (DOCKER_HOST or the docker context)
   env        every node's launch environment (what torchrun and the trainer will read): node ranks
              unique and complete, the same world size, master address and port everywhere,
              is_host=true on exactly one node (the hostname-matching trap), a socket interface set
@@ -53,6 +55,16 @@ class Finding:
 
 
 # ------------------------------------------------------------------------------ pure checks
+
+
+def check_engine(engine) -> list[Finding]:
+    """Which engine the lab runs on (its kind, version, endpoint), and whether a lab can run there."""
+    from labctl.engine import refusal
+
+    problem = refusal(engine)
+    message = f"{engine.kind}: {engine.describe()}"
+    return [Finding("engine", "all", problem is None, message if problem is None else f"{message}; {problem.message}",
+                    problem.hint if problem else "")]
 
 
 def check_env(envs: dict[str, dict[str, str]]) -> list[Finding]:
@@ -351,18 +363,20 @@ def diagnose(client, lab: str, nodes: list, subnet: str | None, cheap: bool = Fa
              env_overrides: dict[str, dict[str, str]] | None = None) -> tuple[list[Finding], dict, float]:
     """(findings, per-node info, seconds taken). `cheap` skips the reachability probes;
     `env_overrides` checks an environment a launch would add on top of each node's own."""
-    from labctl.lab import DockerNodes, engine_cpus, node_cpus_limit
+    from labctl.engine import inspect_engine
+    from labctl.lab import DockerNodes, node_cpus_limit
 
     t0 = time.monotonic()
     names = [n.name for n in nodes]
-    cpus = engine_cpus(client)
+    engine = inspect_engine(client)
+    cpus = engine.cpus
     with ThreadPoolExecutor(max_workers=16) as pool:
         envs = dict(zip(names, pool.map(lambda n: container_env(client, lab, n), names)))
     for node, extra in (env_overrides or {}).items():
         envs[node] = {**envs.get(node, {}), **extra}
     docker_nodes = DockerNodes(client, lab)
     info = gather_info(docker_nodes, names)
-    findings = (check_env(envs) + check_versions(info) + check_iface(info, envs, subnet)
+    findings = (check_engine(engine) + check_env(envs) + check_versions(info) + check_iface(info, envs, subnet)
                 + check_cpus({n: node_cpus_limit(client, lab, n, cpus) for n in names}))
     if not cheap:
         first = envs[names[0]]

@@ -20,6 +20,13 @@ class LabError(Exception):
         return self.message if not self.hint else f"{self.message}\n  hint: {self.hint}"
 
 
+class StateError(LabError):
+    """The machine or the lab is not in a state to do this (no engine, an engine a lab cannot run
+    on, the lab not up): nothing was wrong with the input. Exit status 1."""
+
+    exit_code = 1
+
+
 class ConfigError(LabError):
     """A setting has a value outside what is allowed."""
 

@@ -15,10 +15,12 @@ from pathlib import Path
 from typing import Callable
 
 from labctl import compose as compose_mod
+from labctl import engine as engine_mod
 from labctl.compose import LABEL_LAB, LABEL_NODE, LABEL_RANK, ComposePlan, container_name, network_name
 from labctl.config import AUTO, LabConfig, check_fits, node_ip, overlaps, pick_free_subnet, shown_key, shown_source
+from labctl.engine import Engine
 from labctl.envfiles import build_env_files, topology_for_lab, write_env_files
-from labctl.errors import CommandError, ConfigError, LabError
+from labctl.errors import CommandError, ConfigError, LabError, StateError
 from labctl.proc import run
 
 log = logging.getLogger("labctl.lab")
@@ -43,7 +45,8 @@ def lab_dir(workspace: Path, lab: str) -> Path:
 
 
 def docker_client():
-    """A client for the local engine, or a clear error saying how to get one."""
+    """A client for the engine DOCKER_HOST or the Docker CLI's context names (as `docker` and Compose
+    find it), or a clear error saying which engine did not answer and how to get one."""
     import docker
     import docker.errors
 
@@ -52,11 +55,12 @@ def docker_client():
         client.ping()
         return client
     except docker.errors.DockerException as exc:
-        where = os.environ.get("DOCKER_HOST", "unix:///var/run/docker.sock")
+        where, context = engine_mod.configured_endpoint()
+        via = f" (docker context {context})" if context else " (DOCKER_HOST)" if os.environ.get("DOCKER_HOST") else ""
         reason = str(exc).splitlines()[0][:200]
-        raise LabError(f"no Docker engine answers at {where} ({reason})",
-                       hint="start one: `make engine` (as root on Debian it installs and starts dockerd), "
-                            "or start Docker Desktop / `sudo systemctl start docker`; check with `docker info`") from None
+        raise StateError(f"no Docker engine answers at {where}{via} ({reason})",
+                         hint="start one: `make engine` (as root on Debian it installs and starts dockerd), "
+                              "or start Docker Desktop / `sudo systemctl start docker`; check with `docker info`") from None
 
 
 COMPOSE_MISSING_HINT = "run `make engine`, which installs Compose v2 as a Docker CLI plugin"
@@ -181,14 +185,28 @@ def check_host_limits(client, config: LabConfig, node_cpus: dict[str, float] | N
     check_cpus(client, limits)
 
 
+def usable_engine(client) -> Engine:
+    """The engine the client talks to, refused here if a lab cannot run on it (Podman)."""
+    found = engine_mod.inspect_engine(client)
+    problem = engine_mod.refusal(found)
+    if problem:
+        raise problem
+    return found
+
+
 def plan_up(client, config: LabConfig, workspace: Path, node_cpus: dict[str, float] | None = None,
-            ssh_public_key: str | None = None) -> tuple[dict, dict[str, str], str]:
+            ssh_public_key: str | None = None, engine: Engine | None = None) -> tuple[dict, dict[str, str], str]:
     """Validate against the engine and render everything; creates nothing."""
+    engine = engine or usable_engine(client)
+    if config.cpus is not None or node_cpus:
+        refused = engine_mod.cpu_limits_refusal(engine, f"{shown_key(config, 'cpus')} or --node-cpus")
+        if refused:
+            raise refused
     subnet = choose_subnet(client, config)
     check_fits(config, subnet)
     check_host_limits(client, config, node_cpus)
-    plan = ComposePlan(subnet=subnet, workspace=workspace, user=invoking_user(), node_cpus=node_cpus or {},
-                       ssh_public_key=ssh_public_key)
+    plan = ComposePlan(subnet=subnet, workspace=workspace, user=engine_mod.node_user(engine, invoking_user()),
+                       node_cpus=node_cpus or {}, ssh_public_key=ssh_public_key, limits=engine.limits)
     document = compose_mod.build_compose(config, plan, compose_mod.load_template())
     ips = [node_ip(subnet, i) for i in range(config.nodes)]
     env_files = build_env_files(topology_for_lab(config, ips), config.node_names)
@@ -212,8 +230,12 @@ def compose_up_argv(compose_file: Path, lab: str) -> list[str]:
 
 
 def apply_up(client, config: LabConfig, workspace: Path, document: dict, env_files: dict[str, str],
-             report: Report) -> list[NodeState]:
+             report: Report, engine: Engine | None = None) -> list[NodeState]:
     existed = bool(lab_containers(client, config.lab) or lab_networks(client, config.lab))
+    if not existed:  # a new lab: first prove that its nodes will see and write the workspace as the caller
+        engine_mod.check_workspace(client, engine or usable_engine(client), config.image_tag, workspace,
+                                   lab_dir(workspace, config.lab), document["services"]["node0"]["user"],
+                                   int(invoking_user().split(":")[0]), {LABEL_LAB: config.lab})
     compose_file = write_project(lab_dir(workspace, config.lab), document, env_files)
     argv = compose_up_argv(compose_file, config.lab)
     log.debug("$ %s", shlex.join(argv))
@@ -221,7 +243,7 @@ def apply_up(client, config: LabConfig, workspace: Path, document: dict, env_fil
         # Compose runs in the background while we already watch the nodes that have started.
         compose = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     except FileNotFoundError:
-        raise LabError("no docker CLI on PATH", hint=COMPOSE_MISSING_HINT) from None
+        raise StateError("no docker CLI on PATH", hint=COMPOSE_MISSING_HINT) from None
     try:
         return wait_ready(client, config.lab, config.node_names, compose, argv)
     except (CommandError, LabError, KeyboardInterrupt):
@@ -241,7 +263,7 @@ def _check_compose(compose: subprocess.Popen, argv: list[str]) -> bool:
     if compose.returncode == 0:
         return True
     if "is not a docker command" in stderr or "unknown command" in stderr:
-        raise LabError("Docker Compose v2 is not installed (`docker compose` is not a docker command)",
+        raise StateError("Docker Compose v2 is not installed (`docker compose` is not a docker command)",
                        hint=COMPOSE_MISSING_HINT)
     raise CommandError(argv, compose.returncode, stdout, stderr)
 
@@ -392,11 +414,11 @@ def apply_down(client, lab: str, volumes: bool = False) -> dict[str, int]:
 def require_running(client, lab: str) -> list[NodeState]:
     nodes = lab_status(client, lab)
     if not nodes:
-        raise LabError(f"lab '{lab}' is not up (no containers labelled {LABEL_LAB}={lab})",
+        raise StateError(f"lab '{lab}' is not up (no containers labelled {LABEL_LAB}={lab})",
                        hint=f"`labctl up --lab {lab} --nodes 3` brings it up")
     down = [n.name for n in nodes if n.state != "running"]
     if down:
-        raise LabError(f"lab '{lab}': {', '.join(down)} not running ({', '.join(n.state for n in nodes if n.state != 'running')})",
+        raise StateError(f"lab '{lab}': {', '.join(down)} not running ({', '.join(n.state for n in nodes if n.state != 'running')})",
                        hint=f"`labctl up --lab {lab}` restores the nodes")
     return nodes
 
@@ -414,6 +436,9 @@ def apply_node_cpus(client, lab: str, node: str, cpus: float | None) -> float | 
     None lifts the limit. `docker update --cpus 0` is ignored by the engine once a limit is set,
     so "no limit" is written as all of the engine's CPUs, which is the same thing.
     """
+    refused = engine_mod.cpu_limits_refusal(engine_mod.inspect_engine(client), f"slowing {node} down")
+    if refused:
+        raise refused
     value = cpus if cpus is not None else engine_cpus(client)
     run(["docker", "update", "--cpus", f"{value:g}", container_name(lab, node)], timeout_s=60)
     return node_cpus_limit(client, lab, node)

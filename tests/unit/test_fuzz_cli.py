@@ -3,8 +3,9 @@ input, and nothing created.
 
 The grammar comes from click's own command tree, so a new command or option is fuzzed without
 touching this file. No Docker engine is reachable (DOCKER_HOST points nowhere), so input that
-passes validation ends at "no Docker engine answers", also exit 2: what is checked is that bad
-input never gets further than that, and never leaves a file behind.
+passes validation ends at "no Docker engine answers" (exit 1: the machine's state, not the
+input): what is checked is that bad input never gets further than that, and never leaves a file
+behind.
 """
 
 from __future__ import annotations
@@ -76,7 +77,8 @@ def test_any_input_is_a_clear_exit_never_a_traceback(sandbox, argv):
     assert "Traceback" not in output, (argv, output)
     if result.exit_code == 0:
         return  # valid input that needs no engine (cost, env, --help): it may write what it was asked to
-    assert result.exit_code == 2, (argv, result.exit_code, output)
+    reached_the_engine = result.exit_code == 1 and "no Docker engine answers at" in output
+    assert result.exit_code == 2 or reached_the_engine, (argv, result.exit_code, output)
     assert output.strip(), argv
     assert set(sandbox.rglob("*")) == before, (argv, "bad input left files behind")
 

@@ -128,3 +128,13 @@ def test_compose_per_node_cpus_override_the_lab_limit():
     plan = ComposePlan(subnet="10.9.0.0/24", workspace=Path("/ws"), user="0:0", node_cpus={"node2": 0.25})
     services = build_compose(config, plan, load_template())["services"]
     assert [services[f"node{i}"]["cpus"] for i in range(3)] == [1.0, 1.0, 0.25]
+
+
+def test_compose_on_an_engine_without_limits_claims_none():
+    """Rootless Docker on cgroup v1 would accept and ignore them: the file says what really applies."""
+    config = LabConfig(nodes=2, cpus=0.5)
+    plan = ComposePlan(subnet="10.9.0.0/24", workspace=Path("/ws"), user="0:0", limits=False)
+    doc = build_compose(config, plan, load_template())
+    for node in doc["services"].values():
+        assert not {"cpus", "mem_limit", "pids_limit"} & set(node)
+        assert node["user"] == "0:0" and node["security_opt"] == ["no-new-privileges"]
