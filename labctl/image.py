@@ -3,7 +3,8 @@
 1. Base: the configured BASE_IMAGE if it is local or can be pulled; otherwise a local Debian base
    (debootstrap from the apt mirror this machine already uses, then `docker import`), built once.
 2. Wheelhouse: the host's pip downloads torch (CPU build) and its dependencies into
-   .lab/wheelhouse, and the Dockerfile installs from there with --no-index.
+   .lab/wheelhouse for the base image's own Python and platform, which a short run of the base
+   image reports (labctl/wheelhouse.py), and the Dockerfile installs from there with --no-index.
 3. Build with the Docker SDK, showing the Dockerfile's steps as a progress bar. The image carries
    a hash of its inputs as a label, so an up-to-date image is recognised without building.
 """
@@ -11,12 +12,13 @@
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import re
 import shutil
 import subprocess
-import sys
 import tempfile
+import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterable
@@ -25,10 +27,12 @@ from labctl.compose import REPO_ROOT
 from labctl.config import LabConfig
 from labctl.errors import CommandError, LabError
 from labctl.proc import run
+from labctl.wheelhouse import Target, fill_wheelhouse, target_from_probe
 
 LABEL_BUILD_HASH = "io.ddplab.build-hash"
 WHEELHOUSE = REPO_ROOT / ".lab" / "wheelhouse"
-WHEELHOUSE_STAMP = "ddplab-wheelhouse.txt"
+TARGET_CACHE = REPO_ROOT / ".lab" / "node-python.json"  # the base image's Python, by base image id
+TARGET_PROBE = Path(__file__).resolve().parent / "scripts" / "python_target.py"
 BASE_PACKAGES = ("python3,python3-venv,python3-pip,iproute2,iperf3,procps,util-linux,ca-certificates,"
                  "openssh-server,rsync,libnss-wrapper")
 # The local base's tag names its package list, so a base made before the list changed is not reused.
@@ -96,37 +100,36 @@ def debian_mirror_from_apt(sources_dir: Path = Path("/etc/apt")) -> str:
 # ------------------------------------------------------------------------------ side effects
 
 
-def ensure_wheelhouse(config: LabConfig, report: Report, wheelhouse: Path = WHEELHOUSE) -> list[str]:
-    """Fill the wheelhouse once per requirement set; returns the wheel file names."""
-    requirements = wheel_requirements(config.torch_version)
-    stamp = wheelhouse / WHEELHOUSE_STAMP
-    if stamp.is_file() and stamp.read_text().split() == requirements:
-        return sorted(p.name for p in wheelhouse.glob("*.whl"))
-    if wheelhouse.exists():
-        shutil.rmtree(wheelhouse)
-    wheelhouse.mkdir(parents=True)
-    pip = [sys.executable, "-m", "pip", "download", "--quiet", "--only-binary=:all:", "-d", str(wheelhouse)]
-    torch_req = requirements[0]
-    report(f"wheelhouse: looking for a local {torch_req} wheel (pip's find-links)")
-    # The CPU build first from what pip already has locally (PIP_FIND_LINKS), then from the CPU
-    # index: plain PyPI would hand us the CUDA build, several GB.
-    local = run(pip + ["--no-deps", "--no-index", torch_req], check=False)
-    if local.returncode != 0:
-        report(f"wheelhouse: downloading {torch_req} (CPU build) from {config.torch_index_url}")
+def ensure_wheelhouse(config: LabConfig, target: Target, report: Report, wheelhouse: Path = WHEELHOUSE) -> list[str]:
+    """torch (CPU build), numpy and their dependencies for the node's Python; returns the file names."""
+    return fill_wheelhouse(wheelhouse, wheel_requirements(config.torch_version), target, report,
+                           cpu_index_url=config.torch_index_url)
+
+
+def node_target(client, image: str, report: Report, cache: Path = TARGET_CACHE) -> Target:
+    """The interpreter and platform of an image's python3, asked of the image itself (half a
+    second, once per image: answers are kept by image id)."""
+    image_id = client.images.get(image).id
+    try:
+        known = json.loads(cache.read_text())
+    except (OSError, ValueError):
+        known = {}
+    if isinstance(known.get(image_id), dict):
         try:
-            run(pip + ["--no-deps", "--index-url", config.torch_index_url, torch_req])
-        except CommandError as exc:
-            raise LabError(f"could not get a CPU wheel of {torch_req}: {exc}",
-                           hint="set DDPLAB_TORCH_INDEX_URL to an index with CPU builds, or put the wheel in PIP_FIND_LINKS") from None
-    report("wheelhouse: downloading torch's dependencies and numpy")
-    run(pip + ["--find-links", str(wheelhouse), *requirements])
-    names = sorted(p.name for p in wheelhouse.glob("*.whl"))
-    cuda = [n for n in names if n.startswith("nvidia_")]
-    if cuda:
-        raise LabError(f"the wheelhouse got CUDA packages ({', '.join(cuda[:3])}, ...): the torch wheel is not a CPU build",
-                       hint="set DDPLAB_TORCH_INDEX_URL to https://download.pytorch.org/whl/cpu")
-    stamp.write_text("\n".join(requirements) + "\n")
-    return names
+            return Target(**known[image_id])
+        except TypeError:
+            pass
+    report(f"image: asking {image} which Python it has")
+    output = client.containers.run(image, ["python3", "-c", TARGET_PROBE.read_text()], entrypoint=[], remove=True,
+                                   network_disabled=True, user="0:0").decode(errors="replace")
+    try:
+        target = target_from_probe(json.loads(output.strip().splitlines()[-1]))
+    except (ValueError, IndexError, KeyError):
+        raise LabError(f"{image} did not say which Python it has: {output[:300]!r}",
+                       hint="the base image needs python3 on its PATH (DDPLAB_BASE_IMAGE)") from None
+    cache.parent.mkdir(parents=True, exist_ok=True)
+    cache.write_text(json.dumps({**known, image_id: dataclasses.asdict(target)}, indent=1) + "\n")
+    return target
 
 
 def image_exists(client, tag: str) -> bool:
@@ -191,7 +194,7 @@ def build_local_base(config: LabConfig, report: Report) -> None:
 def build_image(client, config: LabConfig, report: Report, progress_factory=None, force: bool = False) -> BuildResult:
     """Build config.image_tag unless an image with the same input hash exists."""
     base = ensure_base(client, config, report)
-    wheels = ensure_wheelhouse(config, report)
+    wheels = ensure_wheelhouse(config, node_target(client, base, report), report)
     build_args = {"BASE_IMAGE": base, "TORCH_VERSION": config.torch_version}
     digest = build_hash(image_inputs(), wheels, build_args)
     if not force and image_exists(client, config.image_tag):
@@ -262,18 +265,13 @@ def ensure_mismatch_image(client, config: LabConfig, report: Report, version: st
     if not image_exists(client, config.image_tag):
         raise LabError(f"the node image {config.image_tag} is missing", hint="labctl build")
     wheelhouse = REPO_ROOT / ".lab" / f"wheelhouse-torch{version}"
-    stamp = wheelhouse / WHEELHOUSE_STAMP
-    if not stamp.is_file():
-        shutil.rmtree(wheelhouse, ignore_errors=True)
-        wheelhouse.mkdir(parents=True)
-        report(f"mismatch image: downloading torch=={version} and its dependencies with the host's pip (once)")
-        try:
-            run([sys.executable, "-m", "pip", "download", "--quiet", "--only-binary=:all:", "-d", str(wheelhouse),
-                 f"torch=={version}"], timeout_s=1800)
-        except CommandError as exc:
-            raise LabError(f"could not download torch=={version} for the version-mismatch image: {exc}",
-                           hint="point pip at an index that has it (PIP_INDEX_URL / PIP_FIND_LINKS)") from None
-        stamp.write_text(f"torch=={version}\n")
+    target = node_target(client, config.image_tag, report)
+    report(f"mismatch image: torch=={version} and its dependencies for the node's Python, through pip's index (once)")
+    try:
+        fill_wheelhouse(wheelhouse, [f"torch=={version}"], target, report)
+    except CommandError as exc:
+        raise LabError(f"could not download torch=={version} for the version-mismatch image: {exc}",
+                       hint="point pip at an index that has it (PIP_INDEX_URL / PIP_FIND_LINKS)") from None
     report(f"mismatch image: installing torch {version} into a copy of {config.image_tag} (once, a few minutes)")
     script = (f"/opt/venv/bin/pip install --quiet --no-cache-dir --no-index --find-links /wheelhouse 'torch=={version}' "
               "&& /opt/venv/bin/python -c 'import torch; print(\"torch\", torch.__version__)'")
