@@ -1,26 +1,27 @@
-"""A small character-level GPT and its corpus: Python's own standard-library sources.
+"""A small character-level GPT and its corpus: Python-like source text (trainer/corpus.py).
 
 The model follows nanoGPT (github.com/karpathy/nanoGPT) cut to the bone: token and position
 embeddings, pre-norm blocks of causal self-attention and an MLP, a tied output head. Tiny by
 default (2 layers, 64 wide, ~110K parameters) so a step takes tens of milliseconds on one CPU
 core, yet it has the shape of the real thing: its gradients are what DDP all-reduces.
 
-The corpus needs no network: every node (and the host) has the standard library. Rank 0
-prepares it once into the data directory (a shared volume in the lab) with an atomic rename,
-every rank waits at a barrier, then all read the same file and check its hash agrees.
+The corpus needs no network and no file: it is generated from a fixed seed, byte for byte the
+same on every machine and Python, and pinned by its sha256. Rank 0 prepares it once into the data
+directory (a shared volume in the lab) with an atomic rename, every rank waits at a barrier, then
+all read the same file and check its hash agrees.
 """
 
 from __future__ import annotations
 
-import hashlib
 import math
 import os
-import sysconfig
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+from trainer import corpus as corpus_mod
 
 
 class Block(nn.Module):
@@ -74,42 +75,17 @@ class GPT(nn.Module):
 
 # ------------------------------------------------------------------------------ corpus
 
-CORPUS_VERSION = 1  # bump when the recipe below changes
-
-
-def stdlib_sources() -> list[Path]:
-    """The top-level .py files of this Python's standard library, in a fixed order."""
-    root = Path(sysconfig.get_paths()["stdlib"])
-    return sorted(p for p in root.glob("*.py") if p.is_file())
-
-
-def build_corpus(max_chars: int) -> str:
-    """Standard-library source text, files concatenated in name order, cut at max_chars."""
-    parts, total = [], 0
-    for path in stdlib_sources():
-        text = path.read_text(encoding="utf-8", errors="replace")
-        parts.append(text)
-        total += len(text)
-        if total >= max_chars:
-            break
-    corpus = "".join(parts)[:max_chars]
-    if len(corpus) < 1000:
-        raise SystemExit(f"error: found only {len(corpus)} characters of standard-library source under "
-                         f"{sysconfig.get_paths()['stdlib']}; the gpt workload needs a Python with its sources")
-    return corpus
-
-
 def encode(corpus: str) -> dict:
     """{'vocab': sorted characters, 'tokens': uint8/int16 tensor, 'sha256': hash of the text}."""
     vocab = sorted(set(corpus))
     index = {ch: i for i, ch in enumerate(vocab)}
     dtype = torch.uint8 if len(vocab) <= 256 else torch.int16
     tokens = torch.tensor([index[ch] for ch in corpus], dtype=dtype)
-    return {"vocab": vocab, "tokens": tokens, "sha256": hashlib.sha256(corpus.encode()).hexdigest()}
+    return {"vocab": vocab, "tokens": tokens, "sha256": corpus_mod.sha256(corpus)}
 
 
 def corpus_path(data_dir: Path, max_chars: int) -> Path:
-    return Path(data_dir) / f"stdlib-chars-v{CORPUS_VERSION}-{max_chars}.pt"
+    return Path(data_dir) / f"corpus-v{corpus_mod.CORPUS_VERSION}-{max_chars}.pt"
 
 
 def prepare_corpus(data_dir: Path, max_chars: int) -> Path:
@@ -120,7 +96,7 @@ def prepare_corpus(data_dir: Path, max_chars: int) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     with open(tmp, "wb") as f:
-        torch.save(encode(build_corpus(max_chars)), f)
+        torch.save(encode(corpus_mod.build(max_chars)), f)
         f.flush()
         os.fsync(f.fileno())
     os.replace(tmp, path)  # atomic on POSIX: the file appears whole or not at all

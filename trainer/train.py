@@ -64,8 +64,8 @@ def parse_args(argv=None):
     )
     add = p.add_argument
     add("--workload", choices=["toy", "gpt"], default="toy",
-        help="toy: MLP on synthetic classes; gpt: character-level GPT on Python's standard-library "
-             "sources, always in global-batch mode (default toy)")
+        help="toy: MLP on synthetic classes; gpt: character-level GPT on generated Python-like source "
+             "(trainer/corpus.py), always in global-batch mode (default toy)")
     # data
     add("--samples", type=at_least(1), default=4096,
         help="dataset size in samples, shared out across ranks (default 4096)")
@@ -81,7 +81,7 @@ def parse_args(argv=None):
     add("--n-head", type=at_least(1), default=4, help="gpt: attention heads; must divide --n-embd (default 4)")
     add("--block-size", type=at_least(2), default=64, help="gpt: sequence length in characters (default 64)")
     add("--corpus-chars", type=at_least(10_000), default=2_000_000,
-        help="gpt: characters of standard-library source to train on (default 2000000)")
+        help="gpt: characters of the corpus to train on (default 2000000)")
     add("--data-dir", default=None,
         help="gpt: where rank 0 prepares the corpus; default $DDPLAB_DATA_DIR, else /shared/ddplab-data "
              "when /shared is writable (the lab's shared volume), else ~/.cache/ddplab")
@@ -116,8 +116,12 @@ def parse_args(argv=None):
         help="rank 0 checkpoints model and optimizer every N steps, atomically; a restarted run resumes "
              "from the newest one (default 0: off)")
     add("--ckpt-dir", default=None, help="where checkpoints go (default <run_dir>/checkpoints; shared by all nodes)")
-    add("--threads", type=at_least(1), default=None,
-        help="torch CPU threads per process (default: torch's choice; torchrun sets 1 with >1 proc per node)")
+    # One thread by default: these models are small enough that more threads only add overhead
+    # (gpt here: 70K tokens/s with 1 thread, 21K with 2 on a 2-core machine), and intra-op threads
+    # split floating-point sums differently, so a fixed count is what makes 1 process on the host
+    # and N nodes in the lab end at the same loss.
+    add("--threads", type=at_least(1), default=1,
+        help="torch CPU threads per process (default 1, whatever OMP_NUM_THREADS says; more for bigger models)")
     # logging
     add("--run-dir", default=None,
         help="directory for metrics-rank<RANK>.jsonl; default $DDPLAB_RUN_DIR, "
@@ -258,8 +262,8 @@ def gpt_workload(args, c, tag):
                          "pass --data-dir or set DDPLAB_DATA_DIR to a writable path") from None
     hashes = all_gather(data["sha256"])
     if len(set(hashes)) > 1:
-        raise SystemExit(f"error: the corpus differs between ranks (sha256 {sorted(set(hashes))}); the nodes' Python "
-                         "standard libraries differ: run every node on one image, or share --data-dir")
+        raise SystemExit(f"error: the corpus differs between ranks (sha256 {sorted(set(hashes))}); a node runs another "
+                         "trainer/corpus.py or its data dir holds a damaged file: sync the code, clear --data-dir")
     windows = gpt.TextWindows(data["tokens"], args.block_size)
     torch.manual_seed(args.seed)
     try:
@@ -267,7 +271,7 @@ def gpt_workload(args, c, tag):
     except ValueError as exc:
         raise SystemExit(f"error: {exc}") from None
     extra = {"params": gpt.param_count(model), "vocab": len(data["vocab"]), "corpus_chars": len(data["tokens"]),
-             "block_size": args.block_size}
+             "corpus_sha256": data["sha256"], "block_size": args.block_size}
     print0(f"{tag} gpt: {extra['params']:,} parameters, vocab {extra['vocab']}, "
            f"{extra['corpus_chars']:,} characters from {path}")
     return Workload("gpt", model, windows.batch, windows.n_samples, args.block_size, extra)
@@ -330,8 +334,7 @@ def profiler_for(args, c, run_dir):
 
 def main(argv=None):
     args = parse_args(argv)
-    if args.threads:
-        torch.set_num_threads(args.threads)
+    torch.set_num_threads(args.threads)
 
     # Open this rank's metrics file before joining the process group, so a bad
     # run dir fails fast here rather than leaving peers waiting at rendezvous.
@@ -508,11 +511,12 @@ def finish(args, c, workload, run_dir, steps, final_loss, samples_seen, elapsed_
     summary = {
         "workload": workload.name,
         "steps": steps,
-        "final_loss": round(final_loss, 6),
+        "final_loss": final_loss,  # unrounded: runs are compared to the last digits float32 has
         "world_size": c.world_size,
         "param_checksum": checksum,
         "replicas_consistent": len(set(checksums)) == 1,
         "backend": c.backend,
+        "threads": torch.get_num_threads(),
         **extra,
         **workload.extra,
         "elapsed_s": round(elapsed_s, 3),

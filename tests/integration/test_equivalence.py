@@ -37,6 +37,30 @@ def test_two_nodes_match_one_process(lab2, host_loss, extra, micro_batches):
     assert summary["final_loss"] == pytest.approx(host_loss, rel=1e-5, abs=1e-6)
 
 
+# The command: the gpt workload, 20 steps of 32 sequences. Both sides run one torch thread per
+# process (the trainer's default): intra-op threads split float sums differently, which alone moves
+# this loss by about 1e-6.
+GPT = ["-m", "trainer", "--workload", "gpt", "--steps", "20", "--seed", "0", "--global-batch", "32",
+       "--micro-batch", "8"]
+
+
+def test_gpt_on_two_nodes_trains_on_the_same_text_to_the_same_loss_as_one_process_on_the_host(lab2, tmp_path):
+    from trainer.corpus import CORPUS_SHA256
+
+    host = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=1", *GPT,
+                           "--data-dir", str(tmp_path / "data"), "--run-dir", str(tmp_path / "run")],
+                          cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert host.returncode == 0, host.stderr
+    on_host = summary_of(host.stdout)
+    on_nodes = summary_of(labctl("run", "--lab", lab2, "--", *GPT, check=True).stdout)
+    assert (on_host["world_size"], on_nodes["world_size"]) == (1, 2)
+    assert on_host["corpus_sha256"] == on_nodes["corpus_sha256"] == CORPUS_SHA256
+    assert on_host["vocab"] == on_nodes["vocab"] and on_host["threads"] == on_nodes["threads"] == 1
+    # float32 carries about 7 digits: 1e-6 at a loss near 3 is a few units in the last place
+    assert abs(on_host["final_loss"] - on_nodes["final_loss"]) <= 1e-6, (on_host["final_loss"], on_nodes["final_loss"])
+    assert on_nodes["replicas_consistent"] is True
+
+
 def test_indivisible_batch_is_refused(lab2):
     result = labctl("run", "--lab", lab2, "--", "-m", "trainer", "--global-batch", "30", "--micro-batch", "8")
     assert result.returncode == 1
