@@ -1143,8 +1143,9 @@ def bench_scaling_cmd(lab, workload, nodes_list, rates, nproc, steps, micro_batc
     if netshape.slowest_link(links):
         raise LabError(f"lab {config.lab} has shaped links; the unshaped rows need them clear",
                        hint=f"labctl shape --lab {config.lab} --clear (bench scaling shapes and clears links itself)")
+    host_python = config.host_python or sys.executable
     if not no_host:
-        scaling.host_torch_check()
+        info(f"host rows: {host_python}, torch {scaling.host_torch(host_python)}")
     configs = scaling.plan(counts, shaped, nproc or max(counts), host=not no_host)
     trainer_args = ["--workload", workload, "--steps", str(steps), "--micro-batch", str(micro_batch),
                     "--threads", str(threads)]
@@ -1160,7 +1161,7 @@ def bench_scaling_cmd(lab, workload, nodes_list, rates, nproc, steps, micro_batc
         done += 1
         if c.place == "host":
             summary = scaling.run_host(c, trainer_args, out / "host-runs" / c.name.replace(", ", "-").replace(" ", ""),
-                                       threads)
+                                       threads, host_python)
         else:
             summary = scaling.run_lab(client, config.lab, node_env, c, trainer_args, lab_directory)
         summaries[c.name].append(summary)

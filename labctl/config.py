@@ -52,6 +52,8 @@ class LabConfig:
     """Debian mirror for the local base image; empty means the one apt uses here."""
     inventory: str = ""
     """The hosts `labctl hosts` drives (a TOML file); empty means .lab/<lab>/hosts.toml (`up --ssh` writes it)."""
+    host_python: str = ""
+    """The Python that runs the trainer on this machine (bench scaling's host rows); empty means labctl's own."""
     sources: Mapping[str, str] = field(default_factory=dict, compare=False, repr=False)
     """Where each setting came from ('default', '.env', 'environment', 'flag')."""
 
@@ -176,6 +178,7 @@ SETTINGS: dict[str, tuple[str, Callable[[str], Any]]] = {
     "torch_index_url": ("DDPLAB_TORCH_INDEX_URL", _regex(re.compile(r"^(https?|file)://\S+$"), "must be an http(s):// or file:// URL")),
     "debian_mirror": ("DDPLAB_DEBIAN_MIRROR", _regex(re.compile(r"^((https?|file)://\S+)?$"), "must be an http(s):// URL or empty")),
     "inventory": ("DDPLAB_INVENTORY", _regex(re.compile(r"^[^\x00]*$"), "must be a file path, or empty")),
+    "host_python": ("DDPLAB_HOST_PYTHON", _regex(re.compile(r"^[^\x00]*$"), "must be the path of a Python interpreter, or empty")),
 }
 
 FLAG_NAMES = {name: "--" + name.replace("_", "-") for name in SETTINGS}

@@ -27,6 +27,7 @@ import sys
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from labctl.compose import REPO_ROOT
 from labctl.cost import DEFAULT_ALPHA_S, Link, collective_time_s
 from labctl.errors import CommandError, LabError, RunFailed
 
@@ -102,8 +103,22 @@ def median_run(summaries: list[dict]) -> dict:
     return sorted(summaries, key=lambda s: s["tokens_per_s"])[len(summaries) // 2]
 
 
+def check_same_corpus(summaries: dict[str, list[dict]]) -> None:
+    """Rows are comparable only if every run trained on the same text: refuse a table that mixes corpora
+    (a host or node running another trainer/corpus.py)."""
+    seen: dict[str, list[str]] = {}
+    for name, runs in summaries.items():
+        for digest in {s["corpus_sha256"] for s in runs if "corpus_sha256" in s}:
+            seen.setdefault(digest, []).append(name)
+    if len(seen) > 1:
+        groups = "; ".join(f"{', '.join(names)}: sha256 {digest[:12]}" for digest, names in seen.items())
+        raise RunFailed(f"the rows trained on different corpora ({groups}), so their tokens/s and losses do not "
+                        "compare; run the same trainer/corpus.py on the host and in the nodes")
+
+
 def build_rows(configs: list[Config], summaries: dict[str, list[dict]], efficiency: float) -> list[Row]:
     """Rows from every configuration's SUMMARY lines (one per repeat); medians over repeats."""
+    check_same_corpus(summaries)
     baseline = None
     rows = []
     for config in configs:
@@ -233,23 +248,35 @@ def write_outputs(rows: list[Row], out: Path, title: str, meta: dict) -> list[Pa
 # ------------------------------------------------------------------------------ running
 
 
-def host_torch_check() -> None:
+def host_torch(python: str) -> str:
+    """The torch release of the Python that runs the host rows, or a clear error saying how to get one.
+    Asked of that interpreter in a subprocess: labctl's own environment needs no torch."""
+    from labctl.proc import run
+
     try:
-        import torch  # noqa: F401
-    except ImportError:
-        raise LabError("the host rows run the trainer on this machine, and its Python has no torch",
-                       hint="pip install -e '.[trainer]', or pass --no-host to measure the lab's rows only") from None
+        probe = run([python, "-c", "import torch; print(torch.__version__)"], check=False, timeout_s=120)
+    except CommandError as exc:  # the interpreter itself is missing or hangs
+        raise LabError(f"cannot run the host rows' Python {python}: {exc}",
+                       hint="set DDPLAB_HOST_PYTHON to a Python that has torch, or pass --no-host") from None
+    if probe.returncode != 0:
+        reason = (probe.stderr.strip().splitlines() or ["no output"])[-1]
+        raise LabError(f"the host rows run the trainer on this machine with {python}, which cannot import torch ({reason})",
+                       hint="`make host-torch` installs torch's CPU build into .venv (or pip install -e '.[trainer]'); "
+                            "or set DDPLAB_HOST_PYTHON to a Python that has torch; or pass --no-host for the lab's rows only")
+    return probe.stdout.strip()
 
 
-def run_host(config: Config, trainer_args: list[str], run_dir: Path, threads: int) -> dict:
+def run_host(config: Config, trainer_args: list[str], run_dir: Path, threads: int, python: str = sys.executable) -> dict:
     """The trainer on the host: one plain process, or torchrun --standalone with N."""
     env = {k: v for k, v in os.environ.items() if k not in LAUNCH_VARS}
     env.update(OMP_NUM_THREADS=str(threads), CUDA_VISIBLE_DEVICES="", PYTHONUNBUFFERED="1")
+    # This checkout's trainer, whichever Python runs it (DDPLAB_HOST_PYTHON need not have ddplab installed).
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO_ROOT), env.get("PYTHONPATH")) if p)
     args = [*trainer_args, "--run-dir", str(run_dir)]
     if config.nproc_per_node == 1:
-        argv = [sys.executable, "-m", "trainer", *args]
+        argv = [python, "-m", "trainer", *args]
     else:
-        argv = [sys.executable, "-m", "torch.distributed.run", "--standalone",
+        argv = [python, "-m", "torch.distributed.run", "--standalone",
                 "--nproc-per-node", str(config.nproc_per_node), "-m", "trainer", *args]
     run_dir.mkdir(parents=True, exist_ok=True)
     proc = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=HOST_TIMEOUT_S)

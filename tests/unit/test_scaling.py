@@ -45,6 +45,31 @@ def test_rows_take_medians_and_measure_efficiency_against_one_process():
     assert "| 2 nodes @ 100mbit | 2 x 1 | 100mbit | 500 |" in md and "| 2 | 1,700 | 1,800 | 0.94 |" in md
 
 
+def test_rows_that_trained_on_different_corpora_are_refused():
+    configs = scaling.plan([2], [], nproc=1)
+    same = {"host, 1 proc": [{**summary(1000, allreduce=0), "corpus_sha256": "a" * 64}],
+            "host, torchrun x2": [{**summary(1800), "corpus_sha256": "a" * 64}],
+            "2 nodes": [{**summary(1700), "corpus_sha256": "a" * 64}]}
+    assert len(scaling.build_rows(configs, same, efficiency=0.85)) == 3
+    mixed = {**same, "2 nodes": [{**summary(1700), "corpus_sha256": "b" * 64}]}
+    with pytest.raises(scaling.RunFailed, match=r"different corpora \(host, 1 proc, host, torchrun x2: sha256 aaaaaaaaaaaa; "
+                                                r"2 nodes: sha256 bbbbbbbbbbbb\)"):
+        scaling.build_rows(configs, mixed, efficiency=0.85)
+
+
+def test_the_host_rows_python_must_have_torch(tmp_path):
+    import sys
+
+    bare = tmp_path / "python"  # this very Python without its site-packages: a Python without torch
+    bare.write_text(f"#!/bin/sh\nexec {sys.executable} -S \"$@\"\n")
+    bare.chmod(0o755)
+    with pytest.raises(scaling.LabError, match=f"with {bare}, which cannot import torch") as info:
+        scaling.host_torch(str(bare))
+    assert "make host-torch" in info.value.hint and "--no-host" in info.value.hint
+    with pytest.raises(scaling.LabError, match="cannot run the host rows' Python"):
+        scaling.host_torch(str(tmp_path / "no-such-python"))
+
+
 def test_summary_line_is_found_or_the_failure_is_clear():
     assert scaling.parse_summary(["x", 'node0 | SUMMARY {"a": 1}', "y"]) == {"a": 1}
     from labctl.errors import RunFailed
