@@ -1,47 +1,67 @@
 # ddplab: `make demo` runs the main job, `make test` the whole suite. Both set everything up first:
 # the virtual environment, a Docker engine with Compose v2 (installed and started where we are root
 # on Debian and none runs), the OpenSSH client and rsync, and the node image.
+#
+# PYTHON is the interpreter labctl's virtual environment is made with: any CPython 3.10 or newer
+# (`make demo PYTHON=python3.13`). The nodes run the image's own Python whatever it is; labctl
+# itself needs no torch, only `make test` adds it, for the tests that run the trainer on the host.
 
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
+# One stamp per interpreter asked for: naming another one remakes the environment with it.
+VENV_STAMP := $(VENV)/.installed-$(subst /,_,$(PYTHON))
 LABCTL := $(BIN)/labctl
 TORCH_VERSION ?= 2.13.0
 TORCH_INDEX_URL ?= https://download.pytorch.org/whl/cpu
 NODES ?= 3
 PYTEST_ARGS ?=
 
-.PHONY: demo test unit integration venv tools engine image image-mismatch down clean
+.PHONY: demo test unit integration venv host-torch tools engine image image-mismatch down clean
 
 demo: image
 	$(LABCTL) up --nodes $(NODES)
 	$(LABCTL) run -- -m trainer --epochs 3
 	@echo "The lab is still up: '$(LABCTL) status' shows it, '$(LABCTL) down' removes it."
 
-test: image image-mismatch
+test: image image-mismatch host-torch
 	$(BIN)/python -m pytest tests $(PYTEST_ARGS)
 
-unit: venv tools
+unit: venv host-torch tools
 	$(BIN)/python -m pytest tests/unit $(PYTEST_ARGS)
 
-integration: image image-mismatch
+integration: image image-mismatch host-torch
 	$(BIN)/python -m pytest tests/integration $(PYTEST_ARGS)
 
-venv: $(VENV)/.installed
+venv: $(VENV_STAMP)
 
-# torch's CPU build alone (--no-deps) first: from pip's local find-links if it has the wheel, else
-# from the CPU index (plain PyPI would install the CUDA build, several GB). Its dependencies then
-# come from the ordinary index with the project's own.
-$(VENV)/.installed: pyproject.toml
-	$(PYTHON) -m venv $(VENV)
+$(VENV_STAMP): pyproject.toml
+	@py=$$(bash labctl/scripts/find-python.sh "$(PYTHON)") || exit 2; \
+	if [ "$$(cat $(VENV)/.python 2>/dev/null)" != "$$py" ]; then \
+	  rm -rf $(VENV); echo "[venv] $(VENV) with $$py ($$("$$py" -V 2>&1))"; \
+	  "$$py" -m venv $(VENV) && echo "$$py" > $(VENV)/.python; \
+	fi
 	$(BIN)/pip install -q --upgrade pip
-	$(BIN)/pip install -q --no-deps --no-index "torch==$(TORCH_VERSION)" 2>/dev/null \
-	  || $(BIN)/pip install -q --no-deps --index-url $(TORCH_INDEX_URL) "torch==$(TORCH_VERSION)"
-	$(BIN)/pip install -q -e ".[trainer,test]"
+	$(BIN)/pip install -q -e ".[test]"
 	touch $@
 
-engine:
-	PYTHON=$(PYTHON) bash labctl/scripts/ensure-docker.sh
+# torch on the host: the trainer's unit tests, the host-vs-lab comparisons and bench scaling's host
+# rows run it here. Its CPU build alone (--no-deps) first, from pip's local find-links if it has the
+# wheel, else from the CPU index (plain PyPI would install the CUDA build, several GB); then its
+# dependencies from the ordinary index.
+host-torch: $(VENV)/.torch
+
+$(VENV)/.torch: $(VENV_STAMP)
+	$(BIN)/pip install -q --no-deps --no-index "torch==$(TORCH_VERSION)" 2>/dev/null \
+	  || $(BIN)/pip install -q --no-deps --index-url $(TORCH_INDEX_URL) "torch==$(TORCH_VERSION)" \
+	  || { echo "error: found no CPU build of torch $(TORCH_VERSION) for $$($(BIN)/python -V 2>&1) locally or at" \
+	       "$(TORCH_INDEX_URL). The lab itself needs none ('make demo'); for the tests, set TORCH_INDEX_URL" \
+	       "to an index that has it, or use PYTHON=python3.11 here." >&2; exit 1; }
+	$(BIN)/pip install -q -e ".[trainer]"
+	touch $@
+
+engine: venv
+	PYTHON=$(BIN)/python bash labctl/scripts/ensure-docker.sh
 
 # ssh, ssh-keygen and rsync: `labctl hosts` and its tests (installed as root on Debian where missing).
 tools:
