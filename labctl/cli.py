@@ -169,7 +169,7 @@ def up(lab, nodes, nproc_per_node, cpus, memory, subnet, master_port, image, bw,
                      subnet=subnet, master_port=master_port, image=image)
     wanted = parse_shape(bw) if bw is not None else None
     client = lab_mod.docker_client()
-    engine = lab_mod.usable_engine(client)
+    engine = engine_mod.usable_engine(client)
     existing = lab_mod.lab_containers(client, config.lab)
     if existing and config.sources.get("nodes") == "default":
         from dataclasses import replace

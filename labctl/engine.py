@@ -186,6 +186,15 @@ def inspect_engine(client, environ: Mapping[str, str] = os.environ) -> Engine:
     return classify(client.info(), client.version(), endpoint, context)
 
 
+def usable_engine(client) -> Engine:
+    """The engine the client talks to, refused here if a lab cannot run on it (Podman)."""
+    found = inspect_engine(client)
+    problem = refusal(found)
+    if problem:
+        raise problem
+    return found
+
+
 @dataclass(frozen=True)
 class WorkspaceProbe:
     """What one short container as a node saw of the workspace."""

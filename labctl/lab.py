@@ -185,19 +185,10 @@ def check_host_limits(client, config: LabConfig, node_cpus: dict[str, float] | N
     check_cpus(client, limits)
 
 
-def usable_engine(client) -> Engine:
-    """The engine the client talks to, refused here if a lab cannot run on it (Podman)."""
-    found = engine_mod.inspect_engine(client)
-    problem = engine_mod.refusal(found)
-    if problem:
-        raise problem
-    return found
-
-
 def plan_up(client, config: LabConfig, workspace: Path, node_cpus: dict[str, float] | None = None,
             ssh_public_key: str | None = None, engine: Engine | None = None) -> tuple[dict, dict[str, str], str]:
     """Validate against the engine and render everything; creates nothing."""
-    engine = engine or usable_engine(client)
+    engine = engine or engine_mod.usable_engine(client)
     if config.cpus is not None or node_cpus:
         refused = engine_mod.cpu_limits_refusal(engine, f"{shown_key(config, 'cpus')} or --node-cpus")
         if refused:
@@ -233,7 +224,7 @@ def apply_up(client, config: LabConfig, workspace: Path, document: dict, env_fil
              report: Report, engine: Engine | None = None) -> list[NodeState]:
     existed = bool(lab_containers(client, config.lab) or lab_networks(client, config.lab))
     if not existed:  # a new lab: first prove that its nodes will see and write the workspace as the caller
-        engine_mod.check_workspace(client, engine or usable_engine(client), config.image_tag, workspace,
+        engine_mod.check_workspace(client, engine or engine_mod.usable_engine(client), config.image_tag, workspace,
                                    lab_dir(workspace, config.lab), document["services"]["node0"]["user"],
                                    int(invoking_user().split(":")[0]), {LABEL_LAB: config.lab})
     compose_file = write_project(lab_dir(workspace, config.lab), document, env_files)
