@@ -190,7 +190,8 @@ def plan_up(client, config: LabConfig, workspace: Path, node_cpus: dict[str, flo
     """Validate against the engine and render everything; creates nothing."""
     engine = engine or engine_mod.usable_engine(client)
     if config.cpus is not None or node_cpus:
-        refused = engine_mod.cpu_limits_refusal(engine, f"{shown_key(config, 'cpus')} or --node-cpus")
+        given = shown_key(config, "cpus") if config.cpus is not None else "--node-cpus"
+        refused = engine_mod.cpu_limits_refusal(engine, given)
         if refused:
             raise refused
     subnet = choose_subnet(client, config)
@@ -427,7 +428,7 @@ def apply_node_cpus(client, lab: str, node: str, cpus: float | None) -> float | 
     None lifts the limit. `docker update --cpus 0` is ignored by the engine once a limit is set,
     so "no limit" is written as all of the engine's CPUs, which is the same thing.
     """
-    refused = engine_mod.cpu_limits_refusal(engine_mod.inspect_engine(client), f"slowing {node} down")
+    refused = cpus is not None and engine_mod.cpu_limits_refusal(engine_mod.inspect_engine(client), f"slowing {node} down")
     if refused:
         raise refused
     value = cpus if cpus is not None else engine_cpus(client)

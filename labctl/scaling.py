@@ -29,7 +29,7 @@ from pathlib import Path
 
 from labctl.compose import REPO_ROOT
 from labctl.cost import DEFAULT_ALPHA_S, Link, collective_time_s
-from labctl.errors import CommandError, LabError, RunFailed
+from labctl.errors import CommandError, LabError, RunFailed, StateError
 
 LAUNCH_VARS = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_RUN_ID",
                "LOCAL_WORLD_SIZE", "GROUP_RANK")
@@ -260,7 +260,7 @@ def host_torch(python: str) -> str:
                        hint="set DDPLAB_HOST_PYTHON to a Python that has torch, or pass --no-host") from None
     if probe.returncode != 0:
         reason = (probe.stderr.strip().splitlines() or ["no output"])[-1]
-        raise LabError(f"the host rows run the trainer on this machine with {python}, which cannot import torch ({reason})",
+        raise StateError(f"the host rows run the trainer on this machine with {python}, which cannot import torch ({reason})",
                        hint="`make host-torch` installs torch's CPU build into .venv (or pip install -e '.[trainer]'); "
                             "or set DDPLAB_HOST_PYTHON to a Python that has torch; or pass --no-host for the lab's rows only")
     return probe.stdout.strip()

@@ -127,8 +127,8 @@ def test_a_lab_runs_on_rootless_docker_and_its_files_belong_to_the_user(rootless
 def test_what_rootless_docker_cannot_do_is_refused_before_anything_exists(rootless):
     lab = f"it-{uuid.uuid4().hex[:8]}"
     for args, fragment in ((["--ssh"], "--ssh needs the nodes' addresses reachable"),
-                           (["--cpus", "0.5"], "needs CPU limits"),
-                           (["--node-cpus", "node1=0.5"], "needs CPU limits")):
+                           (["--cpus", "0.5"], "--cpus needs CPU limits"),
+                           (["--node-cpus", "node1=0.5"], "--node-cpus needs CPU limits")):
         result = rootless.labctl("up", "--lab", lab, "--nodes", "2", *args)
         assert result.returncode == 1 and fragment in result.stderr, result.stdout + result.stderr
         assert engine(rootless.socket, "ps", "-aq", "--filter", f"label=io.ddplab.lab={lab}").stdout.split() == []

@@ -63,8 +63,9 @@ def test_the_host_rows_python_must_have_torch(tmp_path):
     bare = tmp_path / "python"  # this very Python without its site-packages: a Python without torch
     bare.write_text(f"#!/bin/sh\nexec {sys.executable} -S \"$@\"\n")
     bare.chmod(0o755)
-    with pytest.raises(scaling.LabError, match=f"with {bare}, which cannot import torch") as info:
+    with pytest.raises(scaling.StateError, match=f"with {bare}, which cannot import torch") as info:
         scaling.host_torch(str(bare))
+    assert info.value.exit_code == 1  # the machine's state, not bad input
     assert "make host-torch" in info.value.hint and "--no-host" in info.value.hint
     with pytest.raises(scaling.LabError, match="cannot run the host rows' Python"):
         scaling.host_torch(str(tmp_path / "no-such-python"))
