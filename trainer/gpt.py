@@ -85,7 +85,9 @@ def encode(corpus: str) -> dict:
 
 
 def corpus_path(data_dir: Path, max_chars: int) -> Path:
-    return Path(data_dir) / f"corpus-v{corpus_mod.CORPUS_VERSION}-{max_chars}.pt"
+    # Named by the pinned hash: a data dir that holds a corpus made by another version of
+    # trainer/corpus.py (a shared volume, ~/.cache) never hands it to this one.
+    return Path(data_dir) / f"corpus-{corpus_mod.CORPUS_SHA256[:12]}-{max_chars}.pt"
 
 
 def prepare_corpus(data_dir: Path, max_chars: int) -> Path:

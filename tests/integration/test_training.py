@@ -24,9 +24,9 @@ def test_gpt_trains_across_three_nodes_and_reports_where_the_time_goes(lab3, doc
     assert s["slowest_node"] in ("node0", "node1", "node2")
     # rank 0 prepared the corpus once, on the shared volume: node2 sees the same file
     listing = docker_client.containers.get(f"{lab}-node2").exec_run(["ls", "/shared/ddplab-data"]).output.decode()
-    from trainer.corpus import CORPUS_VERSION
+    from trainer.corpus import CORPUS_SHA256
 
-    assert f"corpus-v{CORPUS_VERSION}-2000000.pt" in listing
+    assert f"corpus-{CORPUS_SHA256[:12]}-2000000.pt" in listing
     from pathlib import Path
 
     run_dir = Path(s["run_dir"])

@@ -26,6 +26,8 @@ def test_corpus_is_prepared_once_atomically_and_deterministically(tmp_path):
     first = path.stat().st_mtime_ns
     assert gpt.prepare_corpus(tmp_path, 20_000) == path and path.stat().st_mtime_ns == first  # not rewritten
     assert [p.name for p in tmp_path.iterdir()] == [path.name]  # no temporary file left behind
+    # named by the pinned hash, so a data dir holding text of another corpus.py is never reused
+    assert path.name == f"corpus-{corpus.CORPUS_SHA256[:12]}-20000.pt"
     data = gpt.load_corpus(path)
     assert len(data["tokens"]) == 20_000 and data["tokens"].dtype == torch.uint8
     again = gpt.encode(corpus.build(20_000))
