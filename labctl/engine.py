@@ -6,9 +6,9 @@ socket. Older SDKs skipped the context, so labctl and Compose could talk to two 
 pyproject.toml requires 7.2.
 
 What a lab needs of an engine, beyond answering:
-- It runs Docker, not Podman. Podman's Docker-compatible API answers most calls, but the lab's
-  Compose file, static IPs, `--network container:` helpers and cgroup limits have not been made
-  to work on it: refused with one message rather than failing half-way.
+- It runs Docker, not Podman. Podman's Docker-compatible API answers most calls, but a lab has
+  not been made to work on it or tested there (rootless Podman, for one, accepts limits on
+  cgroup v1 that it does not enforce): refused with one message rather than failing half-way.
 - The nodes can see and write the workspace, as the invoking user. The workspace is bind-mounted
   into every node, and a bind mount is resolved on the engine's machine: a remote engine
   (DOCKER_HOST=ssh://..., tcp://..., a CI job inside a container talking to the host's engine)
@@ -114,8 +114,8 @@ def refusal(engine: Engine) -> StateError | None:
     if engine.kind == "podman":
         return StateError(
             f"the engine at {engine.endpoint} is Podman {engine.version}, which ddplab does not support: its "
-            "Docker-compatible API differs in the parts a lab relies on (Compose networks with static IPs, "
-            "helper containers that join a node's network namespace, CPU limits)",
+            "Docker-compatible API answers, but a lab has not been made to work on it or tested there (rootless "
+            "Podman, for one, accepts CPU and memory limits on cgroup v1 that it does not enforce)",
             hint="use Docker Engine (rootful or rootless) or Docker Desktop; point DOCKER_HOST or "
                  "`docker context use` at it")
     return None
