@@ -23,7 +23,7 @@ from __future__ import annotations
 import json
 import os
 import secrets
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal, Mapping
 
@@ -62,9 +62,6 @@ class Engine:
         cgroups = "" if self.limits else "no cgroup limits"
         extra = ", ".join(x for x in (mode, cgroups, f"{self.os}, {self.arch}, {self.cpus} CPUs") if x)
         return f"{self.product} {self.version} at {self.endpoint}{via}: {extra}"
-
-    def as_dict(self) -> dict:
-        return {**asdict(self), "rootless": self.rootless}
 
 
 # --------------------------------------------------------------------------------------- pure
