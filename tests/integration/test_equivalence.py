@@ -56,8 +56,10 @@ def test_gpt_on_two_nodes_trains_on_the_same_text_to_the_same_loss_as_one_proces
     assert (on_host["world_size"], on_nodes["world_size"]) == (1, 2)
     assert on_host["corpus_sha256"] == on_nodes["corpus_sha256"] == CORPUS_SHA256
     assert on_host["vocab"] == on_nodes["vocab"] and on_host["threads"] == on_nodes["threads"] == 1
-    # float32 carries about 7 digits: 1e-6 at a loss near 3 is a few units in the last place
-    assert abs(on_host["final_loss"] - on_nodes["final_loss"]) <= 1e-6, (on_host["final_loss"], on_nodes["final_loss"])
+    # Six significant digits of float32's seven: the two sum the same four micro-batch gradients in
+    # another order, which moves the last digits (measured here: 7.2e-7 apart at 2.85, seeds 1-4 at
+    # most 6e-7), and by how much depends on the CPU's kernels, so the bound is relative.
+    assert on_nodes["final_loss"] == pytest.approx(on_host["final_loss"], rel=1e-6, abs=0)
     assert on_nodes["replicas_consistent"] is True
 
 
