@@ -146,7 +146,11 @@ def test_down_cleans_up_after_an_up_killed_midway(lab_name, docker_client):
 
 
 def busy_seconds(client, container: str) -> float:
-    code = "import time; t = time.perf_counter(); sum(range(10**7)); print(time.perf_counter() - t)"
+    """The fastest of 3 runs of a CPU-bound loop (as timeit reports): a moment of load on this 2-core
+    machine slows one run of the unthrottled node, never all three, while the throttled node is
+    held to its quota in every run."""
+    code = ("import time\nbest = None\nfor _ in range(3):\n    t = time.perf_counter(); sum(range(10**7))\n"
+            "    best = min(best or 1e9, time.perf_counter() - t)\nprint(best)")
     return float(client.containers.get(container).exec_run(["python", "-c", code]).output.decode().split()[-1])
 
 
