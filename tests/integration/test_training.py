@@ -51,13 +51,16 @@ def test_the_straggler_is_named(lab3):
 
 def test_bench_straggler_balances_the_same_global_batch(lab3):
     lab, _ = lab3
-    out = labctl("bench", "straggler", "--lab", lab, "--cpus", "0.2", "--steps", "6", "--repeats", "1", "--json",
-                 check=True).stdout
+    # 48 sequences a rank: about 60 ms of compute a step, well over the 20 ms that 0.2 CPU allows per
+    # 100 ms CFS period, so node2 is throttled inside every step. With 16 (about 20 ms) its compute
+    # could fit the quota refilled while it waited, and once in four suites here it was not the slowest.
+    out = labctl("bench", "straggler", "--lab", lab, "--cpus", "0.2", "--micro-batch", "48", "--steps", "6",
+                 "--repeats", "1", "--json", check=True).stdout
     result = json.loads(out)
-    assert result["node"] == "node2" and result["global_batch"] == 48
+    assert result["node"] == "node2" and result["global_batch"] == 144
     even, balanced = result["even"], result["balanced"]
-    assert even["micro_batches"] == [16, 16, 16] and even["slowest_node"] == "node2"
-    assert sum(balanced["micro_batches"]) == 48 and balanced["micro_batches"][2] < 16
+    assert even["micro_batches"] == [48, 48, 48] and even["slowest_node"] == "node2"
+    assert sum(balanced["micro_batches"]) == 144 and balanced["micro_batches"][2] < 48
     # the same global batches, however split: the same training
     assert balanced["final_loss"] == pytest.approx(even["final_loss"], rel=1e-4)
     assert result["speedup"] > 0
