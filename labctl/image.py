@@ -11,6 +11,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import os
@@ -18,7 +19,6 @@ import re
 import shutil
 import subprocess
 import tempfile
-import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterable
@@ -102,8 +102,13 @@ def debian_mirror_from_apt(sources_dir: Path = Path("/etc/apt")) -> str:
 
 def ensure_wheelhouse(config: LabConfig, target: Target, report: Report, wheelhouse: Path = WHEELHOUSE) -> list[str]:
     """torch (CPU build), numpy and their dependencies for the node's Python; returns the file names."""
-    return fill_wheelhouse(wheelhouse, wheel_requirements(config.torch_version), target, report,
-                           cpu_index_url=config.torch_index_url)
+    names = fill_wheelhouse(wheelhouse, wheel_requirements(config.torch_version), target, report,
+                            cpu_index_url=config.torch_index_url)
+    cuda = [n for n in names if n.startswith("nvidia_")]
+    if cuda:
+        raise LabError(f"the wheelhouse got CUDA packages ({', '.join(cuda[:3])}, ...): the torch wheel is not a CPU build",
+                       hint="set DDPLAB_TORCH_INDEX_URL to https://download.pytorch.org/whl/cpu")
+    return names
 
 
 def node_target(client, image: str, report: Report, cache: Path = TARGET_CACHE) -> Target:

@@ -168,3 +168,22 @@ def test_each_hosts_real_pip_picks_the_nodes_wheel(python, tmp_path):
         result = subprocess.run(argv, capture_output=True, text=True, timeout=120)
         assert result.returncode == 0, result.stderr
         assert sorted(p.name for p in out.iterdir()) == [expected]
+
+
+def test_a_wheelhouse_with_cuda_packages_is_refused_for_the_cpu_image(tmp_path):
+    """The node image is the CPU build: a torch that brought nvidia-* wheels came from the wrong index."""
+    import json
+    from dataclasses import asdict
+
+    from labctl.config import LabConfig
+    from labctl.image import ensure_wheelhouse, wheel_requirements
+    from labctl.wheelhouse import STAMP
+
+    config = LabConfig()
+    (tmp_path / STAMP).write_text(json.dumps({"requirements": wheel_requirements(config.torch_version),
+                                              "target": asdict(NODE)}))
+    for name in ("torch-2.13.0-cp311-cp311-manylinux_2_28_x86_64.whl",
+                 "nvidia_nccl_cu12-2.27.3-py3-none-manylinux_2_18_x86_64.whl"):
+        (tmp_path / name).write_bytes(b"")
+    with pytest.raises(LabError, match="CUDA packages .*nvidia_nccl_cu12.*not a CPU build"):
+        ensure_wheelhouse(config, NODE, lambda _m: None, wheelhouse=tmp_path)
