@@ -181,8 +181,9 @@ def up(lab, nodes, nproc_per_node, cpus, memory, subnet, master_port, image, bw,
     per_node_cpus = parse_node_cpus(node_cpus, config.nodes) if node_cpus is not None else None
     if ssh is None:  # a running lab keeps what it was brought up with
         ssh = any((c.get("Labels") or {}).get(LABEL_SSH) == "true" for c in existing)
-    if ssh and engine_mod.ssh_refusal(engine):
-        raise engine_mod.ssh_refusal(engine)
+    refused = engine_mod.ssh_refusal(engine) if ssh else None
+    if refused:
+        raise refused
     lab_directory = lab_mod.lab_dir(_workspace(), config.lab)
     public_key = sshnodes.lab_public_key(lab_directory, config.lab, make=not dry_run) if ssh else None
     started = time.monotonic()

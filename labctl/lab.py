@@ -428,9 +428,10 @@ def apply_node_cpus(client, lab: str, node: str, cpus: float | None) -> float | 
     None lifts the limit. `docker update --cpus 0` is ignored by the engine once a limit is set,
     so "no limit" is written as all of the engine's CPUs, which is the same thing.
     """
-    refused = cpus is not None and engine_mod.cpu_limits_refusal(engine_mod.inspect_engine(client), f"slowing {node} down")
+    engine = engine_mod.inspect_engine(client)
+    refused = engine_mod.cpu_limits_refusal(engine, f"slowing {node} down") if cpus is not None else None
     if refused:
         raise refused
-    value = cpus if cpus is not None else engine_cpus(client)
+    value = cpus if cpus is not None else engine.cpus
     run(["docker", "update", "--cpus", f"{value:g}", container_name(lab, node)], timeout_s=60)
-    return node_cpus_limit(client, lab, node)
+    return node_cpus_limit(client, lab, node, engine.cpus)
