@@ -26,7 +26,7 @@ def info(message: str) -> None:
 
 
 def nodes_table(lab: str, nodes, title: str | None = None, links: dict | None = None) -> Table:
-    from labctl.shaping import describe
+    from labctl.net.tc import describe
 
     table = Table(title=title or f"lab {lab}", title_justify="left")
     for column in ("node", "IP", "torch", "state") + (("link",) if links else ()):

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from conftest import REPO, drop_lab, labctl, new_lab_name, summary_of
-from labctl.inventory import load_inventory
+from labctl.hosts.inventory import load_inventory
 
 NO_DOCKER = {"DOCKER_HOST": "unix:///nonexistent/labctl-hosts-must-not-use-docker.sock"}
 SCRIPTS = "tests/integration/scripts"

@@ -8,7 +8,7 @@ import json
 import pytest
 
 from conftest import lab_resources, labctl
-from labctl.scenarios import SCENARIOS
+from labctl.diagnose.scenarios import SCENARIOS
 
 
 @pytest.mark.parametrize("name", list(SCENARIOS))

@@ -2,7 +2,7 @@
 
 import pytest
 
-from labctl.cost import (
+from labctl.bench.cost import (
     PRESETS, Link, busbw_factor, bytes_per_rank, collective_time_s, parse_params, resolve_link, step_report,
 )
 from labctl.errors import ConfigError

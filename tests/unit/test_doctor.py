@@ -2,7 +2,7 @@
 
 import pytest
 
-from labctl.doctor import check_env, check_iface, check_reach, check_versions
+from labctl.diagnose.doctor import check_env, check_iface, check_reach, check_versions
 
 
 def env(rank, n=3, host=None, **over):
@@ -102,7 +102,7 @@ def test_master_port_in_use_and_unreachable_rendezvous():
 
 
 def test_uneven_cpu_limits_name_the_slow_node():
-    from labctl.doctor import check_cpus
+    from labctl.diagnose.doctor import check_cpus
 
     assert failures(check_cpus({"node0": None, "node1": None})) == []
     assert failures(check_cpus({"node0": 1.0, "node1": 1.0})) == []
@@ -114,8 +114,8 @@ def test_uneven_cpu_limits_name_the_slow_node():
 def test_scenario_reports_group_findings_and_find_the_symptom():
     from types import SimpleNamespace
 
-    from labctl.doctor import Finding
-    from labctl.scenarios import SCENARIOS, first_symptom, group_findings
+    from labctl.diagnose.doctor import Finding
+    from labctl.diagnose.scenarios import SCENARIOS, first_symptom, group_findings
 
     same = "NODE_RANK=0 on node0 and node1"
     assert group_findings([Finding("env", "node0", False, same), Finding("env", "node1", False, same),
@@ -128,7 +128,7 @@ def test_scenario_reports_group_findings_and_find_the_symptom():
 
 
 def test_a_cpu_imbalance_warns_but_does_not_block():
-    from labctl.doctor import check_cpus
+    from labctl.diagnose.doctor import check_cpus
 
     [slow] = [f for f in check_cpus({"node0": None, "node1": 0.25}) if not f.ok]
     assert slow.warn and not slow.blocking

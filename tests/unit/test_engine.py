@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from labctl.engine import (
+from labctl.lab.engine import (
     DEFAULT_ENDPOINT, WorkspaceProbe, classify, cpu_limits_refusal, limits_warning, node_user, refusal,
     resolve_endpoint, ssh_refusal, workspace_problem,
 )

@@ -4,9 +4,9 @@ and nothing claimed of a host that was not checked."""
 from pathlib import Path
 
 from labctl.errors import LabError
-from labctl.hosts import Reached, host_findings, parse_env_text
-from labctl.inventory import parse_inventory
-from labctl.ssh import SSHError
+from labctl.hosts.actions import Reached, host_findings, parse_env_text
+from labctl.hosts.inventory import parse_inventory
+from labctl.hosts.ssh import SSHError
 
 INV = parse_inventory('[defaults]\niface = "tailscale0"\n[[hosts]]\nname = "ws"\naddress = "100.64.0.1"\n'
                       '[[hosts]]\nname = "laptop"\naddress = "100.64.0.2"\n', Path("/x/cluster.toml"))

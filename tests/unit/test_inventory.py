@@ -7,7 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from labctl.errors import LabError
-from labctl.inventory import Host, parse_inventory, render_inventory
+from labctl.hosts.inventory import Host, parse_inventory, render_inventory
 
 PATH = Path("/home/me/cluster.toml")
 

@@ -5,7 +5,7 @@ from pathlib import Path
 import pytest
 
 from labctl.errors import LabError
-from labctl.launch import Launch, build_launches, parse_script_args, threads_per_process, torchrun_argv
+from labctl.run.launch import Launch, build_launches, parse_script_args, threads_per_process, torchrun_argv
 
 RUN_DIR = Path("/ws/.lab/demo/runs/r1")
 NODE_ENV = {
@@ -101,13 +101,13 @@ def test_parse_script_args_rejects(args, fragment):
     (["python", "-m", "labctl", "up", "-p", "x"], "x", False),
 ])
 def test_is_compose_up_for(argv, lab, expected):
-    from labctl.lab import is_compose_up_for
+    from labctl.lab.lifecycle import is_compose_up_for
 
     assert is_compose_up_for(argv, lab) is expected
 
 
 def test_elastic_runs_pass_torchruns_settings_and_a_fresh_worker_store():
-    from labctl.launch import ELASTIC_RDZV_CONF, Elastic
+    from labctl.run.launch import ELASTIC_RDZV_CONF, Elastic
 
     three = {f"node{i}": NODE_ENV["node0"] for i in range(3)}
     launches = build_launches(three, ["-m", "trainer"], launcher="torchrun", nproc_per_node=None, run_id="r1",
@@ -126,7 +126,7 @@ def test_elastic_runs_pass_torchruns_settings_and_a_fresh_worker_store():
 
 @pytest.mark.parametrize("text, nodes, expected", [("2:3", 3, (2, 3)), ("3", 3, (3, 3)), ("1:2", 2, (1, 2))])
 def test_nnodes_ranges(text, nodes, expected):
-    from labctl.launch import parse_nnodes
+    from labctl.run.launch import parse_nnodes
 
     assert parse_nnodes(text, nodes) == expected
 
@@ -135,14 +135,14 @@ def test_nnodes_ranges(text, nodes, expected):
                                            ("a:b", "MIN:MAX"), ("0:3", "1 <= MIN")])
 def test_bad_nnodes_are_refused(text, message):
     from labctl.errors import ConfigError
-    from labctl.launch import parse_nnodes
+    from labctl.run.launch import parse_nnodes
 
     with pytest.raises(ConfigError, match=message):
         parse_nnodes(text, 3)
 
 
 def test_partition_and_heal_commands():
-    from labctl.faults import heal_commands, partition_commands
+    from labctl.net.faults import heal_commands, partition_commands
 
     assert [c.argv for c in partition_commands("eth0")] == [("ip", "link", "set", "dev", "eth0", "down")]
     assert [c.argv for c in heal_commands("eth0", "172.28.0.1")] == [

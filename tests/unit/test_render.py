@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from labctl.compose import ComposePlan, build_compose, load_template, render_compose
+from labctl.lab.compose import ComposePlan, build_compose, load_template, render_compose
 from labctl.config import LabConfig, node_ip
-from labctl.envfiles import (
+from labctl.lab.envfiles import (
     Topology, build_env_files, build_node_env, host_commands, parse_hosts, topology_for_lab,
 )
 from labctl.errors import ConfigError

@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from labctl import scaling
+from labctl.bench import scaling
 
 
 def test_plan_has_every_row_the_table_needs():

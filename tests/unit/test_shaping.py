@@ -5,7 +5,7 @@ import shlex
 import pytest
 
 from labctl.errors import ConfigError
-from labctl.shaping import (
+from labctl.net.tc import (
     LinkState, Shape, build_apply, build_clear, build_netem_probe, burst_bytes, describe, netem_missing, parse_link_state,
     parse_shape,
 )

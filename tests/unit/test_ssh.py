@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from labctl.inventory import Host
-from labctl.launch import RUN_ID_VAR, WATCHDOG_SCRIPT
-from labctl.ssh import (
+from labctl.hosts.inventory import Host
+from labctl.run.launch import RUN_ID_VAR, WATCHDOG_SCRIPT
+from labctl.hosts.ssh import (
     MARKER, PREPARE_SCRIPT, classify, explain, key_fingerprint, known_hosts_name, remote_command, resolve_argv,
     rsync_pull_argv, rsync_push_argv, rsync_stats, scanned_fingerprints, ssh_argv, sync_excludes,
 )

@@ -5,10 +5,10 @@ from pathlib import Path
 
 import pytest
 
-from labctl.compose import LABEL_SSH, SSH_KEY_VAR, ComposePlan, build_compose, load_template
+from labctl.lab.compose import LABEL_SSH, SSH_KEY_VAR, ComposePlan, build_compose, load_template
 from labctl.config import LabConfig
-from labctl.inventory import Host, parse_inventory
-from labctl.sshnodes import build_known_hosts, build_lab_inventory, parse_hostkey_line
+from labctl.hosts.inventory import Host, parse_inventory
+from labctl.hosts.labnodes import build_known_hosts, build_lab_inventory, parse_hostkey_line
 
 KEY = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIBG2siVDAK8A8hMDNxin6RVnLg2W9JIgSzoAF1RTghCl ddplab-demo"
 

@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from labctl.engine import normalize_machine
+from labctl.lab.engine import normalize_machine
 from labctl.errors import LabError
-from labctl.wheelhouse import Target, Wheel, pip_download_argv, read_wheel, target_from_probe, wheel_closure
+from labctl.lab.wheelhouse import Target, Wheel, pip_download_argv, read_wheel, target_from_probe, wheel_closure
 
 NODE = Target()  # CPython 3.11 on Debian bookworm, x86_64: the default node image
 ARM_NODE = Target(machine="aarch64")
@@ -176,8 +176,8 @@ def test_a_wheelhouse_with_cuda_packages_is_refused_for_the_cpu_image(tmp_path):
     from dataclasses import asdict
 
     from labctl.config import LabConfig
-    from labctl.image import ensure_wheelhouse, wheel_requirements
-    from labctl.wheelhouse import STAMP
+    from labctl.lab.image import ensure_wheelhouse, wheel_requirements
+    from labctl.lab.wheelhouse import STAMP
 
     config = LabConfig()
     (tmp_path / STAMP).write_text(json.dumps({"requirements": wheel_requirements(config.torch_version),

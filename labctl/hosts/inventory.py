@@ -35,7 +35,7 @@ from pathlib import Path, PurePosixPath
 from typing import Any, Callable, Mapping
 
 from labctl.config import SETTINGS, _int_in
-from labctl.envfiles import Topology, build_env_files, build_node_env, is_host_address
+from labctl.lab.envfiles import Topology, build_env_files, build_node_env, is_host_address
 from labctl.errors import ConfigError, LabError
 
 if sys.version_info >= (3, 11):

@@ -14,7 +14,7 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from labctl.lab import apply_down, lab_dir
+from labctl.lab.lifecycle import apply_down, lab_dir
 from labctl.proc import run
 
 BENCH_LAB = "bench-up"

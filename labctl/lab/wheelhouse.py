@@ -30,7 +30,7 @@ from typing import Callable, Iterable, Mapping
 from packaging.requirements import InvalidRequirement, Requirement
 from packaging.utils import canonicalize_name, parse_wheel_filename
 
-from labctl.engine import normalize_machine
+from labctl.lab.engine import normalize_machine
 from labctl.errors import CommandError, LabError
 from labctl.proc import run
 

@@ -12,11 +12,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from labctl.compose import container_name
+from labctl.lab.compose import container_name
 from labctl.config import LabConfig
 from labctl.errors import LabError
-from labctl.inventory import render_inventory
-from labctl.launch import threads_per_process
+from labctl.hosts.inventory import render_inventory
+from labctl.run.launch import threads_per_process
 from labctl.proc import run
 
 HOSTKEY_PREFIX = "DDPLAB_SSH_HOSTKEY"
@@ -34,7 +34,7 @@ def ssh_dir(lab_directory: Path) -> Path:
 def lab_public_key(lab_directory: Path, lab: str, *, make: bool) -> str:
     """The public half of the lab's SSH key pair, which is made once, here, when `make` says so (a
     dry run changes nothing: it shows a placeholder until the key exists)."""
-    from labctl.ssh import require_tools
+    from labctl.hosts.ssh import require_tools
 
     key = ssh_dir(lab_directory) / KEY_FILE
     if not key.is_file() and not make:

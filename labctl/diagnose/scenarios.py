@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from labctl.errors import LabError
-from labctl.launch import Launch, run_env
+from labctl.run.launch import Launch, run_env
 
 TRAINER = ["-m", "trainer", "--epochs", "1", "--samples", "1024"]
 PG_TIMEOUT_S = 12  # the trainer's process-group timeout in the broken runs (torch's default: 30 min)
@@ -90,8 +90,8 @@ def add_mesh(ctx: Context) -> None:
     """A second address on every node, as a Tailscale mesh gives each machine: node0's mesh
     address is on its interface but is not what its hostname resolves to, which is exactly what
     torchrun's is-this-me guess misses."""
-    from labctl.netshape import _node_image, run_helper
-    from labctl.shaping import Command
+    from labctl.net.apply import _node_image, run_helper
+    from labctl.net.tc import Command
 
     image = _node_image(ctx.client, ctx.lab, ctx.names[0])
     for i, node in enumerate(ctx.names):
@@ -113,7 +113,7 @@ def firewall_commands(iface: str, allowed_port: int) -> list:
     qdisc, so it is built from htb classification alone, on each node's egress: a TCP SYN (SYN set,
     ACK clear: byte 33 of an option-less IPv4 packet) goes to a class whose queue holds nothing
     (pfifo limit 0), unless it is for the allowed port."""
-    from labctl.shaping import Command
+    from labctl.net.tc import Command
 
     u32 = ("protocol", "ip", "u32", "match", "ip", "protocol", "6", "0xff")
     return [
@@ -129,7 +129,7 @@ def firewall_commands(iface: str, allowed_port: int) -> list:
 
 
 def firewall_on(ctx: Context) -> None:
-    from labctl.netshape import _node_image, run_helper
+    from labctl.net.apply import _node_image, run_helper
 
     image = _node_image(ctx.client, ctx.lab, ctx.names[0])
     for node in ctx.names:
@@ -139,8 +139,8 @@ def firewall_on(ctx: Context) -> None:
 
 
 def firewall_off(ctx: Context) -> None:
-    from labctl.netshape import _node_image, run_helper
-    from labctl.shaping import Command
+    from labctl.net.apply import _node_image, run_helper
+    from labctl.net.tc import Command
 
     image = _node_image(ctx.client, ctx.lab, ctx.names[0])
     for node in ctx.names:
@@ -148,13 +148,13 @@ def firewall_off(ctx: Context) -> None:
 
 
 def slow_last(ctx: Context) -> None:
-    from labctl.lab import apply_node_cpus
+    from labctl.lab.lifecycle import apply_node_cpus
 
     apply_node_cpus(ctx.client, ctx.lab, ctx.names[-1], 0.3)
 
 
 def unslow_last(ctx: Context) -> None:
-    from labctl.lab import apply_node_cpus
+    from labctl.lab.lifecycle import apply_node_cpus
 
     apply_node_cpus(ctx.client, ctx.lab, ctx.names[-1], None)
 
@@ -313,13 +313,13 @@ def run_scenario(client, config, workspace, scenario: Scenario, report) -> Outco
     """The whole story on a throwaway lab (config.lab), which is removed whatever happens."""
     import shutil
 
-    from labctl import doctor
-    from labctl import lab as lab_mod
-    from labctl import runner
+    from labctl.diagnose import doctor
+    from labctl.lab import lifecycle as lab_mod
+    from labctl.run import executor as runner
 
     other_image = None
     if scenario.other_torch_on_last_node:  # built once and cached, before the clock starts
-        from labctl.image import ensure_mismatch_image
+        from labctl.lab.image import ensure_mismatch_image
 
         other_image = ensure_mismatch_image(client, config, report)
     started = time.monotonic()

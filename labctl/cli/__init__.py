@@ -109,8 +109,8 @@ def build(torch_version, base_image, image, force, verbose_build, mismatch_image
     Works without a registry: when the base image cannot be pulled, a local Debian base is built
     with debootstrap, and Python packages come from a wheelhouse the host fills with pip.
     """
-    from labctl import image as image_mod
-    from labctl.lab import docker_client
+    from labctl.lab import image as image_mod
+    from labctl.lab.lifecycle import docker_client
     from labctl.ui import BuildProgress, info
 
     config = _config(torch_version=torch_version, base_image=base_image, image=image)
@@ -156,14 +156,14 @@ def up(lab, nodes, nproc_per_node, cpus, memory, subnet, master_port, image, bw,
     key pair made for the lab, and .lab/<lab>/hosts.toml describes the nodes as real hosts: their
     addresses, the user, the key and a known_hosts file, for `labctl hosts check|sync|run`.
     """
-    from labctl import engine as engine_mod
-    from labctl import image as image_mod
-    from labctl import lab as lab_mod
-    from labctl import sshnodes
-    from labctl.compose import LABEL_SSH, render_compose
+    from labctl.lab import engine as engine_mod
+    from labctl.lab import image as image_mod
+    from labctl.lab import lifecycle as lab_mod
+    from labctl.hosts import labnodes as sshnodes
+    from labctl.lab.compose import LABEL_SSH, render_compose
     from labctl.ui import BuildProgress, console, info, nodes_table
 
-    from labctl.shaping import parse_shape
+    from labctl.net.tc import parse_shape
 
     config = _config(lab=lab, nodes=nodes, nproc_per_node=nproc_per_node, cpus=cpus, memory=memory,
                      subnet=subnet, master_port=master_port, image=image)
@@ -216,7 +216,7 @@ def up(lab, nodes, nproc_per_node, cpus, memory, subnet, master_port, image, bw,
                                                                engine)
     links = None
     if wanted:
-        from labctl import netshape
+        from labctl.net import apply as netshape
 
         names = [n.name for n in nodes_state]
         netshape.apply_shape(client, config.lab, names, wanted, config.iface)
@@ -238,7 +238,7 @@ def up(lab, nodes, nproc_per_node, cpus, memory, subnet, master_port, image, bw,
 
 
 def _status_json(lab: str, nodes, links: dict | None = None) -> dict:
-    from labctl.shaping import describe
+    from labctl.net.tc import describe
 
     rows = []
     for n in nodes:
@@ -255,10 +255,10 @@ def _status_json(lab: str, nodes, links: dict | None = None) -> dict:
 def status(lab, as_json) -> None:
     """Show each node as Docker sees it now: IP, torch version, state, and its link as the kernel
     reports it (read back with tc, not from a cache)."""
-    from labctl import lab as lab_mod
+    from labctl.lab import lifecycle as lab_mod
     from labctl.ui import console, info, nodes_table
 
-    from labctl import netshape
+    from labctl.net import apply as netshape
 
     config = _config(lab=lab)
     client = lab_mod.docker_client()
@@ -280,7 +280,7 @@ def status(lab, as_json) -> None:
 @click.option("--dry-run", is_flag=True, help="List what would be removed; remove nothing.")
 def down(lab, volumes, dry_run) -> None:
     """Remove every container and network of the lab. Idempotent; also cleans up a broken `up`."""
-    from labctl import lab as lab_mod
+    from labctl.lab import lifecycle as lab_mod
     from labctl.ui import console, info
 
     config = _config(lab=lab)
@@ -308,7 +308,7 @@ def down(lab, volumes, dry_run) -> None:
               help="Directory for the env files.")
 def env(hosts, iface, nproc_per_node, master_port, rdzv_id, out_dir) -> None:
     """Write the same per-node env files for real machines, and print the command for each."""
-    from labctl.envfiles import Topology, build_env_files, check_out_dir, host_commands, parse_hosts, write_env_files
+    from labctl.lab.envfiles import Topology, build_env_files, check_out_dir, host_commands, parse_hosts, write_env_files
     from labctl.ui import console, info
 
     from labctl.config import SETTINGS
@@ -353,9 +353,9 @@ def run(lab, nproc_per_node, launcher, timeout_s, dry_run, no_preflight, max_res
       labctl run -- -m trainer --epochs 3
       labctl run --launcher static -- my_ddp_script.py --lr 0.1
     """
-    from labctl import lab as lab_mod
-    from labctl import runner
-    from labctl.launch import Elastic, build_launches, parse_nnodes, parse_script_args
+    from labctl.lab import lifecycle as lab_mod
+    from labctl.run import executor as runner
+    from labctl.run.launch import Elastic, build_launches, parse_nnodes, parse_script_args
 
     config = _config(lab=lab)
     nproc = _nproc_flag(nproc_per_node)
@@ -417,8 +417,8 @@ def doctor(lab, as_json) -> None:
     rendezvous host, the socket interface, and reachability of the rendezvous and back-connect
     ports between every pair of nodes. Exit status 1 when something is wrong; each problem names
     the node and the fix."""
-    from labctl import doctor as doctor_mod
-    from labctl import lab as lab_mod
+    from labctl.diagnose import doctor as doctor_mod
+    from labctl.lab import lifecycle as lab_mod
 
     config = _config(lab=lab)
     client = lab_mod.docker_client()
@@ -441,7 +441,7 @@ def _report_check(title: str, findings, info: dict, seconds: float, as_json: boo
 
 def _preflight(client, lab: str, nodes) -> None:
     """doctor's cheap checks; a failure stops the run before anything can hang."""
-    from labctl import doctor as doctor_mod
+    from labctl.diagnose import doctor as doctor_mod
 
     findings, _, seconds = doctor_mod.diagnose(client, lab, nodes, _lab_subnet(client, lab), cheap=True)
     _refuse_on_problems(f"lab {lab}", findings, seconds, f"labctl doctor --lab {lab}")
@@ -460,7 +460,7 @@ def _refuse_on_problems(title: str, findings, seconds: float, full_check: str) -
 
 
 def _lab_subnet(client, lab: str) -> str | None:
-    from labctl import lab as lab_mod
+    from labctl.lab import lifecycle as lab_mod
 
     subnets = [s for net in lab_mod.lab_networks(client, lab) for s in lab_mod.network_subnets(net)]
     return subnets[0] if subnets else None
@@ -533,9 +533,9 @@ def accept_new_option(f):
 
 def _inventory(lab: str | None, path: str | None):
     """The inventory given, or the one `labctl up --ssh` writes for the lab."""
-    from labctl.inventory import load_inventory
-    from labctl.lab import lab_dir
-    from labctl.sshnodes import INVENTORY_FILE
+    from labctl.hosts.inventory import load_inventory
+    from labctl.lab.lifecycle import lab_dir
+    from labctl.hosts.labnodes import INVENTORY_FILE
 
     config = _config(lab=lab, inventory=path)
     return load_inventory(Path(config.inventory) if config.inventory else
@@ -556,8 +556,8 @@ def hosts_check(lab, inventory, accept_new, as_json) -> None:
     """doctor's checks on the inventory's hosts, over SSH: host keys, torch and Python versions, the
     socket interface, and the rendezvous and back-connect ports between every pair of hosts. Exit
     status 1 when something is wrong; each problem names the host and the fix."""
-    from labctl import hosts as hosts_mod
-    from labctl.ssh import SSHHosts, require_tools
+    from labctl.hosts import actions as hosts_mod
+    from labctl.hosts.ssh import SSHHosts, require_tools
     from labctl.ui import info
 
     require_tools("ssh")
@@ -580,8 +580,8 @@ def hosts_sync(lab, inventory, accept_new, excludes, dry_run) -> None:
     earlier sync is mirrored into: --delete never empties a folder of yours."""
     import shlex
 
-    from labctl import hosts as hosts_mod
-    from labctl.ssh import SSHHosts, require_tools, rsync_push_argv, sync_excludes
+    from labctl.hosts import actions as hosts_mod
+    from labctl.hosts.ssh import SSHHosts, require_tools, rsync_push_argv, sync_excludes
     from labctl.ui import console, info
 
     require_tools("ssh", "rsync")
@@ -627,9 +627,9 @@ def hosts_run(lab, inventory, accept_new, nproc_per_node, launcher, timeout_s, p
       labctl hosts run --inventory cluster.toml -- -m trainer --epochs 3
       labctl hosts run -- my_ddp_script.py --lr 0.1      # the lab's nodes, after `labctl up --ssh`
     """
-    from labctl import hosts as hosts_mod
-    from labctl.launch import parse_script_args
-    from labctl.ssh import require_tools, sync_excludes
+    from labctl.hosts import actions as hosts_mod
+    from labctl.run.launch import parse_script_args
+    from labctl.hosts.ssh import require_tools, sync_excludes
     from labctl.ui import info
 
     nproc = _nproc_flag(nproc_per_node)
@@ -658,8 +658,8 @@ def hosts_run(lab, inventory, accept_new, nproc_per_node, launcher, timeout_s, p
 @click.option("--container", is_flag=True, help="Show the node container's own log instead of a run's.")
 def logs(lab, node, run_id, container) -> None:
     """Print the saved output of the latest run (every node, or NODE), or a node container's log."""
-    from labctl import lab as lab_mod
-    from labctl import runner
+    from labctl.lab import lifecycle as lab_mod
+    from labctl.run import executor as runner
 
     config = _config(lab=lab)
     if container:
@@ -690,7 +690,7 @@ def slow(lab, node, cpus, clear) -> None:
       labctl slow node2 --cpus 0.25
       labctl slow node2 --clear
     """
-    from labctl import lab as lab_mod
+    from labctl.lab import lifecycle as lab_mod
     from labctl.config import parse_cpus
     from labctl.errors import ConfigError, LabError
     from labctl.ui import info
@@ -730,8 +730,8 @@ def fault(lab, fault, node) -> None:
       labctl fault kill node2         # with --nnodes 2:3 the run goes on without it
       labctl fault partition node1 && sleep 5 && labctl fault heal node1
     """
-    from labctl import faults
-    from labctl import lab as lab_mod
+    from labctl.net import faults
+    from labctl.lab import lifecycle as lab_mod
     from labctl.ui import info
 
     config = _config(lab=lab)
@@ -749,7 +749,7 @@ def scenario_list() -> None:
     """The scenarios, what each teaches, and its time bound."""
     from rich.table import Table
 
-    from labctl.scenarios import SCENARIOS
+    from labctl.diagnose.scenarios import SCENARIOS
     from labctl.ui import console
 
     table = Table(title="labctl scenario run NAME", title_justify="left", show_lines=True)
@@ -771,9 +771,9 @@ def scenario_run(names, as_json) -> None:
 
     from rich.panel import Panel
 
-    from labctl import lab as lab_mod
+    from labctl.lab import lifecycle as lab_mod
     from labctl.errors import LabError
-    from labctl.scenarios import SCENARIOS, run_scenario
+    from labctl.diagnose.scenarios import SCENARIOS, run_scenario
     from labctl.ui import console, info
 
     wanted = list(SCENARIOS) if list(names) == ["all"] else list(dict.fromkeys(names))
@@ -811,7 +811,7 @@ def scenario_run(names, as_json) -> None:
 def _links_table(links: dict, title: str):
     from rich.table import Table
 
-    from labctl.shaping import describe
+    from labctl.net.tc import describe
 
     table = Table(title=title, title_justify="left")
     table.add_column("node")
@@ -822,7 +822,7 @@ def _links_table(links: dict, title: str):
 
 
 def _link_json(node: str, state) -> dict:
-    from labctl.shaping import describe
+    from labctl.net.tc import describe
 
     return {"node": node, "shaping": describe(state), "rate_bps": state.rate_bps, "delay_us": state.delay_us,
             "jitter_us": state.jitter_us, "loss_pct": state.loss_pct, "ingress": state.ingress}
@@ -850,10 +850,10 @@ def shape(lab, node_names, bw, delay, jitter, loss, ingress, clear, show, as_jso
       labctl shape --bw 100mbit --delay 10ms     # needs the kernel's netem
       labctl shape --show
     """
-    from labctl import lab as lab_mod
-    from labctl import netshape
+    from labctl.lab import lifecycle as lab_mod
+    from labctl.net import apply as netshape
     from labctl.errors import LabError
-    from labctl.shaping import build_apply, build_clear, parse_shape
+    from labctl.net.tc import build_apply, build_clear, parse_shape
     from labctl.ui import console
 
     modes = [name for name, on in (("--bw", bw is not None), ("--clear", clear), ("--show", show)) if on]
@@ -916,7 +916,7 @@ def cost(params, dtype, ranks, links, compute_s, collective, grad_accum, efficie
     """
     from rich.table import Table
 
-    from labctl.cost import PRESETS, Link, parse_params, resolve_link, step_report
+    from labctl.bench.cost import PRESETS, Link, parse_params, resolve_link, step_report
     from labctl.errors import ConfigError
     from labctl.ui import console, info
 
@@ -960,8 +960,8 @@ def _seconds(value: float) -> str:
 
 def _lab_link(lab: str | None):
     """(description, rate) of a running lab's slowest shaped link, and its world size; Nones outside a lab."""
-    from labctl import lab as lab_mod
-    from labctl import netshape
+    from labctl.lab import lifecycle as lab_mod
+    from labctl.net import apply as netshape
     from labctl.errors import LabError
     from labctl.units import format_rate
 
@@ -1010,8 +1010,8 @@ def bench_up_cmd(nodes_list, repeats, as_json) -> None:
     """
     from rich.table import Table
 
-    from labctl.bench import bench_up
-    from labctl.lab import docker_client
+    from labctl.bench.up import bench_up
+    from labctl.lab.lifecycle import docker_client
     from labctl.ui import console, info
 
     counts = _nodes_list(nodes_list)
@@ -1046,8 +1046,10 @@ def bench_allreduce_cmd(lab, sizes, iters, efficiency, as_json, plot_path) -> No
     """
     from rich.table import Table
 
-    from labctl import lab as lab_mod
-    from labctl import linkbench, netshape, runner
+    from labctl.lab import lifecycle as lab_mod
+    from labctl.bench import allreduce as linkbench
+    from labctl.net import apply as netshape
+    from labctl.run import executor as runner
     from labctl.units import format_rate, parse_size_range
     from labctl.ui import console, info
 
@@ -1124,10 +1126,12 @@ def bench_scaling_cmd(lab, workload, nodes_list, rates, nproc, steps, micro_batc
     communication to compute, and the scaling efficiency against 1 process. The lab must be up
     with at least the largest node count, and unshaped: rows are shaped and cleared here.
     """
-    from labctl import lab as lab_mod
-    from labctl import netshape, runner, scaling
+    from labctl.lab import lifecycle as lab_mod
+    from labctl.net import apply as netshape
+    from labctl.run import executor as runner
+    from labctl.bench import scaling
     from labctl.errors import ConfigError, LabError
-    from labctl.shaping import Shape
+    from labctl.net.tc import Shape
     from labctl.ui import console, info
     from labctl.units import parse_rate
 
@@ -1220,8 +1224,9 @@ def bench_straggler_cmd(lab, node, cpus, workload, micro_batch, steps, repeats, 
     """
     from rich.table import Table
 
-    from labctl import lab as lab_mod
-    from labctl import runner, scaling
+    from labctl.lab import lifecycle as lab_mod
+    from labctl.run import executor as runner
+    from labctl.bench import scaling
     from labctl.config import parse_cpus
     from labctl.errors import ConfigError, LabError
     from labctl.ui import console, info

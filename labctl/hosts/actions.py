@@ -23,12 +23,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, TypeVar
 
-from labctl.doctor import Finding, check_env, check_iface, check_reach, check_versions, node_info, probe_reach
+from labctl.diagnose.doctor import Finding, check_env, check_iface, check_reach, check_versions, node_info, probe_reach
 from labctl.errors import CommandError, LabError
-from labctl.inventory import Inventory
-from labctl.launch import Launch, build_launches
+from labctl.hosts.inventory import Inventory
+from labctl.run.launch import Launch, build_launches
 from labctl.proc import run
-from labctl.ssh import (
+from labctl.hosts.ssh import (
     PREPARE_SCRIPT, SSHError, SSHHosts, is_known, recorded_fingerprint, rsync_pull_argv, rsync_push_argv, rsync_stats,
     ssh_command_hint,
 )
@@ -276,7 +276,7 @@ class RunPlan:
 
 def plan_run(inventory: Inventory, workspace: Path, script_args: list[str], *, launcher: str,
              nproc_per_node: int | None, pg_timeout_s: float | None, accept_new: bool) -> RunPlan:
-    from labctl.runner import new_run
+    from labctl.run.executor import new_run
 
     env_texts = inventory.env_files(nproc_per_node)
     node_env = {name: parse_env_text(text) for name, text in env_texts.items()}
@@ -293,7 +293,7 @@ def execute_run(plan: RunPlan, workspace: Path, excludes: list[str] | None, time
                 report: Report) -> None:
     """Sync (unless `excludes` is None: then only the env files are written), run on every host
     through the runner as `labctl run` does, and copy each host's outputs back, whatever happened."""
-    from labctl.runner import run_job
+    from labctl.run.executor import run_job
 
     if excludes is None:
         prepare(plan.hosts, plan.env_texts)

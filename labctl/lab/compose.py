@@ -11,7 +11,7 @@ import yaml
 
 from labctl.config import LabConfig, node_ip
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
+REPO_ROOT = Path(__file__).resolve().parents[2]
 TEMPLATE_PATH = REPO_ROOT / "compose" / "lab.yaml"
 
 # Labels on every container, network and volume of a lab: `down` finds what to remove by these.

@@ -23,16 +23,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterable
 
-from labctl.compose import REPO_ROOT
+from labctl.lab.compose import REPO_ROOT
 from labctl.config import LabConfig
 from labctl.errors import CommandError, LabError
 from labctl.proc import run
-from labctl.wheelhouse import Target, fill_wheelhouse, target_from_probe
+from labctl.lab.wheelhouse import Target, fill_wheelhouse, target_from_probe
 
 LABEL_BUILD_HASH = "io.ddplab.build-hash"
 WHEELHOUSE = REPO_ROOT / ".lab" / "wheelhouse"
 TARGET_CACHE = REPO_ROOT / ".lab" / "node-python.json"  # the base image's Python, by base image id
-TARGET_PROBE = Path(__file__).resolve().parent / "scripts" / "python_target.py"
+TARGET_PROBE = Path(__file__).resolve().parents[1] / "remote" / "python_target.py"
 BASE_PACKAGES = ("python3,python3-venv,python3-pip,iproute2,iperf3,procps,util-linux,ca-certificates,"
                  "openssh-server,rsync,libnss-wrapper")
 # The local base's tag names its package list, so a base made before the list changed is not reused.

@@ -12,10 +12,10 @@ from __future__ import annotations
 import shlex
 from concurrent.futures import ThreadPoolExecutor
 
-from labctl.compose import LABEL_LAB, container_name
+from labctl.lab.compose import LABEL_LAB, container_name
 from labctl.errors import LabError
-from labctl.lab import exec_in
-from labctl.shaping import (
+from labctl.lab.lifecycle import exec_in
+from labctl.net.tc import (
     NETEM_MISSING_MESSAGE, Command, LinkState, Shape, build_apply, build_clear, build_netem_probe, netem_missing,
     parse_link_state,
 )

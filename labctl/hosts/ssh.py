@@ -27,12 +27,12 @@ from pathlib import Path
 from typing import Callable, Mapping
 
 from labctl.errors import CommandError, LabError
-from labctl.inventory import Host, Inventory
-from labctl.launch import WATCHDOG_SCRIPT, Launch
+from labctl.hosts.inventory import Host, Inventory
+from labctl.run.launch import WATCHDOG_SCRIPT, Launch
 from labctl.proc import run
-from labctl.runner import STOP_GRACE_S
+from labctl.run.executor import STOP_GRACE_S
 
-log = logging.getLogger("labctl.ssh")
+log = logging.getLogger("labctl.hosts.ssh")
 
 CONNECT_TIMEOUT_S = 10
 ALIVE_INTERVAL_S = 5  # a silent host is given up after 3 unanswered keep-alives: 15 s

@@ -15,11 +15,11 @@ from __future__ import annotations
 
 import docker.errors
 
-from labctl.compose import container_name, network_name
+from labctl.lab.compose import container_name, network_name
 from labctl.errors import LabError
-from labctl.lab import exec_in
-from labctl.launch import RUN_ID_VAR
-from labctl.shaping import Command
+from labctl.lab.lifecycle import exec_in
+from labctl.run.launch import RUN_ID_VAR
+from labctl.net.tc import Command
 
 FAULTS = ("kill", "crash", "pause", "unpause", "partition", "heal")
 
@@ -67,7 +67,7 @@ def heal_commands(iface: str, gateway: str | None) -> list[Command]:
 
 def inject(client, lab: str, node: str, fault: str, iface: str) -> str:
     """Apply one fault; a sentence saying what happened."""
-    from labctl.netshape import run_helper
+    from labctl.net.apply import run_helper
 
     container = _container(client, lab, node)
     state = container.attrs["State"]

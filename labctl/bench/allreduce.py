@@ -12,10 +12,10 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from labctl.compose import container_name
-from labctl.cost import DEFAULT_ALPHA_S, DEFAULT_EFFICIENCY, Link, busbw_factor, collective_time_s
+from labctl.lab.compose import container_name
+from labctl.bench.cost import DEFAULT_ALPHA_S, DEFAULT_EFFICIENCY, Link, busbw_factor, collective_time_s
 from labctl.errors import LabError
-from labctl.lab import exec_in
+from labctl.lab.lifecycle import exec_in
 
 IPERF_PORT = "5201"
 IPERF_SECONDS = 3
@@ -92,10 +92,10 @@ def measure_wire(client, lab: str, client_node: str, server_node: str, server_ip
 
 def run_sweep(client, lab: str, node_env: dict, sizes: list[int], iters: int, run_dir: Path, run_id: str) -> list[dict]:
     """torchrun -m trainer.bench_allreduce on every node; rank 0's timings."""
-    from labctl import runner
-    from labctl.lab import engine_cpus
-    from labctl.lab import DockerNodes
-    from labctl.launch import build_launches
+    from labctl.run import executor as runner
+    from labctl.lab.lifecycle import engine_cpus
+    from labctl.lab.lifecycle import DockerNodes
+    from labctl.run.launch import build_launches
 
     args = ["-m", "trainer.bench_allreduce", "--sizes", ",".join(map(str, sizes)), "--iters", str(iters)]
     launches = build_launches(node_env, args, launcher="torchrun", nproc_per_node=1, run_id=run_id, run_dir=run_dir,

@@ -21,9 +21,9 @@ from typing import Callable, Protocol
 
 from rich.markup import escape
 
-from labctl.compose import container_name
+from labctl.lab.compose import container_name
 from labctl.errors import LabError, RunFailed
-from labctl.launch import PORT_CHECK_SCRIPT, STOP_SCRIPT, STORE_FAILED, STORE_READY, Launch, store_launch
+from labctl.run.launch import PORT_CHECK_SCRIPT, STOP_SCRIPT, STORE_FAILED, STORE_READY, Launch, store_launch
 from labctl.ui import console, node_colour
 
 FAIL_GRACE_S = 10.0  # after one node fails, how long the others get to notice and exit on their own

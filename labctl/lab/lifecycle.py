@@ -14,16 +14,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from labctl import compose as compose_mod
-from labctl import engine as engine_mod
-from labctl.compose import LABEL_LAB, LABEL_NODE, LABEL_RANK, ComposePlan, container_name, network_name
+from labctl.lab import compose as compose_mod
+from labctl.lab import engine as engine_mod
+from labctl.lab.compose import LABEL_LAB, LABEL_NODE, LABEL_RANK, ComposePlan, container_name, network_name
 from labctl.config import AUTO, LabConfig, check_fits, node_ip, overlaps, pick_free_subnet, shown_key, shown_source
-from labctl.engine import Engine
-from labctl.envfiles import build_env_files, topology_for_lab, write_env_files
+from labctl.lab.engine import Engine
+from labctl.lab.envfiles import build_env_files, topology_for_lab, write_env_files
 from labctl.errors import CommandError, ConfigError, LabError, StateError
 from labctl.proc import run
 
-log = logging.getLogger("labctl.lab")
+log = logging.getLogger("labctl.lab.lifecycle")
 READY_PREFIX = "DDPLAB_READY"
 NOT_READY_PREFIX = "DDPLAB_NOT_READY"
 READY_TIMEOUT_S = 60.0

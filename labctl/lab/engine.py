@@ -213,7 +213,7 @@ def probe_workspace(client, image: str, workspace: Path, lab_dir: Path, user: st
     lab_dir.mkdir(parents=True, exist_ok=True)
     inbound, outbound = lab_dir / f".engine-probe-{name}", lab_dir / f".engine-probe-{name}.back"
     inbound.write_text(token + "\n")
-    script = Path(__file__).resolve().parent / "scripts" / "workspace-probe.sh"
+    script = Path(__file__).resolve().parents[1] / "remote" / "workspace-probe.sh"
     try:
         container = client.containers.run(image, ["sh", "-c", script.read_text(), "workspace-probe", str(inbound),
                                                   str(outbound)],

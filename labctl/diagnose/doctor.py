@@ -31,7 +31,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from typing import Callable
 
-from labctl.compose import container_name
+from labctl.lab.compose import container_name
 
 CONNECT_S = 1.5  # how long a probe keeps trying one target (peers may still be starting to listen)
 PROBE_PORTS = (40000, 59999)  # inside Linux's default ephemeral range, 32768-60999
@@ -59,7 +59,7 @@ class Finding:
 
 def check_engine(engine) -> list[Finding]:
     """Which engine the lab runs on (its kind, version, endpoint), and whether a lab can run there."""
-    from labctl.engine import refusal
+    from labctl.lab.engine import refusal
 
     problem = refusal(engine)
     message = f"{engine.kind}: {engine.describe()}"
@@ -363,8 +363,8 @@ def diagnose(client, lab: str, nodes: list, subnet: str | None, cheap: bool = Fa
              env_overrides: dict[str, dict[str, str]] | None = None) -> tuple[list[Finding], dict, float]:
     """(findings, per-node info, seconds taken). `cheap` skips the reachability probes;
     `env_overrides` checks an environment a launch would add on top of each node's own."""
-    from labctl.engine import inspect_engine
-    from labctl.lab import DockerNodes, node_cpus_limit
+    from labctl.lab.engine import inspect_engine
+    from labctl.lab.lifecycle import DockerNodes, node_cpus_limit
 
     t0 = time.monotonic()
     names = [n.name for n in nodes]

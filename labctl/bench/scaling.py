@@ -27,8 +27,8 @@ import sys
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from labctl.compose import REPO_ROOT
-from labctl.cost import DEFAULT_ALPHA_S, Link, collective_time_s
+from labctl.lab.compose import REPO_ROOT
+from labctl.bench.cost import DEFAULT_ALPHA_S, Link, collective_time_s
 from labctl.errors import CommandError, LabError, RunFailed, StateError
 
 LAUNCH_VARS = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_RUN_ID",
@@ -288,9 +288,9 @@ def run_host(config: Config, trainer_args: list[str], run_dir: Path, threads: in
 
 def run_lab(client, lab: str, node_env: dict, config: Config, trainer_args: list[str], lab_directory: Path) -> dict:
     """The trainer on the first `config.nodes` nodes with torchrun, output to the run's logs only."""
-    from labctl import runner
-    from labctl.lab import DockerNodes
-    from labctl.launch import build_launches
+    from labctl.run import executor as runner
+    from labctl.lab.lifecycle import DockerNodes
+    from labctl.run.launch import build_launches
 
     subset = dict(list(node_env.items())[: config.nodes])
     run_id, run_dir = runner.new_run(lab_directory)

@@ -1,0 +1,1 @@
+"""Benchmarks: the ring cost model, allreduce against the wire, tokens/s scaling, stragglers, `labctl up`."""
