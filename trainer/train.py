@@ -1,8 +1,9 @@
-"""The training script. Reads top to bottom: flags, setup, loop, summary."""
+"""The training script. Reads top to bottom: flags, setup, loop, summary.
 
-import argparse
-import ctypes
-import hashlib
+The flags are in flags.py, the toy and gpt workloads in workloads.py, DDP wrapping and the
+replica checksum in ddp.py; what is left here is the run itself.
+"""
+
 import json
 import os
 import time
@@ -10,14 +11,11 @@ from contextlib import nullcontext
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
-from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import DataLoader, DistributedSampler
 
-from trainer import checkpoint, gpt
-
+from trainer import checkpoint
 from trainer.batching import BatchError, global_batch_indices, parse_rank_micro, plan_micro_batches, rank_share
-from trainer.data import make_dataset
+from trainer.ddp import param_checksum, wrap_ddp
 from trainer.dist import (
     all_gather,
     all_reduce_sum,
@@ -28,111 +26,10 @@ from trainer.dist import (
     println,
     rank_tag,
 )
+from trainer.flags import parse_args  # the tests import parse_args and wrap_ddp from here too
 from trainer.instrument import CommTimer, StepTiming, straggler_line, summarize
 from trainer.metrics import open_metrics
-from trainer.model import MLP
-
-
-def at_least(lo, kind=int):
-    """argparse type: a `kind` number >= lo, with a message that says so."""
-
-    def parse(text):
-        try:
-            value = kind(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"expected {kind.__name__}, got {text!r}") from None
-        if value < lo:
-            raise argparse.ArgumentTypeError(f"must be >= {lo}, got {text}")
-        return value
-
-    return parse
-
-
-def above_zero(text):
-    """argparse type: a finite float > 0."""
-    value = at_least(float("-inf"), float)(text)
-    if not 0 < value < float("inf"):  # also rejects nan
-        raise argparse.ArgumentTypeError(f"must be a finite number > 0, got {text}")
-    return value
-
-
-def parse_args(argv=None):
-    p = argparse.ArgumentParser(
-        prog="python -m trainer",
-        description="Train a small model (an MLP on synthetic data, or a character-level GPT); "
-                    "DDP when launched by torchrun.",
-    )
-    add = p.add_argument
-    add("--workload", choices=["toy", "gpt"], default="toy",
-        help="toy: MLP on synthetic classes; gpt: character-level GPT on generated Python-like source "
-             "(trainer/corpus.py), always in global-batch mode (default toy)")
-    # data
-    add("--samples", type=at_least(1), default=4096,
-        help="dataset size in samples, shared out across ranks (default 4096)")
-    add("--features", type=at_least(1), default=32, help="input features per sample (default 32)")
-    add("--classes", type=at_least(2), default=4, help="number of classes (default 4)")
-    add("--seed", type=int, default=0,
-        help="seeds data, model init and shuffle; the same on every rank (default 0)")
-    # model
-    add("--hidden", type=at_least(1), default=64, help="MLP hidden width in units (default 64)")
-    # gpt workload
-    add("--n-layer", type=at_least(1), default=2, help="gpt: transformer blocks (default 2)")
-    add("--n-embd", type=at_least(1), default=64, help="gpt: embedding width (default 64)")
-    add("--n-head", type=at_least(1), default=4, help="gpt: attention heads; must divide --n-embd (default 4)")
-    add("--block-size", type=at_least(2), default=64, help="gpt: sequence length in characters (default 64)")
-    add("--corpus-chars", type=at_least(10_000), default=2_000_000,
-        help="gpt: characters of the corpus to train on (default 2000000)")
-    add("--data-dir", default=None,
-        help="gpt: where rank 0 prepares the corpus; default $DDPLAB_DATA_DIR, else /shared/ddplab-data "
-             "when /shared is writable (the lab's shared volume), else ~/.cache/ddplab")
-    # optimization
-    add("--epochs", type=at_least(1), default=3, help="passes over the dataset (default 3)")
-    add("--batch-size", type=at_least(1), default=64,
-        help="samples per step PER RANK; global batch = this x world size (default 64)")
-    add("--lr", type=above_zero, default=3e-3, help="Adam learning rate (default 3e-3)")
-    # global-batch mode (see trainer/batching.py): steps of G samples, the same G samples at every
-    # step whatever the world size; replaces --epochs/--batch-size when --global-batch is given
-    add("--global-batch", type=at_least(1), default=None,
-        help="samples per optimizer step over all ranks; enables global-batch mode "
-             "(default off; for gpt: --micro-batch x world size)")
-    add("--micro-batch", type=at_least(1), default=8,
-        help="samples per rank per micro-step in global-batch mode (default 8)")
-    add("--steps", type=at_least(1), default=20, help="optimizer steps in global-batch mode (default 20)")
-    add("--rank-micro-batch", default=None, metavar="RANK=M,...",
-        help="per-rank micro-batch overrides, e.g. 0=10,1=6 to give a slow rank less work; "
-             "gradients are weighted by sample count, so the step is still the global-batch mean")
-    # DDP levers (no effect in a single process)
-    add("--bucket-cap-mb", type=above_zero, default=25.0,
-        help="DDP gradient bucket size in MiB: smaller buckets start communicating earlier (default 25)")
-    add("--comm-hook", choices=["none", "fp16", "bf16", "powersgd"], default="none",
-        help="DDP communication hook: compress gradients to fp16/bf16, or PowerSGD rank-1 (default none)")
-    add("--static-graph", action="store_true", help="tell DDP the graph never changes between steps")
-    # distributed
-    add("--timeout-s", type=above_zero, default=float(os.environ.get("DDPLAB_PG_TIMEOUT_S") or 120),
-        help="process-group timeout in seconds: rendezvous and every collective fail after this instead "
-             "of hanging on a dead peer (default $DDPLAB_PG_TIMEOUT_S, which labctl run sets, else 120)")
-    # checkpoints (global-batch mode)
-    add("--ckpt-every", type=at_least(0), default=0,
-        help="rank 0 checkpoints model and optimizer every N steps, atomically; a restarted run resumes "
-             "from the newest one (default 0: off)")
-    add("--ckpt-dir", default=None, help="where checkpoints go (default <run_dir>/checkpoints; shared by all nodes)")
-    # One thread by default: these models are small enough that more threads only add overhead
-    # (gpt here: 70K tokens/s with 1 thread, 21K with 2 on a 2-core machine), and intra-op threads
-    # split floating-point sums differently, so a fixed count is what makes 1 process on the host
-    # and N nodes in the lab end at the same loss.
-    add("--threads", type=at_least(1), default=1,
-        help="torch CPU threads per process (default 1, whatever OMP_NUM_THREADS says; more for bigger models)")
-    # logging
-    add("--run-dir", default=None,
-        help="directory for metrics-rank<RANK>.jsonl; default $DDPLAB_RUN_DIR, "
-             "else runs/<TORCHELASTIC_RUN_ID or 'local'> under the cwd")
-    add("--log-every", type=at_least(0), default=0,
-        help="also write a metrics record every N optimizer steps; 0 = per epoch only (default 0)")
-    add("--no-metrics", action="store_true",
-        help="write no metrics files (e.g. on a read-only filesystem)")
-    add("--profile", action="store_true",
-        help="write a torch.profiler Chrome trace of steps 3-5 per rank: <run_dir>/trace-rank<RANK>.json")
-    return p.parse_args(argv)
+from trainer.workloads import gpt_workload, toy_workload
 
 
 def resolve_run_dir(run_dir_arg):
@@ -156,132 +53,6 @@ def build_loader(dataset, batch_size, seed, rank, world_size, device):
     loader = DataLoader(dataset, batch_size=batch_size, sampler=sampler, pin_memory=pin_memory)
     return loader, sampler
 
-
-def wrap_ddp(model, c, bucket_cap_mb=25.0, comm_hook="none", static_graph=False, timer=None):
-    """DDP with the levers clusters tune: bucket size, a gradient-compression hook, static graph.
-
-    With a CommTimer, the hook (plain all-reduce for "none") is wrapped to time the communication.
-    """
-    if comm_hook == "bf16" and c.backend != "nccl":
-        # torch's bf16_compress_hook is built on NCCL's bf16 all-reduce; gloo has none.
-        raise SystemExit("error: --comm-hook bf16 needs CUDA and NCCL; on CPU (gloo) use fp16 or powersgd")
-    ddp = DDP(model, device_ids=[c.local_rank] if c.device.type == "cuda" else None,
-              bucket_cap_mb=bucket_cap_mb, static_graph=static_graph)
-    register_comm_hook(ddp, comm_hook, timer)
-    return ddp
-
-
-def register_comm_hook(ddp, name, timer=None):
-    """PyTorch's DDP communication hooks: https://pytorch.org/docs/stable/ddp_comm_hooks.html"""
-    from torch.distributed.algorithms.ddp_comm_hooks import default_hooks, powerSGD_hook
-
-    state, hook = None, None  # state None = the default process group
-    if name == "none":
-        hook = default_hooks.allreduce_hook if timer else None  # DDP's own all-reduce when untimed
-    elif name == "fp16":
-        hook = default_hooks.fp16_compress_hook
-    elif name == "bf16":
-        hook = default_hooks.bf16_compress_hook
-    elif name == "powersgd":
-        # Rank-1 approximation with error feedback; plain all-reduce for the first steps, as the
-        # PowerSGD paper warms up.
-        state = powerSGD_hook.PowerSGDState(process_group=None, matrix_approximation_rank=1, start_powerSGD_iter=2)
-        hook = powerSGD_hook.powerSGD_hook
-    else:
-        raise ValueError(f"unknown comm hook {name!r}")
-    if hook is not None:
-        ddp.register_comm_hook(state, timer.wrap(hook) if timer else hook)
-
-
-def param_checksum(model):
-    """First 16 hex chars of sha256 over every parameter's name, shape and bytes.
-
-    Identical iff the replicas hold bit-identical weights, which is what DDP
-    promises after every step.
-    """
-    h = hashlib.sha256()
-    for name, p in sorted(model.named_parameters()):
-        t = p.detach().cpu().contiguous()
-        h.update(f"{name}:{t.dtype}:{tuple(t.shape)};".encode())
-        # The tensor's raw bytes, read via ctypes so NumPy isn't required.
-        h.update(ctypes.string_at(t.data_ptr(), t.numel() * t.element_size()))
-    return h.hexdigest()[:16]
-
-
-
-
-class Workload:
-    """What the loops need to know of a workload: samples by index, the model, the loss."""
-
-    def __init__(self, name, model, batch, n_samples, tokens_per_sample, extra):
-        self.name = name
-        self.model = model  # the raw module, before DDP
-        self.batch = batch  # indices -> (x, y) on the CPU
-        self.n_samples = n_samples
-        self.tokens_per_sample = tokens_per_sample
-        self.extra = extra  # for the SUMMARY
-
-    def loss_sum(self, logits, y):
-        """Summed (not averaged) over samples and tokens: the loops scale it to a mean."""
-        return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), y.reshape(-1), reduction="sum")
-
-
-def toy_workload(args, c):
-    dataset = make_dataset(args.samples, args.features, args.classes, args.seed)
-    x_all, y_all = dataset.tensors
-    model = MLP(args.features, args.hidden, args.classes).to(c.device)
-    return Workload("toy", model, lambda idx: (x_all[idx], y_all[idx]), len(y_all), 1, {}), dataset
-
-
-def resolve_data_dir(data_dir_arg):
-    if data_dir_arg:
-        return Path(data_dir_arg)
-    if os.environ.get("DDPLAB_DATA_DIR"):
-        return Path(os.environ["DDPLAB_DATA_DIR"])
-    if os.access("/shared", os.W_OK):  # the lab's shared volume, as a cluster's shared file system
-        return Path("/shared/ddplab-data")
-    return Path.home() / ".cache" / "ddplab"
-
-
-def gpt_workload(args, c, tag):
-    """Rank 0 prepares the corpus on the shared data dir; everyone waits, then reads the same file."""
-    data_dir = resolve_data_dir(args.data_dir)
-    try:
-        if c.rank == 0:
-            gpt.prepare_corpus(data_dir, args.corpus_chars)
-        barrier()  # the MNIST-on-a-shared-disk race: nobody reads before rank 0 has finished writing
-        path = gpt.corpus_path(data_dir, args.corpus_chars)
-        if not path.exists():
-            # A data dir that is not shared (separate machines, no shared file system): the recipe is
-            # deterministic, so prepare a node-local copy; the hash check below catches any difference.
-            println(f"{tag} {data_dir} is not shared with rank 0; preparing the corpus on this node")
-            gpt.prepare_corpus(data_dir, args.corpus_chars)
-        data = gpt.load_corpus(path)
-    except OSError as e:
-        raise SystemExit(f"error: cannot prepare the corpus under --data-dir '{data_dir}': {e.strerror or e}; "
-                         "pass --data-dir or set DDPLAB_DATA_DIR to a writable path") from None
-    hashes = all_gather(data["sha256"])
-    if len(set(hashes)) > 1:
-        raise SystemExit(f"error: the corpus differs between ranks (sha256 {sorted(set(hashes))}); a node runs another "
-                         "trainer/corpus.py or its data dir holds a damaged file: sync the code, clear --data-dir")
-    windows = gpt.TextWindows(data["tokens"], args.block_size)
-    torch.manual_seed(args.seed)
-    try:
-        model = gpt.GPT(len(data["vocab"]), args.block_size, args.n_layer, args.n_embd, args.n_head).to(c.device)
-    except ValueError as exc:
-        raise SystemExit(f"error: {exc}") from None
-    extra = {"params": gpt.param_count(model), "vocab": len(data["vocab"]), "corpus_chars": len(data["tokens"]),
-             "corpus_sha256": data["sha256"], "block_size": args.block_size}
-    print0(f"{tag} gpt: {extra['params']:,} parameters, vocab {extra['vocab']}, "
-           f"{extra['corpus_chars']:,} characters from {path}")
-    return Workload("gpt", model, windows.batch, windows.n_samples, args.block_size, extra)
-
-
-def barrier():
-    import torch.distributed as dist
-
-    if dist.is_available() and dist.is_initialized():
-        dist.barrier()
 
 
 def timed_step(model, optimizer, workload, micros, scale, timer, world_size, device, global_tokens):

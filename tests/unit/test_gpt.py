@@ -90,7 +90,7 @@ def test_profile_writes_a_chrome_trace(tmp_path, no_launcher_env):
 
 
 def test_data_dir_defaults(monkeypatch, tmp_path):
-    from trainer.train import resolve_data_dir
+    from trainer.workloads import resolve_data_dir
 
     monkeypatch.setenv("DDPLAB_DATA_DIR", str(tmp_path))
     assert resolve_data_dir(None) == tmp_path
