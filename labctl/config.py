@@ -140,6 +140,17 @@ def parse_cpus(raw: str) -> float | None:
     return cpus
 
 
+def parse_cpu_limit(raw: str, key: str, hint: str | None = None) -> float:
+    """A CPU limit a flag sets (`slow --cpus`, `bench straggler --cpus`): a number, never "none"."""
+    try:
+        limit = parse_cpus(raw)
+    except ValueError as exc:
+        raise ConfigError(key, raw, str(exc)) from None
+    if limit is None:
+        raise ConfigError(key, raw, "must be a CPU count such as 0.25", hint=hint)
+    return limit
+
+
 def parse_memory(raw: str) -> int:
     match = _MEMORY_RE.match(str(raw).strip())
     if not match:

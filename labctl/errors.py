@@ -55,8 +55,13 @@ class CommandError(Exception):
 
 
 class RunFailed(Exception):
-    """A training run ended badly on at least one node (exit status 1, 130 after Ctrl-C)."""
+    """A training run ended badly on at least one node (exit status 1, 130 after Ctrl-C).
 
-    def __init__(self, message: str, exit_code: int = 1):
+    `result` is the run's RunResult (every node's exit status, its lines, the logs) when the run got
+    as far as starting; like subprocess.CalledProcessError, it travels with the error.
+    """
+
+    def __init__(self, message: str, exit_code: int = 1, result=None):
         super().__init__(message)
         self.exit_code = exit_code
+        self.result = result

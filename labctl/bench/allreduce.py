@@ -15,7 +15,7 @@ from pathlib import Path
 from labctl.lab.compose import container_name
 from labctl.bench.cost import DEFAULT_ALPHA_S, DEFAULT_EFFICIENCY, Link, busbw_factor, collective_time_s
 from labctl.errors import LabError
-from labctl.lab.lifecycle import exec_in
+from labctl.lab.docker import exec_in
 
 IPERF_PORT = "5201"
 IPERF_SECONDS = 3
@@ -90,18 +90,12 @@ def measure_wire(client, lab: str, client_node: str, server_node: str, server_ip
         raise LabError(f"iperf3 {client_node} -> {server_node} gave no result ({exc}): {output[-300:]}") from None
 
 
-def run_sweep(client, lab: str, node_env: dict, sizes: list[int], iters: int, run_dir: Path, run_id: str) -> list[dict]:
-    """torchrun -m trainer.bench_allreduce on every node; rank 0's timings."""
-    from labctl.run import executor as runner
-    from labctl.lab.lifecycle import engine_cpus
-    from labctl.lab.lifecycle import DockerNodes
-    from labctl.run.launch import build_launches
-
+def run_sweep(session, node_env: dict, sizes: list[int], iters: int) -> tuple[Path, list[dict]]:
+    """torchrun -m trainer.bench_allreduce on every node: (the run's folder, rank 0's timings)."""
     args = ["-m", "trainer.bench_allreduce", "--sizes", ",".join(map(str, sizes)), "--iters", str(iters)]
-    launches = build_launches(node_env, args, launcher="torchrun", nproc_per_node=1, run_id=run_id, run_dir=run_dir,
-                              cpus=engine_cpus(client))
-    runner.run_job(DockerNodes(client, lab), node_env, launches, run_dir, run_id, torchrun=True, echo=False)
-    return json.loads((run_dir / "allreduce.json").read_text())
+    plan = session.plan_run(args, node_env=node_env, nproc_per_node=1)
+    session.execute(plan, echo=False)
+    return plan.run_dir, json.loads((plan.run_dir / "allreduce.json").read_text())
 
 
 def plot(rows: list[Row], path: Path, link_bps: float | None, wire_bps: float | None, n: int, title: str) -> None:

@@ -30,10 +30,10 @@ from pathlib import Path
 from labctl.lab.compose import REPO_ROOT
 from labctl.bench.cost import DEFAULT_ALPHA_S, Link, collective_time_s
 from labctl.errors import CommandError, LabError, RunFailed, StateError
+from labctl.run.result import find_summary
 
 LAUNCH_VARS = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_RUN_ID",
                "LOCAL_WORLD_SIZE", "GROUP_RANK")
-SUMMARY_PREFIX = "SUMMARY "
 HOST_TIMEOUT_S = 600
 
 
@@ -144,10 +144,10 @@ def build_rows(configs: list[Config], summaries: dict[str, list[dict]], efficien
 
 
 def parse_summary(lines: list[str]) -> dict:
-    for line in reversed(lines):
-        if SUMMARY_PREFIX + "{" in line:
-            return json.loads(line.split(SUMMARY_PREFIX, 1)[1])
-    raise RunFailed("the trainer printed no SUMMARY line; see the run's logs")
+    summary = find_summary(reversed(lines))
+    if summary is None:
+        raise RunFailed("the trainer printed no SUMMARY line; see the run's logs")
+    return summary
 
 
 def ratio_rows(rows: list[Row]) -> list[tuple[int, float, float, float]]:
@@ -286,18 +286,13 @@ def run_host(config: Config, trainer_args: list[str], run_dir: Path, threads: in
     return parse_summary(proc.stdout.splitlines())
 
 
-def run_lab(client, lab: str, node_env: dict, config: Config, trainer_args: list[str], lab_directory: Path) -> dict:
-    """The trainer on the first `config.nodes` nodes with torchrun, output to the run's logs only."""
-    from labctl.run import executor as runner
-    from labctl.lab.lifecycle import DockerNodes
-    from labctl.run.launch import build_launches
-
+def run_lab(session, config: Config, trainer_args: list[str], node_env: dict | None = None) -> dict:
+    """The trainer on the lab's first `config.nodes` nodes with torchrun, output to the run's logs only."""
+    node_env = node_env if node_env is not None else session.node_env()
     subset = dict(list(node_env.items())[: config.nodes])
-    run_id, run_dir = runner.new_run(lab_directory)
-    launches = build_launches(subset, ["-m", "trainer", *trainer_args], launcher="torchrun",
-                              nproc_per_node=config.nproc_per_node, run_id=run_id, run_dir=run_dir)
-    result = runner.run_job(DockerNodes(client, lab), subset, launches, run_dir, run_id, torchrun=True, echo=False)
-    return parse_summary(result.outcomes[0].lines)
+    plan = session.plan_run(["-m", "trainer", *trainer_args], node_env=subset, nproc_per_node=config.nproc_per_node,
+                            share_cpus=False)
+    return parse_summary(session.execute(plan, echo=False).outcomes[0].lines)
 
 
 # ------------------------------------------------------------------------------ stragglers

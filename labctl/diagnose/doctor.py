@@ -31,6 +31,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from typing import Callable
 
+from labctl.errors import LabError
 from labctl.lab.compose import container_name
 
 CONNECT_S = 1.5  # how long a probe keeps trying one target (peers may still be starting to listen)
@@ -52,6 +53,45 @@ class Finding:
 
     def as_dict(self) -> dict:
         return asdict(self)
+
+
+@dataclass(frozen=True)
+class Diagnosis:
+    """What doctor found on a set of nodes (the lab's containers or real hosts): the same report
+    for both, rendered by one function of the CLI and returned as-is by the Python API."""
+
+    title: str  # what was checked, e.g. "lab demo: nodes"
+    findings: list[Finding]
+    nodes: dict[str, dict]  # per node: ip, torch, python, cuda, nccl, ifaces, the socket iface
+    seconds: float
+
+    @property
+    def ok(self) -> bool:
+        return not any(f.blocking for f in self.findings)
+
+    @property
+    def problems(self) -> list[Finding]:
+        """Everything not right, warnings included."""
+        return [f for f in self.findings if not f.ok]
+
+    def as_dict(self) -> dict:
+        return {"ok": self.ok, "seconds": round(self.seconds, 2), "nodes": self.nodes,
+                "findings": [f.as_dict() for f in self.findings]}
+
+    def raise_for_problems(self, full_check: str) -> None:
+        """A preflight's verdict: refuse to start on a problem (warnings pass)."""
+        bad = [f for f in self.findings if f.blocking]
+        if bad:
+            raise PreflightFailed(self, len(bad), full_check)
+
+
+class PreflightFailed(LabError):
+    """doctor's cheap checks found a problem before a run; the run was not started."""
+
+    def __init__(self, diagnosis: Diagnosis, count: int, full_check: str):
+        super().__init__(f"preflight found {count} problem{'s' * (count != 1)}; the run was not started",
+                         hint=f"`{full_check}` for the full check; --no-preflight to run anyway")
+        self.diagnosis = diagnosis
 
 
 # ------------------------------------------------------------------------------ pure checks
@@ -360,11 +400,11 @@ def check_cpus(limits: dict[str, float | None]) -> list[Finding]:
 
 
 def diagnose(client, lab: str, nodes: list, subnet: str | None, cheap: bool = False,
-             env_overrides: dict[str, dict[str, str]] | None = None) -> tuple[list[Finding], dict, float]:
-    """(findings, per-node info, seconds taken). `cheap` skips the reachability probes;
+             env_overrides: dict[str, dict[str, str]] | None = None) -> Diagnosis:
+    """doctor on the lab's running `nodes`. `cheap` skips the reachability probes;
     `env_overrides` checks an environment a launch would add on top of each node's own."""
     from labctl.lab.engine import inspect_engine
-    from labctl.lab.lifecycle import DockerNodes, node_cpus_limit
+    from labctl.lab.docker import DockerNodes, node_cpus_limit
 
     t0 = time.monotonic()
     names = [n.name for n in nodes]
@@ -391,4 +431,4 @@ def diagnose(client, lab: str, nodes: list, subnet: str | None, cheap: bool = Fa
     for node in names:
         info[node]["ip"] = next(n.ip for n in nodes if n.name == node)
         info[node]["iface"] = envs[node].get("GLOO_SOCKET_IFNAME")
-    return findings, info, time.monotonic() - t0
+    return Diagnosis(f"lab {lab}: nodes", findings, info, time.monotonic() - t0)

@@ -17,6 +17,7 @@ from typing import Callable
 
 from labctl.errors import LabError
 from labctl.run.launch import Launch, run_env
+from labctl.run.plan import RunPlan, new_run
 
 TRAINER = ["-m", "trainer", "--epochs", "1", "--samples", "1024"]
 PG_TIMEOUT_S = 12  # the trainer's process-group timeout in the broken runs (torch's default: 30 min)
@@ -148,13 +149,13 @@ def firewall_off(ctx: Context) -> None:
 
 
 def slow_last(ctx: Context) -> None:
-    from labctl.lab.lifecycle import apply_node_cpus
+    from labctl.lab.docker import apply_node_cpus
 
     apply_node_cpus(ctx.client, ctx.lab, ctx.names[-1], 0.3)
 
 
 def unslow_last(ctx: Context) -> None:
-    from labctl.lab.lifecycle import apply_node_cpus
+    from labctl.lab.docker import apply_node_cpus
 
     apply_node_cpus(ctx.client, ctx.lab, ctx.names[-1], None)
 
@@ -284,10 +285,13 @@ class Outcome:
         return self.fixed_ok and shown and bool(self.doctor) and self.total_seconds <= self.bound_s
 
 
-def launches_for(ctx: Context, scenario: Scenario, env: Env, run_dir) -> list[Launch]:
+def scenario_plan(ctx: Context, scenario: Scenario, env: Env, run_dir, node_env: dict) -> RunPlan:
+    """One run of the scenario as a plan: every node's own launch environment (`env`, the trap or its
+    fix) over the run's, and no rendezvous store of labctl's: the scenario sets the rendezvous itself."""
     argv = (["torchrun"] if scenario.launcher == "torchrun" else ["python"]) + scenario.trainer
     common = run_env(ctx.run_id, run_dir)
-    return [Launch(node, node, argv, {**common, "OMP_NUM_THREADS": "1", **env[node]}) for node in ctx.names]
+    launches = [Launch(node, node, argv, {**common, "OMP_NUM_THREADS": "1", **env[node]}) for node in ctx.names]
+    return RunPlan(ctx.run_id, run_dir, node_env, launches, torchrun=False)
 
 
 def group_findings(findings) -> list[str]:
@@ -315,7 +319,7 @@ def run_scenario(client, config, workspace, scenario: Scenario, report) -> Outco
 
     from labctl.diagnose import doctor
     from labctl.lab import lifecycle as lab_mod
-    from labctl.run import executor as runner
+    from labctl.lab.session import LabSession
 
     other_image = None
     if scenario.other_torch_on_last_node:  # built once and cached, before the clock starts
@@ -333,25 +337,25 @@ def run_scenario(client, config, workspace, scenario: Scenario, report) -> Outco
             report(f"{scenario.name}: {last} runs {other_image}")
         nodes = lab_mod.apply_up(client, config, workspace, document, env_files, lambda _m: None)
         ctx = Context(client, config.lab, nodes, config.iface)
-        lab_directory = lab_mod.lab_dir(workspace, config.lab)
+        session = LabSession(config, workspace, client)
         if scenario.prepare:
             scenario.prepare(ctx)
 
-        ctx.run_id, run_dir = runner.new_run(lab_directory)
+        ctx.run_id, run_dir = new_run(session.directory)
         broken_env = scenario.broken(ctx)
         report(f"{scenario.name}: the broken run ({scenario.launcher})")
         t0 = time.monotonic()
         limit = max(10.0, scenario.bound_s - (t0 - started) - 40)
-        broken = runner.run_all(lab_mod.DockerNodes(client, config.lab), launches_for(ctx, scenario, broken_env, run_dir), run_dir,
-                                ctx.run_id, master_port=None, timeout_s=limit, echo=False)
+        broken = session.execute(scenario_plan(ctx, scenario, broken_env, run_dir, session.node_env(ctx.names)),
+                                 timeout_s=limit, echo=False, check=False)
         failed = [o for o in broken.outcomes if o.exit_code not in (0, None)]
         shown_at = min((o.ended for o in failed if o.ended), default=None) or max(o.ended or t0 for o in broken.outcomes)
         symptom = first_symptom(scenario.symptom, broken.outcomes)
         broken_exit = max((o.exit_code or 0 for o in broken.outcomes), default=0)
 
         report(f"{scenario.name}: labctl doctor on the same configuration")
-        findings, _, doctor_s = doctor.diagnose(client, config.lab, nodes, subnet, env_overrides=broken_env)
-        diagnosis = group_findings([f for f in findings if not f.ok])
+        found = doctor.diagnose(client, config.lab, nodes, subnet, env_overrides=broken_env)
+        doctor_s, diagnosis = found.seconds, group_findings(found.problems)
 
         if scenario.repair:
             scenario.repair(ctx)
@@ -359,12 +363,11 @@ def run_scenario(client, config, workspace, scenario: Scenario, report) -> Outco
             document["services"][config.node_names[-1]]["image"] = config.image_tag
             nodes = lab_mod.apply_up(client, config, workspace, document, env_files, lambda _m: None)
             ctx.nodes = nodes
-        ctx.run_id, run_dir = runner.new_run(lab_directory)
+        ctx.run_id, run_dir = new_run(session.directory)
         report(f"{scenario.name}: the fixed run")
         t1 = time.monotonic()
-        fixed = runner.run_all(lab_mod.DockerNodes(client, config.lab), launches_for(ctx, scenario, scenario.fixed(ctx), run_dir), run_dir,
-                               ctx.run_id, master_port=None, timeout_s=max(10.0, scenario.bound_s - (t1 - started)),
-                               echo=False)
+        fixed = session.execute(scenario_plan(ctx, scenario, scenario.fixed(ctx), run_dir, session.node_env(ctx.names)),
+                                timeout_s=max(10.0, scenario.bound_s - (t1 - started)), echo=False, check=False)
         fixed_s = time.monotonic() - t1
         if scenario.name == "straggler":  # fixed means: no straggler named any more
             fixed_ok = fixed.ok and not first_symptom(scenario.symptom, fixed.outcomes)
@@ -375,3 +378,26 @@ def run_scenario(client, config, workspace, scenario: Scenario, report) -> Outco
         shutil.rmtree(lab_mod.lab_dir(workspace, config.lab), ignore_errors=True)
     return Outcome(scenario.name, symptom, shown_at - t0, broken_exit, diagnosis, doctor_s, scenario.fix, fixed_ok,
                    fixed_s, time.monotonic() - started, scenario.bound_s, scenario.symptom_required)
+
+
+def select_scenarios(names) -> list[str]:
+    """The scenarios asked for (`all` for every one), each once, in the order given."""
+    wanted = list(SCENARIOS) if list(names) == ["all"] else list(dict.fromkeys(names))
+    unknown = [n for n in wanted if n not in SCENARIOS]
+    if unknown:
+        raise LabError(f"no scenario {', '.join(map(repr, unknown))}", hint=f"one of: {', '.join(SCENARIOS)}, or all")
+    return wanted
+
+
+def run_scenarios(client, make_config, workspace, names: list[str], report, show=None) -> list[Outcome]:
+    """Each scenario on a 2-node lab of its own, scn-NAME (`make_config(lab=...)` resolves its
+    configuration); `show` gets each outcome as soon as it is known."""
+    from dataclasses import replace
+
+    outcomes = []
+    for name in names:
+        config = replace(make_config(lab=f"scn-{name}"), nodes=2)
+        outcomes.append(run_scenario(client, config, workspace, SCENARIOS[name], report))
+        if show:
+            show(outcomes[-1])
+    return outcomes

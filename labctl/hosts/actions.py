@@ -5,7 +5,7 @@
          the first host and a back-connect port between every pair of hosts reachable
   sync   the workspace mirrored to every host with rsync (no virtual environments, no .lab/ outputs,
          no caches), and each host's env file written beside it
-  run    sync, then the same launch path as `labctl run` (runner.run_job over ssh.SSHHosts): output
+  run    sync, then the same launch path as `labctl run` (run.executor.execute over hosts.ssh.SSHHosts): output
          streamed with each host's name, logs saved here, and every host stopped on Ctrl-C or on
          any host's failure
 
@@ -23,10 +23,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, TypeVar
 
-from labctl.diagnose.doctor import Finding, check_env, check_iface, check_reach, check_versions, node_info, probe_reach
+from labctl.diagnose.doctor import Diagnosis, Finding, check_env, check_iface, check_reach, check_versions, node_info, probe_reach
 from labctl.errors import CommandError, LabError
 from labctl.hosts.inventory import Inventory
-from labctl.run.launch import Launch, build_launches
+from labctl.run.plan import RunPlan, build_run_plan
 from labctl.proc import run
 from labctl.hosts.ssh import (
     PREPARE_SCRIPT, SSHError, SSHHosts, is_known, recorded_fingerprint, rsync_pull_argv, rsync_push_argv, rsync_stats,
@@ -180,11 +180,20 @@ def reach_findings(hosts: SSHHosts, reached: Reached) -> list[Finding]:
     return check_reach(results, master, port, connect_s=PROBE_CONNECT_S)
 
 
-def check(hosts: SSHHosts, report: Report) -> tuple[list[Finding], dict[str, dict]]:
+def check(hosts: SSHHosts, report: Report) -> Diagnosis:
+    """doctor over SSH: every host's facts and the reachability between them."""
+    started = time.monotonic()
     reached = connect(hosts, report)
     findings = host_findings(hosts.inventory, reached)
     findings += reach_findings(hosts, reached)
-    return findings, reached.info
+    return Diagnosis(f"hosts of {hosts.inventory.path}", findings, reached.info, time.monotonic() - started)
+
+
+def preflight(hosts: SSHHosts, nproc_per_node: int | None, report: Report) -> Diagnosis:
+    """The cheap checks before `hosts run` (no reachability probes)."""
+    started = time.monotonic()
+    findings = host_findings(hosts.inventory, connect(hosts, report), nproc_per_node)
+    return Diagnosis(f"hosts of {hosts.inventory.path}", findings, {}, time.monotonic() - started)
 
 
 # -------------------------------------------------------------------------------------- sync
@@ -261,39 +270,31 @@ def fetch_outputs(hosts: SSHHosts, remote_run_dir: str, run_dir: Path, report: R
 
 
 @dataclass(frozen=True)
-class RunPlan:
+class HostsRun:
     """What `hosts run` will do, as plain data: nothing has touched a host yet."""
 
     hosts: SSHHosts
-    run_id: str
-    run_dir: Path  # here: logs, and the metrics copied back
-    remote_run_dir: str  # on each host, relative to its workspace
     env_texts: dict[str, str]  # host name -> its env file
-    node_env: dict[str, dict[str, str]]
-    launches: list[Launch]
-    torchrun: bool
+    job: RunPlan  # the run itself; its remote_run_dir is on each host, relative to its workspace
 
 
 def plan_run(inventory: Inventory, workspace: Path, script_args: list[str], *, launcher: str,
-             nproc_per_node: int | None, pg_timeout_s: float | None, accept_new: bool) -> RunPlan:
-    from labctl.run.executor import new_run
-
+             nproc_per_node: int | None, pg_timeout_s: float | None, accept_new: bool) -> HostsRun:
     env_texts = inventory.env_files(nproc_per_node)
     node_env = {name: parse_env_text(text) for name, text in env_texts.items()}
-    run_id, run_dir = new_run(local_dir(workspace, inventory))
-    remote_run_dir = f"{state_dir(inventory)}/runs/{run_id}"
-    launches = build_launches(node_env, script_args, launcher=launcher, nproc_per_node=nproc_per_node,
-                              run_id=run_id, run_dir=remote_run_dir, pg_timeout_s=pg_timeout_s)
+    job = build_run_plan(node_env, script_args, local_dir(workspace, inventory), launcher=launcher,
+                         nproc_per_node=nproc_per_node, pg_timeout_s=pg_timeout_s,
+                         remote_runs_parent=state_dir(inventory))
     hosts = SSHHosts(inventory, accept_new=accept_new,
                      env_files={name: env_file(inventory, name) for name in inventory.names})
-    return RunPlan(hosts, run_id, run_dir, remote_run_dir, env_texts, node_env, launches, launcher == "torchrun")
+    return HostsRun(hosts, env_texts, job)
 
 
-def execute_run(plan: RunPlan, workspace: Path, excludes: list[str] | None, timeout_s: float | None,
-                report: Report) -> None:
+def execute_run(plan: HostsRun, workspace: Path, excludes: list[str] | None, timeout_s: float | None,
+                report: Report, check: bool = True):
     """Sync (unless `excludes` is None: then only the env files are written), run on every host
-    through the runner as `labctl run` does, and copy each host's outputs back, whatever happened."""
-    from labctl.run.executor import run_job
+    through the one executor, as `labctl run` does, and copy each host's outputs back, whatever happened."""
+    from labctl.run.executor import execute
 
     if excludes is None:
         prepare(plan.hosts, plan.env_texts)
@@ -302,12 +303,11 @@ def execute_run(plan: RunPlan, workspace: Path, excludes: list[str] | None, time
         stats = sync(plan.hosts, workspace, excludes, plan.env_texts, report)
         report(f"synced {len(stats)} hosts in {time.monotonic() - started:.1f} s "
                f"({sum(s['files'] for s in stats.values())} files changed)")
-    report(f"run {plan.run_id} on {', '.join(plan.hosts.inventory.names)} (logs: {plan.run_dir})")
+    report(f"run {plan.job.run_id} on {', '.join(plan.hosts.inventory.names)} (logs: {plan.job.run_dir})")
     try:
-        run_job(plan.hosts, plan.node_env, plan.launches, plan.run_dir, plan.run_id, torchrun=plan.torchrun,
-                timeout_s=timeout_s)
+        return execute(plan.hosts, plan.job, timeout_s=timeout_s, check=check)
     finally:
-        fetch_outputs(plan.hosts, plan.remote_run_dir, plan.run_dir, report)
+        fetch_outputs(plan.hosts, plan.job.remote_run_dir, plan.job.run_dir, report)
 
 
 def manual_commands(hosts: SSHHosts) -> list[tuple[str, str]]:

@@ -152,3 +152,38 @@ def host_commands(topo: Topology, env_dir: Path, names: list[str]) -> list[tuple
 def check_out_dir(path: Path) -> None:
     if path.exists() and not path.is_dir():
         raise LabError(f"--out {path} exists and is not a directory", hint="pick a directory path")
+
+
+def read_node_envs(directory: Path, names: list[str]) -> dict[str, dict[str, str]]:
+    from dotenv import dotenv_values
+
+    envs = {}
+    for name in names:
+        path = directory / f"{name}.env"
+        if not path.is_file():
+            raise LabError(f"{path} is missing: the lab's env files are not in this workspace",
+                           hint="run labctl from the directory you ran `labctl up` in, or run `labctl up` here")
+        envs[name] = {k: v for k, v in dotenv_values(path).items() if v is not None}
+    return envs
+
+
+def check_rdzv_id(rdzv_id: str) -> str:
+    """The same rule as lab names: it names files and store keys."""
+    from labctl.config import SETTINGS
+
+    try:
+        return SETTINGS["lab"][1](rdzv_id)
+    except ValueError as exc:
+        raise ConfigError("--rdzv-id", rdzv_id, str(exc)) from None
+
+
+def write_host_env_files(addresses: tuple[str, ...], config: LabConfig, rdzv_id: str,
+                         out_dir: Path) -> tuple[list[Path], list[tuple[str, str, str]]]:
+    """`labctl env`: every machine's env file, written to `out_dir`; (the paths, and (node, host, the
+    command to paste there) for each)."""
+    check_out_dir(out_dir)
+    topo = Topology.uniform(addresses, iface=config.iface, nproc_per_node=config.nproc_per_node,
+                            master_port=config.master_port, rdzv_id=rdzv_id)
+    names = [f"node{i}" for i in range(topo.nnodes)]
+    paths = write_env_files(out_dir, build_env_files(topo, names))
+    return paths, [(name, host, command) for (host, command), name in zip(host_commands(topo, out_dir, names), names)]

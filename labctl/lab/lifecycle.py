@@ -1,5 +1,5 @@
 """Bring a lab up, read its state back from Docker, and tear it down. The side-effect half of
-config/envfiles/compose: plans are built there, applied here.
+config/envfiles/compose: plans are built there (`plan_up` gathers them), applied here (`apply_up`).
 """
 
 from __future__ import annotations
@@ -21,7 +21,14 @@ from labctl.config import AUTO, LabConfig, check_fits, node_ip, overlaps, pick_f
 from labctl.lab.engine import Engine
 from labctl.lab.envfiles import build_env_files, topology_for_lab, write_env_files
 from labctl.errors import CommandError, ConfigError, LabError, StateError
-from labctl.proc import run
+from labctl.lab.docker import (
+    check_cpus,
+    lab_containers,
+    lab_networks,
+    lab_volumes,
+    name_of,
+    network_subnets,
+)
 
 log = logging.getLogger("labctl.lab.lifecycle")
 READY_PREFIX = "DDPLAB_READY"
@@ -44,96 +51,7 @@ def lab_dir(workspace: Path, lab: str) -> Path:
     return workspace / ".lab" / lab
 
 
-def docker_client():
-    """A client for the engine DOCKER_HOST or the Docker CLI's context names (as `docker` and Compose
-    find it), or a clear error saying which engine did not answer and how to get one."""
-    import docker
-    import docker.errors
-
-    try:
-        client = docker.from_env(timeout=120)
-        client.ping()
-        return client
-    except docker.errors.DockerException as exc:
-        where, context = engine_mod.configured_endpoint()
-        via = f" (docker context {context})" if context else " (DOCKER_HOST)" if os.environ.get("DOCKER_HOST") else ""
-        reason = str(exc).splitlines()[0][:200]
-        raise StateError(f"no Docker engine answers at {where}{via} ({reason})",
-                         hint="start one: `make engine` (as root on Debian it installs and starts dockerd), "
-                              "or start Docker Desktop / `sudo systemctl start docker`; check with `docker info`") from None
-
-
 COMPOSE_MISSING_HINT = "run `make engine`, which installs Compose v2 as a Docker CLI plugin"
-
-
-def lab_containers(client, lab: str) -> list[dict]:
-    """The lab's containers as the engine lists them: one API call, whatever the lab's size.
-
-    (The SDK's containers.list() inspects each container in turn; 16 nodes, 16 more calls.)
-    """
-    return client.api.containers(all=True, filters={"label": f"{LABEL_LAB}={lab}"})
-
-
-def _name(container: dict) -> str:
-    return container["Names"][0].lstrip("/")
-
-
-def exec_in(client, container: str, argv: list[str], env: dict[str, str] | None = None) -> tuple[int, str]:
-    """Run argv in a container and wait: (exit code, stdout and stderr together)."""
-    exec_id = client.api.exec_create(container, argv, environment=env or {})["Id"]
-    output = client.api.exec_start(exec_id).decode(errors="replace")
-    return client.api.exec_inspect(exec_id)["ExitCode"], output
-
-
-class DockerNodes:
-    """The lab's nodes as a run reaches them: `docker exec` into each node's container.
-
-    One of the two kinds of `runner.Nodes` (the other is `ssh.SSHHosts`): the runner, the store,
-    stopping and doctor's probes go through these few methods, whatever carries them.
-    """
-
-    def __init__(self, client, lab: str):
-        self.client = client
-        self.lab = lab
-        self.port_hint = f"move the lab to another port with `labctl up --lab {lab} --master-port PORT`"
-
-    def address(self, node: str) -> str:
-        return container_name(self.lab, node)
-
-    def shell_hint(self, node: str) -> str:
-        return f"docker exec {container_name(self.lab, node)}"
-
-    def run(self, node: str, argv: list[str]) -> tuple[int, str]:
-        return exec_in(self.client, container_name(self.lab, node), argv)
-
-    def execute(self, launch, on_output: Callable[[bytes], None]) -> int:
-        api = self.client.api
-        exec_id = api.exec_create(container_name(self.lab, launch.node), launch.argv, environment=launch.env,
-                                  workdir=launch.workdir)["Id"]
-        for chunk in api.exec_start(exec_id, stream=True):
-            on_output(chunk)
-        return api.exec_inspect(exec_id)["ExitCode"]
-
-    def node_lost(self, node: str, exit_code: int) -> str | None:
-        """Whether a launch ended because its node went down (the engine may take a moment to tell)."""
-        for _ in range(10 if exit_code == 137 else 1):  # 137: SIGKILL, as `docker kill` sends
-            state = self.client.api.inspect_container(container_name(self.lab, node))["State"]
-            if not state["Running"]:
-                return f"{node} itself went down (container {state['Status']}, exit code {state['ExitCode']}): node lost"
-            time.sleep(0.2)
-        return None
-
-    def close(self) -> None:
-        pass
-
-
-def lab_networks(client, lab: str) -> list:
-    return client.networks.list(filters={"label": f"{LABEL_LAB}={lab}"})
-
-
-def network_subnets(network) -> list[str]:
-    config = (network.attrs.get("IPAM") or {}).get("Config") or []
-    return [c["Subnet"] for c in config if c.get("Subnet")]
 
 
 def choose_subnet(client, config: LabConfig) -> str:
@@ -163,20 +81,6 @@ def invoking_user() -> str:
     uid = int(os.environ.get("SUDO_UID", os.getuid()))
     gid = int(os.environ.get("SUDO_GID", os.getgid()))
     return f"{uid}:{gid}"
-
-
-def engine_cpus(client) -> int:
-    return int(client.info().get("NCPU") or os.cpu_count() or 1)
-
-
-def check_cpus(client, limits: dict[str, float]) -> None:
-    """Each limit (keyed by how to name it in an error) at most the engine's CPUs; one engine query."""
-    if not limits:
-        return
-    ncpu = engine_cpus(client)
-    for key, cpus in limits.items():
-        if cpus > ncpu:
-            raise ConfigError(key, cpus, f"must be at most the engine's {ncpu} CPUs", hint="a node cannot have more CPUs than the machine")
 
 
 def check_host_limits(client, config: LabConfig, node_cpus: dict[str, float] | None = None) -> None:
@@ -307,7 +211,7 @@ def _check_exited(client, lab: str, pending: dict[str, str]) -> None:
         if node in pending and container["State"] in ("exited", "dead"):
             tail = client.api.logs(container["Id"], tail=5).decode(errors="replace").strip()
             raise LabError(f"{node} exited during start-up ({container['Status']}): {tail}",
-                           hint=f"`docker logs {_name(container)}` shows why; `labctl build --force` rebuilds the image")
+                           hint=f"`docker logs {name_of(container)}` shows why; `labctl build --force` rebuilds the image")
 
 
 def _torch_from(line: str | None) -> str:
@@ -323,7 +227,7 @@ def lab_status(client, lab: str, ready_lines: dict[str, str] | None = None) -> l
 
     def describe(container: dict) -> NodeState:
         labels = container.get("Labels") or {}
-        name = labels.get(LABEL_NODE, _name(container))
+        name = labels.get(LABEL_NODE, name_of(container))
         networks = (container.get("NetworkSettings") or {}).get("Networks") or {}
         ip = (networks.get(net) or {}).get("IPAddress") or "-"
         line = (ready_lines or {}).get(name)
@@ -337,14 +241,10 @@ def lab_status(client, lab: str, ready_lines: dict[str, str] | None = None) -> l
     return sorted(nodes, key=lambda n: n.rank)
 
 
-def lab_volumes(client, lab: str) -> list:
-    return client.volumes.list(filters={"label": f"{LABEL_LAB}={lab}"})
-
-
 def lab_resources(client, lab: str, volumes: bool = True) -> dict[str, list[str]]:
     """Names of everything labelled with the lab: what `down` removes."""
     return {
-        "containers": sorted(_name(c) for c in lab_containers(client, lab)),
+        "containers": sorted(name_of(c) for c in lab_containers(client, lab)),
         "networks": sorted(n.name for n in lab_networks(client, lab)),
         "volumes": sorted(v.name for v in lab_volumes(client, lab)) if volumes else [],
     }
@@ -415,23 +315,3 @@ def require_running(client, lab: str) -> list[NodeState]:
     return nodes
 
 
-def node_cpus_limit(client, lab: str, node: str, cpus: int | None = None) -> float | None:
-    """The node's CPU limit as the engine applies it now; None when it has none (a limit of all the
-    engine's `cpus`, asked of the engine unless given, is none)."""
-    nano = client.api.inspect_container(container_name(lab, node))["HostConfig"].get("NanoCpus") or 0
-    return nano / 1e9 if nano and nano < (cpus or engine_cpus(client)) * 1e9 else None
-
-
-def apply_node_cpus(client, lab: str, node: str, cpus: float | None) -> float | None:
-    """Change a running node's CPU limit in place (no restart): a straggler on demand.
-
-    None lifts the limit. `docker update --cpus 0` is ignored by the engine once a limit is set,
-    so "no limit" is written as all of the engine's CPUs, which is the same thing.
-    """
-    engine = engine_mod.inspect_engine(client)
-    refused = engine_mod.cpu_limits_refusal(engine, f"slowing {node} down") if cpus is not None else None
-    if refused:
-        raise refused
-    value = cpus if cpus is not None else engine.cpus
-    run(["docker", "update", "--cpus", f"{value:g}", container_name(lab, node)], timeout_s=60)
-    return node_cpus_limit(client, lab, node, engine.cpus)

@@ -14,7 +14,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 from labctl.lab.compose import LABEL_LAB, container_name
 from labctl.errors import LabError
-from labctl.lab.lifecycle import exec_in
+from labctl.lab.docker import exec_in
 from labctl.net.tc import (
     NETEM_MISSING_MESSAGE, Command, LinkState, Shape, build_apply, build_clear, build_netem_probe, netem_missing,
     parse_link_state,

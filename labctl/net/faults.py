@@ -17,7 +17,7 @@ import docker.errors
 
 from labctl.lab.compose import container_name, network_name
 from labctl.errors import LabError
-from labctl.lab.lifecycle import exec_in
+from labctl.lab.docker import exec_in
 from labctl.run.launch import RUN_ID_VAR
 from labctl.net.tc import Command
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from labctl.errors import ConfigError
+from labctl.errors import ConfigError, LabError
 from labctl.units import format_rate
 
 NETEM_MISSING_MESSAGE = (
@@ -196,3 +196,15 @@ def parse_shape(bw: str, delay: str | None = None, jitter: str | None = None, lo
         loss_pct=parse_loss_pct(loss, "--loss") if loss is not None else 0.0,
         ingress=ingress,
     ).validate()
+
+
+def parse_shape_request(bw: str | None, delay: str | None = None, jitter: str | None = None, loss: str | None = None,
+                        ingress: bool = False, *, clear: bool = False, show: bool = False) -> Shape | None:
+    """`labctl shape`'s flags: exactly one of --bw, --clear and --show; the shape for --bw, else None."""
+    modes = [name for name, on in (("--bw", bw is not None), ("--clear", clear), ("--show", show)) if on]
+    if len(modes) != 1:
+        raise LabError(f"give exactly one of --bw, --clear or --show (got {', '.join(modes) or 'none'})",
+                       hint="labctl shape --bw 100mbit  |  labctl shape --clear  |  labctl shape --show")
+    if bw is None and (delay or jitter or loss or ingress):
+        raise LabError("--delay, --jitter, --loss and --ingress go with --bw", hint="labctl shape --bw 1gbit --delay 5ms")
+    return parse_shape(bw, delay, jitter, loss, ingress) if bw is not None else None

@@ -10,35 +10,24 @@ DDPLAB_RUN_ID in its environment (see launch.STOP_SCRIPT).
 from __future__ import annotations
 
 import codecs
-import re
-import secrets
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Protocol
 
 from rich.markup import escape
 
-from labctl.lab.compose import container_name
 from labctl.errors import LabError, RunFailed
 from labctl.run.launch import PORT_CHECK_SCRIPT, STOP_SCRIPT, STORE_FAILED, STORE_READY, Launch, store_launch
+from labctl.run.plan import RunPlan
+from labctl.run.result import Outcome, RunResult
 from labctl.ui import console, node_colour
 
 FAIL_GRACE_S = 10.0  # after one node fails, how long the others get to notice and exit on their own
 STOP_GRACE_S = 3.0  # SIGTERM -> SIGKILL
 STORE_START_TIMEOUT_S = 60.0
 _PRINT_LOCK = threading.Lock()
-_ERROR_LINE = re.compile(r"^\s*([A-Za-z_][\w.]*(Error|Exception|Interrupt)|error)\b.*")
-# Ways a process dies whose last error line does not say why, and what is going on.
-KNOWN_DEATHS = (
-    (re.compile(r"terminate called without an active exception"),
-     "it aborted while Python was exiting, after its work: a gloo worker thread was still freeing the last "
-     "collective's tensors, which needs the interpreter that was shutting down (torch's race at exit, as in "
-     "pytorch/pytorch#179291; a few runs in a hundred on a busy machine). A script avoids it by ending, once it "
-     "has written and flushed everything and left the process group, with os._exit(0), as python -m trainer does"),
-)
 
 
 class Nodes(Protocol):
@@ -62,41 +51,23 @@ class Nodes(Protocol):
     def close(self) -> None: ...
 
 
-def new_run(lab_directory: Path) -> tuple[str, Path]:
-    """A fresh run id and its folder under .lab/<lab>/runs/ (created when the run starts)."""
-    run_id = time.strftime("%Y%m%d-%H%M%S") + "-" + secrets.token_hex(2)
-    return run_id, lab_directory / "runs" / run_id
-
-
-def run_job(nodes: Nodes, node_env: dict[str, dict[str, str]], launches: list[Launch], run_dir: Path,
-            run_id: str, *, torchrun: bool, timeout_s: float | None = None, echo: bool = True,
-            min_nodes: int | None = None) -> RunResult:
-    """Check node0's rendezvous port, run every launch, and raise RunFailed unless all succeeded
-    (with `min_nodes`, an elastic run: it succeeds when at least that many nodes finish cleanly)."""
-    check_master_port(nodes, node_env)
-    master_port = next(iter(node_env.values()))["MASTER_PORT"] if torchrun else None
-    result = run_all(nodes, launches, run_dir, run_id, master_port=master_port, timeout_s=timeout_s, echo=echo,
-                     min_nodes=min_nodes)
+def execute(nodes: Nodes, plan: RunPlan, *, timeout_s: float | None = None, echo: bool = True,
+            check: bool = True) -> RunResult:
+    """Run the plan on `nodes`: check the first node's rendezvous port, start every launch at once,
+    stream and save their output, stop the rest when one fails. With `check` (the default), raise
+    RunFailed (the result attached) unless the run succeeded (for an elastic run: enough nodes
+    finished cleanly); without, return the result whatever happened."""
+    check_master_port(nodes, plan.node_env)
+    master_port = next(iter(plan.node_env.values()))["MASTER_PORT"] if plan.torchrun else None
+    result = run_all(nodes, plan.launches, plan.run_dir, plan.run_id, master_port=master_port, timeout_s=timeout_s,
+                     echo=echo, min_nodes=plan.min_nodes)
     lost = result.lost_nodes()
     if result.ok and lost:
         console.print(f"[yellow]labctl: the run completed without {', '.join(lost)} (lost during the run; "
                       f"elastic range allowed it)[/yellow]", markup=True)
-    if not result.ok:
-        raise RunFailed(result.explain(), exit_code=130 if result.interrupted else 1)
+    if check and not result.ok:
+        raise RunFailed(result.explain(), exit_code=130 if result.interrupted else 1, result=result)
     return result
-
-
-def read_node_envs(directory: Path, names: list[str]) -> dict[str, dict[str, str]]:
-    from dotenv import dotenv_values
-
-    envs = {}
-    for name in names:
-        path = directory / f"{name}.env"
-        if not path.is_file():
-            raise LabError(f"{path} is missing: the lab's env files are not in this workspace",
-                           hint="run labctl from the directory you ran `labctl up` in, or run `labctl up` here")
-        envs[name] = {k: v for k, v in dotenv_values(path).items() if v is not None}
-    return envs
 
 
 def check_master_port(nodes: Nodes, node_env: dict[str, dict[str, str]]) -> None:
@@ -122,65 +93,6 @@ def stop_run(nodes: Nodes, names: list[str], run_id: str) -> None:
 
     with ThreadPoolExecutor(max_workers=8) as pool:
         list(pool.map(stop, names))
-
-
-@dataclass
-class Outcome:
-    launch: Launch
-    exit_code: int | None = None
-    stopped: bool = False  # stopped by labctl, not failed by itself
-    lines: list[str] = field(default_factory=list)
-    started: float = field(default_factory=time.monotonic)
-    ended: float | None = None
-
-    def reason(self) -> str:
-        for line in reversed(self.lines):
-            if _ERROR_LINE.match(line) and "ChildFailedError" not in line:
-                return line.strip()
-        for line in reversed(self.lines):
-            if "exitcode" in line:
-                return line.strip()
-        return next((line.strip() for line in reversed(self.lines) if line.strip()), "no output")
-
-    def known_cause(self) -> str | None:
-        return next((why for pattern, why in KNOWN_DEATHS if any(pattern.search(line) for line in self.lines)), None)
-
-
-@dataclass
-class RunResult:
-    run_dir: Path
-    outcomes: list[Outcome]
-    first_failure: Outcome | None
-    interrupted: bool = False
-    timed_out: bool = False
-    min_nodes: int | None = None  # elastic: enough nodes finishing cleanly is success
-
-    @property
-    def ok(self) -> bool:
-        if self.interrupted or self.timed_out:
-            return False
-        if self.min_nodes is not None:
-            return sum(o.exit_code == 0 for o in self.outcomes) >= self.min_nodes
-        return all(o.exit_code == 0 for o in self.outcomes)
-
-    def lost_nodes(self) -> list[str]:
-        return [o.launch.label for o in self.outcomes if o.exit_code not in (0, None)]
-
-    def explain(self) -> str:
-        if self.interrupted:
-            return f"interrupted; every node was stopped. Logs: {self.run_dir}"
-        if self.timed_out:
-            return f"--timeout-s reached; every node was stopped. Logs: {self.run_dir}"
-        culprit = self.first_failure or next(o for o in self.outcomes if o.exit_code != 0)
-        parts = [f"{culprit.launch.label} exited with status {culprit.exit_code}: {culprit.reason()}"]
-        cause = culprit.known_cause()
-        if cause:
-            parts.append(f"why: {cause}")
-        stopped = [o.launch.label for o in self.outcomes if o.stopped]
-        if stopped:
-            parts.append(f"labctl then stopped {', '.join(stopped)}")
-        parts.append(f"logs: {self.run_dir}/{culprit.launch.node}.log")
-        return "; ".join(parts)
 
 
 class _Echo:
@@ -360,28 +272,3 @@ def _link_latest(run_dir: Path) -> None:
         latest.symlink_to(run_dir.name)
     except OSError:
         pass
-
-
-def run_logs(lab_directory: Path, run_id: str | None, node: str | None) -> list[tuple[str, str]]:
-    runs = lab_directory / "runs"
-    run_dir = runs / (run_id or "latest")
-    if not run_dir.is_dir():
-        known = sorted(p.name for p in runs.iterdir() if p.is_dir() and p.name != "latest") if runs.is_dir() else []
-        raise LabError(f"no run {run_id or 'yet'} in {runs}",
-                       hint=f"runs here: {', '.join(known[-5:])}" if known else "`labctl run -- -m trainer` makes one")
-    files = sorted(run_dir.glob("node*.log"), key=lambda p: int(re.sub(r"\D", "", p.stem) or 0))
-    if node:
-        files = [p for p in files if p.stem == node]
-        if not files:
-            raise LabError(f"no log for {node!r} in {run_dir}",
-                           hint=f"nodes with logs: {', '.join(p.stem for p in sorted(run_dir.glob('node*.log')))}")
-    return [(p.stem, p.read_text()) for p in files]
-
-
-def container_log(client, lab: str, node: str) -> str:
-    import docker.errors
-
-    try:
-        return client.containers.get(container_name(lab, node)).logs().decode(errors="replace")
-    except docker.errors.NotFound:
-        raise LabError(f"no node {node!r} in lab {lab!r}", hint="`labctl status` lists the nodes") from None

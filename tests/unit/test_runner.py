@@ -4,7 +4,7 @@ dying means."""
 from pathlib import Path
 
 from labctl.run.launch import Launch
-from labctl.run.executor import Outcome, RunResult
+from labctl.run.result import Outcome, RunResult
 
 # Node output when a worker aborted at exit (torchrun --standalone, plain_ddp.py, torch 2.13), as seen here.
 EXIT_RACE = """PLAIN_DDP rank=1 world=2 local_rank=0 rank_sum=1 replicas_equal=True

@@ -1,0 +1,384 @@
+"""labctl from Python: the lab and real hosts as objects, for test suites, notebooks and benchmark
+scripts, and for the CLI itself (every `labctl` command is a thin layer over these).
+
+    from labctl.api import Lab
+
+    with Lab("demo", nodes=3, bw="100mbit") as lab:        # up on enter, down on exit
+        result = lab.run("-m", "trainer", "--epochs", "1")  # raises RunFailed if a node fails
+        assert result.summary["replicas_consistent"]
+
+Settings resolve as for the CLI: defaults, then the workspace's `.env`, then DDPLAB_* in the
+environment, then the arguments given here. Errors are the project's own (labctl.errors): a
+LabError (bad input) or StateError (no engine, lab not up) carrying the message and a hint, and
+RunFailed, with the RunResult attached, when a run fails.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Literal, Mapping
+
+from labctl.config import load_config
+from labctl.diagnose.doctor import Diagnosis
+from labctl.errors import ConfigError, LabError
+from labctl.lab.lifecycle import NodeState
+from labctl.lab.session import LabSession
+from labctl.lab.up import UpPlan
+from labctl.net.tc import LinkState, Shape
+from labctl.run.launch import Elastic
+from labctl.run.plan import Launcher, RunPlan
+from labctl.run.result import RunResult
+
+Fault = Literal["kill", "crash", "pause", "unpause", "partition", "heal"]
+Report = Callable[[str], None]
+
+__all__ = ["Lab", "Hosts", "RunResult", "RunPlan", "Diagnosis", "UpResult", "Fault"]
+
+
+def _quiet(_message: str) -> None:
+    pass
+
+
+@dataclass(frozen=True)
+class UpResult:
+    """A lab as `up` left it."""
+
+    nodes: list[NodeState]
+    subnet: str
+    links: dict[str, LinkState] | None  # read back from the kernel when the lab was shaped at bring-up
+    inventory: Path | None  # .lab/<lab>/hosts.toml when every node is an SSH host
+    seconds: float
+
+
+def check_timeout(timeout_s: float | None) -> None:
+    if timeout_s is not None and timeout_s <= 0:
+        raise ConfigError("--timeout-s", timeout_s, "must be a positive number of seconds")
+
+
+def check_nproc(value: int | str | None) -> int | None:
+    """--nproc-per-node, checked by the same rule as DDPLAB_NPROC_PER_NODE; None when not given."""
+    from labctl.config import SETTINGS
+
+    if value is None:
+        return None
+    try:
+        return SETTINGS["nproc_per_node"][1](str(value))
+    except ValueError as exc:
+        raise ConfigError("--nproc-per-node", value, str(exc)) from None
+
+
+class Lab(LabSession):
+    """A lab of N nodes: `up()`, `run(...)`, `shape(...)`, `fault(...)`, `doctor()`, `down()`.
+
+    As a context manager it is brought up on enter and removed on exit (volumes included), also
+    when `up` fails half-way or the body raises. Outside one, `Lab(name)` attaches to a lab that
+    is already up (as `labctl --lab NAME ...` does).
+    """
+
+    def __init__(self, name: str | None = None, *, nodes: int | None = None, nproc_per_node: int | None = None,
+                 cpus: float | None = None, memory: str | None = None, subnet: str | None = None,
+                 master_port: int | None = None, image: str | None = None, bw: str | Shape | None = None,
+                 node_cpus: str | Mapping[str, float] | None = None, ssh: bool | None = None,
+                 workspace: str | Path | None = None, client=None, connect: Callable | None = None,
+                 report: Report | None = None, build_progress=None, environ: Mapping[str, str] | None = None):
+        workspace = Path(workspace or Path.cwd()).resolve()
+        given = dict(lab=name, nodes=nodes, nproc_per_node=nproc_per_node, cpus=cpus, memory=memory, subnet=subnet,
+                     master_port=master_port, image=image)
+        flags = {key: str(value) for key, value in given.items() if value is not None}
+        config = load_config(workspace, os.environ if environ is None else environ, flags)
+        super().__init__(config, workspace, client, **({"connect": connect} if connect else {}))
+        self.report = report or _quiet
+        self.build_progress = build_progress  # a factory of progress bars for an image build, or None
+        self._shape = bw
+        self._node_cpus = dict(node_cpus) if isinstance(node_cpus, Mapping) else node_cpus
+        self._ssh = ssh
+
+    # ------------------------------------------------------------------------------ lifecycle
+
+    def __enter__(self) -> Lab:
+        try:
+            self.up()
+        except BaseException:
+            try:
+                self.down(volumes=True)
+            except LabError:  # no engine to remove anything from: nothing was made either
+                pass
+            raise
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.down(volumes=True)
+
+    def plan_up(self, *, dry_run: bool = False) -> UpPlan:
+        """What `up` would create (the Compose document, env files, subnet); changes nothing."""
+        from labctl.lab.up import build_up_plan
+
+        self._wanted_shape()  # a bad --bw is refused before anything is asked of the engine
+        return build_up_plan(self.client, self.config, self.workspace, node_cpus=self._node_cpus, ssh=self._ssh,
+                             dry_run=dry_run)
+
+    def up(self) -> UpResult:
+        """Start (or reconcile) the lab, building the node image first if it is missing; shape every
+        link when `bw` was given; with `ssh`, write the SSH inventory of the nodes."""
+        from labctl.lab import engine as engine_mod
+        from labctl.lab import image as image_mod
+        from labctl.lab.up import apply_up_plan
+
+        wanted = self._wanted_shape()
+        plan = self.plan_up()
+        self.config = plan.config
+        started = time.monotonic()
+        if not image_mod.image_exists(self.client, self.config.image_tag):
+            self.report(f"image {self.config.image_tag} is missing: building it")
+            image_mod.build_image(self.client, self.config, self.report, self.build_progress)
+        warning = engine_mod.limits_warning(plan.engine, self.config.memory, self.config.pids_limit)
+        if warning:
+            self.report(warning)
+        plan, nodes = apply_up_plan(self.client, plan, self.workspace, self.report)
+        names = [n.name for n in nodes]
+        links = None
+        if wanted:
+            links = self._apply_shape(names, wanted)
+        inventory = self._write_inventory(nodes, plan.ssh)
+        return UpResult(nodes, plan.subnet, links, inventory, time.monotonic() - started)
+
+    def _wanted_shape(self) -> Shape | None:
+        from labctl.net.tc import parse_shape
+
+        return parse_shape(self._shape) if isinstance(self._shape, str) else self._shape
+
+    def _write_inventory(self, nodes: list[NodeState], ssh: bool) -> Path | None:
+        from labctl.hosts import labnodes
+
+        inventory = self.directory / labnodes.INVENTORY_FILE
+        if ssh:
+            inventory = labnodes.write_ssh_files(self.client, self.config, self.directory, nodes, self.cpus)
+            self.report(f"every node is an SSH host; {inventory} describes them: "
+                        f"`labctl hosts check --lab {self.name}`")
+            return inventory
+        if inventory.is_file():  # the nodes no longer run sshd: an inventory of them would mislead
+            inventory.unlink()
+        return None
+
+    def down(self, volumes: bool = False) -> dict[str, int]:
+        """Remove every container and network of the lab (and its volume with `volumes`): counts removed."""
+        from labctl.lab.lifecycle import apply_down
+
+        return apply_down(self.client, self.name, volumes=volumes)
+
+    def resources(self, volumes: bool = False) -> dict[str, list[str]]:
+        """What `down` would remove, by kind."""
+        from labctl.lab.lifecycle import lab_resources
+
+        return lab_resources(self.client, self.name, volumes)
+
+    # ------------------------------------------------------------------------------------ runs
+
+    def run_plan(self, *argv: str, launcher: Launcher = "torchrun", nproc_per_node: int | None = None,
+                 max_restarts: int = 0, nnodes: str | None = None, pg_timeout_s: float | None = 30.0) -> RunPlan:
+        """The plan of `run(*argv)`, as data: nothing starts."""
+        from labctl.run.launch import parse_nnodes, parse_script_args
+
+        nproc = check_nproc(nproc_per_node)
+        script_args = parse_script_args(list(argv))
+        node_env = self.node_env()
+        low, high = parse_nnodes(nnodes, len(node_env)) if nnodes else (None, None)
+        return self.plan_run(script_args, node_env=node_env, launcher=launcher, nproc_per_node=nproc,
+                             elastic=Elastic(max_restarts, low, high), pg_timeout_s=pg_timeout_s)
+
+    def run(self, *argv: str, timeout_s: float | None = None, launcher: Launcher = "torchrun",
+            nproc_per_node: int | None = None, max_restarts: int = 0, nnodes: str | None = None,
+            pg_timeout_s: float | None = 30.0, preflight: bool = True, echo: bool = True,
+            check: bool = True) -> RunResult:
+        """Run `SCRIPT [ARGS]` or `-m MODULE [ARGS]` on every node at once, as `labctl run` does.
+
+        `check` (the default) raises RunFailed, naming the node and its error line, with the
+        RunResult attached; `check=False` returns the result whatever happened. `preflight` runs
+        doctor's cheap checks first and raises PreflightFailed on a problem.
+        """
+        check_timeout(timeout_s)
+        plan = self.run_plan(*argv, launcher=launcher, nproc_per_node=nproc_per_node, max_restarts=max_restarts,
+                             nnodes=nnodes, pg_timeout_s=pg_timeout_s)
+        if preflight:
+            self.preflight().raise_for_problems(f"labctl doctor --lab {self.name}")
+        return self.execute(plan, timeout_s=timeout_s, echo=echo, check=check)
+
+    def logs(self, node: str | None = None, run_id: str | None = None) -> list[tuple[str, str]]:
+        """(node, saved output) of a run (default: the latest), for every node or `node`."""
+        from labctl.run.result import run_logs
+
+        return run_logs(self.directory, run_id, node)
+
+    def container_logs(self, node: str | None = None) -> list[tuple[str, str]]:
+        """(node, the container's own log) for every node or `node`."""
+        from labctl.lab.docker import container_log
+
+        names = [node] if node else [n.name for n in self.status()]
+        return [(name, container_log(self.client, self.name, name)) for name in names]
+
+    # --------------------------------------------------------------------------------- doctor
+
+    def doctor(self, *, cheap: bool = False) -> Diagnosis:
+        """doctor's checks on the running lab (`cheap`: without the reachability probes)."""
+        from labctl.diagnose.doctor import diagnose
+
+        return diagnose(self.client, self.name, self.running(), self.subnet(), cheap=cheap)
+
+    def preflight(self) -> Diagnosis:
+        return self.doctor(cheap=True)
+
+    # ----------------------------------------------------------------------- network, faults
+
+    def targets(self, nodes: list[str] | tuple[str, ...] | None = None) -> list[str]:
+        """The running nodes asked for (every one by default); an error naming any that is not."""
+        running = self.node_names()
+        unknown = [n for n in nodes or () if n not in running]
+        if unknown:
+            raise LabError(f"no node {', '.join(unknown)} in lab {self.name}", hint=f"nodes: {', '.join(running)}")
+        return list(dict.fromkeys(nodes or ())) or running
+
+    def shape(self, bw: str | Shape, delay: str | None = None, jitter: str | None = None, loss: str | None = None,
+              ingress: bool = False, nodes: list[str] | None = None) -> dict[str, LinkState]:
+        """Shape the links of `nodes` (default all): rate, delay, jitter, loss; the links read back."""
+        from labctl.net.tc import parse_shape
+
+        wanted = parse_shape(bw, delay, jitter, loss, ingress) if isinstance(bw, str) else bw
+        return self._apply_shape(self.targets(nodes), wanted)
+
+    def shape_commands(self, wanted: Shape | None) -> list:
+        """The tc commands `shape` (or, for None, `clear_shape`) runs in each node's namespace: a plan."""
+        from labctl.net.tc import build_apply, build_clear
+
+        return build_apply(wanted, self.config.iface) if wanted else build_clear(self.config.iface)
+
+    def _apply_shape(self, names: list[str], wanted: Shape) -> dict[str, LinkState]:
+        from labctl.net.apply import apply_shape
+
+        apply_shape(self.client, self.name, names, wanted, self.config.iface)
+        return self.links(names)
+
+    def clear_shape(self, nodes: list[str] | None = None) -> dict[str, LinkState]:
+        from labctl.net.apply import clear_shape
+
+        names = self.targets(nodes)
+        clear_shape(self.client, self.name, names, self.config.iface)
+        return self.links(names)
+
+    def links(self, nodes: list[str] | None = None) -> dict[str, LinkState]:
+        """Each node's link as the kernel reports it now (tc, read back; not a cache)."""
+        from labctl.net.apply import read_links
+
+        names = list(nodes) if nodes is not None else self.node_names()
+        return read_links(self.client, self.name, names, self.config.iface) if names else {}
+
+    def fault(self, kind: Fault, node: str) -> str:
+        """Inject a fault into a node; a sentence saying what happened."""
+        from labctl.net.faults import inject
+
+        return inject(self.client, self.name, node, kind, self.config.iface)
+
+    def slow(self, node: str, cpus: float | None) -> float | None:
+        """Change a running node's CPU limit in place (None lifts it); the limit read back."""
+        from labctl.lab.docker import apply_node_cpus, check_cpus
+
+        self.require_node(node)
+        if cpus is not None:
+            check_cpus(self.client, {"--cpus": cpus})
+        return apply_node_cpus(self.client, self.name, node, cpus)
+
+
+@dataclass(frozen=True)
+class SyncResult:
+    stats: dict[str, dict[str, int]]  # host -> rsync's files changed and bytes sent
+    seconds: float
+    manual_commands: list[tuple[str, str]]  # (host, what to type there to run the job by hand)
+
+
+class Hosts:
+    """Real machines over SSH, from an inventory (TOML): `check()`, `sync()`, `run(...)`."""
+
+    def __init__(self, inventory, *, accept_new: bool = False, workspace: str | Path | None = None,
+                 report: Report | None = None):
+        from labctl.hosts.inventory import Inventory, load_inventory
+
+        self.inventory = inventory if isinstance(inventory, Inventory) else load_inventory(Path(inventory))
+        self.accept_new = accept_new
+        self.workspace = Path(workspace or Path.cwd()).resolve()
+        self.report = report or _quiet
+
+    def _ssh(self):
+        from labctl.hosts.ssh import SSHHosts
+
+        return SSHHosts(self.inventory, accept_new=self.accept_new)
+
+    def check(self) -> Diagnosis:
+        """doctor over SSH: host keys, versions, interfaces, and reachability between every pair."""
+        from labctl.hosts import actions
+        from labctl.hosts.ssh import require_tools
+
+        require_tools("ssh")
+        return actions.check(self._ssh(), self.report)
+
+    def sync(self, excludes: tuple[str, ...] = ()) -> SyncResult:
+        """Mirror the workspace to every host and write each host's env file."""
+        from labctl.hosts import actions
+        from labctl.hosts.ssh import require_tools, sync_excludes
+
+        require_tools("ssh", "rsync")
+        started = time.monotonic()
+        hosts = self._ssh()
+        stats = actions.sync(hosts, self.workspace, sync_excludes(self.workspace, excludes),
+                             self.inventory.env_files(), self.report)
+        return SyncResult(stats, time.monotonic() - started, actions.manual_commands(hosts))
+
+    def sync_commands(self, excludes: tuple[str, ...] = ()) -> list[tuple[str, str]]:
+        """(host, the rsync command `sync` runs for it): a plan."""
+        import shlex
+
+        from labctl.hosts.ssh import rsync_push_argv, sync_excludes
+
+        patterns = sync_excludes(self.workspace, excludes)
+        return [(host.name, shlex.join(rsync_push_argv(host, self.workspace, patterns)))
+                for host in self.inventory.hosts]
+
+    def run_plan(self, *argv: str, launcher: Launcher = "torchrun", nproc_per_node: int | None = None,
+                 pg_timeout_s: float | None = 30.0):
+        """What `run(*argv)` will do on each host, as data (a hosts.actions.HostsRun)."""
+        from labctl.hosts import actions
+        from labctl.run.launch import parse_script_args
+
+        return actions.plan_run(self.inventory, self.workspace, parse_script_args(list(argv)), launcher=launcher,
+                                nproc_per_node=check_nproc(nproc_per_node), pg_timeout_s=pg_timeout_s,
+                                accept_new=self.accept_new)
+
+    def preflight(self, plan, nproc_per_node: int | None = None) -> Diagnosis:
+        from labctl.hosts import actions
+
+        return actions.preflight(plan.hosts, check_nproc(nproc_per_node), self.report)
+
+    def run(self, *argv: str, timeout_s: float | None = None, launcher: Launcher = "torchrun",
+            nproc_per_node: int | None = None, pg_timeout_s: float | None = 30.0, sync: bool = True,
+            excludes: tuple[str, ...] = (), preflight: bool = True, check: bool = True) -> RunResult:
+        """Sync (or only write the env files), check, and run on every host, as `labctl hosts run`."""
+        check_timeout(timeout_s)
+        plan = self.run_plan(*argv, launcher=launcher, nproc_per_node=nproc_per_node, pg_timeout_s=pg_timeout_s)
+        if preflight:
+            self.preflight(plan, nproc_per_node).raise_for_problems(self.full_check)
+        return self.execute(plan, timeout_s=timeout_s, sync=sync, excludes=excludes, check=check)
+
+    @property
+    def full_check(self) -> str:
+        return f"labctl hosts check --inventory {self.inventory.path}"
+
+    def execute(self, plan, *, timeout_s: float | None = None, sync: bool = True, excludes: tuple[str, ...] = (),
+                check: bool = True) -> RunResult:
+        """Run a plan from `run_plan`: sync (or only write the env files), run, copy the outputs back."""
+        from labctl.hosts import actions
+        from labctl.hosts.ssh import require_tools, sync_excludes
+
+        require_tools("ssh", *(["rsync"] if sync else []))
+        excluded = sync_excludes(self.workspace, excludes) if sync else None
+        return actions.execute_run(plan, self.workspace, excluded, timeout_s, self.report, check=check)

@@ -1,0 +1,109 @@
+"""The `labctl` group: one Session per invocation, and the one place errors become messages and
+exit statuses (never a traceback). Commands live in the modules beside this one, one per group."""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+from pathlib import Path
+
+import click
+
+from labctl import __version__
+from labctl.errors import CommandError, LabError, RunFailed
+
+CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
+
+
+class Session:
+    """What one `labctl` invocation works with: the workspace (the current directory), the
+    environment, and the Docker client, made at most once and only here."""
+
+    def __init__(self, workspace: Path | None = None, environ=None):
+        self.workspace = (workspace or Path.cwd()).resolve()
+        self.environ = os.environ if environ is None else environ
+        self._client = None
+
+    @property
+    def client(self):
+        if self._client is None:
+            from labctl.lab.docker import docker_client
+
+            self._client = docker_client()
+        return self._client
+
+    def config(self, **flags):
+        """The configuration: defaults < .env < environment < the flags given (None: not given)."""
+        from labctl.config import load_config
+
+        return load_config(self.workspace, self.environ, {k: v for k, v in flags.items() if v is not None})
+
+    def lab(self, name: str | None = None, **settings):
+        """The labctl.api.Lab a command works on, reporting progress on stderr."""
+        from labctl.api import Lab
+        from labctl.ui import BuildProgress, info
+
+        return Lab(name, workspace=self.workspace, environ=self.environ, report=info, build_progress=BuildProgress,
+                   connect=lambda: self.client, **settings)
+
+    def hosts(self, lab: str | None, inventory: str | None, accept_new: bool = False):
+        """The labctl.api.Hosts of the inventory given, or of the one `labctl up --ssh` wrote for the lab."""
+        from labctl.api import Hosts
+        from labctl.hosts.labnodes import INVENTORY_FILE
+        from labctl.lab.lifecycle import lab_dir
+        from labctl.ui import info
+
+        config = self.config(lab=lab, inventory=inventory)
+        path = Path(config.inventory) if config.inventory else lab_dir(self.workspace, config.lab) / INVENTORY_FILE
+        return Hosts(path, accept_new=accept_new, workspace=self.workspace, report=info)
+
+
+def session() -> Session:
+    return click.get_current_context().find_object(Session)
+
+
+class LabGroup(click.Group):
+    """Turns the project's errors into one clear message and an exit status; never a traceback."""
+
+    def invoke(self, ctx: click.Context):
+        try:
+            return super().invoke(ctx)
+        except LabError as exc:
+            _fail(f"error: {exc.message}", exc.hint, exc.exit_code)
+        except CommandError as exc:
+            _fail(f"error: {exc}", None, exc.exit_code)
+        except RunFailed as exc:
+            _fail(f"run failed: {exc}", None, exc.exit_code)
+        except KeyboardInterrupt:
+            _fail("interrupted", None, 130)
+
+
+def _fail(message: str, hint: str | None, code: int):
+    from rich.markup import escape
+
+    from labctl.ui import err_console
+
+    # Messages quote torch and gloo, whose [file:line] tags rich would read as markup.
+    err_console.print(f"[bold red]{escape(message)}[/bold red]", markup=True, soft_wrap=True)
+    if hint:
+        err_console.print(f"  [yellow]hint:[/yellow] {escape(hint)}", markup=True, soft_wrap=True)
+    sys.exit(code)
+
+
+@click.group(cls=LabGroup, context_settings=CONTEXT)
+@click.version_option(__version__, prog_name="labctl")
+@click.option("-v", "--verbose", is_flag=True, help="Log every external command labctl runs.")
+@click.pass_context
+def main(ctx: click.Context, verbose: bool) -> None:
+    """A multi-node PyTorch DDP lab on one machine: N containers, one trainer, real torch.distributed.
+
+    \b
+    Typical session:
+      labctl up --nodes 3          # build the image if needed, start node0..node2
+      labctl run -- -m trainer     # torchrun on every node, output prefixed per node
+      labctl status                # what Docker says each node is doing
+      labctl down                  # remove every container and network of the lab
+    """
+    logging.basicConfig(level=logging.DEBUG if verbose else logging.WARNING, format="labctl: %(message)s")
+    ctx.ensure_object(Session)

@@ -1,0 +1,61 @@
+"""Finding what makes runs hang: doctor, and the trap scenarios."""
+
+from __future__ import annotations
+
+import sys
+
+import click
+
+from labctl.cli.app import CONTEXT, main, session
+from labctl.cli.options import json_option, lab_option
+
+
+@main.command(context_settings=CONTEXT)
+@lab_option
+@json_option('Print {"ok", "seconds", "nodes": {...}, "findings": [...]}.')
+def doctor(lab, as_json) -> None:
+    """Check the lab for what makes distributed runs hang, in seconds: versions, ranks, the
+    rendezvous host, the socket interface, and reachability of the rendezvous and back-connect
+    ports between every pair of nodes. Exit status 1 when something is wrong; each problem names
+    the node and the fix."""
+    from labctl.cli import render
+
+    if not render.report_check(session().lab(lab).doctor(), as_json):
+        sys.exit(1)
+
+
+@main.group(context_settings=CONTEXT)
+def scenario() -> None:
+    """The classic multi-node traps, reproduced on a throwaway lab, diagnosed and fixed."""
+
+
+@scenario.command("list", context_settings=CONTEXT)
+def scenario_list() -> None:
+    """The scenarios, what each teaches, and its time bound."""
+    from labctl.cli.render import scenarios_table
+    from labctl.diagnose.scenarios import SCENARIOS
+    from labctl.ui import console
+
+    console.print(scenarios_table(SCENARIOS.values()))
+
+
+@scenario.command("run", context_settings=CONTEXT)
+@click.argument("names", nargs=-1, required=True, metavar="NAME... | all")
+@json_option("Print the outcomes as a JSON list.")
+def scenario_run(names, as_json) -> None:
+    """Reproduce each trap on a fresh 2-node lab (scn-NAME), show torch's symptom and how long it
+    took to show, doctor's diagnosis, then the fix and a run that succeeds. The lab is removed at
+    the end. Exit status 0 when every fix worked within its bound."""
+    from dataclasses import asdict
+
+    from labctl.cli import render
+    from labctl.diagnose.scenarios import SCENARIOS, run_scenarios, select_scenarios
+    from labctl.ui import info
+
+    chosen = select_scenarios(names)
+    show = None if as_json else (lambda outcome: render.print_scenario(outcome, SCENARIOS[outcome.name].title))
+    outcomes = run_scenarios(session().client, session().config, session().workspace, chosen, info, show)
+    if as_json:
+        render.emit_json([{**asdict(o), "ok": o.ok} for o in outcomes])
+    if not all(o.ok for o in outcomes):
+        sys.exit(1)

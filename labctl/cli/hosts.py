@@ -1,0 +1,117 @@
+"""Real machines over SSH: `labctl hosts check|sync|run`."""
+
+from __future__ import annotations
+
+import sys
+
+import click
+
+from labctl.cli.app import CONTEXT, main, session
+from labctl.cli.options import (
+    SCRIPT_CONTEXT,
+    accept_new_option,
+    dry_run_option,
+    exclude_option,
+    inventory_option,
+    json_option,
+    lab_option,
+    run_options,
+    script_argument,
+)
+
+
+@main.group(context_settings=CONTEXT)
+def hosts() -> None:
+    """The same env files, preflight and trainer on real machines, over SSH.
+
+    \b
+    The machines are listed in an inventory (TOML): address, user, SSH port, identity file, socket
+    interface, processes, the Python that has torch, and the workspace folder, per host or under
+    [defaults]. `labctl up --ssh` writes one for the lab's nodes at .lab/<lab>/hosts.toml.
+    Host keys are checked against known_hosts: a new host needs --accept-new, a changed key is refused.
+
+    \b
+      labctl hosts check --inventory cluster.toml --accept-new   # first contact: record the host keys
+      labctl hosts run --inventory cluster.toml -- -m trainer --epochs 3
+    """
+
+
+@hosts.command("check", context_settings=CONTEXT)
+@lab_option
+@inventory_option
+@accept_new_option
+@json_option('Print {"ok", "seconds", "nodes": {...}, "findings": [...]}.')
+def hosts_check(lab, inventory, accept_new, as_json) -> None:
+    """doctor's checks on the inventory's hosts, over SSH: host keys, torch and Python versions, the
+    socket interface, and the rendezvous and back-connect ports between every pair of hosts. Exit
+    status 1 when something is wrong; each problem names the host and the fix."""
+    from labctl.cli import render
+    from labctl.hosts.ssh import require_tools
+
+    require_tools("ssh")
+    if not render.report_check(session().hosts(lab, inventory, accept_new).check(), as_json):
+        sys.exit(1)
+
+
+@hosts.command("sync", context_settings=CONTEXT)
+@lab_option
+@inventory_option
+@accept_new_option
+@exclude_option
+@dry_run_option("Print the rsync command for each host; change nothing.")
+def hosts_sync(lab, inventory, accept_new, excludes, dry_run) -> None:
+    """Mirror the workspace (the directory you run labctl from) to every host's workspace folder
+    with rsync, leaving out virtual environments, .lab/ outputs, .git and caches, and write each
+    host's env file there (under .lab/<name>/). Only a folder that is empty or was made by an
+    earlier sync is mirrored into: --delete never empties a folder of yours."""
+    from labctl.cli import render
+    from labctl.hosts.ssh import require_tools
+
+    require_tools("ssh", "rsync")
+    the_hosts = session().hosts(lab, inventory, accept_new)
+    if dry_run:
+        render.print_host_commands(the_hosts.sync_commands(excludes))
+        return
+    render.print_sync(the_hosts, the_hosts.sync(excludes))
+
+
+@hosts.command("run", context_settings=SCRIPT_CONTEXT)
+@lab_option
+@inventory_option
+@accept_new_option
+@click.option("--nproc-per-node", metavar="P", help="Processes on every host [default: each host's nproc_per_node].")
+@run_options
+@click.option("--no-sync", is_flag=True, help="Run what is already on the hosts (only the env files are written).")
+@exclude_option
+@click.option("--no-preflight", is_flag=True, help="Skip the checks (versions, interface) before the run.")
+@dry_run_option("Print what each host would run; run nothing.")
+@script_argument
+def hosts_run(lab, inventory, accept_new, nproc_per_node, launcher, timeout_s, pg_timeout_s, no_sync, excludes,
+              no_preflight, dry_run, script) -> None:
+    """Run TRAINING_SCRIPT [ARGS...] (or `-m module [ARGS...]`) on every host at once, as `labctl run`
+    does on the lab: sync the workspace, write each host's env file, start torchrun on every host
+    over SSH, stream the output prefixed with each host's name, and save the logs here under
+    .lab/<name>/runs/. Ctrl-C, or any host failing, stops the job on every host.
+
+    \b
+    Examples:
+      labctl hosts run --inventory cluster.toml -- -m trainer --epochs 3
+      labctl hosts run -- my_ddp_script.py --lr 0.1      # the lab's nodes, after `labctl up --ssh`
+    """
+    from labctl.api import check_nproc, check_timeout
+    from labctl.cli import render
+    from labctl.hosts.ssh import require_tools
+    from labctl.run.launch import parse_script_args
+
+    check_nproc(nproc_per_node)
+    check_timeout(timeout_s)
+    parse_script_args(list(script))
+    require_tools("ssh", *([] if no_sync else ["rsync"]))
+    the_hosts = session().hosts(lab, inventory, accept_new)
+    plan = the_hosts.run_plan(*script, launcher=launcher, nproc_per_node=nproc_per_node, pg_timeout_s=pg_timeout_s)
+    if dry_run:
+        render.print_launches(plan.job, plan.hosts.address)
+        return
+    if not no_preflight:
+        render.print_preflight(the_hosts.preflight(plan, nproc_per_node), the_hosts.full_check)
+    the_hosts.execute(plan, timeout_s=timeout_s, sync=not no_sync, excludes=excludes)

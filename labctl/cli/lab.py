@@ -1,0 +1,156 @@
+"""The lab's lifecycle: build, up, status, down, env, logs."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import click
+
+from labctl.cli.app import CONTEXT, main, session
+from labctl.cli.options import dry_run_option, json_option, lab_option
+
+
+@main.command(context_settings=CONTEXT)
+@click.option("--torch-version", metavar="X.Y.Z", help="torch release to pin [env DDPLAB_TORCH_VERSION; default 2.13.0].")
+@click.option("--base-image", metavar="IMAGE", help="Base image [env DDPLAB_BASE_IMAGE; default python:3.11-slim-bookworm].")
+@click.option("--image", metavar="TAG", help="Tag of the node image [env DDPLAB_IMAGE; default ddplab-node:torch<VERSION>-cpu].")
+@click.option("--force", is_flag=True, help="Build even if an image with the same inputs exists.")
+@click.option("--verbose", "verbose_build", is_flag=True, help="Print every line of the build's output.")
+@click.option("--mismatch-image", is_flag=True,
+              help="Also build the image with another torch release that `scenario run version-mismatch` puts on one node.")
+def build(torch_version, base_image, image, force, verbose_build, mismatch_image) -> None:
+    """Build the node image (torch CPU build, iproute2, iperf3, the trainer).
+
+    Works without a registry: when the base image cannot be pulled, a local Debian base is built
+    with debootstrap, and Python packages come from a wheelhouse the host fills with pip.
+    """
+    from labctl.lab import image as image_mod
+    from labctl.ui import BuildProgress, info
+
+    config = session().config(torch_version=torch_version, base_image=base_image, image=image)
+    client = session().client
+    started = time.monotonic()
+    result = image_mod.build_image(client, config, info, lambda: BuildProgress(verbose_build), force=force)
+    state = "up to date" if result.cached else "built"
+    info(f"image {result.tag} {state} (base {result.base}, torch {config.torch_version}) in {time.monotonic() - started:.1f} s")
+    if mismatch_image:
+        started = time.monotonic()
+        tag = image_mod.ensure_mismatch_image(client, config, info)
+        info(f"image {tag} ready in {time.monotonic() - started:.1f} s (torch {image_mod.MISMATCH_VERSION}, "
+             "for the version-mismatch scenario)")
+
+
+@main.command(context_settings=CONTEXT)
+@lab_option
+@click.option("--nodes", metavar="N", help="Number of nodes, 1-64 [env DDPLAB_NODES; default 3; a running lab keeps its count].")
+@click.option("--nproc-per-node", metavar="P", help="Processes per node for torchrun [env DDPLAB_NPROC_PER_NODE; default 1].")
+@click.option("--cpus", metavar="C", help="CPU limit per node, e.g. 0.5 [env DDPLAB_CPUS; default none].")
+@click.option("--memory", metavar="SIZE", help="Memory limit per node, e.g. 2g [env DDPLAB_MEMORY; default 4g].")
+@click.option("--subnet", metavar="CIDR", help="Lab network, e.g. 172.28.5.0/24, or auto [env DDPLAB_SUBNET; default auto].")
+@click.option("--master-port", metavar="PORT", help="Rendezvous port on node0, 1024-65535 [env DDPLAB_MASTER_PORT; default 29500].")
+@click.option("--image", metavar="TAG", help="Node image [env DDPLAB_IMAGE].")
+@click.option("--bw", metavar="RATE", help="Shape every node's link at bring-up, e.g. 1gbit (as `labctl shape --bw`).")
+@click.option("--node-cpus", metavar="NODE=C,...", help="Per-node CPU limits over --cpus, e.g. node2=0.25 (a straggler).")
+@click.option("--ssh/--no-ssh", default=None,
+              help="Make every node an SSH host and write .lab/<lab>/hosts.toml for `labctl hosts` "
+                   "[default: as the running lab is; off for a new one].")
+@dry_run_option("Print the Compose file and env files that would be used; change nothing.")
+@json_option("Print the node table as JSON (as `status --json`).")
+def up(lab, nodes, nproc_per_node, cpus, memory, subnet, master_port, image, bw, node_cpus, ssh, dry_run,
+       as_json) -> None:
+    """Start (or reconcile) the lab: nodes node0..node{N-1} on their own bridge network.
+
+    On a running lab, `up` reconciles instead of failing: `--nodes 5` on a 3-node lab adds two
+    nodes (and rewrites every env file, since NNODES changed); without `--nodes` it keeps the count.
+
+    With --ssh every node also runs sshd (as the node's own user, with a host key of its own) for a
+    key pair made for the lab, and .lab/<lab>/hosts.toml describes the nodes as real hosts: their
+    addresses, the user, the key and a known_hosts file, for `labctl hosts check|sync|run`.
+    """
+    from labctl.cli import render
+
+    the_lab = session().lab(lab, nodes=nodes, nproc_per_node=nproc_per_node, cpus=cpus, memory=memory,
+                            subnet=subnet, master_port=master_port, image=image, bw=bw, node_cpus=node_cpus, ssh=ssh)
+    if dry_run:
+        render.print_up_plan(the_lab.plan_up(dry_run=True), the_lab.directory)
+        return
+    result = the_lab.up()
+    render.print_nodes(the_lab.name, result.nodes, result.links, as_json,
+                       f"lab {the_lab.name} ({result.subnet}), up in {result.seconds:.1f} s")
+
+
+@main.command(context_settings=CONTEXT)
+@lab_option
+@json_option('Print {"lab": ..., "nodes": [{"name", "ip", "torch", "state"}]}.')
+def status(lab, as_json) -> None:
+    """Show each node as Docker sees it now: IP, torch version, state, and its link as the kernel
+    reports it (read back with tc, not from a cache)."""
+    from labctl.cli import render
+    from labctl.ui import info
+
+    the_lab = session().lab(lab)
+    nodes = the_lab.status()
+    links = the_lab.links([n.name for n in nodes if n.state == "running"])
+    if not nodes and not as_json:
+        info(f"lab {the_lab.name} is not up (`labctl up --lab {the_lab.name}` starts it)")
+        return
+    render.print_nodes(the_lab.name, nodes, links, as_json)
+
+
+@main.command(context_settings=CONTEXT)
+@lab_option
+@click.option("--volumes", is_flag=True, help="Also remove the lab's shared volume (kept by default, like compose).")
+@dry_run_option("List what would be removed; remove nothing.")
+def down(lab, volumes, dry_run) -> None:
+    """Remove every container and network of the lab. Idempotent; also cleans up a broken `up`."""
+    from labctl.ui import console, info
+
+    the_lab = session().lab(lab)
+    if dry_run:
+        for kind, names in the_lab.resources(volumes).items():
+            console.print(f"{kind}: {', '.join(names) or '-'}", markup=False)
+        return
+    removed = the_lab.down(volumes=volumes)
+    parts = [f"{count} {kind[:-1] if count == 1 else kind}" for kind, count in removed.items()
+             if count or kind != "volumes"]
+    info(f"lab {the_lab.name}: removed {', '.join(parts)}")
+
+
+@main.command(context_settings=CONTEXT)
+@click.option("--hosts", required=True, metavar="ADDR1,ADDR2,...", help="Addresses of the machines; the first hosts the rendezvous.")
+@click.option("--iface", required=True, metavar="IFACE", help="Interface that carries those addresses, e.g. tailscale0, eth0.")
+@click.option("--nproc-per-node", metavar="P", help="Processes per machine [default 1].")
+@click.option("--master-port", metavar="PORT", help="Rendezvous port on the first host [default 29500].")
+@click.option("--rdzv-id", default="ddplab", show_default=True, metavar="ID", help="Rendezvous id, the same on every host.")
+@click.option("--out", "out_dir", type=click.Path(path_type=Path), default=Path(".lab/hosts"), show_default=True,
+              help="Directory for the env files.")
+def env(hosts, iface, nproc_per_node, master_port, rdzv_id, out_dir) -> None:
+    """Write the same per-node env files for real machines, and print the command for each."""
+    from labctl.lab.envfiles import check_rdzv_id, parse_hosts, write_host_env_files
+    from labctl.ui import console, info
+
+    addresses = parse_hosts(hosts)
+    check_rdzv_id(rdzv_id)
+    config = session().config(iface=iface, nproc_per_node=nproc_per_node, master_port=master_port)
+    paths, commands = write_host_env_files(addresses, config, rdzv_id, out_dir)
+    info(f"wrote {len(paths)} env files to {out_dir}/ (copy each to its machine, same path)")
+    for name, host, command in commands:
+        console.print(f"[bold]{name}[/bold] ({host}):  {command}", markup=True, soft_wrap=True)
+    info(f"open TCP {config.master_port} on {addresses[0]}, and ephemeral ports between all hosts (gloo/NCCL connect back)")
+
+
+@main.command(context_settings=CONTEXT)
+@lab_option
+@click.argument("node", required=False)
+@click.option("--run", "run_id", metavar="RUN_ID", help="Which run (a folder under .lab/<lab>/runs/); default the latest.")
+@click.option("--container", is_flag=True, help="Show the node container's own log instead of a run's.")
+def logs(lab, node, run_id, container) -> None:
+    """Print the saved output of the latest run (every node, or NODE), or a node container's log."""
+    from labctl.cli import render
+
+    the_lab = session().lab(lab)
+    if container:
+        render.print_logs(the_lab.container_logs(node), headers=False)
+    else:
+        render.print_logs(the_lab.logs(node, run_id))

@@ -1,0 +1,90 @@
+"""The network and the nodes' health: shape, slow, fault."""
+
+from __future__ import annotations
+
+import click
+
+from labctl.cli.app import CONTEXT, main, session
+from labctl.cli.options import dry_run_option, json_option, lab_option
+
+
+@main.command(context_settings=CONTEXT)
+@lab_option
+@click.option("--node", "node_names", multiple=True, metavar="NAME", help="Node to shape (repeatable); default every node.")
+@click.option("--bw", metavar="RATE", help="Link rate in tc's bit units: 100mbit, 1gbit (not mbps: that is bytes).")
+@click.option("--delay", metavar="TIME", help="Added one-way delay, e.g. 10ms (needs netem).")
+@click.option("--jitter", metavar="TIME", help="Variation of the delay, e.g. 2ms (needs netem and --delay).")
+@click.option("--loss", metavar="PCT", help="Random packet loss in percent, e.g. 1 (needs netem).")
+@click.option("--ingress", is_flag=True, help="Also shape incoming traffic (through an ifb device).")
+@click.option("--clear", is_flag=True, help="Remove all shaping from the nodes.")
+@click.option("--show", is_flag=True, help="Show each node's shaping as the kernel reports it.")
+@json_option("With --show: print JSON.")
+@dry_run_option("Print the exact tc commands per node; change nothing.")
+def shape(lab, node_names, bw, delay, jitter, loss, ingress, clear, show, as_json, dry_run) -> None:
+    """Shape the links of the lab's nodes (egress by default), clear them, or show them.
+
+    \b
+    Examples:
+      labctl shape --bw 1gbit                    # every node at 1 Gbit/s
+      labctl shape --node node2 --bw 100mbit     # one slow node drags the ring
+      labctl shape --bw 100mbit --delay 10ms     # needs the kernel's netem
+      labctl shape --show
+    """
+    from labctl.cli import render
+    from labctl.net.tc import parse_shape_request
+
+    wanted = parse_shape_request(bw, delay, jitter, loss, ingress, clear=clear, show=show)
+    the_lab = session().lab(lab)
+    targets = the_lab.targets(node_names)
+    if show:
+        render.print_links(the_lab.name, the_lab.links(targets), as_json)
+    elif dry_run:
+        render.print_tc_plan(targets, the_lab.shape_commands(wanted))
+    elif wanted:
+        render.print_links(the_lab.name, the_lab.shape(wanted, nodes=targets))
+    else:
+        render.print_links(the_lab.name, the_lab.clear_shape(targets))
+
+
+@main.command(context_settings=CONTEXT)
+@lab_option
+@click.argument("node")
+@click.option("--cpus", metavar="C", help="New CPU limit for the node, e.g. 0.25.")
+@click.option("--clear", is_flag=True, help="Lift the node's CPU limit.")
+def slow(lab, node, cpus, clear) -> None:
+    """Make NODE a straggler (or stop it being one) while the lab runs: its CPU limit changes in
+    place, no restart, so a run in progress feels it at once.
+
+    \b
+    Examples:
+      labctl slow node2 --cpus 0.25
+      labctl slow node2 --clear
+    """
+    from labctl.config import parse_cpu_limit
+    from labctl.errors import LabError
+    from labctl.ui import info
+
+    if (cpus is None) == (not clear):
+        raise LabError("give exactly one of --cpus C or --clear", hint="labctl slow node2 --cpus 0.25")
+    limit = parse_cpu_limit(cpus, "--cpus", hint="use --clear to lift the limit") if cpus is not None else None
+    applied = session().lab(lab).slow(node, limit)
+    info(f"{node}: CPU limit now {f'{applied:g} CPUs' if applied else 'none'} (read back from the engine)")
+
+
+@main.command(context_settings=CONTEXT)
+@lab_option
+@click.argument("fault", type=click.Choice(["kill", "crash", "pause", "unpause", "partition", "heal"]))
+@click.argument("node")
+def fault(lab, fault, node) -> None:
+    """Inject a fault into NODE: kill (node loss), crash (its training processes die, the node
+    stays), pause / unpause (freeze it), partition / heal (cut its link, restore it).
+
+    \b
+    Examples:
+      labctl fault crash node1        # torchrun --max-restarts brings the workers back
+      labctl fault kill node2         # with --nnodes 2:3 the run goes on without it
+      labctl fault partition node1 && sleep 5 && labctl fault heal node1
+    """
+    from labctl.ui import info
+
+    info(session().lab(lab).fault(fault, node))

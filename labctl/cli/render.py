@@ -1,0 +1,216 @@
+"""Everything the CLI prints: tables, panels and JSON, in one place. Each function takes the data an
+API call returned and prints it; none asks anything of the lab."""
+
+from __future__ import annotations
+
+import json
+
+import click
+from rich.markup import escape
+from rich.table import Table
+
+from labctl.ui import console
+
+
+def emit_json(value) -> None:
+    click.echo(json.dumps(value))
+
+
+def seconds_text(value: float) -> str:
+    return f"{value:.3g} s" if value >= 1 else f"{value * 1e3:.3g} ms"
+
+
+# ------------------------------------------------------------------------------------ nodes, links
+
+
+def nodes_table(lab: str, nodes, title: str | None = None, links: dict | None = None) -> Table:
+    from labctl.net.tc import describe
+
+    table = Table(title=title or f"lab {lab}", title_justify="left")
+    for column in ("node", "IP", "torch", "state") + (("link",) if links else ()):
+        table.add_column(column)
+    for node in nodes:
+        colour = "green" if node.state == "running" else "red"
+        cells = [node.name, node.ip, node.torch, f"[{colour}]{node.state}[/{colour}]"]
+        if links:
+            cells.append(describe(links[node.name]) if node.name in links else "-")
+        table.add_row(*cells)
+    return table
+
+
+def status_json(lab: str, nodes, links: dict | None = None) -> dict:
+    from labctl.net.tc import describe
+
+    rows = []
+    for n in nodes:
+        row = {"name": n.name, "ip": n.ip, "torch": n.torch, "state": n.state}
+        if links is not None and n.name in links:
+            row["link"] = describe(links[n.name])
+        rows.append(row)
+    return {"lab": lab, "nodes": rows}
+
+
+def print_nodes(lab: str, nodes, links: dict | None, as_json: bool, title: str | None = None) -> None:
+    if as_json:
+        emit_json(status_json(lab, nodes, links))
+    else:
+        console.print(nodes_table(lab, nodes, title, links))
+
+
+def print_up_plan(plan, directory) -> None:
+    """`up --dry-run`: the Compose file and env files that would be written."""
+    from labctl.lab.compose import render_compose
+
+    console.print(render_compose(plan.document), markup=False)
+    for name, text in plan.env_files.items():
+        console.print(f"# --- {directory / name}\n{text}", markup=False)
+
+
+def links_table(links: dict, title: str) -> Table:
+    from labctl.net.tc import describe
+
+    table = Table(title=title, title_justify="left")
+    table.add_column("node")
+    table.add_column("link (read back from the kernel)")
+    for node, state in links.items():
+        table.add_row(node, describe(state))
+    return table
+
+
+def link_json(node: str, state) -> dict:
+    from labctl.net.tc import describe
+
+    return {"node": node, "shaping": describe(state), "rate_bps": state.rate_bps, "delay_us": state.delay_us,
+            "jitter_us": state.jitter_us, "loss_pct": state.loss_pct, "ingress": state.ingress}
+
+
+def print_links(lab: str, links: dict, as_json: bool = False) -> None:
+    if as_json:
+        emit_json([link_json(node, state) for node, state in links.items()])
+    else:
+        console.print(links_table(links, f"lab {lab}: links"))
+
+
+def print_tc_plan(nodes: list[str], commands) -> None:
+    """`shape --dry-run`: the script each node's helper container would run."""
+    from labctl.net.apply import helper_script
+
+    for node in nodes:
+        click.echo(f"# {node} (helper container in its network namespace, NET_ADMIN)")
+        click.echo(helper_script(commands), nl=False)
+
+
+def print_host_commands(commands: list[tuple[str, str]]) -> None:
+    for name, command in commands:
+        console.print(f"[bold]{name}[/bold]: {command}", markup=True, soft_wrap=True)
+
+
+def print_sync(hosts, result) -> None:
+    """`hosts sync`: what each host received, and how to run the job there by hand."""
+    from labctl.ui import info
+
+    for host in hosts.inventory.hosts:
+        s = result.stats[host.name]
+        info(f"{host.name} ({host.destination}): {s['files']} files changed, {s['bytes_sent'] / 1e3:,.1f} kB sent "
+             f"to {host.workspace}")
+    info(f"synced {len(hosts.inventory.hosts)} hosts in {result.seconds:.1f} s; to run by hand on each:")
+    print_host_commands(result.manual_commands)
+
+
+# ---------------------------------------------------------------------------------------- runs
+
+
+def print_launches(plan, address) -> None:
+    """A run plan, as `--dry-run` shows it: what each process would run, and where."""
+    for launch in plan.launches:
+        console.print(f"[bold]{launch.label}[/bold] ({address(launch.node)}): {launch.display()}", markup=True,
+                      soft_wrap=True)
+
+
+def print_logs(logs: list[tuple[str, str]], headers: bool = True) -> None:
+    for name, text in logs:
+        if headers:
+            click.echo(f"==> {name} <==")
+        click.echo(text, nl=False)
+
+
+# -------------------------------------------------------------------------------------- doctor
+
+
+def print_findings(diagnosis, problems_only: bool = False) -> None:
+    """doctor's report: the nodes' facts, then one line per finding (or only the problems), then
+    the verdict."""
+    findings = diagnosis.problems if problems_only else diagnosis.findings
+    if diagnosis.nodes and not problems_only:
+        console.print(_facts_table(diagnosis.title, diagnosis.nodes))
+    for f in findings:
+        mark = "[green]ok[/green]  " if f.ok else "[yellow]WARN[/yellow]" if f.warn else "[bold red]FAIL[/bold red]"
+        where = "" if f.node == "all" else f"{f.node}: "
+        console.print(f"{mark} {f.check:<10} {where}{escape(f.message)}", markup=True, soft_wrap=True)
+        if f.fix and not f.ok:
+            console.print(f"     [yellow]fix:[/yellow] {escape(f.fix)}", markup=True, soft_wrap=True)
+    bad = sum(f.blocking for f in findings)
+    warnings = sum(f.warn and not f.ok for f in findings)
+    verdict = "[green]no problems found[/green]" if not bad else f"[bold red]{bad} problem{'s' * (bad != 1)}[/bold red]"
+    if warnings:
+        verdict += f", [yellow]{warnings} warning{'s' * (warnings != 1)}[/yellow]"
+    console.print(f"{verdict} in {diagnosis.seconds:.1f} s", markup=True)
+
+
+def _facts_table(title: str, nodes: dict) -> Table:
+    table = Table(title=title, title_justify="left")
+    for column in ("node", "ip", "torch", "python", "cuda", "nccl", "socket iface"):
+        table.add_column(column)
+    for node, i in nodes.items():
+        iface = i.get("iface") or "-"
+        addrs = ", ".join(i.get("ifaces", {}).get(iface, [])) or "missing"
+        table.add_row(node, i.get("ip", "-"), str(i.get("torch")), str(i.get("python")), str(i.get("cuda") or "-"),
+                      str(i.get("nccl") or "-"), f"{iface} ({addrs})")
+    return table
+
+
+def report_check(diagnosis, as_json: bool) -> bool:
+    """doctor's report (a table, or JSON); whether nothing is wrong (the exit status follows)."""
+    if as_json:
+        emit_json(diagnosis.as_dict())
+    else:
+        print_findings(diagnosis)
+    return diagnosis.ok
+
+
+def print_preflight(diagnosis, full_check: str) -> None:
+    """A preflight's verdict: show what is not right; refuse to start on a problem (warnings pass)."""
+    if diagnosis.problems:
+        print_findings(diagnosis, problems_only=True)
+    diagnosis.raise_for_problems(full_check)
+
+
+# ----------------------------------------------------------------------------------- scenarios
+
+
+def scenarios_table(scenarios) -> Table:
+    table = Table(title="labctl scenario run NAME", title_justify="left", show_lines=True)
+    for column in ("name", "trap", "bound", "what it teaches"):
+        table.add_column(column)
+    for s in scenarios:
+        table.add_row(s.name, s.title, f"{s.bound_s} s", s.lesson)
+    return table
+
+
+def print_scenario(outcome, title: str) -> None:
+    from rich.panel import Panel
+
+    verdict = "[green]succeeded[/green]" if outcome.fixed_ok else "[bold red]still failing[/bold red]"
+    symptom = outcome.symptom or "(none: nothing torch printed says anything is wrong)"
+    body = "\n".join([
+        f"[bold]symptom[/bold] (as torch prints it): {escape(symptom)}",
+        f"[bold]time to show[/bold]: {outcome.seconds_to_show:.1f} s (exit {outcome.broken_exit})",
+        "[bold]doctor[/bold] ({:.1f} s): {}".format(outcome.doctor_seconds, escape(
+            "; ".join(outcome.doctor) or "(nothing found)")),
+        f"[bold]fix[/bold]: {escape(outcome.fix)}",
+        f"[bold]after the fix[/bold]: {verdict}, run took {outcome.fixed_seconds:.1f} s; "
+        f"scenario {outcome.total_seconds:.0f} s of its {outcome.bound_s} s bound: "
+        + ("[green]OK[/green]" if outcome.ok else "[bold red]FAILED[/bold red] (no symptom, no fix, or over the bound)"),
+    ])
+    console.print(Panel(body, title=f"{outcome.name}: {title}", title_align="left"), markup=True)
+

@@ -1,0 +1,102 @@
+"""This lab, on this engine, in this workspace: what every operation on a running lab needs, carried
+together so that no caller passes a client, a lab name and a workspace side by side.
+
+`LabSession` reads the lab (its nodes, env files, subnet, links) and runs jobs on it through the one
+run plan and executor. Bringing labs up and down, shaping and faults are `labctl.api.Lab`'s, which
+is a LabSession too; benches and diagnostics receive a session and never make a client of their own.
+"""
+
+from __future__ import annotations
+
+from functools import cached_property
+from pathlib import Path
+from typing import Any, Callable
+
+from labctl.config import LabConfig
+from labctl.errors import LabError
+from labctl.lab.docker import DockerNodes, docker_client, engine_cpus, lab_networks, network_subnets
+from labctl.lab.envfiles import read_node_envs
+from labctl.lab.lifecycle import NodeState, lab_dir, lab_status, require_running
+from labctl.run.launch import Elastic
+from labctl.run.plan import Launcher, RunPlan, build_run_plan
+
+
+class LabSession:
+    """One lab (`config.lab`) in one workspace, on the engine `client` talks to. Unless a client is
+    given, `connect` makes one on first use (labctl.lab.docker.docker_client by default): reading a
+    run's saved logs needs no engine."""
+
+    def __init__(self, config: LabConfig, workspace: Path, client: Any = None,
+                 connect: Callable[[], Any] = docker_client):
+        self.config = config
+        self.workspace = Path(workspace)
+        self._client = client
+        self._connect = connect  # how to make the client when first needed
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.name!r}, workspace={str(self.workspace)!r})"
+
+    @property
+    def client(self) -> Any:
+        """The docker.DockerClient (made once, on first use; a StateError when no engine answers)."""
+        if self._client is None:
+            self._client = self._connect()
+        return self._client
+
+    @property
+    def name(self) -> str:
+        return self.config.lab
+
+    @property
+    def directory(self) -> Path:
+        """.lab/<lab>/ in the workspace: env files, compose.yaml, runs."""
+        return lab_dir(self.workspace, self.name)
+
+    @cached_property
+    def cpus(self) -> int:
+        """The engine's CPUs (asked once)."""
+        return engine_cpus(self.client)
+
+    def status(self) -> list[NodeState]:
+        """Each node as the engine sees it now (empty when the lab is not up)."""
+        return lab_status(self.client, self.name)
+
+    def running(self) -> list[NodeState]:
+        """The nodes, all running; a StateError when the lab is not up or a node is down."""
+        return require_running(self.client, self.name)
+
+    def node_names(self) -> list[str]:
+        return [n.name for n in self.running()]
+
+    def require_node(self, node: str, names: list[str] | None = None) -> str:
+        names = names if names is not None else self.node_names()
+        if node not in names:
+            raise LabError(f"no node {node!r} in lab {self.name}", hint=f"nodes: {', '.join(names)}")
+        return node
+
+    def subnet(self) -> str | None:
+        subnets = [s for net in lab_networks(self.client, self.name) for s in network_subnets(net)]
+        return subnets[0] if subnets else None
+
+    def nodes(self) -> DockerNodes:
+        """The nodes as a run reaches them (`docker exec`)."""
+        return DockerNodes(self.client, self.name)
+
+    def node_env(self, names: list[str] | None = None) -> dict[str, dict[str, str]]:
+        """Each node's env file (what `labctl up` wrote), in node-rank order."""
+        return read_node_envs(self.directory, names if names is not None else self.node_names())
+
+    def plan_run(self, script_args: list[str], *, node_env: dict[str, dict[str, str]] | None = None,
+                 launcher: Launcher = "torchrun", nproc_per_node: int | None = None, elastic: Elastic = Elastic(),
+                 pg_timeout_s: float | None = None, share_cpus: bool = True) -> RunPlan:
+        """The run plan for `script_args` on the lab's nodes (or the nodes of `node_env`, a subset).
+        With `share_cpus`, every process gets OMP_NUM_THREADS from the engine's CPUs."""
+        return build_run_plan(node_env if node_env is not None else self.node_env(), script_args, self.directory,
+                              launcher=launcher, nproc_per_node=nproc_per_node,
+                              cpus=self.cpus if share_cpus else None, elastic=elastic, pg_timeout_s=pg_timeout_s)
+
+    def execute(self, plan: RunPlan, *, timeout_s: float | None = None, echo: bool = True, check: bool = True):
+        """Run a plan on the lab's nodes (see labctl.run.executor.execute)."""
+        from labctl.run.executor import execute
+
+        return execute(self.nodes(), plan, timeout_s=timeout_s, echo=echo, check=check)

@@ -1,0 +1,61 @@
+"""One run as plain data: which process starts on which node, with what environment, and where its
+logs go. Built the same way for the lab's containers and for real hosts; `--dry-run` prints it and
+`executor.execute` is the one thing that runs it. Building a plan touches no node.
+"""
+
+from __future__ import annotations
+
+import secrets
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+from labctl.run.launch import Elastic, Launch, build_launches
+
+Launcher = Literal["torchrun", "static"]
+
+
+@dataclass(frozen=True)
+class RunPlan:
+    """What one run will do. `node_env` maps each node to its env file's values, in node-rank order."""
+
+    run_id: str
+    run_dir: Path  # here: logs (and, from real hosts, the outputs copied back)
+    node_env: dict[str, dict[str, str]]
+    launches: list[Launch]
+    torchrun: bool  # the run's own rendezvous store starts on the first node
+    min_nodes: int | None = None  # elastic: the run succeeds when this many nodes finish cleanly
+    remote_run_dir: str | None = None  # real hosts: the run folder on each, relative to its workspace
+
+    @property
+    def nodes(self) -> list[str]:
+        return list(self.node_env)
+
+    def describe(self, address) -> list[str]:
+        """One line per process, as `--dry-run` prints it: `label (address): ENV=... argv`."""
+        return [f"{launch.label} ({address(launch.node)}): {launch.display()}" for launch in self.launches]
+
+
+def new_run(runs_parent: Path) -> tuple[str, Path]:
+    """A fresh run id and its folder under <runs_parent>/runs/ (created when the run starts)."""
+    run_id = time.strftime("%Y%m%d-%H%M%S") + "-" + secrets.token_hex(2)
+    return run_id, runs_parent / "runs" / run_id
+
+
+def build_run_plan(node_env: dict[str, dict[str, str]], script_args: list[str], runs_parent: Path, *,
+                   launcher: Launcher = "torchrun", nproc_per_node: int | None = None, cpus: int | None = None,
+                   elastic: Elastic = Elastic(), pg_timeout_s: float | None = None,
+                   remote_runs_parent: str | None = None) -> RunPlan:
+    """The plan for `script_args` (`SCRIPT [ARGS]` or `-m MODULE [ARGS]`) on the nodes of `node_env`.
+
+    The run's folder is made under `runs_parent`; on real hosts (`remote_runs_parent`, relative to
+    each host's workspace) the processes write their outputs there instead, and they are copied back.
+    """
+    run_id, run_dir = new_run(runs_parent)
+    remote_run_dir = f"{remote_runs_parent}/runs/{run_id}" if remote_runs_parent is not None else None
+    launches = build_launches(node_env, script_args, launcher=launcher, nproc_per_node=nproc_per_node,
+                              run_id=run_id, run_dir=remote_run_dir or run_dir, cpus=cpus, elastic=elastic,
+                              pg_timeout_s=pg_timeout_s)
+    return RunPlan(run_id, run_dir, dict(node_env), launches, launcher == "torchrun", elastic.min_nodes,
+                   remote_run_dir)
