@@ -1,0 +1,123 @@
+"""labctl.api without an engine: settings resolve as for the CLI, plans are data, results answer
+for the run, a failed `up` inside `with Lab(...)` still tears down, and `import labctl.cli` stays light."""
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from labctl.api import Lab, check_nproc, check_timeout
+from labctl.diagnose.doctor import Diagnosis, Finding, PreflightFailed
+from labctl.errors import ConfigError, LabError, RunFailed, StateError
+from labctl.run.launch import Elastic, Launch
+from labctl.run.plan import build_run_plan
+from labctl.run.result import Outcome, RunResult
+
+ENVS = {f"node{i}": {"MASTER_ADDR": "172.28.5.10", "MASTER_PORT": "29500", "NPROC_PER_NODE": "1"} for i in range(3)}
+
+
+def offline(**settings) -> Lab:
+    """A Lab whose engine is never there: anything that asks for it gets the StateError labctl gives."""
+    def no_engine():
+        raise StateError("no Docker engine answers at unix:///nonexistent (test)", hint="start one")
+
+    return Lab(workspace=settings.pop("workspace"), environ={}, connect=no_engine, **settings)
+
+
+def test_settings_resolve_like_the_cli(tmp_path):
+    (tmp_path / ".env").write_text("DDPLAB_NODES=5\nDDPLAB_MEMORY=2g\n")
+    lab = Lab("demo", nodes=4, cpus=0.5, workspace=tmp_path, environ={"DDPLAB_MEMORY": "1g"})
+    assert (lab.name, lab.config.nodes, lab.config.cpus, lab.config.memory) == ("demo", 4, 0.5, "1g")
+    assert lab.directory == tmp_path.resolve() / ".lab" / "demo"
+
+
+def test_bad_settings_are_the_projects_errors(tmp_path):
+    with pytest.raises(ConfigError, match="invalid --nodes='0'"):
+        Lab(nodes=0, workspace=tmp_path, environ={})
+    with pytest.raises(ConfigError, match="--timeout-s"):
+        check_timeout(0)
+    with pytest.raises(ConfigError, match="--nproc-per-node"):
+        check_nproc(0)
+    assert check_nproc("2") == 2 and check_nproc(None) is None
+
+
+def test_no_engine_is_asked_until_one_is_needed(tmp_path):
+    lab = offline(workspace=tmp_path)
+    with pytest.raises(LabError, match="no run yet"):  # saved logs: no engine needed, and none asked
+        lab.logs()
+    with pytest.raises(StateError, match="no Docker engine answers"):
+        lab.status()
+
+
+def test_a_failed_up_in_a_with_block_raises_its_own_error(tmp_path):
+    entered = []
+    with pytest.raises(StateError, match="no Docker engine answers"):
+        with offline(workspace=tmp_path) as lab:
+            entered.append(lab)
+    assert not entered
+
+
+def test_a_bad_shape_is_refused_before_the_engine(tmp_path):
+    with pytest.raises(ConfigError, match="bw"):
+        offline(workspace=tmp_path, bw="100mbps").plan_up()
+
+
+def test_a_run_plan_is_data(tmp_path):
+    plan = build_run_plan(ENVS, ["-m", "trainer"], tmp_path, nproc_per_node=2, cpus=6, pg_timeout_s=10,
+                          elastic=Elastic(1, 2, 3))
+    assert plan.nodes == ["node0", "node1", "node2"] and plan.torchrun and plan.min_nodes == 2
+    assert plan.run_dir == tmp_path / "runs" / plan.run_id and not plan.run_dir.exists()
+    assert [launch.node for launch in plan.launches] == plan.nodes
+    env = plan.launches[0].env
+    assert env["PET_RDZV_ID"] == plan.run_id and env["OMP_NUM_THREADS"] == "1" and env["PET_MAX_RESTARTS"] == "1"
+    lines = plan.describe(lambda node: f"lab-{node}")
+    assert lines[1].startswith("node1 (lab-node1): DDPLAB_RUN_ID=") and lines[1].endswith("torchrun --nproc-per-node 2 -m trainer")
+
+
+def test_real_hosts_write_their_outputs_on_the_host(tmp_path):
+    plan = build_run_plan(ENVS, ["train.py"], tmp_path, launcher="static", remote_runs_parent=".lab/cluster")
+    assert plan.remote_run_dir == f".lab/cluster/runs/{plan.run_id}" and not plan.torchrun
+    assert {launch.env["DDPLAB_RUN_DIR"] for launch in plan.launches} == {plan.remote_run_dir}
+    assert [launch.env["RANK"] for launch in plan.launches] == ["0", "1", "2"]
+
+
+def result_of(*outcomes: Outcome, run_dir=Path("/runs/r1")) -> RunResult:
+    failed = next((o for o in outcomes if o.exit_code), None)
+    return RunResult(run_dir, list(outcomes), failed)
+
+
+def test_a_result_answers_for_the_run():
+    summary = '{"final_loss": 1.5, "replicas_consistent": true}'
+    node0 = Outcome(Launch("node0", "node0", ["torchrun"]), 0, lines=["epoch 1", f"SUMMARY {summary}", "bye"])
+    node1 = Outcome(Launch("node1/r1", "node1", ["python"]), 0, lines=["epoch 1"])
+    result = result_of(node0, node1)
+    assert result.ok and result.exit_codes == {"node0": 0, "node1/r1": 0}
+    assert result.logs == {"node0": Path("/runs/r1/node0.log"), "node1": Path("/runs/r1/node1.log")}
+    assert result.summary == {"final_loss": 1.5, "replicas_consistent": True}
+    assert result_of(node1).summary is None
+
+
+def test_run_failed_carries_the_result():
+    bad = Outcome(Launch("node1", "node1", ["torchrun"]), 1, lines=["ValueError: boom"])
+    result = result_of(Outcome(Launch("node0", "node0", ["torchrun"]), None, stopped=True), bad)
+    error = RunFailed(result.explain(), result=result)
+    assert not result.ok and error.result is result and str(error).startswith("node1 exited with status 1: ValueError: boom")
+
+
+def test_preflight_refuses_problems_and_passes_warnings():
+    warn = Finding("cpus", "node2", False, "node2 is slower", warn=True)
+    fine = Diagnosis("lab x: nodes", [Finding("env", "all", True, "ok"), warn], {}, 0.1)
+    fine.raise_for_problems("labctl doctor --lab x")
+    assert fine.ok and fine.problems == [warn]
+    bad = Diagnosis("lab x: nodes", [warn, Finding("versions", "node1", False, "torch 2.14 here")], {}, 0.1)
+    with pytest.raises(PreflightFailed, match="preflight found 1 problem; the run was not started") as caught:
+        bad.raise_for_problems("labctl doctor --lab x")
+    assert caught.value.diagnosis is bad and caught.value.hint.startswith("`labctl doctor --lab x`")
+    assert bad.as_dict()["ok"] is False and len(bad.as_dict()["findings"]) == 2
+
+
+def test_importing_the_cli_stays_light():
+    code = "import sys, labctl.cli; print(sorted(m for m in ('docker', 'rich', 'yaml', 'torch') if m in sys.modules))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"
