@@ -1,0 +1,250 @@
+"""The traps themselves, as data: how each breaks a 2-node lab (an environment, and for some a
+change to the machine), what torch prints, and the fix. `scenarios.py` runs them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable
+
+from labctl.errors import LabError
+
+TRAINER = ["-m", "trainer", "--epochs", "1", "--samples", "1024"]
+PG_TIMEOUT_S = 12  # the trainer's process-group timeout in the broken runs (torch's default: 30 min)
+RDZV_READ_TIMEOUT_S = 10  # torchrun's store read timeout in the broken runs (default: 60 s)
+
+Env = dict[str, dict[str, str]]  # node -> environment overrides
+
+
+@dataclass
+class Context:
+    client: object
+    lab: str
+    nodes: list  # NodeState
+    iface: str
+    run_id: str = ""
+    notes: dict = field(default_factory=dict)
+
+    @property
+    def names(self) -> list[str]:
+        return [n.name for n in self.nodes]
+
+    def ip(self, node: str) -> str:
+        return next(n.ip for n in self.nodes if n.name == node)
+
+
+@dataclass
+class Scenario:
+    name: str
+    title: str
+    lesson: str
+    bound_s: int  # the whole scenario, bring-up to tear-down
+    symptom: str  # regex for the line torch prints
+    launcher: str  # "torchrun" or "static"
+    broken: Callable[[Context], Env]
+    fixed: Callable[[Context], Env]
+    fix: str  # what the user changes, in words
+    prepare: Callable[[Context], None] | None = None  # a change to the machine, before the broken run
+    repair: Callable[[Context], None] | None = None  # undoing it, before the fixed run
+    trainer: list[str] = field(default_factory=lambda: list(TRAINER))
+    other_torch_on_last_node: bool = False  # version-mismatch: the last node runs another torch release
+    symptom_required: bool = True  # False where the honest symptom may be "nothing at all"
+
+
+# ------------------------------------------------------------------------------ environments
+
+
+def torchrun_env(ctx: Context, **extra: str) -> Env:
+    """What bare `torchrun` on each node reads: the node's env file, with a fresh rendezvous id."""
+    return {node: {"PET_RDZV_ID": ctx.run_id, "DDPLAB_PG_TIMEOUT_S": str(PG_TIMEOUT_S), **extra} for node in ctx.names}
+
+
+def static_env(ctx: Context, ranks: list[int]) -> Env:
+    """A by-hand static launch: RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT exported per node."""
+    return {node: {"RANK": str(rank), "NODE_RANK": str(rank), "LOCAL_RANK": "0", "WORLD_SIZE": str(len(ctx.names)),
+                   "DDPLAB_PG_TIMEOUT_S": str(PG_TIMEOUT_S)} for node, rank in zip(ctx.names, ranks)}
+
+
+def with_conf(ctx: Context, conf_for: Callable[[str], str], **extra: str) -> Env:
+    env = torchrun_env(ctx, **extra)
+    for node in ctx.names:
+        env[node]["PET_RDZV_CONF"] = conf_for(node)
+    return env
+
+
+# ------------------------------------------------------------------------------ machine changes
+
+MESH_PREFIX = "100.101.0."  # Tailscale's CGNAT range, 100.64.0.0/10
+
+
+def add_mesh(ctx: Context) -> None:
+    """A second address on every node, as a Tailscale mesh gives each machine: node0's mesh
+    address is on its interface but is not what its hostname resolves to, which is exactly what
+    torchrun's is-this-me guess misses."""
+    from labctl.net.apply import _node_image, run_helper
+    from labctl.net.tc import Command
+
+    image = _node_image(ctx.client, ctx.lab, ctx.names[0])
+    for i, node in enumerate(ctx.names):
+        address = f"{MESH_PREFIX}{10 + i}"
+        code, output = run_helper(ctx.client, ctx.lab, node, image,
+                                  [Command(("ip", "addr", "add", f"{address}/24", "dev", ctx.iface))])
+        if code != 0:
+            raise LabError(f"could not add the mesh address on {node}: {output.strip()}")
+        ctx.notes[f"mesh-ip:{node}"] = address
+
+
+def mesh_endpoint(ctx: Context) -> str:
+    return f"{ctx.notes[f'mesh-ip:{ctx.names[0]}']}:29500"
+
+
+def firewall_commands(iface: str, allowed_port: int) -> list:
+    """New TCP connections to any port but `allowed_port` are dropped: rendezvous works, every
+    back-connect times out. This kernel has neither tc's action modules (`action drop`) nor the prio
+    qdisc, so it is built from htb classification alone, on each node's egress: a TCP SYN (SYN set,
+    ACK clear: byte 33 of an option-less IPv4 packet) goes to a class whose queue holds nothing
+    (pfifo limit 0), unless it is for the allowed port."""
+    from labctl.net.tc import Command
+
+    u32 = ("protocol", "ip", "u32", "match", "ip", "protocol", "6", "0xff")
+    return [
+        Command(("tc", "qdisc", "add", "dev", iface, "root", "handle", "1:", "htb", "default", "10")),
+        Command(("tc", "class", "add", "dev", iface, "parent", "1:", "classid", "1:10", "htb", "rate", "10gbit")),
+        Command(("tc", "class", "add", "dev", iface, "parent", "1:", "classid", "1:30", "htb", "rate", "1mbit")),
+        Command(("tc", "qdisc", "add", "dev", iface, "parent", "1:30", "handle", "30:", "pfifo", "limit", "0")),
+        Command(("tc", "filter", "add", "dev", iface, "parent", "1:", "prio", "1", *u32,
+                 "match", "ip", "dport", str(allowed_port), "0xffff", "flowid", "1:10")),
+        Command(("tc", "filter", "add", "dev", iface, "parent", "1:", "prio", "2", *u32,
+                 "match", "u8", "0x02", "0x12", "at", "33", "flowid", "1:30")),
+    ]
+
+
+def firewall_on(ctx: Context) -> None:
+    from labctl.net.apply import _node_image, run_helper
+
+    image = _node_image(ctx.client, ctx.lab, ctx.names[0])
+    for node in ctx.names:
+        code, output = run_helper(ctx.client, ctx.lab, node, image, firewall_commands(ctx.iface, 29500))
+        if code != 0:
+            raise LabError(f"could not set up the firewall on {node}: {output.strip()}")
+
+
+def firewall_off(ctx: Context) -> None:
+    from labctl.net.apply import _node_image, run_helper
+    from labctl.net.tc import Command
+
+    image = _node_image(ctx.client, ctx.lab, ctx.names[0])
+    for node in ctx.names:
+        run_helper(ctx.client, ctx.lab, node, image, [Command(("tc", "qdisc", "del", "dev", ctx.iface, "root"), True)])
+
+
+def slow_last(ctx: Context) -> None:
+    from labctl.lab.docker import apply_node_cpus
+
+    apply_node_cpus(ctx.client, ctx.lab, ctx.names[-1], 0.3)
+
+
+def unslow_last(ctx: Context) -> None:
+    from labctl.lab.docker import apply_node_cpus
+
+    apply_node_cpus(ctx.client, ctx.lab, ctx.names[-1], None)
+
+
+# ------------------------------------------------------------------------------ the traps
+
+SCENARIOS = {s.name: s for s in [
+    Scenario(
+        name="hostname-trap",
+        title="Nobody hosts the rendezvous store",
+        lesson="torchrun guesses whether it hosts the c10d store by matching the endpoint against the machine's "
+               "hostname and addresses. Over a VPN (here each node gets a second, Tailscale-style 100.101.0.x "
+               "address) node0 does not recognise its own mesh address, every node becomes a client, and all of "
+               "them time out dialing a store nobody started.",
+        bound_s=120,
+        symptom=r"client socket has timed out.*|RendezvousConnectionError.*|DistNetworkError.*",
+        launcher="torchrun",
+        prepare=add_mesh,
+        broken=lambda ctx: with_conf(ctx, lambda node: f"read_timeout={RDZV_READ_TIMEOUT_S}",
+                                     PET_RDZV_ENDPOINT=mesh_endpoint(ctx)),
+        fixed=lambda ctx: with_conf(ctx, lambda node: f"is_host={'true' if node == ctx.names[0] else 'false'},"
+                                                      f"read_timeout={RDZV_READ_TIMEOUT_S}",
+                                    PET_RDZV_ENDPOINT=mesh_endpoint(ctx)),
+        fix="--rdzv-conf is_host=true on the store's node and is_host=false on the others "
+            "(PET_RDZV_CONF; labctl's env files set it)",
+    ),
+    Scenario(
+        name="duplicate-rank",
+        title="Two nodes both export RANK=0",
+        lesson="With a static launch each process is told its rank by hand. Two rank-0 processes each host a "
+               "store of their own and wait for a peer that never arrives: a hang at 0% CPU with no error until "
+               "the process-group timeout, which is 30 minutes by default.",
+        bound_s=90,
+        symptom=r"DistStoreError.*|could not form a gloo process group.*|Timed out.*",
+        launcher="static",
+        broken=lambda ctx: static_env(ctx, [0] * len(ctx.names)),
+        fixed=lambda ctx: static_env(ctx, list(range(len(ctx.names)))),
+        fix="give every node its own RANK, 0..N-1 (NODE_RANK in labctl's env files)",
+    ),
+    Scenario(
+        name="wrong-nic",
+        title="gloo on the wrong network interface",
+        lesson="gloo binds the interface named by GLOO_SOCKET_IFNAME and tells its peers that address. Pointed at "
+               "loopback, every rank advertises 127.0.0.1: rendezvous succeeds (it uses MASTER_ADDR), then the "
+               "full-mesh connect dials each peer's loopback and fails or hangs.",
+        bound_s=90,
+        symptom=r".*(connectFullMesh|Connection refused|timed out|Timeout|could not form).*",
+        launcher="torchrun",
+        broken=lambda ctx: torchrun_env(ctx, GLOO_SOCKET_IFNAME="lo"),
+        fixed=lambda ctx: torchrun_env(ctx, GLOO_SOCKET_IFNAME=ctx.iface),
+        fix="GLOO_SOCKET_IFNAME (and NCCL_SOCKET_IFNAME) = the interface on the cluster network; "
+            "find it with `ip route get MASTER_ADDR`",
+    ),
+    Scenario(
+        name="firewall",
+        title="The firewall opens 29500 and nothing else",
+        lesson="Rendezvous goes through one port, so opening 29500 makes it pass; then gloo and NCCL connect "
+               "back between every pair of nodes on ephemeral ports, and a firewall that drops those makes the job "
+               "hang right after rendezvous.",
+        bound_s=120,
+        symptom=r".*(connectFullMesh|timed out|Timeout|could not form|Connection).*",
+        launcher="torchrun",
+        prepare=firewall_on,
+        repair=firewall_off,
+        broken=lambda ctx: torchrun_env(ctx),
+        fixed=lambda ctx: torchrun_env(ctx),
+        fix="allow TCP between the nodes on the ephemeral range (32768-60999), not only the rendezvous port",
+    ),
+    Scenario(
+        name="version-mismatch",
+        title="Two torch releases in one job",
+        lesson="torch never compares versions between nodes. With one node on another release the job may "
+               "fail in an unrelated-looking way, or run and give subtly different numbers; nothing says why. "
+               "Here node1 runs torch 2.14.1 (a CUDA build, on CPU) against 2.13.0 on node0.",
+        bound_s=150,
+        symptom=r".*(Error|error:|failed|Traceback).*",
+        launcher="torchrun",
+        broken=lambda ctx: torchrun_env(ctx),
+        fixed=lambda ctx: torchrun_env(ctx),
+        fix="one torch release on every node: one image for all (`labctl up` does), or pin the release on "
+            "every real machine",
+        other_torch_on_last_node=True,
+        symptom_required=False,
+    ),
+    Scenario(
+        name="straggler",
+        title="One slow node drags everyone",
+        lesson="DDP is bulk-synchronous: every step waits for the slowest rank's gradients. A node with a "
+               "fraction of a CPU (thermal throttling, a weaker laptop) sets everyone's pace; the trainer names it "
+               "and says how long the others waited.",
+        bound_s=120,
+        symptom=r"straggler: .*",
+        launcher="torchrun",
+        prepare=slow_last,
+        repair=unslow_last,
+        broken=lambda ctx: torchrun_env(ctx),
+        fixed=lambda ctx: torchrun_env(ctx),
+        fix="find out why the node is slow (here: `labctl slow NODE --clear`), or give it less work with "
+            "--rank-micro-batch (see `labctl bench straggler`)",
+        trainer=["-m", "trainer", "--workload", "gpt", "--steps", "12", "--threads", "1"],
+    ),
+]}
