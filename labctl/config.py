@@ -311,3 +311,15 @@ def parse_node_cpus(text: str, nodes: int, key: str = "--node-cpus") -> dict[str
     if not limits:
         raise ConfigError(key, text, "must name at least one node, e.g. node2=0.25")
     return limits
+
+
+def parse_nodes_list(raw: str, key: str = "--nodes-list") -> list[int]:
+    """'3,16' -> [3, 16]: lab sizes for the benchmarks, each checked by the rule --nodes follows."""
+    parse = SETTINGS["nodes"][1]
+    try:
+        values = [parse(part) for part in raw.split(",") if part.strip()]
+    except ValueError as exc:
+        raise ConfigError(key, raw, f"each count {exc}") from None
+    if not values:
+        raise ConfigError(key, raw, "must list node counts, comma-separated, e.g. 3,16")
+    return values

@@ -2,7 +2,8 @@
 iperf3, and the ring cost model beside every row.
 
 Pure: `build_rows` turns the trainer's timings into the table. Side effects: `measure_wire`
-(iperf3 between two nodes) and `run_sweep` (torchrun on every node through the runner).
+(iperf3 between two nodes), `run_sweep` (torchrun on every node through the runner), and `measure`,
+which is the whole benchmark on a running lab.
 """
 
 from __future__ import annotations
@@ -11,11 +12,17 @@ import json
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING, Callable
 
-from labctl.lab.compose import container_name
 from labctl.bench.cost import DEFAULT_ALPHA_S, DEFAULT_EFFICIENCY, Link, busbw_factor, collective_time_s
 from labctl.errors import LabError
+from labctl.lab.compose import container_name
 from labctl.lab.docker import exec_in
+from labctl.net import apply as netshape
+
+if TYPE_CHECKING:
+    from labctl.lab.session import LabSession
+    from labctl.run.plan import RunPlan
 
 IPERF_PORT = "5201"
 IPERF_SECONDS = 3
@@ -90,12 +97,71 @@ def measure_wire(client, lab: str, client_node: str, server_node: str, server_ip
         raise LabError(f"iperf3 {client_node} -> {server_node} gave no result ({exc}): {output[-300:]}") from None
 
 
-def run_sweep(session, node_env: dict, sizes: list[int], iters: int) -> tuple[Path, list[dict]]:
-    """torchrun -m trainer.bench_allreduce on every node: (the run's folder, rank 0's timings)."""
+def sweep_plan(session: LabSession, node_env: dict, sizes: list[int], iters: int) -> RunPlan:
+    """torchrun -m trainer.bench_allreduce on every node, one process each: the plan (its run folder is
+    known before anything starts)."""
     args = ["-m", "trainer.bench_allreduce", "--sizes", ",".join(map(str, sizes)), "--iters", str(iters)]
-    plan = session.plan_run(args, node_env=node_env, nproc_per_node=1)
+    return session.plan_run(args, node_env=node_env, nproc_per_node=1)
+
+
+def run_sweep(session: LabSession, plan: RunPlan) -> list[dict]:
+    """Run a sweep_plan, output to the run's logs only: rank 0's timings."""
     session.execute(plan, echo=False)
-    return plan.run_dir, json.loads((plan.run_dir / "allreduce.json").read_text())
+    return json.loads((plan.run_dir / "allreduce.json").read_text())
+
+
+@dataclass(frozen=True)
+class AllreduceReport:
+    """`labctl bench allreduce`'s answer: the rows, the table's title, and what they were measured on."""
+
+    rows: list[Row]
+    title: str
+    run_dir: Path  # the sweep's logs, and bench-allreduce.json (the rows)
+    nodes: int
+    slowest: str  # the node with the slowest shaped link (the first node when none is shaped)
+    link_bps: int | None  # that link's shaped rate; None when unshaped
+    wire_bps: float  # iperf3's TCP throughput from `slowest` to the next node
+
+
+def _quiet(_message: str) -> None:
+    pass
+
+
+def measure(session: LabSession, sizes: list[int], iters: int, efficiency: float = DEFAULT_EFFICIENCY,
+            report: Callable[[str], None] = _quiet, plot_path: Path | None = None) -> AllreduceReport:
+    """The sweep across the running lab's nodes beside the wire and the model: iperf3 from the node
+    with the slowest shaped link to the next, then the sweep; the rows are also written to
+    bench-allreduce.json in the run's folder, and with `plot_path` drawn there."""
+    nodes = session.running()
+    if len(nodes) < 2:
+        raise LabError(f"lab {session.name} has {len(nodes)} node; an allreduce across nodes needs 2 or more",
+                       hint=f"labctl up --lab {session.name} --nodes 3")
+    names = [n.name for n in nodes]
+    node_env = session.node_env(names)
+    bottleneck = netshape.slowest_link(netshape.read_links(session.client, session.name, names, session.config.iface))
+    slowest, link_bps = bottleneck or (names[0], None)
+    neighbour = names[(names.index(slowest) + 1) % len(names)]
+    ip_of = {n.name: n.ip for n in nodes}
+    report(f"measuring the wire {slowest} -> {neighbour} with iperf3 ({IPERF_SECONDS} s)")
+    wire_bps = measure_wire(session.client, session.name, slowest, neighbour, ip_of[neighbour])
+    plan = sweep_plan(session, node_env, sizes, iters)
+    report(f"allreduce sweep on {len(names)} nodes, {len(sizes)} sizes x {iters} iterations (logs: {plan.run_dir})")
+    timings = run_sweep(session, plan)
+    rows = build_rows(timings, len(names), model_link(link_bps, wire_bps), wire_bps, efficiency)
+    (plan.run_dir / "bench-allreduce.json").write_text(json.dumps([r.as_dict() for r in rows]))
+    title = (f"allreduce, {len(names)} nodes, link {_link_text(link_bps, slowest)}, "
+             f"iperf3 wire {wire_bps / 1e6:.0f} Mbit/s; model: ring at {efficiency:.0%} of "
+             f"{'the link' if link_bps else 'the wire'}")
+    if plot_path:
+        plot(rows, plot_path, link_bps, wire_bps, len(names), title.split(";")[0])
+        report(f"plot written to {plot_path}")
+    return AllreduceReport(rows, title, plan.run_dir, len(names), slowest, link_bps, wire_bps)
+
+
+def _link_text(link_bps: int | None, slowest: str) -> str:
+    from labctl.units import format_rate
+
+    return f"shaped {format_rate(link_bps)} (slowest node {slowest})" if link_bps else "unshaped"
 
 
 def plot(rows: list[Row], path: Path, link_bps: float | None, wire_bps: float | None, n: int, title: str) -> None:

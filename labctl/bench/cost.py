@@ -4,14 +4,21 @@ A ring allreduce moves 2(n-1)/n x S bytes through each rank's NIC (S = gradient 
 reduce-scatter and all-gather move (n-1)/n x S each. Time on a link = those bytes / (rate x
 efficiency) + a latency term: 2(n-1) hops x alpha for allreduce, (n-1) x alpha for the others.
 These are also nccl-tests' busbw factors: busbw = algbw x 2(n-1)/n for allreduce.
+
+`estimate` is `labctl cost`: the rows for the links asked for, or for a running lab's slowest
+shaped link and every preset, over the ranks given or the lab's world size.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-from labctl.errors import ConfigError
+from labctl.errors import ConfigError, LabError
 from labctl.units import parse_rate
+
+if TYPE_CHECKING:
+    from labctl.lab.session import LabSession
 
 DTYPE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
 COLLECTIVES = ("allreduce", "reduce_scatter", "allgather")
@@ -119,3 +126,68 @@ def parse_params(text: str) -> float:
     if not 1 <= params < 1e15:
         raise ConfigError("--params", text, "must be from 1 to 1e15 parameters")
     return params
+
+
+# ------------------------------------------------------------------------------ labctl cost
+
+
+@dataclass(frozen=True)
+class CostReport:
+    """`labctl cost`'s answer: one row per link (see step_report), and what they were computed for."""
+
+    params: float
+    dtype: str
+    ranks: int
+    collective: str
+    efficiency: float
+    compute_s: float | None
+    grad_accum: int
+    rows: list[dict]
+
+
+def lab_link(session: LabSession) -> tuple[tuple[str, int] | None, int | None]:
+    """((rate as tc writes it, rate) of the running lab's slowest shaped link, or None when no link is
+    shaped; the lab's world size). (None, None) when the lab is not up or no engine answers."""
+    from labctl.net import apply as netshape
+    from labctl.units import format_rate
+
+    try:
+        nodes = session.node_names()
+    except LabError:
+        return None, None
+    world = len(nodes) * session.config.nproc_per_node
+    bottleneck = netshape.slowest_link(netshape.read_links(session.client, session.name, nodes, session.config.iface))
+    return ((format_rate(bottleneck[1]), bottleneck[1]) if bottleneck else None), world
+
+
+def rank_count(given: str | None, lab_world: int | None) -> int:
+    """The ranks in the collective: --nodes, else the running lab's world size. Any cluster size: the
+    calculator is for the real cluster, not only for this lab."""
+    if given is None and lab_world is None:
+        raise ConfigError("--nodes", None, "is needed outside a running lab", hint="labctl cost --params 760e6 --nodes 2")
+    try:
+        n = int(given) if given is not None else lab_world
+    except ValueError:
+        n = 0
+    if not 1 <= n <= 1_000_000:
+        raise ConfigError("--nodes", given, "must be a whole number of ranks from 1 to 1000000")
+    return n
+
+
+def links_to_price(texts: list[str] | tuple[str, ...], shaped: tuple[str, int] | None) -> list[Link]:
+    """The links named (presets or rates); none named: the lab's shaped link, if any, and every preset."""
+    chosen = [resolve_link(text) for text in texts]
+    if chosen:
+        return chosen
+    return ([Link(f"lab ({shaped[0]})", float(shaped[1]), DEFAULT_ALPHA_S)] if shaped else []) + list(PRESETS.values())
+
+
+def estimate(params: float, dtype: str = "bf16", ranks: str | None = None, links: list[str] | tuple[str, ...] = (),
+             compute_s: float | None = None, grad_accum: int = 1, efficiency: float = DEFAULT_EFFICIENCY,
+             collective: str = "allreduce", lab: LabSession | None = None) -> CostReport:
+    """What one gradient synchronisation costs on each link. `lab`, when up, gives the world size
+    and the shaped link (it is asked even when `ranks` and `links` are given, as the CLI does)."""
+    shaped, world = lab_link(lab) if lab is not None else (None, None)
+    n = rank_count(ranks, world)
+    rows = step_report(params, dtype, n, links_to_price(links, shaped), compute_s, grad_accum, efficiency, collective)
+    return CostReport(params, dtype, n, collective, efficiency, compute_s, grad_accum, rows)

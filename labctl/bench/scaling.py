@@ -12,29 +12,23 @@ and reads the trainer's SUMMARY (trainer/instrument.py defines its figures):
   N nodes @ RATE        the same, every node's link shaped to RATE (tc tbf)
 
 Beside each measurement sits the ring cost model's all-reduce time for the model's fp32
-gradients at the shaped rate (labctl/cost.py). Rows are run in rounds, so with --repeats each
+gradients at the shaped rate (labctl/bench/cost.py). Rows are run in rounds, so with --repeats each
 configuration is measured several times interleaved with the others and the median is reported:
 a change in the machine's load hits every row alike.
+
+This module plans the rows and turns SUMMARY lines into the table, its Markdown and its plots;
+scaling_run.py runs them on the host and the lab.
 """
 
 from __future__ import annotations
 
 import json
-import os
 import statistics
-import subprocess
-import sys
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from labctl.lab.compose import REPO_ROOT
 from labctl.bench.cost import DEFAULT_ALPHA_S, Link, collective_time_s
-from labctl.errors import CommandError, LabError, RunFailed, StateError
-from labctl.run.result import find_summary
-
-LAUNCH_VARS = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_RUN_ID",
-               "LOCAL_WORLD_SIZE", "GROUP_RANK")
-HOST_TIMEOUT_S = 600
+from labctl.errors import RunFailed
 
 
 @dataclass
@@ -143,13 +137,6 @@ def build_rows(configs: list[Config], summaries: dict[str, list[dict]], efficien
     return rows
 
 
-def parse_summary(lines: list[str]) -> dict:
-    summary = find_summary(reversed(lines))
-    if summary is None:
-        raise RunFailed("the trainer printed no SUMMARY line; see the run's logs")
-    return summary
-
-
 def ratio_rows(rows: list[Row]) -> list[tuple[int, float, float, float]]:
     """(N, tokens/s of N nodes unshaped, of N host processes, their ratio) for every N in both."""
     lab = {r.world_size: r.tokens_per_s for r in rows if r.place == "lab" and r.nproc_per_node == 1 and r.bw == "unshaped"}
@@ -243,88 +230,3 @@ def write_outputs(rows: list[Row], out: Path, title: str, meta: dict) -> list[Pa
     (out / "scaling.md").write_text(markdown(rows, title))
     (out / "scaling.json").write_text(json.dumps({**meta, "rows": [r.as_dict() for r in rows]}, indent=1) + "\n")
     return [out / "scaling.md", out / "scaling.json", *plot(rows, out, title)]
-
-
-# ------------------------------------------------------------------------------ running
-
-
-def host_torch(python: str) -> str:
-    """The torch release of the Python that runs the host rows, or a clear error saying how to get one.
-    Asked of that interpreter in a subprocess: labctl's own environment needs no torch."""
-    from labctl.proc import run
-
-    try:
-        probe = run([python, "-c", "import torch; print(torch.__version__)"], check=False, timeout_s=120)
-    except CommandError as exc:  # the interpreter itself is missing or hangs
-        raise LabError(f"cannot run the host rows' Python {python}: {exc}",
-                       hint="set DDPLAB_HOST_PYTHON to a Python that has torch, or pass --no-host") from None
-    if probe.returncode != 0:
-        reason = (probe.stderr.strip().splitlines() or ["no output"])[-1]
-        raise StateError(f"the host rows run the trainer on this machine with {python}, which cannot import torch ({reason})",
-                       hint="`make host-torch` installs torch's CPU build into .venv (or pip install -e '.[trainer]'); "
-                            "or set DDPLAB_HOST_PYTHON to a Python that has torch; or pass --no-host for the lab's rows only")
-    return probe.stdout.strip()
-
-
-def run_host(config: Config, trainer_args: list[str], run_dir: Path, threads: int, python: str = sys.executable) -> dict:
-    """The trainer on the host: one plain process, or torchrun --standalone with N."""
-    env = {k: v for k, v in os.environ.items() if k not in LAUNCH_VARS}
-    env.update(OMP_NUM_THREADS=str(threads), CUDA_VISIBLE_DEVICES="", PYTHONUNBUFFERED="1")
-    # This checkout's trainer, whichever Python runs it (DDPLAB_HOST_PYTHON need not have ddplab installed).
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO_ROOT), env.get("PYTHONPATH")) if p)
-    args = [*trainer_args, "--run-dir", str(run_dir)]
-    if config.nproc_per_node == 1:
-        argv = [python, "-m", "trainer", *args]
-    else:
-        argv = [python, "-m", "torch.distributed.run", "--standalone",
-                "--nproc-per-node", str(config.nproc_per_node), "-m", "trainer", *args]
-    run_dir.mkdir(parents=True, exist_ok=True)
-    proc = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=HOST_TIMEOUT_S)
-    (run_dir / "host.log").write_text(proc.stdout + proc.stderr)
-    if proc.returncode != 0:
-        raise CommandError(argv, proc.returncode, proc.stdout, proc.stderr)
-    return parse_summary(proc.stdout.splitlines())
-
-
-def run_lab(session, config: Config, trainer_args: list[str], node_env: dict | None = None) -> dict:
-    """The trainer on the lab's first `config.nodes` nodes with torchrun, output to the run's logs only."""
-    node_env = node_env if node_env is not None else session.node_env()
-    subset = dict(list(node_env.items())[: config.nodes])
-    plan = session.plan_run(["-m", "trainer", *trainer_args], node_env=subset, nproc_per_node=config.nproc_per_node,
-                            share_cpus=False)
-    return parse_summary(session.execute(plan, echo=False).outcomes[0].lines)
-
-
-# ------------------------------------------------------------------------------ stragglers
-
-
-def balanced_micro_batches(total: int, ms_per_sample: list[float]) -> list[int]:
-    """Split `total` samples over the ranks in proportion to their speed (largest remainder).
-
-    Every rank keeps at least one sample: DDP needs each rank's gradient at every step.
-    """
-    n = len(ms_per_sample)
-    if total < n:
-        raise ValueError(f"{total} samples cannot give each of {n} ranks one")
-    speeds = [1 / max(ms, 1e-9) for ms in ms_per_sample]
-    spare = total - n  # one each first, the rest by speed
-    quotas = [spare * s / sum(speeds) for s in speeds]
-    sizes = [1 + int(q) for q in quotas]
-    by_remainder = sorted(range(n), key=lambda r: quotas[r] - int(quotas[r]), reverse=True)
-    for r in by_remainder[: total - sum(sizes)]:
-        sizes[r] += 1
-    return sizes
-
-
-def compute_ms_per_sample(run_dir: Path, micro_batches: list[int], accum_steps: int) -> list[float]:
-    """Each rank's mean compute time per sample over the steady steps, from its metrics file."""
-    out = []
-    for rank, micro in enumerate(micro_batches):
-        path = Path(run_dir) / f"metrics-rank{rank}.jsonl"
-        try:
-            records = [json.loads(line) for line in path.read_text().splitlines()]
-        except OSError as exc:
-            raise RunFailed(f"cannot read rank {rank}'s metrics at {path}: {exc.strerror or exc}") from None
-        steps = [r["compute_ms"] for r in records if r.get("kind") == "step"][1:]
-        out.append(statistics.fmean(steps) / (micro * accum_steps))
-    return out

@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from labctl.bench import scaling
+from labctl.bench import scaling, scaling_run, straggler
 
 
 def test_plan_has_every_row_the_table_needs():
@@ -63,20 +63,20 @@ def test_the_host_rows_python_must_have_torch(tmp_path):
     bare = tmp_path / "python"  # this very Python without its site-packages: a Python without torch
     bare.write_text(f"#!/bin/sh\nexec {sys.executable} -S \"$@\"\n")
     bare.chmod(0o755)
-    with pytest.raises(scaling.StateError, match=f"with {bare}, which cannot import torch") as info:
-        scaling.host_torch(str(bare))
+    with pytest.raises(scaling_run.StateError, match=f"with {bare}, which cannot import torch") as info:
+        scaling_run.host_torch(str(bare))
     assert info.value.exit_code == 1  # the machine's state, not bad input
     assert "make host-torch" in info.value.hint and "--no-host" in info.value.hint
-    with pytest.raises(scaling.LabError, match="cannot run the host rows' Python"):
-        scaling.host_torch(str(tmp_path / "no-such-python"))
+    with pytest.raises(scaling_run.LabError, match="cannot run the host rows' Python"):
+        scaling_run.host_torch(str(tmp_path / "no-such-python"))
 
 
 def test_summary_line_is_found_or_the_failure_is_clear():
-    assert scaling.parse_summary(["x", 'node0 | SUMMARY {"a": 1}', "y"]) == {"a": 1}
+    assert scaling_run.parse_summary(["x", 'node0 | SUMMARY {"a": 1}', "y"]) == {"a": 1}
     from labctl.errors import RunFailed
 
     with pytest.raises(RunFailed, match="no SUMMARY"):
-        scaling.parse_summary(["Traceback"])
+        scaling_run.parse_summary(["Traceback"])
 
 
 def test_outputs_are_written(tmp_path):
@@ -94,17 +94,17 @@ def test_outputs_are_written(tmp_path):
 def test_balanced_split_keeps_the_total_and_every_rank(total, ms):
     if total < len(ms):
         with pytest.raises(ValueError):
-            scaling.balanced_micro_batches(total, ms)
+            straggler.balanced_micro_batches(total, ms)
         return
-    sizes = scaling.balanced_micro_batches(total, ms)
+    sizes = straggler.balanced_micro_batches(total, ms)
     assert sum(sizes) == total and min(sizes) >= 1 and len(sizes) == len(ms)
     fastest, slowest = ms.index(min(ms)), ms.index(max(ms))
     assert sizes[fastest] >= sizes[slowest]
 
 
 def test_balanced_split_follows_speed():
-    assert scaling.balanced_micro_batches(48, [1.0, 1.0, 4.0]) == [21, 21, 6]
-    assert scaling.balanced_micro_batches(48, [1.0, 1.0, 1.0]) == [16, 16, 16]
+    assert straggler.balanced_micro_batches(48, [1.0, 1.0, 4.0]) == [21, 21, 6]
+    assert straggler.balanced_micro_batches(48, [1.0, 1.0, 1.0]) == [16, 16, 16]
 
 
 def test_compute_per_sample_reads_steady_steps(tmp_path):
@@ -112,8 +112,8 @@ def test_compute_per_sample_reads_steady_steps(tmp_path):
         lines = [{"kind": "step", "step": 1, "compute_ms": 999.0}] + [{"kind": "step", "step": s, "compute_ms": ms}
                                                                     for s in (2, 3)]
         (tmp_path / f"metrics-rank{rank}.jsonl").write_text("\n".join(map(json.dumps, lines)))
-    assert scaling.compute_ms_per_sample(tmp_path, [8, 8], 2) == [0.5, 2.0]
+    assert straggler.compute_ms_per_sample(tmp_path, [8, 8], 2) == [0.5, 2.0]
     from labctl.errors import RunFailed
 
     with pytest.raises(RunFailed, match="rank 2"):
-        scaling.compute_ms_per_sample(tmp_path, [8, 8, 8], 1)
+        straggler.compute_ms_per_sample(tmp_path, [8, 8, 8], 1)

@@ -1,0 +1,199 @@
+"""Running `labctl bench scaling`: every row of scaling.plan on the host or the lab, the shaped rows
+between shaping every link and clearing it again, and the table written out.
+
+`measure` is the whole benchmark on a running lab (a LabSession); `run_host` and `run_lab` run the
+trainer once and return its SUMMARY (`bench straggler` runs the lab's the same way).
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Callable, Sequence
+
+from labctl.bench.cost import DEFAULT_EFFICIENCY
+from labctl.bench.scaling import Config, Row, build_rows, plan, write_outputs
+from labctl.errors import CommandError, ConfigError, LabError, RunFailed, StateError
+from labctl.lab.compose import REPO_ROOT
+from labctl.net import apply as netshape
+from labctl.run.result import find_summary
+
+if TYPE_CHECKING:
+    from labctl.lab.session import LabSession
+
+LAUNCH_VARS = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_RUN_ID",
+               "LOCAL_WORLD_SIZE", "GROUP_RANK")
+HOST_TIMEOUT_S = 600
+DEFAULT_RATES = ("1gbit", "100mbit")
+
+
+@dataclass(frozen=True)
+class ScalingReport:
+    """`labctl bench scaling`'s answer: the rows, the table's title, and the files written."""
+
+    rows: list[Row]
+    title: str
+    paths: list[Path]  # scaling.md, scaling.json and the plots
+
+
+def _quiet(_message: str) -> None:
+    pass
+
+
+def shaped_rates(rates: Sequence[str]) -> list[tuple[str, int]]:
+    """(rate as given, bits/s) of each shaped row's link: `rates`, or 1gbit and 100mbit when none are
+    given; none at all for ['none']."""
+    from labctl.units import parse_rate
+
+    if list(rates) == ["none"]:
+        return []
+    return [(r, parse_rate(r, "--bw")) for r in (rates or DEFAULT_RATES)]
+
+
+def measure(session: LabSession, *, workload: str = "gpt", nodes_list: str | Sequence[int] | None = None,
+            rates: Sequence[str] = (), nproc: int | None = None, steps: int = 40, micro_batch: int = 8,
+            threads: int = 1, repeats: int = 1, efficiency: float = DEFAULT_EFFICIENCY, host: bool = True,
+            out_dir: Path | None = None, report: Callable[[str], None] = _quiet) -> ScalingReport:
+    """Every row, `repeats` rounds of them (each row's median reported), written to `out_dir`
+    (default .lab/<lab>/bench-scaling). The lab must be up with the largest node count in
+    `nodes_list` (default: 1 up to its size), and unshaped: the shaped rows shape and clear here.
+    `rates` are as --bw takes them (see shaped_rates); `nproc` processes in one node (default the
+    largest node count; 1 leaves that row out); `host` adds the rows run on this machine."""
+    shaped = shaped_rates(rates)
+    names, counts = _lab_for(session, nodes_list)
+    host_python = session.config.host_python or sys.executable
+    if host:
+        report(f"host rows: {host_python}, torch {host_torch(host_python)}")
+    configs = plan(counts, shaped, nproc or max(counts), host=host)
+    trainer_args = ["--workload", workload, "--steps", str(steps), "--micro-batch", str(micro_batch),
+                    "--threads", str(threads)]
+    node_env = session.node_env(names)
+    out = out_dir or session.directory / "bench-scaling"
+    summaries: dict[str, list[dict]] = {c.name: [] for c in configs}
+    total = len(configs) * repeats
+
+    def run(c: Config) -> None:
+        if c.place == "host":
+            runs = out / "host-runs" / c.name.replace(", ", "-").replace(" ", "")
+            summary = run_host(c, trainer_args, runs, threads, host_python)
+        else:
+            summary = run_lab(session, c, trainer_args, node_env)
+        summaries[c.name].append(summary)
+        done = sum(map(len, summaries.values()))
+        report(f"[{done}/{total}] {c.name}: {summary['tokens_per_s']:,.0f} tokens/s, "
+               f"compute {summary['compute_ms_per_step']:.1f} ms, all-reduce {summary['allreduce_ms_per_step']:.1f} ms "
+               "per step")
+
+    run_rounds(session, names, configs, shaped, repeats, run)
+    rows = build_rows(configs, summaries, efficiency)
+    first = next(iter(summaries.values()))[0]
+    size = f"{first.get('params', 0):,} parameters, " if first.get("params") else ""
+    title = (f"{workload}: {size}micro-batch {micro_batch} per process, {threads} thread(s) per process, "
+             f"{steps} steps, {session.cpus} CPUs")
+    paths = write_outputs(rows, out, title, {"workload": workload, "steps": steps, "micro_batch": micro_batch,
+                                             "threads": threads, "repeats": repeats, "efficiency": efficiency})
+    report("wrote " + ", ".join(str(p) for p in paths))
+    return ScalingReport(rows, title, paths)
+
+
+def _lab_for(session: LabSession, nodes_list: str | Sequence[int] | None) -> tuple[list[str], list[int]]:
+    """The running lab's nodes and the node counts to run, refusing counts it lacks and shaped links."""
+    from labctl.config import parse_nodes_list
+
+    nodes = session.running()
+    if not nodes_list:
+        counts = list(range(1, len(nodes) + 1))
+    else:
+        counts = parse_nodes_list(nodes_list) if isinstance(nodes_list, str) else list(nodes_list)
+    if max(counts) > len(nodes):
+        raise ConfigError("--nodes-list", nodes_list,
+                          f"asks for {max(counts)} nodes but lab {session.name} has {len(nodes)}",
+                          hint=f"labctl up --lab {session.name} --nodes {max(counts)}, or a shorter list")
+    names = [n.name for n in nodes]
+    if netshape.slowest_link(netshape.read_links(session.client, session.name, names, session.config.iface)):
+        raise LabError(f"lab {session.name} has shaped links; the unshaped rows need them clear",
+                       hint=f"labctl shape --lab {session.name} --clear (bench scaling shapes and clears links itself)")
+    return names, counts
+
+
+def run_rounds(session: LabSession, names: list[str], configs: list[Config], shaped: list[tuple[str, int]],
+               repeats: int, run: Callable[[Config], None]) -> None:
+    """`repeats` rounds over the rows: in each, the unshaped rows, then for each rate every node's
+    link shaped to it, its rows, and the links cleared. Cleared again at the end, whatever happened."""
+    from labctl.net.tc import Shape
+
+    iface = session.config.iface
+    try:
+        for _ in range(repeats):
+            for c in configs:
+                if c.rate_bps is None:
+                    run(c)
+            for _bw, rate in shaped:
+                netshape.apply_shape(session.client, session.name, names, Shape(rate), iface)
+                for c in configs:
+                    if c.rate_bps == rate:
+                        run(c)
+                netshape.clear_shape(session.client, session.name, names, iface)
+    finally:
+        if shaped:
+            netshape.clear_shape(session.client, session.name, names, iface)
+
+
+# ------------------------------------------------------------------------------ one run
+
+
+def parse_summary(lines: list[str]) -> dict:
+    summary = find_summary(reversed(lines))
+    if summary is None:
+        raise RunFailed("the trainer printed no SUMMARY line; see the run's logs")
+    return summary
+
+
+def host_torch(python: str) -> str:
+    """The torch release of the Python that runs the host rows, or a clear error saying how to get one.
+    Asked of that interpreter in a subprocess: labctl's own environment needs no torch."""
+    from labctl.proc import run
+
+    try:
+        probe = run([python, "-c", "import torch; print(torch.__version__)"], check=False, timeout_s=120)
+    except CommandError as exc:  # the interpreter itself is missing or hangs
+        raise LabError(f"cannot run the host rows' Python {python}: {exc}",
+                       hint="set DDPLAB_HOST_PYTHON to a Python that has torch, or pass --no-host") from None
+    if probe.returncode != 0:
+        reason = (probe.stderr.strip().splitlines() or ["no output"])[-1]
+        raise StateError(f"the host rows run the trainer on this machine with {python}, which cannot import torch ({reason})",
+                       hint="`make host-torch` installs torch's CPU build into .venv (or pip install -e '.[trainer]'); "
+                            "or set DDPLAB_HOST_PYTHON to a Python that has torch; or pass --no-host for the lab's rows only")
+    return probe.stdout.strip()
+
+
+def run_host(config: Config, trainer_args: list[str], run_dir: Path, threads: int, python: str = sys.executable) -> dict:
+    """The trainer on the host: one plain process, or torchrun --standalone with N."""
+    env = {k: v for k, v in os.environ.items() if k not in LAUNCH_VARS}
+    env.update(OMP_NUM_THREADS=str(threads), CUDA_VISIBLE_DEVICES="", PYTHONUNBUFFERED="1")
+    # This checkout's trainer, whichever Python runs it (DDPLAB_HOST_PYTHON need not have ddplab installed).
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO_ROOT), env.get("PYTHONPATH")) if p)
+    args = [*trainer_args, "--run-dir", str(run_dir)]
+    if config.nproc_per_node == 1:
+        argv = [python, "-m", "trainer", *args]
+    else:
+        argv = [python, "-m", "torch.distributed.run", "--standalone",
+                "--nproc-per-node", str(config.nproc_per_node), "-m", "trainer", *args]
+    run_dir.mkdir(parents=True, exist_ok=True)
+    proc = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=HOST_TIMEOUT_S)
+    (run_dir / "host.log").write_text(proc.stdout + proc.stderr)
+    if proc.returncode != 0:
+        raise CommandError(argv, proc.returncode, proc.stdout, proc.stderr)
+    return parse_summary(proc.stdout.splitlines())
+
+
+def run_lab(session: LabSession, config: Config, trainer_args: list[str], node_env: dict | None = None) -> dict:
+    """The trainer on the lab's first `config.nodes` nodes with torchrun, output to the run's logs only."""
+    node_env = node_env if node_env is not None else session.node_env()
+    subset = dict(list(node_env.items())[: config.nodes])
+    plan = session.plan_run(["-m", "trainer", *trainer_args], node_env=subset, nproc_per_node=config.nproc_per_node,
+                            share_cpus=False)
+    return parse_summary(session.execute(plan, echo=False).outcomes[0].lines)

@@ -1,0 +1,138 @@
+"""`labctl bench straggler`: one slow node, before and after balancing the work.
+
+The node's CPU limit is lowered in place (`docker update`, as `labctl slow` does), then runs
+alternate: an even split of the global batch, and a split in proportion to each rank's speed
+(`--rank-micro-batch`), measured from the first even run's per-rank compute time per sample. Same
+samples per step, so the same gradient: only the waiting changes. The node's limit is put back at
+the end, whatever happened.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Callable
+
+from labctl.bench.scaling import Config, median_run
+from labctl.bench.scaling_run import run_lab
+from labctl.errors import LabError, RunFailed
+from labctl.lab import docker as lab_docker
+
+if TYPE_CHECKING:
+    from labctl.lab.session import LabSession
+
+SPLITS = ("even", "balanced")
+# The median run's figures reported for each split.
+FIGURES = ("micro_batches", "tokens_per_s", "step_ms", "compute_ms_per_step", "slowest_node", "slowest_compute_ratio",
+           "waited_for_slowest_s", "final_loss")
+
+
+@dataclass(frozen=True)
+class StragglerResult:
+    node: str
+    cpus: float  # the node's CPU limit during the runs
+    global_batch: int
+    rank_micro_batch: str  # the balanced split, as --rank-micro-batch takes it: 0=21,1=21,2=6
+    even: dict  # FIGURES of the median even run, and tokens_per_s_runs: every run's tokens/s
+    balanced: dict
+    speedup: float  # balanced / even tokens/s
+    steps: int
+    repeats: int
+
+    def as_dict(self) -> dict:
+        """What --json prints."""
+        return {"node": self.node, "cpus": self.cpus, "global_batch": self.global_batch,
+                "rank_micro_batch": self.rank_micro_batch, "even": self.even, "balanced": self.balanced,
+                "speedup": self.speedup}
+
+
+def _quiet(_message: str) -> None:
+    pass
+
+
+def measure(session: LabSession, *, node: str | None = None, cpus: float = 0.25, workload: str = "gpt",
+            micro_batch: int = 16, steps: int = 30, repeats: int = 2,
+            report: Callable[[str], None] = _quiet) -> StragglerResult:
+    """Limit `node` (default the lab's last) to `cpus`, then `repeats` rounds of an even run and a
+    balanced run of the same global batch (`micro_batch` x the nodes); the limit it had is restored."""
+    names = session.node_names()
+    if len(names) < 2:
+        raise LabError(f"lab {session.name} has {len(names)} node; a straggler needs others to wait for it",
+                       hint=f"labctl up --lab {session.name} --nodes 3")
+    node = session.require_node(node or names[-1], names)
+    lab_docker.check_cpus(session.client, {"--cpus": cpus})
+    node_env = session.node_env(names)
+    every = Config("all nodes", "lab", len(names), 1)
+    global_batch = micro_batch * len(names)
+    base_args = ["--workload", workload, "--steps", str(steps), "--global-batch", str(global_batch),
+                 "--micro-batch", str(micro_batch), "--threads", "1"]
+    runs: dict[str, list[dict]] = {split: [] for split in SPLITS}
+    override = None
+    before = lab_docker.node_cpus_limit(session.client, session.name, node)
+    lab_docker.apply_node_cpus(session.client, session.name, node, cpus)
+    report(f"{node} limited to {cpus:g} CPUs")
+    try:
+        for round_ in range(1, repeats + 1):
+            even = run_lab(session, every, base_args, node_env)
+            runs["even"].append(even)
+            report(f"round {round_}, even split {even['micro_batches']}: {even['tokens_per_s']:,.0f} tokens/s, "
+                   f"slowest {even['slowest_node']}, others waited {even['waited_for_slowest_s']:.2f} s")
+            if override is None:
+                override = balanced_override(even, global_batch)
+            balanced = run_lab(session, every, base_args + ["--rank-micro-batch", override], node_env)
+            runs["balanced"].append(balanced)
+            report(f"round {round_}, balanced {balanced['micro_batches']}: {balanced['tokens_per_s']:,.0f} tokens/s, "
+                   f"others waited {balanced['waited_for_slowest_s']:.2f} s")
+    finally:
+        lab_docker.apply_node_cpus(session.client, session.name, node, before)
+        report(f"{node} CPU limit restored to {f'{before:g} CPUs' if before else 'none'}")
+    even, balanced = (split_figures(runs[split]) for split in SPLITS)
+    return StragglerResult(node, cpus, global_batch, override, even, balanced,
+                           round(balanced["tokens_per_s"] / even["tokens_per_s"], 3), steps, repeats)
+
+
+def balanced_override(even: dict, global_batch: int) -> str:
+    """--rank-micro-batch for an even run's SUMMARY: the global batch split by each rank's speed."""
+    per_sample = compute_ms_per_sample(Path(even["run_dir"]), even["micro_batches"], even["accum_steps"])
+    sizes = balanced_micro_batches(global_batch, per_sample)
+    return ",".join(f"{rank}={size}" for rank, size in enumerate(sizes))
+
+
+def split_figures(summaries: list[dict]) -> dict:
+    """The median run's FIGURES, and every run's tokens/s."""
+    pick = median_run(summaries)
+    return {**{k: pick[k] for k in FIGURES}, "tokens_per_s_runs": [s["tokens_per_s"] for s in summaries]}
+
+
+def balanced_micro_batches(total: int, ms_per_sample: list[float]) -> list[int]:
+    """Split `total` samples over the ranks in proportion to their speed (largest remainder).
+
+    Every rank keeps at least one sample: DDP needs each rank's gradient at every step.
+    """
+    n = len(ms_per_sample)
+    if total < n:
+        raise ValueError(f"{total} samples cannot give each of {n} ranks one")
+    speeds = [1 / max(ms, 1e-9) for ms in ms_per_sample]
+    spare = total - n  # one each first, the rest by speed
+    quotas = [spare * s / sum(speeds) for s in speeds]
+    sizes = [1 + int(q) for q in quotas]
+    by_remainder = sorted(range(n), key=lambda r: quotas[r] - int(quotas[r]), reverse=True)
+    for r in by_remainder[: total - sum(sizes)]:
+        sizes[r] += 1
+    return sizes
+
+
+def compute_ms_per_sample(run_dir: Path, micro_batches: list[int], accum_steps: int) -> list[float]:
+    """Each rank's mean compute time per sample over the steady steps, from its metrics file."""
+    out = []
+    for rank, micro in enumerate(micro_batches):
+        path = Path(run_dir) / f"metrics-rank{rank}.jsonl"
+        try:
+            records = [json.loads(line) for line in path.read_text().splitlines()]
+        except OSError as exc:
+            raise RunFailed(f"cannot read rank {rank}'s metrics at {path}: {exc.strerror or exc}") from None
+        steps = [r["compute_ms"] for r in records if r.get("kind") == "step"][1:]
+        out.append(statistics.fmean(steps) / (micro * accum_steps))
+    return out
