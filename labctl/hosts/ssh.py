@@ -28,7 +28,7 @@ from typing import Callable, Mapping
 
 from labctl.errors import CommandError, LabError
 from labctl.hosts.inventory import Host, Inventory
-from labctl.run.launch import WATCHDOG_SCRIPT, Launch
+from labctl.run.launch import STOP_SCRIPT, Launch
 from labctl.proc import run
 from labctl.run.executor import STOP_GRACE_S
 
@@ -318,7 +318,7 @@ def recorded_fingerprint(host: Host) -> str:
 class SSHHosts:
     """The inventory's hosts as a run reaches them: one ssh session per launch or command.
 
-    A runner.Nodes. Launches run under launch.WATCHDOG_SCRIPT with the session's stdin held open,
+    A runner.Nodes. Launches run under labctl/remote/stop.py's watch with the session's stdin held open,
     so a vanished labctl (Ctrl-C, kill -9, a dropped link) stops the run on the host.
     """
 
@@ -367,7 +367,7 @@ class SSHHosts:
 
     def execute(self, launch: Launch, on_output: Callable[[bytes], None]) -> int:
         host = self.host(launch.node)
-        argv = [*resolve_argv(host, ["python"]), "-c", WATCHDOG_SCRIPT, f"{STOP_GRACE_S:g}",
+        argv = [*resolve_argv(host, ["python"]), "-c", STOP_SCRIPT, "watch", f"{STOP_GRACE_S:g}",
                 *resolve_argv(host, launch.argv)]
         env = {"PYTHONUNBUFFERED": "1", **host.env, **launch.env}
         command = remote_command(argv, workdir=launch.workdir or host.workspace,

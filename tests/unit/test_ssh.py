@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from labctl.hosts.inventory import Host
-from labctl.run.launch import RUN_ID_VAR, WATCHDOG_SCRIPT
+from labctl.run.launch import RUN_ID_VAR, STOP_SCRIPT
 from labctl.hosts.ssh import (
     MARKER, PREPARE_SCRIPT, classify, explain, key_fingerprint, known_hosts_name, remote_command, resolve_argv,
     rsync_pull_argv, rsync_push_argv, rsync_stats, scanned_fingerprints, ssh_argv, sync_excludes,
@@ -202,7 +202,7 @@ def _children(pid: int) -> list[int]:
 def test_the_watchdog_stops_the_run_when_its_stdin_closes():
     """labctl (or the SSH link) gone: the host's part of the run must not outlive it."""
     env = {**os.environ, RUN_ID_VAR: f"test-{os.getpid()}"}
-    watchdog = subprocess.Popen([sys.executable, "-c", WATCHDOG_SCRIPT, "1", sys.executable, "-c",
+    watchdog = subprocess.Popen([sys.executable, "-c", STOP_SCRIPT, "watch", "1", sys.executable, "-c",
                                  "import time; print('child up', flush=True); time.sleep(60)"],
                                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env)
     try:
@@ -221,7 +221,7 @@ def test_the_watchdog_stops_the_run_when_its_stdin_closes():
 
 def test_the_watchdog_passes_the_jobs_exit_status_through():
     env = {**os.environ, RUN_ID_VAR: f"test-{os.getpid()}"}
-    held = subprocess.Popen([sys.executable, "-c", WATCHDOG_SCRIPT, "1", sys.executable, "-c", "raise SystemExit(7)"],
+    held = subprocess.Popen([sys.executable, "-c", STOP_SCRIPT, "watch", "1", sys.executable, "-c", "raise SystemExit(7)"],
                             stdin=subprocess.PIPE, env=env)
     assert held.wait(timeout=20) == 7
     held.stdin.close()
