@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Mapping
 
+from labctl import remote
 from labctl.errors import CommandError, LabError
 from labctl.hosts.inventory import Host, Inventory
 from labctl.run.launch import STOP_SCRIPT, Launch
@@ -163,19 +164,10 @@ def rsync_stats(output: str) -> dict[str, int]:
     return out
 
 
-# The first step on each host before a sync: the workspace is labctl's (empty, or marked by an
-# earlier sync), never a folder of the user's that --delete would empty; then the host's env file,
-# written whole or not at all.
-PREPARE_SCRIPT = f"""set -e
-ws=$1; state=$2; name=$3
-if [ -d "$ws" ] && [ -n "$(ls -A "$ws")" ] && [ ! -e "$ws/{MARKER}" ]; then
-  echo "DDPLAB_NOT_OURS"; exit 3
-fi
-mkdir -p "$ws/$state"
-touch "$ws/{MARKER}"
-cat > "$ws/$state/$name.tmp"
-mv "$ws/$state/$name.tmp" "$ws/$state/$name"
-"""
+# The first step on each host before a sync: `sh -c TEXT sh WORKSPACE STATE NAME`, the env file on
+# stdin. It refuses a workspace that is not labctl's (DDPLAB_NOT_OURS, exit 3), marks it with MARKER,
+# and writes the env file whole or not at all.
+PREPARE_SCRIPT = remote.load("prepare-workspace.sh")
 
 
 # ------------------------------------------------------------------------- reading ssh's messages
