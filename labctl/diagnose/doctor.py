@@ -31,6 +31,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from typing import Callable
 
+from labctl import remote
 from labctl.errors import LabError
 from labctl.lab.compose import container_name
 
@@ -253,89 +254,8 @@ def check_reach(results: dict[str, dict], master: tuple[str, str, int], probe_po
 
 # ------------------------------------------------------------------------------ gathering
 
-INFO_SCRIPT = r"""
-import importlib.util, json, os, shutil, socket, subprocess, sys
-out = {"hostname": socket.gethostname(), "python": sys.version.split()[0]}
-spec = importlib.util.find_spec("torch")
-version = {}
-if spec and spec.origin:
-    try:
-        exec(open(os.path.join(os.path.dirname(spec.origin), "version.py")).read(), version)
-    except OSError:
-        pass
-out["torch"], out["cuda"] = version.get("__version__"), version.get("cuda")
-out["nccl"] = None
-if out["cuda"]:
-    # NCCL ships as a pip package (nvidia-nccl-cu12, -cu13) beside CUDA builds of torch: read its
-    # metadata rather than import torch, which costs seconds.
-    import importlib.metadata
-    for dist in importlib.metadata.distributions():
-        if (dist.metadata["Name"] or "").lower().startswith("nvidia-nccl"):
-            out["nccl"] = dist.version
-try:
-    addrs = json.loads(subprocess.run(["ip", "-j", "-4", "addr"], capture_output=True, text=True).stdout or "[]")
-except OSError:
-    addrs = []
-out["rsync"] = shutil.which("rsync") is not None  # `labctl hosts sync` needs it at both ends
-out["ifaces"] = {a["ifname"]: [f"{i['local']}/{i['prefixlen']}" for i in a.get("addr_info", [])] for a in addrs}
-print(json.dumps(out))
-"""
-
-PROBE_SCRIPT = r"""
-import json, socket, sys, threading, time
-cfg = json.loads(sys.argv[1])
-deadline = time.monotonic() + cfg["window_s"]
-errors, listeners = {}, []
-for port in cfg["listen"]:
-    s = socket.socket()
-    s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    try:
-        s.bind(("0.0.0.0", port))
-        s.listen(64)
-        s.settimeout(0.1)
-        listeners.append(s)
-    except OSError as e:
-        errors[str(port)] = e.strerror or str(e)
-accepted, lock = [0], threading.Lock()
-def serve(s):
-    while time.monotonic() < deadline:
-        try:
-            s.accept()[0].close()
-            with lock:
-                accepted[0] += 1
-        except OSError:
-            pass
-for s in listeners:
-    threading.Thread(target=serve, args=(s,), daemon=True).start()
-results = []
-def probe(target, ip, port):
-    t0 = time.monotonic()
-    while True:
-        try:
-            with socket.create_connection((ip, port), timeout=0.5):
-                status = "ok"
-                break
-        except socket.timeout:
-            status = "timeout"
-        except ConnectionRefusedError:
-            status = "refused"
-        except OSError as e:
-            status = e.strerror or str(e)
-        if time.monotonic() - t0 > cfg["connect_s"]:
-            break
-        time.sleep(0.1)
-    results.append([target, ip, port, status, round((time.monotonic() - t0) * 1000)])
-threads = [threading.Thread(target=probe, args=t) for t in cfg["targets"]]
-for t in threads:
-    t.start()
-for t in threads:
-    t.join()
-# Keep listening for peers still on their way, until every one expected has connected: a pair that
-# cannot connect (a firewall) keeps the window open to its end, a healthy lab ends as soon as it can.
-while time.monotonic() < deadline and accepted[0] < cfg["expect"]:
-    time.sleep(0.05)
-print(json.dumps({"bind_errors": errors, "results": results}))
-"""
+INFO_SCRIPT = remote.load("node_info.py")  # `python -c TEXT`: one line of JSON, hostname, versions, ifaces
+PROBE_SCRIPT = remote.load("probe.py")  # `python -c TEXT CONFIG_JSON`: listens, connects, one line of JSON
 
 
 def container_env(client, lab: str, node: str) -> dict[str, str]:

@@ -26,9 +26,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Mapping
 
+from labctl import remote
 from labctl.errors import CommandError, LabError
 from labctl.hosts.inventory import Host, Inventory
-from labctl.run.launch import WATCHDOG_SCRIPT, Launch
+from labctl.run.launch import STOP_SCRIPT, Launch
 from labctl.proc import run
 from labctl.run.executor import STOP_GRACE_S
 
@@ -163,19 +164,10 @@ def rsync_stats(output: str) -> dict[str, int]:
     return out
 
 
-# The first step on each host before a sync: the workspace is labctl's (empty, or marked by an
-# earlier sync), never a folder of the user's that --delete would empty; then the host's env file,
-# written whole or not at all.
-PREPARE_SCRIPT = f"""set -e
-ws=$1; state=$2; name=$3
-if [ -d "$ws" ] && [ -n "$(ls -A "$ws")" ] && [ ! -e "$ws/{MARKER}" ]; then
-  echo "DDPLAB_NOT_OURS"; exit 3
-fi
-mkdir -p "$ws/$state"
-touch "$ws/{MARKER}"
-cat > "$ws/$state/$name.tmp"
-mv "$ws/$state/$name.tmp" "$ws/$state/$name"
-"""
+# The first step on each host before a sync: `sh -c TEXT sh WORKSPACE STATE NAME`, the env file on
+# stdin. It refuses a workspace that is not labctl's (DDPLAB_NOT_OURS, exit 3), marks it with MARKER,
+# and writes the env file whole or not at all.
+PREPARE_SCRIPT = remote.load("prepare-workspace.sh")
 
 
 # ------------------------------------------------------------------------- reading ssh's messages
@@ -318,7 +310,7 @@ def recorded_fingerprint(host: Host) -> str:
 class SSHHosts:
     """The inventory's hosts as a run reaches them: one ssh session per launch or command.
 
-    A runner.Nodes. Launches run under launch.WATCHDOG_SCRIPT with the session's stdin held open,
+    A runner.Nodes. Launches run under labctl/remote/stop.py's watch with the session's stdin held open,
     so a vanished labctl (Ctrl-C, kill -9, a dropped link) stops the run on the host.
     """
 
@@ -367,7 +359,7 @@ class SSHHosts:
 
     def execute(self, launch: Launch, on_output: Callable[[bytes], None]) -> int:
         host = self.host(launch.node)
-        argv = [*resolve_argv(host, ["python"]), "-c", WATCHDOG_SCRIPT, f"{STOP_GRACE_S:g}",
+        argv = [*resolve_argv(host, ["python"]), "-c", STOP_SCRIPT, "watch", f"{STOP_GRACE_S:g}",
                 *resolve_argv(host, launch.argv)]
         env = {"PYTHONUNBUFFERED": "1", **host.env, **launch.env}
         command = remote_command(argv, workdir=launch.workdir or host.workspace,

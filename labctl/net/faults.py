@@ -15,35 +15,17 @@ from __future__ import annotations
 
 import docker.errors
 
+from labctl import remote
 from labctl.lab.compose import container_name, network_name
 from labctl.errors import LabError
 from labctl.lab.docker import exec_in
-from labctl.run.launch import RUN_ID_VAR
 from labctl.net.tc import Command
 
 FAULTS = ("kill", "crash", "pause", "unpause", "partition", "heal")
 
-# SIGKILL every process of a labctl run that torchrun started as a worker (LOCAL_RANK in its
-# environment); the agent, which has no LOCAL_RANK, sees its workers die and restarts or fails.
-CRASH_SCRIPT = f"""
-import os, signal
-killed = []
-for entry in os.listdir("/proc"):
-    if not entry.isdigit() or int(entry) in (1, os.getpid()):
-        continue
-    try:
-        with open(f"/proc/{{entry}}/environ", "rb") as f:
-            env = f.read().split(b"\\0")
-    except OSError:
-        continue
-    if any(v.startswith(b"{RUN_ID_VAR}=") for v in env) and any(v.startswith(b"LOCAL_RANK=") for v in env):
-        try:
-            os.kill(int(entry), signal.SIGKILL)
-            killed.append(int(entry))
-        except OSError:
-            pass
-print(len(killed))
-"""
+# SIGKILLs the training processes of a labctl run (DDPLAB_RUN_ID and LOCAL_RANK in their
+# environment), not the agent; prints how many. `python -c TEXT` in the node.
+CRASH_SCRIPT = remote.load("crash.py")
 
 
 def _container(client, lab: str, node: str):

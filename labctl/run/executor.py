@@ -4,7 +4,7 @@ Each Launch is started on its node through a `Nodes` (a `docker exec` into a lab
 SSH session on a real host) and read by a thread of its own. The main thread watches: the first
 node to fail starts a short grace period after which the others are stopped, Ctrl-C and
 --timeout-s stop everyone at once, and every process of the run is found for stopping by the
-DDPLAB_RUN_ID in its environment (see launch.STOP_SCRIPT).
+DDPLAB_RUN_ID in its environment (see labctl/remote/stop.py).
 """
 
 from __future__ import annotations
@@ -87,7 +87,7 @@ def check_master_port(nodes: Nodes, node_env: dict[str, dict[str, str]]) -> None
 def stop_run(nodes: Nodes, names: list[str], run_id: str) -> None:
     def stop(node: str) -> None:
         try:
-            nodes.run(node, ["python", "-c", STOP_SCRIPT, run_id, str(STOP_GRACE_S)])
+            nodes.run(node, ["python", "-c", STOP_SCRIPT, "stop", run_id, str(STOP_GRACE_S)])
         except Exception:  # a node that is gone has nothing left to stop
             pass
 

@@ -2,7 +2,7 @@
 
 torchrun: the node's env file already carries PET_* defaults, so the command is the bare
 `torchrun SCRIPT ARGS`. Per run we only override the rendezvous id (a fresh one each run) and the
-store host (see `store_launch` and STORE_SCRIPT).
+store host (see `store_launch` and labctl/remote/store.py).
 
 static: the manual style people use on VMs: RANK, LOCAL_RANK, WORLD_SIZE, MASTER_ADDR and
 MASTER_PORT exported by hand and plain `python SCRIPT ARGS`, one process per rank.
@@ -14,99 +14,21 @@ import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from labctl import remote
 from labctl.errors import ConfigError, LabError
 
+# Written out again in labctl/remote's scripts, which tests/unit/test_remote.py holds to these.
 RUN_ID_VAR = "DDPLAB_RUN_ID"  # every process of a run inherits it; `stop` finds them by it
 RUN_DIR_VAR = "DDPLAB_RUN_DIR"  # where the trainer writes its per-rank metrics
 STORE_READY = "DDPLAB_STORE_READY"
 STORE_FAILED = "DDPLAB_STORE_FAILED"
 
-# The rendezvous store, hosted for the whole run by a process of its own on node0.
-# Why not torchrun's is_host=true on node0: that agent owns the store and exits as soon as its own
-# workers finish; agents still shutting down on other nodes then cannot reach the store and print
-# "failed to shutdown the rendezvous ... RendezvousConnectionError" with a C++ stack, after a run
-# that succeeded. A store that outlives every agent closes the rendezvous cleanly.
-STORE_SCRIPT = f"""
-import datetime, sys, time
-from torch.distributed import TCPStore
-port = int(sys.argv[1])
-try:
-    store = TCPStore("0.0.0.0", port, is_master=True, wait_for_workers=False,
-                     timeout=datetime.timedelta(seconds=60))
-except Exception as exc:
-    print("{STORE_FAILED}", str(exc).splitlines()[0], flush=True)
-    sys.exit(3)
-print("{STORE_READY}", port, flush=True)
-while True:
-    time.sleep(3600)
-"""
-
-# Checks that nothing on node0 listens on the rendezvous port yet (a run left over from a Ctrl-C
-# elsewhere, or a user's own torchrun). Cheap: no torch import.
-PORT_CHECK_SCRIPT = """
-import socket, sys
-s = socket.socket()
-s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-try:
-    s.bind(("0.0.0.0", int(sys.argv[1])))
-except OSError as exc:
-    print(exc.strerror); sys.exit(3)
-"""
-
-# Stops every process of one run on a node: they all carry DDPLAB_RUN_ID in their environment,
-# including torchrun's workers, which torchrun starts in sessions of their own (so a process-group
-# kill would miss them). SIGTERM first, so torchrun can stop its workers; SIGKILL after a grace.
-# Linux only (/proc), like the hosts a DDP job runs on.
-_STOP_FUNCTION = f"""
-import os, signal, sys, time
-def stop_run(run_id, grace_s):
-    marker = ("{RUN_ID_VAR}=" + run_id).encode()
-    def members():
-        pids = []
-        for entry in os.listdir("/proc"):
-            if entry.isdigit() and int(entry) not in (1, os.getpid()):
-                try:
-                    with open(f"/proc/{{entry}}/environ", "rb") as f:
-                        if marker in f.read().split(b"\\0"):
-                            pids.append(int(entry))
-                except OSError:
-                    pass
-        return pids
-    def signal_all(sig):
-        for pid in members():
-            try:
-                os.kill(pid, sig)
-            except OSError:
-                pass
-    signal_all(signal.SIGTERM)
-    deadline = time.monotonic() + grace_s
-    while members() and time.monotonic() < deadline:
-        time.sleep(0.1)
-    signal_all(signal.SIGKILL)
-"""
-STOP_SCRIPT = _STOP_FUNCTION + "stop_run(sys.argv[1], float(sys.argv[2]))\n"
-
-# What each launch on a real host runs under (`hosts run`): the job as a child, and a dead man's
-# switch on stdin. labctl holds the SSH session's stdin open for the whole run and never writes to
-# it; when it reads end-of-file, labctl or the connection is gone (Ctrl-C, kill -9, a dropped
-# link), and every process of the run on this host is stopped, so none is left holding the port.
-WATCHDOG_SCRIPT = _STOP_FUNCTION + f"""
-import subprocess, threading
-grace_s = float(sys.argv[1])
-child = subprocess.Popen(sys.argv[2:], stdin=subprocess.DEVNULL)  # the session's stdin is the watchdog's alone
-def watch():
-    # Raw reads of fd 0: a thread blocked in sys.stdin's buffered reader holds its lock, and the
-    # interpreter aborts at exit (SIGABRT) when it finds it held.
-    while os.read(0, 4096):
-        pass
-    if child.poll() is None:
-        print("labctl: the SSH session closed; stopping this host's part of the run", flush=True)
-        stop_run(os.environ["{RUN_ID_VAR}"], grace_s)
-threading.Thread(target=watch, daemon=True).start()
-code = child.wait()
-sys.stdout.flush()
-os._exit(code if code >= 0 else 128 - code)  # not sys.exit: the watcher may still be blocked in its read
-"""
+# The programs a run ships to its nodes as `python -c TEXT ...`, from labctl/remote/:
+STORE_SCRIPT = remote.load("store.py")  # the run's rendezvous store on node0: TEXT PORT; see store_launch
+PORT_CHECK_SCRIPT = remote.load("port_check.py")  # is the rendezvous port free? TEXT PORT: exit 0, or 3 and why
+# TEXT stop RUN_ID GRACE_S stops a run's processes on a node (by DDPLAB_RUN_ID, SIGTERM then SIGKILL);
+# TEXT watch GRACE_S ARGV... runs a launch on a real host and stops its run when the SSH session closes.
+STOP_SCRIPT = remote.load("stop.py")
 
 
 @dataclass(frozen=True)

@@ -1,19 +1,15 @@
 """SSH, rsync and the remote command line, without a remote: argv compared whole, the command line
 and the scripts run by a real local shell and Python, ssh's own messages read back."""
 
-import os
-import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 
 from labctl.hosts.inventory import Host
-from labctl.run.launch import RUN_ID_VAR, WATCHDOG_SCRIPT
 from labctl.hosts.ssh import (
-    MARKER, PREPARE_SCRIPT, classify, explain, key_fingerprint, known_hosts_name, remote_command, resolve_argv,
+    MARKER, classify, explain, key_fingerprint, known_hosts_name, remote_command, resolve_argv,
     rsync_pull_argv, rsync_push_argv, rsync_stats, scanned_fingerprints, ssh_argv, sync_excludes,
 )
 
@@ -114,25 +110,6 @@ def test_the_exclusions_work_in_a_real_rsync(tmp_path):
     assert rsync_stats(out)["files"] == 2
 
 
-@pytest.mark.parametrize("state, expect_code", [("absent", 0), ("empty", 0), ("ours", 0), ("someone else's", 3)])
-def test_prepare_refuses_to_mirror_into_a_folder_labctl_did_not_make(tmp_path, state, expect_code):
-    ws = tmp_path / "ws"
-    if state != "absent":
-        ws.mkdir()
-    if state == "ours":
-        (ws / MARKER).write_text("")
-        (ws / "old.py").write_text("")
-    if state == "someone else's":
-        (ws / "thesis.tex").write_text("years of work")
-    result = subprocess.run(["sh", "-c", PREPARE_SCRIPT, "sh", str(ws), ".lab/demo", "node0.env"], input="A=1\n",
-                            capture_output=True, text=True)
-    assert result.returncode == expect_code, result.stderr
-    if expect_code == 0:
-        assert (ws / ".lab/demo/node0.env").read_text() == "A=1\n" and (ws / MARKER).exists()
-    else:
-        assert "DDPLAB_NOT_OURS" in result.stdout and sorted(p.name for p in ws.iterdir()) == ["thesis.tex"]
-
-
 def test_fingerprints_match_ssh_keygen(tmp_path):
     key = tmp_path / "k"
     subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(key)], check=True)
@@ -194,34 +171,3 @@ def test_an_unknown_host_is_refused_with_what_it_presents_and_how_to_check_it():
     assert "--accept-new" in error.hint
 
 
-def _children(pid: int) -> list[int]:
-    out = subprocess.run(["ps", "-o", "pid=", "--ppid", str(pid)], capture_output=True, text=True).stdout
-    return [int(p) for p in out.split()]
-
-
-def test_the_watchdog_stops_the_run_when_its_stdin_closes():
-    """labctl (or the SSH link) gone: the host's part of the run must not outlive it."""
-    env = {**os.environ, RUN_ID_VAR: f"test-{os.getpid()}"}
-    watchdog = subprocess.Popen([sys.executable, "-c", WATCHDOG_SCRIPT, "1", sys.executable, "-c",
-                                 "import time; print('child up', flush=True); time.sleep(60)"],
-                                stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env)
-    try:
-        assert watchdog.stdout.readline().strip() == "child up"
-        [child] = _children(watchdog.pid)
-        started = time.monotonic()
-        watchdog.stdin.close()
-        assert watchdog.wait(timeout=10) == 128 + signal.SIGTERM
-        assert time.monotonic() - started < 5
-        assert "SSH session closed" in watchdog.stdout.read()
-        with pytest.raises(ProcessLookupError):
-            os.kill(child, 0)
-    finally:
-        watchdog.kill()
-
-
-def test_the_watchdog_passes_the_jobs_exit_status_through():
-    env = {**os.environ, RUN_ID_VAR: f"test-{os.getpid()}"}
-    held = subprocess.Popen([sys.executable, "-c", WATCHDOG_SCRIPT, "1", sys.executable, "-c", "raise SystemExit(7)"],
-                            stdin=subprocess.PIPE, env=env)
-    assert held.wait(timeout=20) == 7
-    held.stdin.close()

@@ -1,0 +1,26 @@
+"""Programs that run inside the nodes and on the hosts, not in labctl's own process.
+
+Each file here is shipped as text: `python -c TEXT ARGS...` on the node's Python, or
+`sh -c TEXT NAME ARGS...`, through `docker exec` or an SSH session. So each one is a whole program
+that needs nothing but the standard library and the node's own Python (3.9 or newer: no labctl
+import, no newer syntax; the store also needs the node's torch), or a POSIX sh. Constants they
+share with labctl (DDPLAB_RUN_ID, the store's markers, the workspace marker) are written out in
+each, and tests/unit/test_remote.py checks that they equal labctl's. The Python ones a run uses
+keep their work under `if __name__ == "__main__":` (true under `python -c` too), so tests can import
+them as modules; python_target.py, run once per base image by `labctl build`, is a plain script.
+
+tests/unit/test_remote.py runs each of them here the way labctl runs them there.
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+
+
+@lru_cache(maxsize=None)
+def load(name: str) -> str:
+    """The text of one script in this folder, e.g. load("stop.py"): what goes after `-c`."""
+    return (HERE / name).read_text(encoding="utf-8")
