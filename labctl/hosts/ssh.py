@@ -39,8 +39,9 @@ CONNECT_TIMEOUT_S = 10
 ALIVE_INTERVAL_S = 5  # a silent host is given up after 3 unanswered keep-alives: 15 s
 MARKER = ".ddplab-workspace"  # in every workspace `hosts sync` owns: it mirrors only into those
 # Left out of `hosts sync`: outputs, caches and virtual environments (a venv is tied to the machine
-# that made it; each host has its own Python, named in the inventory).
-SYNC_EXCLUDES = (".git/", ".lab/", ".venv/", "venv/", "__pycache__/", "*.pyc", ".pytest_cache/", ".mypy_cache/",
+# that made it; each host has its own Python, named in the inventory). `.git` without a slash: in a
+# git worktree or a submodule it is a file, not a folder.
+SYNC_EXCLUDES = (".git", ".lab/", ".venv/", "venv/", "__pycache__/", "*.pyc", ".pytest_cache/", ".mypy_cache/",
                  ".ruff_cache/", ".hypothesis/", ".ipynb_checkpoints/", ".tox/", ".nox/", "*.egg-info/")
 
 

@@ -95,7 +95,7 @@ def test_sync_leaves_out_every_virtual_environment_whatever_its_name(tmp_path):
 def test_the_exclusions_work_in_a_real_rsync(tmp_path):
     source, dest = tmp_path / "src", tmp_path / "dst"
     for rel in ("train.py", "pkg/mod.py", "pkg/__pycache__/mod.pyc", ".venv/bin/python", "myenv/pyvenv.cfg",
-                ".lab/demo/runs/r1/node0.log", ".git/HEAD", "x.egg-info/PKG-INFO"):
+                ".lab/demo/runs/r1/node0.log", ".git/HEAD", "vendor/lib/.git", "x.egg-info/PKG-INFO"):
         (source / rel).parent.mkdir(parents=True, exist_ok=True)
         (source / rel).write_text("x")
     (dest / ".lab").mkdir(parents=True)
@@ -106,7 +106,7 @@ def test_the_exclusions_work_in_a_real_rsync(tmp_path):
     local = [a for a in argv if a not in ("-e",) and not a.startswith("ssh ")][:-1] + [f"{dest}/"]
     out = subprocess.run(local, capture_output=True, text=True, check=True).stdout
     got = sorted(str(p.relative_to(dest)) for p in dest.rglob("*") if p.is_file())
-    assert got == [MARKER, ".lab/keep.env", "pkg/mod.py", "train.py"]
+    assert got == [MARKER, ".lab/keep.env", "pkg/mod.py", "train.py"]  # vendor/lib/.git: a submodule's, a file
     assert rsync_stats(out)["files"] == 2
 
 
