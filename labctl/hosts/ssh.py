@@ -6,15 +6,14 @@ inventory's known_hosts file. A host seen for the first time is accepted only wi
 refused with the fingerprint the host now presents. Nothing here accepts every key
 (StrictHostKeyChecking=no), as Ansible does not by default either.
 
-Pure builders come first (ssh options, remote command lines, rsync argv, reading ssh's messages);
+Pure builders come first (ssh options, remote command lines, rsync argv; ssh's messages are read
+in ssh_messages.py);
 `SSHHosts`, the runner.Nodes for real hosts, runs them. The remote side needs a POSIX shell, the
 inventory's Python, and rsync for `hosts sync`; processes are found by /proc, so hosts run Linux.
 """
 
 from __future__ import annotations
 
-import base64
-import hashlib
 import logging
 import os
 import re
@@ -22,13 +21,20 @@ import shlex
 import subprocess
 import threading
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Mapping
 
 from labctl import remote
 from labctl.errors import CommandError, LabError
 from labctl.hosts.inventory import Host, Inventory
+from labctl.hosts.ssh_messages import (  # noqa: F401 (re-exported: SSHHosts' errors)
+    Failure,
+    SSHError,
+    classify,
+    explain,
+    key_fingerprint,
+    scanned_fingerprints,
+)
 from labctl.run.launch import STOP_SCRIPT, Launch
 from labctl.proc import run
 from labctl.run.executor import STOP_GRACE_S
@@ -169,103 +175,6 @@ def rsync_stats(output: str) -> dict[str, int]:
 # stdin. It refuses a workspace that is not labctl's (DDPLAB_NOT_OURS, exit 3), marks it with MARKER,
 # and writes the env file whole or not at all.
 PREPARE_SCRIPT = remote.load("prepare-workspace.sh")
-
-
-# ------------------------------------------------------------------------- reading ssh's messages
-
-
-def key_fingerprint(key_type: str, blob_b64: str) -> str:
-    """OpenSSH's SHA256 fingerprint of a public key, as `ssh-keygen -l` prints it."""
-    digest = hashlib.sha256(base64.b64decode(blob_b64)).digest()
-    return "SHA256:" + base64.b64encode(digest).decode().rstrip("=")
-
-
-def scanned_fingerprints(keyscan_output: str) -> list[tuple[str, str]]:
-    """(key type, fingerprint) for each `host type base64` line of ssh-keyscan."""
-    out = []
-    for line in keyscan_output.splitlines():
-        fields = line.split()
-        if len(fields) >= 3 and not line.startswith("#"):
-            try:
-                out.append((fields[1], key_fingerprint(fields[1], fields[2])))
-            except ValueError:
-                continue
-    return out
-
-
-_CHANGED = re.compile(r"REMOTE HOST IDENTIFICATION HAS CHANGED")
-_SENT = re.compile(r"The fingerprint for the (\S+) key sent by the remote host is\s+(SHA256:[A-Za-z0-9+/]+)")
-_OFFENDING = re.compile(r"Offending \S+ key in (.+?):(\d+)")
-_UNKNOWN = re.compile(r"No \S+ host key is known for|Host key verification failed")
-_AUTH = re.compile(r"Permission denied \(([^)]*)\)")
-_UNREACHABLE = re.compile(r"(Connection refused|Connection timed out|No route to host|Could not resolve hostname"
-                          r"[^\n]*|Network is unreachable|Operation timed out|Connection closed by[^\n]*|"
-                          r"Connection reset by[^\n]*|kex_exchange_identification[^\n]*)")
-
-
-class SSHError(LabError):
-    """SSH could not run anything on a host: which host, what ssh said, what to do. Exit status 2."""
-
-    def __init__(self, host: Host, message: str, hint: str | None = None, kind: str = "ssh"):
-        super().__init__(message, hint)
-        self.host = host
-        self.kind = kind
-
-
-@dataclass(frozen=True)
-class Failure:
-    kind: str  # changed | unknown | auth | unreachable
-    detail: str = ""
-    key_type: str = ""
-    fingerprint: str = ""
-    where: str = ""  # known_hosts file:line of the key on record
-
-
-def classify(stderr: str) -> Failure | None:
-    """What went wrong, from ssh's own words (exit status 255), or None when ssh said nothing we know."""
-    if _CHANGED.search(stderr):
-        sent = _SENT.search(stderr)
-        offending = _OFFENDING.search(stderr)
-        return Failure("changed", key_type=sent.group(1) if sent else "", fingerprint=sent.group(2) if sent else "?",
-                       where=f"{offending.group(1)}:{offending.group(2)}" if offending else "")
-    if _UNKNOWN.search(stderr):
-        return Failure("unknown")
-    auth = _AUTH.search(stderr)
-    if auth:
-        return Failure("auth", detail=auth.group(0))
-    unreachable = _UNREACHABLE.search(stderr)
-    if unreachable:
-        return Failure("unreachable", detail=unreachable.group(0).strip())
-    return None
-
-
-def explain(host: Host, name: str, failure: Failure, presented: list[tuple[str, str]]) -> SSHError:
-    """The refusal or failure as one message and a hint. `presented`: what ssh-keyscan saw the host offer."""
-    known = str(host.known_hosts or "~/.ssh/known_hosts")
-    who = f"{name} ({host.destination})"
-    pattern = known_hosts_name(host)
-    if failure.kind == "changed":
-        return SSHError(host, f"{who}: REFUSED, its host key has CHANGED: it now presents {failure.key_type} key "
-                        f"{failure.fingerprint}, which is not the key on record in {failure.where or known}. Someone may "
-                        "be intercepting the connection, or the machine was reinstalled; labctl never replaces a "
-                        "known key by itself",
-                        hint=f"if you know it was reinstalled, compare {failure.fingerprint} with `ssh-keygen -lf "
-                        f"/etc/ssh/ssh_host_{failure.key_type.lower()}_key.pub` run on that machine, then remove "
-                        f"the old key with `ssh-keygen -R '{pattern}' -f {known}` and run again with --accept-new",
-                        kind="hostkey-changed")
-    if failure.kind == "unknown":
-        offered = ", ".join(f"{t} {fp}" for t, fp in presented) or "nothing ssh-keyscan could read"
-        return SSHError(host, f"{who}: its host key is not in {known}, and labctl does not trust a key it has never "
-                        f"seen. The host presents {offered}",
-                        hint="compare that with `ssh-keygen -lf /etc/ssh/ssh_host_ed25519_key.pub` run on the host "
-                        "itself; if it matches, run again with --accept-new, which records it", kind="hostkey-unknown")
-    if failure.kind == "auth":
-        return SSHError(host, f"{who}: SSH refused the login ({failure.detail})",
-                        hint="check user and identity_file in the inventory; the public key must be in "
-                        "~/.ssh/authorized_keys of that user on the host", kind="auth")
-    return SSHError(host, f"{who}: cannot reach it over SSH ({failure.detail})",
-                    hint=f"is the machine up, sshd running and TCP {host.port} open to you? `{ssh_command_hint(host)}` "
-                    "by hand says the same", kind="unreachable")
 
 
 # --------------------------------------------------------------------------------- side effects
