@@ -275,7 +275,12 @@ def _ready_line(client, name: str) -> str | None:
 
 def wait_ready(client, lab: str, names: list[str], compose: subprocess.Popen, argv: list[str],
                timeout_s: float = READY_TIMEOUT_S) -> list[NodeState]:
-    """Poll each node's log for the line its entry point prints once its Python finds torch."""
+    """Poll each node's log for the line its entry point prints once its Python finds torch.
+
+    Each round lists the lab's containers once and reads the log only of those that have started:
+    a node Compose has not created or started yet has nothing to say, and asking for its log
+    holds a request (and a thread) on the engine while the engine is busy starting it.
+    """
     deadline = time.monotonic() + timeout_s
     pending = {name: container_name(lab, name) for name in names}
     ready: dict[str, str] = {}
@@ -283,7 +288,10 @@ def wait_ready(client, lab: str, names: list[str], compose: subprocess.Popen, ar
     with ThreadPoolExecutor(max_workers=8) as pool:
         while pending or not compose_done:
             compose_done = compose_done or _check_compose(compose, argv)
-            lines = dict(zip(pending, pool.map(lambda c: _ready_line(client, c), pending.values())))
+            containers = lab_containers(client, lab) if pending else []
+            states = {_name(c): c["State"] for c in containers}
+            started = {name: c for name, c in pending.items() if states.get(c, "created") != "created"}
+            lines = dict(zip(started, pool.map(lambda c: _ready_line(client, c), started.values())))
             for name, line in lines.items():
                 if line is None:
                     continue
@@ -292,17 +300,22 @@ def wait_ready(client, lab: str, names: list[str], compose: subprocess.Popen, ar
                 ready[name] = line
                 del pending[name]
             if compose_done and pending:
-                _check_exited(client, lab, pending)
+                _check_exited(client, containers, pending)
             if (pending or not compose_done) and time.monotonic() > deadline:
                 raise LabError(f"nodes {', '.join(sorted(pending)) or '(compose)'} not ready within {timeout_s:.0f} s",
                                hint="the machine may be overloaded; `docker logs` on those containers shows why")
-            if pending or not compose_done:
-                time.sleep(0.05)
+            if not compose_done:
+                try:  # wakes the moment compose exits, rather than a poll interval later
+                    compose.wait(timeout=0.05)
+                except subprocess.TimeoutExpired:
+                    pass
+            elif pending:
+                time.sleep(0.02)
     return lab_status(client, lab, ready_lines=ready)
 
 
-def _check_exited(client, lab: str, pending: dict[str, str]) -> None:
-    for container in lab_containers(client, lab):
+def _check_exited(client, containers: list[dict], pending: dict[str, str]) -> None:
+    for container in containers:
         node = container["Labels"].get(LABEL_NODE)
         if node in pending and container["State"] in ("exited", "dead"):
             tail = client.api.logs(container["Id"], tail=5).decode(errors="replace").strip()
