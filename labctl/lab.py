@@ -19,7 +19,7 @@ from labctl import engine as engine_mod
 from labctl.compose import LABEL_LAB, LABEL_NODE, LABEL_RANK, ComposePlan, container_name, network_name
 from labctl.config import AUTO, LabConfig, check_fits, node_ip, overlaps, pick_free_subnet, shown_key, shown_source
 from labctl.engine import Engine
-from labctl.envfiles import build_env_files, topology_for_lab, write_env_files
+from labctl.envfiles import build_env_files, topology_for_lab, write_env_files, write_if_changed
 from labctl.errors import CommandError, ConfigError, LabError, StateError
 from labctl.proc import run
 
@@ -211,7 +211,7 @@ def write_project(directory: Path, document: dict, env_files: dict[str, str]) ->
         if stale.name not in env_files:
             stale.unlink()
     compose_file = directory / "compose.yaml"
-    compose_file.write_text(compose_mod.render_compose(document))
+    write_if_changed(compose_file, compose_mod.render_compose(document))
     return compose_file
 
 
