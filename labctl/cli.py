@@ -6,6 +6,8 @@ compose/launch, appliers in lab/image/runner. Only this module exits the process
 
 from __future__ import annotations
 
+import atexit
+import gc
 import json
 import logging
 import os
@@ -90,6 +92,10 @@ def main(verbose: bool) -> None:
       labctl down                  # remove every container and network of the lab
     """
     logging.basicConfig(level=logging.DEBUG if verbose else logging.WARNING, format="labctl: %(message)s")
+    # At exit, spare the interpreter's last garbage collection of everything imported (40-50 ms of
+    # freeing memory that the OS takes back anyway); atexit handlers and flushing still run.
+    atexit.unregister(gc.freeze)
+    atexit.register(gc.freeze)
 
 
 # ----------------------------------------------------------------------------------------- build
