@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 import sys
@@ -44,6 +43,8 @@ class BuildProgress:
     """A progress bar over the Dockerfile's steps; the current step's text as its description."""
 
     def __init__(self, verbose: bool = False):
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
         self.verbose = verbose
         self.progress = Progress(TextColumn("[bold]build[/bold]"), BarColumn(), MofNCompleteColumn(),
                                  TextColumn("{task.description}"), TimeElapsedColumn(), console=err_console,

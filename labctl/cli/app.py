@@ -3,6 +3,8 @@ exit statuses (never a traceback). Commands live in the modules beside this one,
 
 from __future__ import annotations
 
+import atexit
+import gc
 import logging
 import os
 import sys
@@ -106,4 +108,8 @@ def main(ctx: click.Context, verbose: bool) -> None:
       labctl down                  # remove every container and network of the lab
     """
     logging.basicConfig(level=logging.DEBUG if verbose else logging.WARNING, format="labctl: %(message)s")
+    # At exit, spare the interpreter's last garbage collection of everything imported (40-50 ms of
+    # freeing memory that the OS takes back anyway); atexit handlers and flushing still run.
+    atexit.unregister(gc.freeze)
+    atexit.register(gc.freeze)
     ctx.ensure_object(Session)

@@ -15,8 +15,6 @@ from pathlib import Path
 from labctl.lab.compose import container_name
 from labctl.config import LabConfig
 from labctl.errors import LabError
-from labctl.hosts.inventory import render_inventory
-from labctl.run.launch import threads_per_process
 from labctl.proc import run
 
 HOSTKEY_PREFIX = "DDPLAB_SSH_HOSTKEY"
@@ -61,6 +59,8 @@ def build_known_hosts(keys: dict[str, str]) -> str:
 
 def build_lab_inventory(config: LabConfig, nodes: list[tuple[str, str]], user: str, threads: int) -> str:
     """hosts.toml for the lab's nodes, [(name, ip)] in rank order, reached as `user`."""
+    from labctl.hosts.inventory import render_inventory  # only `up --ssh` writes one: not imported at every `up`
+
     comment = (f"The nodes of lab {config.lab} as SSH hosts, written by `labctl up --ssh`; rewritten by every\n"
                "`labctl up --ssh`, so copy it before editing. An example inventory for real machines, too.\n"
                f"  labctl hosts check --inventory THIS_FILE\n"
@@ -98,6 +98,8 @@ def node_hostkeys(client, lab: str, names: list[str]) -> dict[str, tuple[str, st
 
 def write_ssh_files(client, config: LabConfig, lab_directory: Path, nodes: list, cpus: int) -> Path:
     """known_hosts and hosts.toml for the running nodes (NodeState list); returns the inventory's path."""
+    from labctl.run.launch import threads_per_process
+
     keys = node_hostkeys(client, config.lab, [n.name for n in nodes])
     users = {user for user, _ in keys.values()}
     if len(users) != 1:

@@ -178,9 +178,14 @@ def configured_endpoint(environ: Mapping[str, str] = os.environ) -> tuple[str, s
 
 
 def inspect_engine(client, environ: Mapping[str, str] = os.environ) -> Engine:
-    """Ask the engine labctl's client talks to what it is (two API calls)."""
-    endpoint, context = configured_endpoint(environ)
-    return classify(client.info(), client.version(), endpoint, context)
+    """Ask the engine labctl's client talks to what it is: two API calls, made at once (each takes the
+    engine 5-8 ms), while the CLI's context is read here."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        info, version = pool.submit(client.info), pool.submit(client.version)
+        endpoint, context = configured_endpoint(environ)
+        return classify(info.result(), version.result(), endpoint, context)
 
 
 def usable_engine(client) -> Engine:

@@ -108,9 +108,20 @@ def write_env_files(directory: Path, files: dict[str, str]) -> list[Path]:
     paths = []
     for name, text in files.items():
         path = directory / name
-        path.write_text(text)
+        write_if_changed(path, text)
         paths.append(path)
     return paths
+
+
+def write_if_changed(path: Path, text: str) -> None:
+    """Write text unless the file already holds it. Rewriting a file in place truncates it, and ext4
+    then flushes it to disk on close: a millisecond or more a file, tens under I/O load, at every `up`."""
+    try:
+        if path.read_bytes() == text.encode():
+            return
+    except OSError:
+        pass
+    path.write_text(text)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -21,13 +21,14 @@ import subprocess
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterable
+from typing import TYPE_CHECKING, Callable, Iterable
 
 from labctl.lab.compose import REPO_ROOT
 from labctl.config import LabConfig
 from labctl.errors import CommandError, LabError
 from labctl.proc import run
-from labctl.lab.wheelhouse import Target, fill_wheelhouse, target_from_probe
+if TYPE_CHECKING:  # wheelhouse (and packaging, 30 ms) is imported when a build needs it, not at every `up`
+    from labctl.lab.wheelhouse import Target
 
 LABEL_BUILD_HASH = "io.ddplab.build-hash"
 WHEELHOUSE = REPO_ROOT / ".lab" / "wheelhouse"
@@ -102,6 +103,8 @@ def debian_mirror_from_apt(sources_dir: Path = Path("/etc/apt")) -> str:
 
 def ensure_wheelhouse(config: LabConfig, target: Target, report: Report, wheelhouse: Path = WHEELHOUSE) -> list[str]:
     """torch (CPU build), numpy and their dependencies for the node's Python; returns the file names."""
+    from labctl.lab.wheelhouse import fill_wheelhouse
+
     names = fill_wheelhouse(wheelhouse, wheel_requirements(config.torch_version), target, report,
                             cpu_index_url=config.torch_index_url)
     cuda = [n for n in names if n.startswith("nvidia_")]
@@ -114,6 +117,8 @@ def ensure_wheelhouse(config: LabConfig, target: Target, report: Report, wheelho
 def node_target(client, image: str, report: Report, cache: Path = TARGET_CACHE) -> Target:
     """The interpreter and platform of an image's python3, asked of the image itself (half a
     second, once per image: answers are kept by image id)."""
+    from labctl.lab.wheelhouse import Target, target_from_probe
+
     image_id = client.images.get(image).id
     try:
         known = json.loads(cache.read_text())
@@ -264,6 +269,8 @@ def ensure_mismatch_image(client, config: LabConfig, report: Report, version: st
     installs them from a read-only bind mount, and the result is committed. No build context of
     gigabytes, no network inside the container.
     """
+    from labctl.lab.wheelhouse import fill_wheelhouse
+
     tag = mismatch_tag(config, version)
     if image_exists(client, tag):
         return tag

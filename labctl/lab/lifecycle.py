@@ -8,6 +8,7 @@ import logging
 import os
 import shlex
 import subprocess
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -19,7 +20,7 @@ from labctl.lab import engine as engine_mod
 from labctl.lab.compose import LABEL_LAB, LABEL_NODE, LABEL_RANK, ComposePlan, container_name, network_name
 from labctl.config import AUTO, LabConfig, check_fits, node_ip, overlaps, pick_free_subnet, shown_key, shown_source
 from labctl.lab.engine import Engine
-from labctl.lab.envfiles import build_env_files, topology_for_lab, write_env_files
+from labctl.lab.envfiles import build_env_files, topology_for_lab, write_env_files, write_if_changed
 from labctl.errors import CommandError, ConfigError, LabError, StateError
 from labctl.lab.docker import (
     check_cpus,
@@ -34,6 +35,7 @@ log = logging.getLogger("labctl.lab.lifecycle")
 READY_PREFIX = "DDPLAB_READY"
 NOT_READY_PREFIX = "DDPLAB_NOT_READY"
 READY_TIMEOUT_S = 60.0
+COMPOSE_POLL_S = 0.25  # how often `up` looks at the nodes while Compose is still starting them
 
 Report = Callable[[str], None]
 
@@ -115,7 +117,7 @@ def write_project(directory: Path, document: dict, env_files: dict[str, str]) ->
         if stale.name not in env_files:
             stale.unlink()
     compose_file = directory / "compose.yaml"
-    compose_file.write_text(compose_mod.render_compose(document))
+    write_if_changed(compose_file, compose_mod.render_compose(document))
     return compose_file
 
 
@@ -179,15 +181,25 @@ def _ready_line(client, name: str) -> str | None:
 
 def wait_ready(client, lab: str, names: list[str], compose: subprocess.Popen, argv: list[str],
                timeout_s: float = READY_TIMEOUT_S) -> list[NodeState]:
-    """Poll each node's log for the line its entry point prints once its Python finds torch."""
+    """Poll each node's log for the line its entry point prints once its Python finds torch.
+
+    Each round lists the lab's containers once and reads the log only of those that have started:
+    a node Compose has not created or started yet has nothing to say, and asking for its log
+    holds a request (and a thread) on the engine while the engine is busy starting it.
+    """
     deadline = time.monotonic() + timeout_s
     pending = {name: container_name(lab, name) for name in names}
     ready: dict[str, str] = {}
     compose_done = False
+    exited = threading.Event()  # set the moment compose exits (Popen.wait with a timeout looks every 50 ms)
+    threading.Thread(target=lambda: (compose.wait(), exited.set()), name="compose-wait", daemon=True).start()
     with ThreadPoolExecutor(max_workers=8) as pool:
         while pending or not compose_done:
             compose_done = compose_done or _check_compose(compose, argv)
-            lines = dict(zip(pending, pool.map(lambda c: _ready_line(client, c), pending.values())))
+            containers = lab_containers(client, lab) if pending else []
+            states = {name_of(c): c["State"] for c in containers}
+            started = {name: c for name, c in pending.items() if states.get(c, "created") != "created"}
+            lines = dict(zip(started, pool.map(lambda c: _ready_line(client, c), started.values())))
             for name, line in lines.items():
                 if line is None:
                     continue
@@ -196,17 +208,22 @@ def wait_ready(client, lab: str, names: list[str], compose: subprocess.Popen, ar
                 ready[name] = line
                 del pending[name]
             if compose_done and pending:
-                _check_exited(client, lab, pending)
+                _check_exited(client, containers, pending)
             if (pending or not compose_done) and time.monotonic() > deadline:
                 raise LabError(f"nodes {', '.join(sorted(pending)) or '(compose)'} not ready within {timeout_s:.0f} s",
                                hint="the machine may be overloaded; `docker logs` on those containers shows why")
-            if pending or not compose_done:
-                time.sleep(0.05)
+            if not compose_done:
+                # While Compose works, a look every COMPOSE_POLL_S catches a node that fails early;
+                # looking more often slows Compose down (the engine serves us instead). The wait
+                # ends the moment compose exits: the nodes' last lines are then read every 20 ms.
+                exited.wait(COMPOSE_POLL_S)
+            elif pending:
+                time.sleep(0.02)
     return lab_status(client, lab, ready_lines=ready)
 
 
-def _check_exited(client, lab: str, pending: dict[str, str]) -> None:
-    for container in lab_containers(client, lab):
+def _check_exited(client, containers: list[dict], pending: dict[str, str]) -> None:
+    for container in containers:
         node = container["Labels"].get(LABEL_NODE)
         if node in pending and container["State"] in ("exited", "dead"):
             tail = client.api.logs(container["Id"], tail=5).decode(errors="replace").strip()
