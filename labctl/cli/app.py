@@ -79,6 +79,12 @@ class LabGroup(click.Group):
             _fail(f"run failed: {exc}", None, exc.exit_code)
         except KeyboardInterrupt:
             _fail("interrupted", None, 130)
+        except Exception as exc:
+            # The engine answered with an error labctl did not foresee: say what it said, not a traceback.
+            if not type(exc).__module__.startswith("docker."):
+                raise
+            _fail(f"error: the Docker engine refused a request: {exc}", "`docker info` and the engine's log say more; "
+                  "`labctl down` removes what a failed command left", 1)
 
 
 def _fail(message: str, hint: str | None, code: int):

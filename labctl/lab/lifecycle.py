@@ -313,11 +313,34 @@ def apply_down(client, lab: str, volumes: bool = False) -> dict[str, int]:
         time.sleep(0.5)  # let the engine finish the create calls already in flight
     with ThreadPoolExecutor(max_workers=8) as pool:
         removed_containers = sum(pool.map(remove, lab_containers(client, lab)))
-    removed_networks = sum(remove(n) for n in lab_networks(client, lab))
+    removed_networks = sum(_remove_network(n, lab) for n in lab_networks(client, lab))
     removed_volumes = 0
     if volumes:
         removed_volumes = sum(remove(v) for v in lab_volumes(client, lab))
     return {"containers": removed_containers, "networks": removed_networks, "volumes": removed_volumes}
+
+
+def _remove_network(network, lab: str, wait_s: float = 10.0) -> int:
+    """Remove a lab network; a container still being attached (a concurrent `up` of the same lab, a
+    create call in flight) is given `wait_s` to go, then named in a StateError."""
+    import docker.errors
+
+    deadline = time.monotonic() + wait_s
+    while True:
+        try:
+            network.remove()
+            return 1
+        except docker.errors.NotFound:
+            return 0
+        except docker.errors.APIError as exc:
+            if "active endpoints" not in str(exc):
+                raise
+            if time.monotonic() > deadline:
+                network.reload()
+                attached = ", ".join(c.get("Name", "?") for c in (network.attrs.get("Containers") or {}).values())
+                raise StateError(f"lab {lab}: network {network.name} still has containers attached ({attached or 'none listed'})",
+                                 hint=f"another `labctl up --lab {lab}` may be running; wait for it, then `labctl down --lab {lab}`") from None
+            time.sleep(0.2)
 
 
 def require_running(client, lab: str) -> list[NodeState]:
