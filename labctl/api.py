@@ -19,23 +19,34 @@ import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Literal, Mapping
+from typing import TYPE_CHECKING, Callable, Literal, Mapping
 
 from labctl.config import load_config
-from labctl.diagnose.doctor import Diagnosis
 from labctl.errors import ConfigError, LabError
-from labctl.lab.lifecycle import NodeState
 from labctl.lab.session import LabSession
-from labctl.lab.up import UpPlan
-from labctl.net.tc import LinkState, Shape
-from labctl.run.launch import Elastic
-from labctl.run.plan import Launcher, RunPlan
-from labctl.run.result import RunResult
+
+if TYPE_CHECKING:  # imported where used: `labctl up` starts Compose sooner without them
+    from labctl.diagnose.doctor import Diagnosis
+    from labctl.lab.lifecycle import NodeState
+    from labctl.lab.up import UpPlan
+    from labctl.net.tc import LinkState, Shape
+    from labctl.run.plan import Launcher, RunPlan
+    from labctl.run.result import RunResult
 
 Fault = Literal["kill", "crash", "pause", "unpause", "partition", "heal"]
 Report = Callable[[str], None]
 
 __all__ = ["Lab", "Hosts", "RunResult", "RunPlan", "Diagnosis", "UpResult", "Fault"]
+_LAZY = {"RunResult": "labctl.run.result", "RunPlan": "labctl.run.plan", "Diagnosis": "labctl.diagnose.doctor"}
+
+
+def __getattr__(name: str):
+    """`from labctl.api import RunResult` (and RunPlan, Diagnosis) without importing them at startup."""
+    if name in _LAZY:
+        import importlib
+
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def _quiet(_message: str) -> None:
@@ -146,9 +157,11 @@ class Lab(LabSession):
         return UpResult(nodes, plan.subnet, links, inventory, time.monotonic() - started)
 
     def _wanted_shape(self) -> Shape | None:
+        if not isinstance(self._shape, str):
+            return self._shape
         from labctl.net.tc import parse_shape
 
-        return parse_shape(self._shape) if isinstance(self._shape, str) else self._shape
+        return parse_shape(self._shape)
 
     def _write_inventory(self, nodes: list[NodeState], ssh: bool) -> Path | None:
         from labctl.hosts import labnodes
@@ -180,7 +193,7 @@ class Lab(LabSession):
     def run_plan(self, *argv: str, launcher: Launcher = "torchrun", nproc_per_node: int | None = None,
                  max_restarts: int = 0, nnodes: str | None = None, pg_timeout_s: float | None = 30.0) -> RunPlan:
         """The plan of `run(*argv)`, as data: nothing starts."""
-        from labctl.run.launch import parse_nnodes, parse_script_args
+        from labctl.run.launch import Elastic, parse_nnodes, parse_script_args
 
         nproc = check_nproc(nproc_per_node)
         script_args = parse_script_args(list(argv))

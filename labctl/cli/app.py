@@ -44,9 +44,8 @@ class Session:
     def lab(self, name: str | None = None, **settings):
         """The labctl.api.Lab a command works on, reporting progress on stderr."""
         from labctl.api import Lab
-        from labctl.ui import BuildProgress, info
 
-        return Lab(name, workspace=self.workspace, environ=self.environ, report=info, build_progress=BuildProgress,
+        return Lab(name, workspace=self.workspace, environ=self.environ, report=_info, build_progress=_build_progress,
                    connect=lambda: self.client, **settings)
 
     def hosts(self, lab: str | None, inventory: str | None, accept_new: bool = False):
@@ -59,6 +58,18 @@ class Session:
         config = self.config(lab=lab, inventory=inventory)
         path = Path(config.inventory) if config.inventory else lab_dir(self.workspace, config.lab) / INVENTORY_FILE
         return Hosts(path, accept_new=accept_new, workspace=self.workspace, report=info)
+
+
+def _info(message: str) -> None:
+    from labctl.ui import info  # rich, imported on the first message: `up` has Compose running by then
+
+    info(message)
+
+
+def _build_progress():
+    from labctl.ui import BuildProgress
+
+    return BuildProgress()
 
 
 def session() -> Session:

@@ -68,14 +68,16 @@ def up(lab, nodes, nproc_per_node, cpus, memory, subnet, master_port, image, bw,
     key pair made for the lab, and .lab/<lab>/hosts.toml describes the nodes as real hosts: their
     addresses, the user, the key and a known_hosts file, for `labctl hosts check|sync|run`.
     """
-    from labctl.cli import render
-
     the_lab = session().lab(lab, nodes=nodes, nproc_per_node=nproc_per_node, cpus=cpus, memory=memory,
                             subnet=subnet, master_port=master_port, image=image, bw=bw, node_cpus=node_cpus, ssh=ssh)
     if dry_run:
+        from labctl.cli import render
+
         render.print_up_plan(the_lab.plan_up(dry_run=True), the_lab.directory)
         return
     result = the_lab.up()
+    from labctl.cli import render  # rich: after Compose, not before it
+
     render.print_nodes(the_lab.name, result.nodes, result.links, as_json,
                        f"lab {the_lab.name} ({result.subnet}), up in {result.seconds:.1f} s")
 

@@ -35,7 +35,6 @@ log = logging.getLogger("labctl.lab.lifecycle")
 READY_PREFIX = "DDPLAB_READY"
 NOT_READY_PREFIX = "DDPLAB_NOT_READY"
 READY_TIMEOUT_S = 60.0
-COMPOSE_POLL_S = 0.25  # how often `up` looks at the nodes while Compose is still starting them
 
 Report = Callable[[str], None]
 
@@ -128,7 +127,9 @@ def compose_up_argv(compose_file: Path, lab: str) -> list[str]:
 
 
 def apply_up(client, config: LabConfig, workspace: Path, document: dict, env_files: dict[str, str],
-             report: Report, engine: Engine | None = None) -> list[NodeState]:
+             report: Report, engine: Engine | None = None, started: str | None = None) -> list[NodeState]:
+    """Write the project and run `docker compose up -d`, reporting `started` once Compose runs (what
+    labctl says then costs Compose no time); wait until every node reports torch."""
     existed = bool(lab_containers(client, config.lab) or lab_networks(client, config.lab))
     if not existed:  # a new lab: first prove that its nodes will see and write the workspace as the caller
         engine_mod.check_workspace(client, engine or engine_mod.usable_engine(client), config.image_tag, workspace,
@@ -143,6 +144,8 @@ def apply_up(client, config: LabConfig, workspace: Path, document: dict, env_fil
     except FileNotFoundError:
         raise StateError("no docker CLI on PATH", hint=COMPOSE_MISSING_HINT) from None
     try:
+        if started:
+            report(started)
         return wait_ready(client, config.lab, config.node_names, compose, argv)
     except (CommandError, LabError, KeyboardInterrupt):
         compose.kill()
@@ -181,25 +184,27 @@ def _ready_line(client, name: str) -> str | None:
 
 def wait_ready(client, lab: str, names: list[str], compose: subprocess.Popen, argv: list[str],
                timeout_s: float = READY_TIMEOUT_S) -> list[NodeState]:
-    """Poll each node's log for the line its entry point prints once its Python finds torch.
+    """Wait for Compose, then poll each node's log for the line its entry point prints once its
+    Python finds torch.
 
-    Each round lists the lab's containers once and reads the log only of those that have started:
-    a node Compose has not created or started yet has nothing to say, and asking for its log
-    holds a request (and a thread) on the engine while the engine is busy starting it.
+    Nothing is asked of the engine while Compose works: `up -d` returns as soon as every node has
+    started, and each request made meanwhile waits on the engine that is starting them, which only
+    slows Compose down (a node that fails at start is seen just after). Each round then lists the
+    lab's containers once and reads the logs of the nodes still pending.
     """
     deadline = time.monotonic() + timeout_s
-    pending = {name: container_name(lab, name) for name in names}
-    ready: dict[str, str] = {}
-    compose_done = False
     exited = threading.Event()  # set the moment compose exits (Popen.wait with a timeout looks every 50 ms)
     threading.Thread(target=lambda: (compose.wait(), exited.set()), name="compose-wait", daemon=True).start()
+    if not exited.wait(timeout_s):
+        raise LabError(f"nodes (compose) not ready within {timeout_s:.0f} s",
+                       hint="the machine may be overloaded; `docker logs` on those containers shows why")
+    _check_compose(compose, argv)
+    pending = {name: container_name(lab, name) for name in names}
+    ready: dict[str, str] = {}
     with ThreadPoolExecutor(max_workers=8) as pool:
-        while pending or not compose_done:
-            compose_done = compose_done or _check_compose(compose, argv)
-            containers = lab_containers(client, lab) if pending else []
-            states = {name_of(c): c["State"] for c in containers}
-            started = {name: c for name, c in pending.items() if states.get(c, "created") != "created"}
-            lines = dict(zip(started, pool.map(lambda c: _ready_line(client, c), started.values())))
+        while pending:
+            containers = lab_containers(client, lab)
+            lines = dict(zip(pending, pool.map(lambda c: _ready_line(client, c), pending.values())))
             for name, line in lines.items():
                 if line is None:
                     continue
@@ -207,18 +212,13 @@ def wait_ready(client, lab: str, names: list[str], compose: subprocess.Popen, ar
                     raise LabError(f"{name}: {line}", hint="`labctl build --force` rebuilds the node image")
                 ready[name] = line
                 del pending[name]
-            if compose_done and pending:
-                _check_exited(client, containers, pending)
-            if (pending or not compose_done) and time.monotonic() > deadline:
-                raise LabError(f"nodes {', '.join(sorted(pending)) or '(compose)'} not ready within {timeout_s:.0f} s",
+            if not pending:
+                break
+            _check_exited(client, containers, pending)
+            if time.monotonic() > deadline:
+                raise LabError(f"nodes {', '.join(sorted(pending))} not ready within {timeout_s:.0f} s",
                                hint="the machine may be overloaded; `docker logs` on those containers shows why")
-            if not compose_done:
-                # While Compose works, a look every COMPOSE_POLL_S catches a node that fails early;
-                # looking more often slows Compose down (the engine serves us instead). The wait
-                # ends the moment compose exits: the nodes' last lines are then read every 20 ms.
-                exited.wait(COMPOSE_POLL_S)
-            elif pending:
-                time.sleep(0.02)
+            time.sleep(0.02)
     return lab_status(client, lab, ready_lines=ready)
 
 
@@ -311,21 +311,29 @@ def apply_down(client, lab: str, volumes: bool = False) -> dict[str, int]:
 
     if kill_orphaned_compose(lab):
         time.sleep(0.5)  # let the engine finish the create calls already in flight
+    containers = lab_containers(client, lab)
     with ThreadPoolExecutor(max_workers=8) as pool:
-        removed_containers = sum(pool.map(remove, lab_containers(client, lab)))
-    removed_networks = sum(_remove_network(n, lab) for n in lab_networks(client, lab))
+        removed_containers = sum(pool.map(remove, containers))
+    names = [name_of(c) for c in containers]
+    removed_networks = sum(_remove_network(n, lab, names) for n in lab_networks(client, lab))
     removed_volumes = 0
     if volumes:
         removed_volumes = sum(remove(v) for v in lab_volumes(client, lab))
     return {"containers": removed_containers, "networks": removed_networks, "volumes": removed_volumes}
 
 
-def _remove_network(network, lab: str, wait_s: float = 10.0) -> int:
+def _remove_network(network, lab: str, removed: list[str], wait_s: float = 10.0) -> int:
     """Remove a lab network; a container still being attached (a concurrent `up` of the same lab, a
-    create call in flight) is given `wait_s` to go, then named in a StateError."""
+    create call in flight) is given `wait_s` to go, then named in a StateError.
+
+    Docker 20.10 can keep the endpoint of a container it has just force-removed (moby/moby#42119:
+    "has active endpoints" with no container listed); a forced disconnect of each removed container
+    by name clears such a stale endpoint, as `docker network disconnect -f` does.
+    """
     import docker.errors
 
     deadline = time.monotonic() + wait_s
+    stale_cleared = False
     while True:
         try:
             network.remove()
@@ -335,6 +343,14 @@ def _remove_network(network, lab: str, wait_s: float = 10.0) -> int:
         except docker.errors.APIError as exc:
             if "active endpoints" not in str(exc):
                 raise
+            if not stale_cleared:
+                stale_cleared = True
+                for name in removed:
+                    try:
+                        network.disconnect(name, force=True)
+                    except docker.errors.APIError:  # not attached, or gone: nothing stale to clear
+                        pass
+                continue
             if time.monotonic() > deadline:
                 network.reload()
                 attached = ", ".join(c.get("Name", "?") for c in (network.attrs.get("Containers") or {}).values())

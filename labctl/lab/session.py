@@ -10,15 +10,17 @@ from __future__ import annotations
 
 from functools import cached_property
 from pathlib import Path
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 from labctl.config import LabConfig
 from labctl.errors import LabError
 from labctl.lab.docker import DockerNodes, docker_client, engine_cpus, lab_networks, network_subnets
 from labctl.lab.envfiles import read_node_envs
 from labctl.lab.lifecycle import NodeState, lab_dir, lab_status, require_running
-from labctl.run.launch import Elastic
-from labctl.run.plan import Launcher, RunPlan, build_run_plan
+
+if TYPE_CHECKING:  # the run path is imported when a run is planned, not at every `labctl up`
+    from labctl.run.launch import Elastic
+    from labctl.run.plan import Launcher, RunPlan
 
 
 class LabSession:
@@ -87,13 +89,17 @@ class LabSession:
         return read_node_envs(self.directory, names if names is not None else self.node_names())
 
     def plan_run(self, script_args: list[str], *, node_env: dict[str, dict[str, str]] | None = None,
-                 launcher: Launcher = "torchrun", nproc_per_node: int | None = None, elastic: Elastic = Elastic(),
+                 launcher: Launcher = "torchrun", nproc_per_node: int | None = None, elastic: Elastic | None = None,
                  pg_timeout_s: float | None = None, share_cpus: bool = True) -> RunPlan:
         """The run plan for `script_args` on the lab's nodes (or the nodes of `node_env`, a subset).
         With `share_cpus`, every process gets OMP_NUM_THREADS from the engine's CPUs."""
+        from labctl.run.launch import Elastic
+        from labctl.run.plan import build_run_plan
+
         return build_run_plan(node_env if node_env is not None else self.node_env(), script_args, self.directory,
                               launcher=launcher, nproc_per_node=nproc_per_node,
-                              cpus=self.cpus if share_cpus else None, elastic=elastic, pg_timeout_s=pg_timeout_s)
+                              cpus=self.cpus if share_cpus else None, elastic=elastic or Elastic(),
+                              pg_timeout_s=pg_timeout_s)
 
     def execute(self, plan: RunPlan, *, timeout_s: float | None = None, echo: bool = True, check: bool = True):
         """Run a plan on the lab's nodes (see labctl.run.executor.execute)."""

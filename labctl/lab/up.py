@@ -43,8 +43,6 @@ def build_up_plan(client, config: LabConfig, workspace: Path, *, node_cpus: str 
                   ssh: bool | None = None, dry_run: bool = False) -> UpPlan:
     """Validate against the engine and render everything; creates nothing (but the lab's SSH key,
     made once, unless `dry_run`)."""
-    from labctl.hosts import labnodes
-
     engine = engine_mod.usable_engine(client)
     existing = lab_containers(client, config.lab)
     if existing and config.sources.get("nodes") == "default":
@@ -57,7 +55,11 @@ def build_up_plan(client, config: LabConfig, workspace: Path, *, node_cpus: str 
     if refused:
         raise refused
     directory = lab_dir(workspace, config.lab)
-    public_key = labnodes.lab_public_key(directory, config.lab, make=not dry_run) if ssh else None
+    public_key = None
+    if ssh:
+        from labctl.hosts import labnodes
+
+        public_key = labnodes.lab_public_key(directory, config.lab, make=not dry_run)
     document, env_files, subnet = plan_up(client, config, workspace, per_node, public_key, engine)
     return UpPlan(config, engine, bool(existing), document, env_files, subnet, per_node, ssh, public_key)
 
@@ -69,9 +71,10 @@ def apply_up_plan(client, plan: UpPlan, workspace: Path, report: Report) -> tupl
     verb = "reconciling" if plan.existing else "starting"
     config = plan.config
     for attempt in range(1, SUBNET_ATTEMPTS + 1):
-        report(f"{verb} lab {config.lab}: {config.nodes} nodes on {plan.subnet}")
+        started = f"{verb} lab {config.lab}: {config.nodes} nodes on {plan.subnet}"
         try:
-            return plan, apply_up(client, config, workspace, plan.document, plan.env_files, report, plan.engine)
+            return plan, apply_up(client, config, workspace, plan.document, plan.env_files, report, plan.engine,
+                                  started=started)
         except (CommandError, LabError) as exc:
             # Another lab (or anything else) took the same free subnet between our pick and Compose
             # creating the network: the failed attempt was removed, so pick again.
