@@ -1,3 +1,3 @@
-from labctl.cli import main
+from labctl.cli.app import main
 
 main(prog_name="labctl")

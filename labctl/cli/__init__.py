@@ -3,9 +3,17 @@
 Each module here holds one group of commands (lab, run, net, diagnose, hosts, bench); a command
 parses its options, makes one call below, and hands the result to `render`. Only this package
 exits the process (app.LabGroup turns the project's errors into a message and an exit status).
+
+`labctl` runs `app.main`, which imports a command's module only when that command runs, so
+`labctl up` does not pay for the benches. `from labctl.cli import main` gives the same group with
+every command loaded (for tests and tools that walk the command tree).
 """
 
-from labctl.cli import bench, diagnose, hosts, lab, net, run  # noqa: F401 (each registers its commands)
-from labctl.cli.app import main
 
-__all__ = ["main"]
+def __getattr__(name: str):
+    if name == "main":
+        from labctl.cli.app import load_all_commands, main
+
+        load_all_commands()
+        return main
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

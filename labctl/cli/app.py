@@ -76,8 +76,35 @@ def session() -> Session:
     return click.get_current_context().find_object(Session)
 
 
+# The module that defines each top-level command: loaded when that command runs (click's documented
+# lazy-loading pattern), so a command pays only for its own imports.
+COMMAND_MODULES = {
+    "build": "lab", "up": "lab", "status": "lab", "down": "lab", "env": "lab", "logs": "lab", "run": "run",
+    "shape": "net", "slow": "net", "fault": "net", "doctor": "diagnose", "scenario": "diagnose",
+    "hosts": "hosts", "cost": "bench", "bench": "bench",
+}
+
+
+def load_all_commands() -> None:
+    import importlib
+
+    for module in sorted(set(COMMAND_MODULES.values())):
+        importlib.import_module(f"labctl.cli.{module}")
+
+
 class LabGroup(click.Group):
-    """Turns the project's errors into one clear message and an exit status; never a traceback."""
+    """Loads each command's module when it is asked for, and turns the project's errors into one
+    clear message and an exit status; never a traceback."""
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted(set(COMMAND_MODULES) | set(self.commands))
+
+    def get_command(self, ctx: click.Context, name: str):
+        if name in COMMAND_MODULES and name not in self.commands:
+            import importlib
+
+            importlib.import_module(f"labctl.cli.{COMMAND_MODULES[name]}")
+        return super().get_command(ctx, name)
 
     def invoke(self, ctx: click.Context):
         try:

@@ -121,3 +121,12 @@ def test_importing_the_cli_stays_light():
     code = "import sys, labctl.cli; print(sorted(m for m in ('docker', 'rich', 'yaml', 'torch') if m in sys.modules))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
+
+
+def test_every_command_is_where_the_lazy_group_looks_for_it():
+    code = ("import sys; from labctl.cli.app import COMMAND_MODULES, load_all_commands, main; "
+            "assert not main.commands; load_all_commands(); "
+            "assert sorted(main.commands) == sorted(COMMAND_MODULES), (sorted(main.commands), sorted(COMMAND_MODULES)); "
+            "print('ok')")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert out.stdout.strip() == "ok", out.stderr
