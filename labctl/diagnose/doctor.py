@@ -278,7 +278,7 @@ def node_info(nodes, node: str) -> dict:
 
 
 def gather_info(nodes, names: list[str]) -> dict[str, dict]:
-    """node_info of every node at once. `nodes` is a runner.Nodes (lab containers or SSH hosts)."""
+    """node_info of every node at once. `nodes` is a run.executor.Nodes (lab containers or SSH hosts)."""
     with ThreadPoolExecutor(max_workers=16) as pool:
         return dict(zip(names, pool.map(lambda node: node_info(nodes, node), names)))
 

@@ -8,7 +8,7 @@ refused with the fingerprint the host now presents. Nothing here accepts every k
 
 Pure builders come first (ssh options, remote command lines, rsync argv; ssh's messages are read
 in ssh_messages.py);
-`SSHHosts`, the runner.Nodes for real hosts, runs them. The remote side needs a POSIX shell, the
+`SSHHosts`, the run.executor.Nodes for real hosts, runs them. The remote side needs a POSIX shell, the
 inventory's Python, and rsync for `hosts sync`; processes are found by /proc, so hosts run Linux.
 """
 
@@ -220,7 +220,7 @@ def recorded_fingerprint(host: Host) -> str:
 class SSHHosts:
     """The inventory's hosts as a run reaches them: one ssh session per launch or command.
 
-    A runner.Nodes. Launches run under labctl/remote/stop.py's watch with the session's stdin held open,
+    A run.executor.Nodes. Launches run under labctl/remote/stop.py's watch with the session's stdin held open,
     so a vanished labctl (Ctrl-C, kill -9, a dropped link) stops the run on the host.
     """
 

@@ -56,7 +56,7 @@ def exec_in(client, container: str, argv: list[str], env: dict[str, str] | None 
 class DockerNodes:
     """The lab's nodes as a run reaches them: `docker exec` into each node's container.
 
-    One of the two kinds of `runner.Nodes` (the other is `ssh.SSHHosts`): the runner, the store,
+    One of the two kinds of `run.executor.Nodes` (the other is `hosts.ssh.SSHHosts`): the executor, the store,
     stopping and doctor's probes go through these few methods, whatever carries them.
     """
 

@@ -4,7 +4,7 @@
    (debootstrap from the apt mirror this machine already uses, then `docker import`), built once.
 2. Wheelhouse: the host's pip downloads torch (CPU build) and its dependencies into
    .lab/wheelhouse for the base image's own Python and platform, which a short run of the base
-   image reports (labctl/wheelhouse.py), and the Dockerfile installs from there with --no-index.
+   image reports (labctl/lab/wheelhouse.py), and the Dockerfile installs from there with --no-index.
 3. Build with the Docker SDK, showing the Dockerfile's steps as a progress bar. The image carries
    a hash of its inputs as a label, so an up-to-date image is recognised without building.
 """

@@ -1,5 +1,5 @@
 """Bring a lab up, read its state back from Docker, and tear it down. The side-effect half of
-config/envfiles/compose: plans are built there (`plan_up` gathers them), applied here (`apply_up`).
+config, envfiles and compose: plans are built there (`plan_up` gathers them), applied here (`apply_up`).
 """
 
 from __future__ import annotations

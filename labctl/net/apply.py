@@ -1,5 +1,5 @@
 """Apply link shaping to lab nodes and read it back from the kernel. The side-effect half of
-shaping.py, which builds the tc commands.
+tc.py, which builds the tc commands.
 
 The nodes have no added capabilities. tc runs in a short-lived helper container that joins the
 node's network namespace (`--network container:NODE`) with NET_ADMIN, as Pumba does, and is gone

@@ -1,5 +1,5 @@
 """tc commands for a node's link, and the link's state read back from tc. Pure: builds argv lists
-and parses text; netshape.py runs them.
+and parses text; apply.py runs them.
 
 Egress: a tbf at the root shapes the rate (https://man7.org/linux/man-pages/man8/tc-tbf.8.html);
 delay, jitter and loss hang under it as a netem child (https://man7.org/linux/man-pages/man8/tc-netem.8.html).

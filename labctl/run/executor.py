@@ -31,7 +31,7 @@ _PRINT_LOCK = threading.Lock()
 
 
 class Nodes(Protocol):
-    """Where a run's processes go: `lab.DockerNodes` (containers) or `ssh.SSHHosts` (real hosts).
+    """Where a run's processes go: `lab.docker.DockerNodes` (containers) or `hosts.ssh.SSHHosts` (real hosts).
 
     argv[0] "python" and "torchrun" mean the node's own Python and its torchrun.
     """

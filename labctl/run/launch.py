@@ -33,7 +33,7 @@ STOP_SCRIPT = remote.load("stop.py")
 
 @dataclass(frozen=True)
 class Launch:
-    """One process tree to start on one node (which `runner.Nodes` reaches, by the node's name)."""
+    """One process tree to start on one node (which `executor.Nodes` reaches, by the node's name)."""
 
     label: str  # the output prefix, e.g. node1 or node1/r3
     node: str
