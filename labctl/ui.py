@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from rich.console import Console
-from rich.table import Table
 
 import sys
 
@@ -22,21 +21,6 @@ def node_colour(index: int) -> str:
 
 def info(message: str) -> None:
     err_console.print(f"[dim]•[/dim] {message}", markup=True)
-
-
-def nodes_table(lab: str, nodes, title: str | None = None, links: dict | None = None) -> Table:
-    from labctl.net.tc import describe
-
-    table = Table(title=title or f"lab {lab}", title_justify="left")
-    for column in ("node", "IP", "torch", "state") + (("link",) if links else ()):
-        table.add_column(column)
-    for node in nodes:
-        colour = "green" if node.state == "running" else "red"
-        cells = [node.name, node.ip, node.torch, f"[{colour}]{node.state}[/{colour}]"]
-        if links:
-            cells.append(describe(links[node.name]) if node.name in links else "-")
-        table.add_row(*cells)
-    return table
 
 
 class BuildProgress:

@@ -53,11 +53,10 @@ class Session:
         from labctl.api import Hosts
         from labctl.hosts.labnodes import INVENTORY_FILE
         from labctl.lab.lifecycle import lab_dir
-        from labctl.ui import info
 
         config = self.config(lab=lab, inventory=inventory)
         path = Path(config.inventory) if config.inventory else lab_dir(self.workspace, config.lab) / INVENTORY_FILE
-        return Hosts(path, accept_new=accept_new, workspace=self.workspace, report=info)
+        return Hosts(path, accept_new=accept_new, workspace=self.workspace, report=_info)
 
 
 def _info(message: str) -> None:

@@ -101,6 +101,7 @@ def run_scenario(client, config, workspace, scenario: Scenario, report) -> Outco
         nodes = lab_mod.apply_up(client, config, workspace, document, env_files, lambda _m: None)
         ctx = Context(client, config.lab, nodes, config.iface)
         session = LabSession(config, workspace, client)
+        node_env = session.node_env(ctx.names)  # the env files up wrote: the same for both runs
         if scenario.prepare:
             scenario.prepare(ctx)
 
@@ -109,7 +110,7 @@ def run_scenario(client, config, workspace, scenario: Scenario, report) -> Outco
         report(f"{scenario.name}: the broken run ({scenario.launcher})")
         t0 = time.monotonic()
         limit = max(10.0, scenario.bound_s - (t0 - started) - 40)
-        broken = session.execute(scenario_plan(ctx, scenario, broken_env, run_dir, session.node_env(ctx.names)),
+        broken = session.execute(scenario_plan(ctx, scenario, broken_env, run_dir, node_env),
                                  timeout_s=limit, echo=False, check=False)
         failed = [o for o in broken.outcomes if o.exit_code not in (0, None)]
         shown_at = min((o.ended for o in failed if o.ended), default=None) or max(o.ended or t0 for o in broken.outcomes)
@@ -129,7 +130,7 @@ def run_scenario(client, config, workspace, scenario: Scenario, report) -> Outco
         ctx.run_id, run_dir = new_run(session.directory)
         report(f"{scenario.name}: the fixed run")
         t1 = time.monotonic()
-        fixed = session.execute(scenario_plan(ctx, scenario, scenario.fixed(ctx), run_dir, session.node_env(ctx.names)),
+        fixed = session.execute(scenario_plan(ctx, scenario, scenario.fixed(ctx), run_dir, node_env),
                                 timeout_s=max(10.0, scenario.bound_s - (t1 - started)), echo=False, check=False)
         fixed_s = time.monotonic() - t1
         if scenario.name == "straggler":  # fixed means: no straggler named any more
