@@ -12,6 +12,7 @@ from pathlib import Path
 from labctl.errors import LabError
 from labctl.run.launch import Launch
 
+RESULT_FILE = "result.json"  # in the run folder, written when the run ends (`labctl logs -f` stops there)
 SUMMARY_PREFIX = "SUMMARY "  # the trainer's last line on rank 0: SUMMARY {...json...}
 ERROR_LINE = re.compile(r"^\s*([A-Za-z_][\w.]*(Error|Exception|Interrupt)|error)\b.*")
 # Ways a process dies whose last error line does not say why, and what is going on.
