@@ -10,6 +10,7 @@ DDPLAB_RUN_ID in its environment (see labctl/remote/stop.py).
 from __future__ import annotations
 
 import codecs
+import json
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -21,12 +22,14 @@ from rich.markup import escape
 from labctl.errors import LabError, RunFailed
 from labctl.run.launch import PORT_CHECK_SCRIPT, STOP_SCRIPT, STORE_FAILED, STORE_READY, Launch, store_launch
 from labctl.run.plan import RunPlan
-from labctl.run.result import Outcome, RunResult
-from labctl.ui import console, node_colour
+from labctl.run.result import RESULT_FILE, Outcome, RunResult
+from labctl.run.terminal import TerminalFilter
+from labctl.ui import console, err_console, node_colour
 
 FAIL_GRACE_S = 10.0  # after one node fails, how long the others get to notice and exit on their own
 STOP_GRACE_S = 3.0  # SIGTERM -> SIGKILL
 STORE_START_TIMEOUT_S = 60.0
+STOP_REPORT = "DDPLAB_STOP"  # stop.py's first line: the ranks still alive, the node's OOM kills
 _PRINT_LOCK = threading.Lock()
 
 
@@ -51,22 +54,23 @@ class Nodes(Protocol):
     def close(self) -> None: ...
 
 
-def execute(nodes: Nodes, plan: RunPlan, *, timeout_s: float | None = None, echo: bool = True,
+def execute(nodes: Nodes, plan: RunPlan, *, timeout_s: float | None = None, echo: bool | str = True,
             check: bool = True) -> RunResult:
     """Run the plan on `nodes`: check the first node's rendezvous port, start every launch at once,
-    stream and save their output, stop the rest when one fails. With `check` (the default), raise
-    RunFailed (the result attached) unless the run succeeded (for an elastic run: enough nodes
-    finished cleanly); without, return the result whatever happened."""
+    stream and save their output (to stdout, or with echo="stderr" there), stop the rest when one
+    fails. With `check` (the default), raise RunFailed (the result attached, its exit status the
+    root cause's) unless the run succeeded (for an elastic run: enough nodes finished cleanly);
+    without, return the result whatever happened."""
     check_master_port(nodes, plan.node_env)
     master_port = next(iter(plan.node_env.values()))["MASTER_PORT"] if plan.torchrun else None
     result = run_all(nodes, plan.launches, plan.run_dir, plan.run_id, master_port=master_port, timeout_s=timeout_s,
                      echo=echo, min_nodes=plan.min_nodes)
     lost = result.lost_nodes()
-    if result.ok and lost:
-        console.print(f"[yellow]labctl: the run completed without {', '.join(lost)} (lost during the run; "
-                      f"elastic range allowed it)[/yellow]", markup=True)
+    if result.ok and lost and echo:
+        _Echo(echo).console.print(f"[yellow]labctl: the run completed without {', '.join(lost)} (lost during the "
+                                  f"run; elastic range allowed it)[/yellow]", markup=True)
     if check and not result.ok:
-        raise RunFailed(result.explain(), exit_code=130 if result.interrupted else 1, result=result)
+        raise RunFailed(result.explain(), exit_code=result.exit_status, result=result)
     return result
 
 
@@ -84,28 +88,42 @@ def check_master_port(nodes: Nodes, node_env: dict[str, dict[str, str]]) -> None
                         f"or {nodes.port_hint}")
 
 
-def stop_run(nodes: Nodes, names: list[str], run_id: str) -> None:
-    def stop(node: str) -> None:
+def stop_run(nodes: Nodes, names: list[str], run_id: str) -> dict[str, tuple[list[int], int | None]]:
+    """Stop the run on every node; what each said first: (the ranks it still ran, its OOM kills)."""
+    def stop(node: str) -> tuple[str, tuple[list[int], int | None] | None]:
         try:
-            nodes.run(node, ["python", "-c", STOP_SCRIPT, "stop", run_id, str(STOP_GRACE_S)])
+            _, output = nodes.run(node, ["python", "-c", STOP_SCRIPT, "stop", run_id, str(STOP_GRACE_S)])
         except Exception:  # a node that is gone has nothing left to stop
-            pass
+            return node, None
+        return node, parse_stop_report(output)
 
     with ThreadPoolExecutor(max_workers=8) as pool:
-        list(pool.map(stop, names))
+        return {node: report for node, report in pool.map(stop, names) if report is not None}
+
+
+def parse_stop_report(output: str) -> tuple[list[int], int | None] | None:
+    """`DDPLAB_STOP ranks=0,2 oom_kills=1` -> ([0, 2], 1); `oom_kills=-`: unknown."""
+    for line in output.splitlines():
+        if line.startswith(STOP_REPORT + " "):
+            fields = dict(part.partition("=")[::2] for part in line.split()[1:])
+            ranks = [int(r) for r in fields.get("ranks", "").split(",") if r.isdigit()]
+            kills = fields.get("oom_kills", "-")
+            return ranks, int(kills) if kills.isdigit() else None
+    return None
 
 
 class _Echo:
-    """Whether node output still goes to the terminal: once labctl stops a run, the nodes' shutdown
-    chatter (torchrun's SignalException stacks) goes to the logs only."""
+    """Whether node output still goes to the terminal (stdout, or stderr for `--json`): once labctl
+    stops a run, the nodes' shutdown chatter (torchrun's SignalException stacks) goes to the logs only."""
 
-    def __init__(self, on: bool = True):
-        self.on = on
+    def __init__(self, on: bool | str = True):
+        self.on = bool(on)
+        self.console = err_console if on == "stderr" else console
 
     def mute(self) -> None:
         if self.on:
             self.on = False
-            console.print("[dim]labctl: further output of this run is in its logs[/dim]", markup=True)
+            self.console.print("[dim]labctl: further output of this run is in its logs[/dim]", markup=True)
 
 
 class _NodeLogs:
@@ -132,32 +150,39 @@ def _stream(nodes: Nodes, outcome: Outcome, logs: _NodeLogs, colour: str, echo: 
     prefix = f"[{colour}]{launch.label:>8} |[/{colour}] "
     decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")  # a character may span two chunks
     pending = ""
+    shown = TerminalFilter()
+
+    def emit(line: str) -> None:
+        _emit(outcome, logs, prefix, line, echo, on_line, shown)
 
     def on_output(chunk: bytes) -> None:
         nonlocal pending
         pending += decoder.decode(chunk)
         *complete, pending = pending.split("\n")
         for line in complete:
-            _emit(outcome, logs, prefix, line, echo, on_line)
+            emit(line)
 
     try:
         exit_code = nodes.execute(launch, on_output)
         pending += decoder.decode(b"", final=True)
         if pending:
-            _emit(outcome, logs, prefix, pending, echo, on_line)
+            emit(pending)
         outcome.exit_code = exit_code
         if exit_code != 0:
             lost = nodes.node_lost(launch.node, exit_code)
             if lost:
-                _emit(outcome, logs, prefix, f"labctl: {lost}", echo, on_line)
+                emit(f"labctl: {lost}")
     except Exception as exc:  # the node vanished under us (docker kill, down)
-        _emit(outcome, logs, prefix, f"labctl: lost the node: {exc}", echo, on_line)
+        emit(f"labctl: lost the node: {exc}")
         outcome.exit_code = outcome.exit_code if outcome.exit_code is not None else 255
     finally:
-        outcome.ended = time.monotonic()
+        outcome.ended, outcome.ended_at = time.monotonic(), time.time()
+        if echo and echo.on:
+            _print(echo, prefix, shown.flush())
 
 
-def _emit(outcome: Outcome, logs: _NodeLogs, prefix: str, line: str, echo: _Echo | None, on_line) -> None:
+def _emit(outcome: Outcome, logs: _NodeLogs, prefix: str, line: str, echo: _Echo | None, on_line,
+          shown: TerminalFilter) -> None:
     line = line.rstrip("\r")
     outcome.lines.append(line)
     label = "" if outcome.launch.label == outcome.launch.node else f"{outcome.launch.label} "
@@ -165,12 +190,17 @@ def _emit(outcome: Outcome, logs: _NodeLogs, prefix: str, line: str, echo: _Echo
     if on_line:
         on_line(line)
     if echo and echo.on:
-        with _PRINT_LOCK:  # one whole line at a time, whichever node's thread prints
-            console.print(prefix + escape(line), markup=True, soft_wrap=True)
+        _print(echo, prefix, shown.feed(line))
+
+
+def _print(echo: _Echo, prefix: str, lines: list[str]) -> None:
+    with _PRINT_LOCK:  # whole lines at a time, whichever node's thread prints
+        for line in lines:
+            echo.console.print(prefix + escape(line), markup=True, soft_wrap=True)
 
 
 def run_all(nodes: Nodes, launches: list[Launch], run_dir: Path, run_id: str, *, master_port: str | None,
-            timeout_s: float | None = None, echo: bool = True, min_nodes: int | None = None) -> RunResult:
+            timeout_s: float | None = None, echo: bool | str = True, min_nodes: int | None = None) -> RunResult:
     """Start every launch at once (with the run's own rendezvous store on the first node, for torchrun)."""
     run_dir.mkdir(parents=True, exist_ok=True)
     _link_latest(run_dir)
@@ -178,9 +208,10 @@ def run_all(nodes: Nodes, launches: list[Launch], run_dir: Path, run_id: str, *,
     names = list(dict.fromkeys(launch.node for launch in launches))
     colours = {node: node_colour(i) for i, node in enumerate(names)}
     outcomes = [Outcome(launch) for launch in launches]
-    printer = _Echo(on=echo)
+    printer = _Echo(echo)
     threads = []
     store_thread = None
+    result = None
     try:
         if master_port is not None:
             store_thread, store_ready = _start_store(nodes, names[0], master_port, run_id, run_dir, logs)
@@ -193,14 +224,26 @@ def run_all(nodes: Nodes, launches: list[Launch], run_dir: Path, run_id: str, *,
             # The agents start alongside the store (it imports torch too, ~2 s): their store
             # clients retry the connection until it listens, so nobody waits for it in turn.
             store_ready()
-        return _watch(nodes, names, run_id, run_dir, outcomes, threads, timeout_s, printer, min_nodes)
+        result = _watch(nodes, names, run_id, run_dir, outcomes, threads, timeout_s, printer, min_nodes)
+        return result
     finally:
         # Whatever happened, leave no process of this run on any node (the store included).
-        stop_run(nodes, names, run_id)
+        reports = stop_run(nodes, names, run_id)
         if store_thread:
             store_thread.join(timeout=5)
         nodes.close()
         logs.close()
+        if result is not None:
+            result.oom_kills = {node: kills for node, (_, kills) in reports.items()}
+            _save_result(result)
+
+
+def _save_result(result: RunResult) -> None:
+    """result.json in the run folder: what `--json` prints; its presence says the run is over."""
+    try:
+        (result.run_dir / RESULT_FILE).write_text(json.dumps(result.to_dict(), indent=2) + "\n")
+    except OSError:
+        pass
 
 
 def _start_store(nodes: Nodes, node: str, master_port: str, run_id: str, run_dir: Path, logs: _NodeLogs):
@@ -226,6 +269,7 @@ def _watch(nodes: Nodes, names, run_id, run_dir, outcomes, threads, timeout_s, e
     first_failure: Outcome | None = None
     stop_at: float | None = None
     interrupted = timed_out = False
+    live_ranks: dict[str, list[int]] = {}
     try:
         while any(t.is_alive() for t in threads):
             for thread in threads:
@@ -242,7 +286,7 @@ def _watch(nodes: Nodes, names, run_id, run_dir, outcomes, threads, timeout_s, e
             if timeout_s is not None and now - started > timeout_s and not timed_out:
                 timed_out = True
                 echo.mute()
-                _stop_remaining(nodes, names, run_id, outcomes)
+                live_ranks = _stop_remaining(nodes, names, run_id, outcomes)
             if stop_at is not None and now > stop_at:
                 stop_at = None
                 echo.mute()
@@ -254,14 +298,15 @@ def _watch(nodes: Nodes, names, run_id, run_dir, outcomes, threads, timeout_s, e
         _stop_remaining(nodes, names, run_id, outcomes)
         for thread in threads:
             thread.join(timeout=STOP_GRACE_S + 5)
-    return RunResult(run_dir, outcomes, first_failure, interrupted, timed_out, min_nodes)
+    return RunResult(run_dir, outcomes, first_failure, interrupted, timed_out, min_nodes, timeout_s, live_ranks)
 
 
-def _stop_remaining(nodes: Nodes, names, run_id, outcomes) -> None:
+def _stop_remaining(nodes: Nodes, names, run_id, outcomes) -> dict[str, list[int]]:
+    """Stop what still runs; the ranks each node still ran."""
     for outcome in outcomes:
         if outcome.exit_code is None:
             outcome.stopped = True
-    stop_run(nodes, names, run_id)
+    return {node: ranks for node, (ranks, _) in stop_run(nodes, names, run_id).items() if ranks}
 
 
 def _link_latest(run_dir: Path) -> None:

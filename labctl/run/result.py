@@ -10,11 +10,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from labctl.errors import LabError
+from labctl.run.failures import RankFailure, Stream, Verdict, explain, judge, what_happened
 from labctl.run.launch import Launch
 
 RESULT_FILE = "result.json"  # in the run folder, written when the run ends (`labctl logs -f` stops there)
 SUMMARY_PREFIX = "SUMMARY "  # the trainer's last line on rank 0: SUMMARY {...json...}
-ERROR_LINE = re.compile(r"^\s*([A-Za-z_][\w.]*(Error|Exception|Interrupt)|error)\b.*")
 # Ways a process dies whose last error line does not say why, and what is going on.
 KNOWN_DEATHS = (
     (re.compile(r"terminate called without an active exception"),
@@ -34,15 +34,16 @@ class Outcome:
     lines: list[str] = field(default_factory=list)
     started: float = field(default_factory=time.monotonic)
     ended: float | None = None
+    ended_at: float | None = None  # the same moment on the wall clock
 
-    def reason(self) -> str:
-        for line in reversed(self.lines):
-            if ERROR_LINE.match(line) and "ChildFailedError" not in line:
-                return line.strip()
-        for line in reversed(self.lines):
-            if "exitcode" in line:
-                return line.strip()
-        return next((line.strip() for line in reversed(self.lines) if line.strip()), "no output")
+    @property
+    def torchrun(self) -> bool:
+        return bool(self.launch.argv) and self.launch.argv[0] == "torchrun"
+
+    def stream(self) -> Stream:
+        rank = self.launch.env.get("RANK")
+        return Stream(self.launch.node, self.lines, self.exit_code, self.stopped,
+                      int(rank) if rank and rank.isdigit() else None, self.ended_at, self.torchrun)
 
     def known_cause(self) -> str | None:
         return next((why for pattern, why in KNOWN_DEATHS if any(pattern.search(line) for line in self.lines)), None)
@@ -56,6 +57,20 @@ class RunResult:
     interrupted: bool = False
     timed_out: bool = False
     min_nodes: int | None = None  # elastic: enough nodes finishing cleanly is success
+    timeout_s: float | None = None
+    live_ranks: dict[str, list[int]] = field(default_factory=dict)  # still running when labctl stopped them
+    oom_kills: dict[str, int | None] = field(default_factory=dict)  # each node's OOM kills, at the end
+
+    @property
+    def verdict(self) -> Verdict:
+        """Which rank failed first, where, saying what, and the exit status that follows (see failures.py)."""
+        return judge([o.stream() for o in self.outcomes], ok=self.ok, timed_out=self.timed_out,
+                     interrupted=self.interrupted, live_ranks=self.live_ranks, oom_kills=self.oom_kills)
+
+    @property
+    def exit_status(self) -> int:
+        """0; the root-cause rank's status (128+N for signal N); 124 after --timeout-s; 130 after Ctrl-C."""
+        return self.verdict.exit_status
 
     @property
     def ok(self) -> bool:
@@ -81,23 +96,65 @@ class RunResult:
         return find_summary(line for o in self.outcomes for line in reversed(o.lines))
 
     def lost_nodes(self) -> list[str]:
+        """Processes that failed (for an elastic run that went on without them)."""
         return [o.launch.label for o in self.outcomes if o.exit_code not in (0, None)]
 
     def explain(self) -> str:
-        if self.interrupted:
-            return f"interrupted; every node was stopped. Logs: {self.run_dir}"
-        if self.timed_out:
-            return f"--timeout-s reached; every node was stopped. Logs: {self.run_dir}"
-        culprit = self.first_failure or next(o for o in self.outcomes if o.exit_code != 0)
-        parts = [f"{culprit.launch.label} exited with status {culprit.exit_code}: {culprit.reason()}"]
-        cause = culprit.known_cause()
+        """The last lines of a failed run: who failed first and how, who after, and where the logs are."""
+        verdict = self.verdict
+        lines = explain(verdict, self.timeout_s)
+        culprit = self._root_outcome(verdict)
+        cause = culprit.known_cause() if culprit else None
         if cause:
-            parts.append(f"why: {cause}")
-        stopped = [o.launch.label for o in self.outcomes if o.stopped]
-        if stopped:
-            parts.append(f"labctl then stopped {', '.join(stopped)}")
-        parts.append(f"logs: {self.run_dir}/{culprit.launch.node}.log")
-        return "; ".join(parts)
+            lines.append(f"why: {cause}")
+        where = self.logs.get(verdict.root.node) if verdict.root and not verdict.timed_out else None
+        lines.append(f"logs: {_shown(where or self.run_dir)}")
+        return "\n".join(lines)
+
+    def _root_outcome(self, verdict: Verdict) -> Outcome | None:
+        if verdict.root is None:
+            return None
+        return next((o for o in self.outcomes if o.launch.node == verdict.root.node
+                     and (verdict.root.rank is None or o.stream().rank in (None, verdict.root.rank))), None)
+
+    def to_dict(self) -> dict:
+        """The run as `labctl run --json` prints it (and result.json keeps it)."""
+        verdict = self.verdict
+        nodes: dict[str, dict] = {}
+        failures = [verdict.root, *verdict.after] if verdict.root else list(verdict.after)
+        for o in self.outcomes:
+            entry = nodes.setdefault(o.launch.node, {"exit_status": None, "ranks": [], "log": str(self.logs[o.launch.node])})
+            if o.exit_code is not None:
+                entry["exit_status"] = max(entry["exit_status"] or 0, o.exit_code)
+            stream = o.stream()
+            if stream.rank is not None:
+                entry["ranks"].append(stream.rank)
+        for f in failures:
+            if f.rank is not None and f.rank not in nodes.get(f.node, {}).get("ranks", [f.rank]):
+                nodes[f.node]["ranks"].append(f.rank)
+        for entry in nodes.values():
+            entry["ranks"].sort()
+        return {
+            "ok": self.ok, "exit_status": verdict.exit_status, "run_id": self.run_dir.name, "run_dir": str(self.run_dir),
+            "timed_out": self.timed_out, "interrupted": self.interrupted, "nodes": nodes,
+            "root_cause": _failure_dict(verdict.root, verdict.oom_kills) if verdict.root else None,
+            "failed_after": [_failure_dict(f) for f in verdict.after],
+            "unfinished": verdict.unfinished, "summary": self.summary,
+        }
+
+
+def _failure_dict(f: RankFailure, oom_kills: int | None = None) -> dict:
+    return {"node": f.node, "rank": f.rank, "exit_status": f.exit_status, "signal": f.signal,
+            "error": f.error, "what": what_happened(f, oom_kills), "lost": f.lost,
+            "time": f.time.isoformat(timespec="milliseconds") if f.time else None, "consequence": f.consequence}
+
+
+def _shown(path: Path) -> str:
+    """A path as short as it can be said from here."""
+    try:
+        return str(path.relative_to(Path.cwd()))
+    except ValueError:
+        return str(path)
 
 
 def find_summary(lines) -> dict | None:

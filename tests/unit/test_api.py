@@ -102,7 +102,7 @@ def test_run_failed_carries_the_result():
     bad = Outcome(Launch("node1", "node1", ["torchrun"]), 1, lines=["ValueError: boom"])
     result = result_of(Outcome(Launch("node0", "node0", ["torchrun"]), None, stopped=True), bad)
     error = RunFailed(result.explain(), result=result)
-    assert not result.ok and error.result is result and str(error).startswith("node1 exited with status 1: ValueError: boom")
+    assert not result.ok and error.result is result and str(error).startswith("node1 failed first: ValueError: boom")
 
 
 def test_preflight_refuses_problems_and_passes_warnings():

@@ -141,6 +141,7 @@ def test_the_constants_the_scripts_write_out_are_labctls():
     from labctl.remote import crash, stop, store
 
     assert stop.RUN_ID_VAR == crash.RUN_ID_VAR == launch.RUN_ID_VAR
+    assert stop.REPORT == executor.STOP_REPORT
     assert (store.STORE_READY, store.STORE_FAILED) == (launch.STORE_READY, launch.STORE_FAILED)
     assert re.findall(r"^marker=(\S+)", remote.load("prepare-workspace.sh"), re.M) == [ssh.MARKER]
 
@@ -159,11 +160,13 @@ def test_labctl_ships_the_files_text():
 
 def test_stop_ends_the_runs_processes_and_no_others(spawn):
     run_id = new_run_id()
-    ours = [spawn({RUN_ID_VAR: run_id}), spawn({RUN_ID_VAR: run_id, "LOCAL_RANK": "0"})]
-    others = [spawn({RUN_ID_VAR: new_run_id()}), spawn({RUN_ID_VAR: run_id + "0"}), spawn({"X": run_id})]
+    ours = [spawn({RUN_ID_VAR: run_id}), spawn({RUN_ID_VAR: run_id, "LOCAL_RANK": "0", "RANK": "2"})]
+    others = [spawn({RUN_ID_VAR: new_run_id()}), spawn({RUN_ID_VAR: run_id + "0", "RANK": "5"}), spawn({"X": run_id})]
     started = time.monotonic()
     result = run_py("stop.py", "stop", run_id, "20")
-    assert (result.returncode, result.stdout, result.stderr) == (0, "", "")
+    # First the report: the ranks still alive (only ours that has a RANK), and the OOM killer's count.
+    assert result.returncode == 0 and result.stderr == ""
+    assert re.fullmatch(r"DDPLAB_STOP ranks=2 oom_kills=(\d+|-)\n", result.stdout), result.stdout
     assert time.monotonic() - started < 15  # did not sit out the grace: everyone left on SIGTERM
     assert [p.wait(timeout=TIMEOUT_S) for p in ours] == [-signal.SIGTERM] * 2
     assert all(alive(p) for p in others)

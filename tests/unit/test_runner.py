@@ -23,10 +23,10 @@ def test_a_worker_that_aborted_at_exit_is_explained():
     culprit = failed(EXIT_RACE)
     other = Outcome(Launch("node0", "node0", ["torchrun", "x.py"]), exit_code=None, stopped=True)
     text = RunResult(Path("/r"), [other, culprit], culprit).explain()
-    assert text.startswith("node1 exited with status 1: exitcode  : -6 (pid: 26599)  (SIGABRT)")
+    assert text.startswith("node1 failed first (13:31:21): killed by SIGABRT (aborted)")
     assert "why: it aborted while Python was exiting, after its work" in text
     assert "ending, once it has written and flushed everything and left the process group, with os._exit(0)" in text
-    assert "labctl then stopped node0" in text and text.endswith("logs: /r/node1.log")
+    assert "then labctl stopped node0" in text and text.endswith("logs: /r/node1.log")
 
 
 def test_an_ordinary_error_gets_its_own_line_and_no_guess():

@@ -1,0 +1,68 @@
+"""Which lines of a run go to the terminal. Every line goes to the node's log; the terminal is
+spared what repeats or follows from the failure that matters:
+- torchrun's traceback with its ChildFailedError report (one per node, each blaming nothing) or
+  its shutdown on a signal, and its `failed (exitcode: N)` log line: the last lines say it better;
+- the traceback of a rank that failed only because another did (its peer gone, a collective timed
+  out, the store gone), and a C++ abort's `terminate called ... what(): Connection closed by peer`.
+A rank's traceback is held back until its exception line arrives, then printed whole or dropped.
+Pure: fed lines, it returns the lines to print.
+"""
+
+from __future__ import annotations
+
+import re
+
+from labctl.run.failures import AGENT_FAILED, consequence_of, is_agent_report, strip_rank
+
+REPORT_RULE = re.compile(r"^=+\s*$")
+MAX_HELD = 400  # lines of one traceback held back at most; a longer one is printed as it comes
+
+
+class TerminalFilter:
+    """One stream's filter: `feed(line)` returns what to print now, `flush()` what is still held."""
+
+    def __init__(self) -> None:
+        self.held: dict[int | None, list[str]] = {}  # by rank (None: no rank prefix)
+        self.in_report = False
+        self.report_root_seen = False
+
+    def feed(self, line: str) -> list[str]:
+        rank, text = strip_rank(line)
+        if self.in_report:
+            return self._in_report(text)
+        if AGENT_FAILED.match(text):
+            return []
+        held = self.held.get(rank)
+        if held is not None:
+            if not text.strip() or text.startswith((" ", "\t", "Traceback (most recent call last)")):
+                held.append(line)
+                return self.held.pop(rank) if len(held) > MAX_HELD else []
+            return self._exception(rank, line, text)
+        if text.startswith("Traceback (most recent call last)"):
+            self.held[rank] = [line]
+            return []
+        if (text.startswith("terminate called") or "what():" in text) and consequence_of(text):
+            return []
+        return [line]
+
+    def flush(self) -> list[str]:
+        lines = [line for held in self.held.values() for line in held]
+        self.held.clear()
+        return lines
+
+    def _exception(self, rank: int | None, line: str, text: str) -> list[str]:
+        held = self.held.pop(rank)
+        if is_agent_report(text):
+            self.in_report = "ChildFailedError" in text
+            self.report_root_seen = False
+            return []
+        if consequence_of(text):
+            return []
+        return held + [line]
+
+    def _in_report(self, text: str) -> list[str]:
+        if text.startswith("Root Cause"):
+            self.report_root_seen = True
+        elif self.report_root_seen and REPORT_RULE.match(text):
+            self.in_report = False
+        return []

@@ -1,0 +1,155 @@
+"""Which rank failed first, and what labctl says and exits with: held to recorded outputs of real
+failed runs on a 3-node lab (tests/unit/failures/*.json, written by record.py there), and to the
+terminal filter that keeps torchrun's reports and the consequences' tracebacks in the logs only."""
+
+import json
+from pathlib import Path
+
+import pytest
+
+from labctl.run.failures import Stream, consequence_of, judge
+from labctl.run.launch import Launch
+from labctl.run.result import Outcome, RunResult
+from labctl.run.terminal import TerminalFilter
+
+RECORDED = Path(__file__).parent / "failures"
+
+
+def recorded(case: str) -> RunResult:
+    """The RunResult of a recorded run, rebuilt from its raw outcomes."""
+    data = json.loads((RECORDED / f"{case}.json").read_text())
+    outcomes = []
+    for o in data["outcomes"]:
+        env = {"RANK": o["rank"]} if o["rank"] is not None else {}
+        outcome = Outcome(Launch(o["label"], o["node"], [*o["argv"], "x.py"], env), o["exit_code"], o["stopped"],
+                          list(o["lines"]))
+        outcome.ended_at = o["ended_at"]
+        outcomes.append(outcome)
+    return RunResult(Path("/runs/r1"), outcomes, None, data["interrupted"], data["timed_out"], data["min_nodes"],
+                     data["timeout_s"], data["live_ranks"], data["oom_kills"])
+
+
+# case: exit status, the first line's start, what the last lines must also say
+CASES = {
+    "exit3": (3, "rank 1 on node1 failed first (", ["exited with status 3", "(peer gone)", "logs: /runs/r1/node1.log"]),
+    "raise": (1, "rank 1 on node1 failed first (", ["ValueError: deliberate failure on rank 1", "(peer gone)"]),
+    "sigkill": (137, "rank 1 on node1 failed first (", ["killed by SIGKILL (out of memory?", "(peer gone)"]),
+    "sigsegv": (139, "rank 1 on node1 failed first (", ["killed by SIGSEGV (segmentation fault)"]),
+    "hang-timeout": (124, "--timeout-s 8 reached: rank 0 on node0, rank 1 on node1, rank 2 on node2 had not finished",
+                     ["logs: /runs/r1"]),
+    "lost-node-nnodes": (137, "node1 was lost first (", ["node lost", "(peer gone)", "logs: /runs/r1/node1.log"]),
+    "static-exit3": (3, "rank 2 on node2 failed first (", ["exited with status 3", "(peer gone)"]),
+    "static-raise": (1, "rank 0 on node0 failed first (", ["ValueError: deliberate failure on rank 0"]),
+    "static-sigkill": (137, "rank 1 on node1 failed first (", ["killed by SIGKILL"]),
+}
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_the_root_cause_is_the_rank_that_failed_not_the_first_agent_to_exit(case):
+    status, first, also = CASES[case]
+    result = recorded(case)
+    said = result.explain().splitlines()
+    assert result.exit_status == status, said
+    assert said[0].startswith(first), said
+    for text in also:
+        assert any(text in line for line in said), (text, said)
+    assert not any("ChildFailedError" in line or "exitcode  :" in line for line in said)
+
+
+@pytest.mark.parametrize("case", ["exit3", "raise", "sigkill", "sigsegv", "static-exit3", "static-raise"])
+def test_every_other_rank_is_a_consequence(case):
+    verdict = recorded(case).verdict
+    assert [f.consequence for f in verdict.after] == ["peer gone", "peer gone"]
+    assert verdict.root.consequence is None and verdict.root.node in {"node0", "node1", "node2"}
+    assert sorted([verdict.root.rank] + [f.rank for f in verdict.after]) == [0, 1, 2]
+
+
+def test_the_json_names_the_root_cause_and_every_node():
+    doc = recorded("raise").to_dict()
+    assert doc["ok"] is False and doc["exit_status"] == 1
+    assert doc["root_cause"]["node"] == "node1" and doc["root_cause"]["rank"] == 1
+    assert doc["root_cause"]["error"] == "ValueError: deliberate failure on rank 1"
+    assert doc["root_cause"]["time"].startswith("20")
+    assert sorted(doc["nodes"]) == ["node0", "node1", "node2"]
+    assert doc["nodes"]["node1"]["ranks"] == [1] and doc["nodes"]["node1"]["log"] == "/runs/r1/node1.log"
+    assert json.loads(json.dumps(doc)) == doc
+
+
+def test_a_timeout_lists_who_was_still_running():
+    doc = recorded("hang-timeout").to_dict()
+    assert doc["exit_status"] == 124 and doc["timed_out"]
+    assert doc["unfinished"] == ["rank 0 on node0", "rank 1 on node1", "rank 2 on node2"]
+
+
+def test_sigkill_with_oom_kills_on_the_node_says_out_of_memory():
+    result = recorded("sigkill")
+    result.oom_kills = {"node0": 0, "node1": 2, "node2": 0}
+    first = result.explain().splitlines()[0]
+    assert "killed by SIGKILL (out of memory: the OOM killer has killed 2 processes in node1's memory cgroup" in first
+
+
+def test_ctrl_c_exits_130():
+    result = recorded("hang-timeout")
+    result.timed_out, result.interrupted = False, True
+    assert result.exit_status == 130 and result.explain().startswith("interrupted (Ctrl-C)")
+
+
+def test_an_elastic_run_that_finished_on_enough_nodes_exits_0():
+    result = recorded("lost-node-nnodes")
+    for o in result.outcomes:
+        if o.launch.node != "node1":
+            o.exit_code = 0
+    result.min_nodes = 2
+    assert result.ok and result.exit_status == 0
+
+
+@pytest.mark.parametrize("text, word", [
+    ("RuntimeError: [pair.cc:553] Connection closed by peer [172.28.0.11]:33497", "peer gone"),
+    ("RuntimeError: [pair.cc:537] Read error [172.28.0.11]:3486: Connection reset by peer", "peer gone"),
+    ("RuntimeError: [unbound_buffer.cc:81] Timed out waiting 30000ms for recv operation to complete", "peer silent"),
+    ("torch.distributed.DistStoreError: Failed to recv, got 0 bytes. Connection was likely closed.", "peer gone"),
+    ("ValueError: deliberate failure on rank 1", None),
+    ("RuntimeError: CUDA out of memory", None),
+])
+def test_consequences_are_told_from_causes(text, word):
+    assert consequence_of(text) == word
+
+
+def test_two_ranks_failing_on_their_own_the_earlier_is_the_root():
+    def stream(node, rank, error, second):
+        lines = ["Traceback (most recent call last):", '  File "x.py", line 1', error]
+        return Stream(node, lines, 1, rank=rank, ended_at=1_700_000_000 + second, torchrun=False)
+
+    verdict = judge([stream("node0", 0, "KeyError: 'b'", 5), stream("node1", 1, "KeyError: 'a'", 2)], ok=False)
+    assert (verdict.root.rank, verdict.root.error, verdict.exit_status) == (1, "KeyError: 'a'", 1)
+    assert verdict.after[0].rank == 0 and verdict.after[0].consequence is None
+
+
+def shown(case: str, node: str) -> list[str]:
+    """What the terminal shows of one node's recorded output."""
+    data = json.loads((RECORDED / f"{case}.json").read_text())
+    lines = next(o["lines"] for o in data["outcomes"] if o["node"] == node and o["label"] == node)
+    terminal = TerminalFilter()
+    return [x for line in lines for x in terminal.feed(line)] + terminal.flush()
+
+
+def test_the_root_cause_traceback_stays_on_the_terminal_and_torchruns_report_does_not():
+    root = shown("raise", "node1")
+    assert "[rank1]: ValueError: deliberate failure on rank 1" in root
+    assert "[rank1]: Traceback (most recent call last):" in root
+    assert not any("ChildFailedError" in line or "Root Cause" in line or "exitcode" in line for line in root)
+    assert not any(line.startswith(("Traceback", "  File")) for line in root)  # torchrun's own stack
+    assert any(line.startswith("FAIL_HOW rank=1") for line in root)  # ordinary output is untouched
+
+
+def test_a_consequences_traceback_goes_to_the_log_only():
+    for node in ("node0", "node2"):
+        lines = shown("raise", node)
+        assert lines == [next(x for x in lines if x.startswith("FAIL_HOW"))], lines
+
+
+def test_a_traceback_cut_short_is_printed_at_the_end():
+    terminal = TerminalFilter()
+    assert terminal.feed("[rank3]: Traceback (most recent call last):") == []
+    assert terminal.feed('[rank3]:   File "x.py", line 2, in <module>') == []
+    assert terminal.flush() == ["[rank3]: Traceback (most recent call last):", '[rank3]:   File "x.py", line 2, in <module>']
