@@ -387,11 +387,11 @@ class Hosts:
         return f"labctl hosts check --inventory {self.inventory.path}"
 
     def execute(self, plan, *, timeout_s: float | None = None, sync: bool = True, excludes: tuple[str, ...] = (),
-                check: bool = True) -> RunResult:
+                echo: bool | str = True, check: bool = True) -> RunResult:
         """Run a plan from `run_plan`: sync (or only write the env files), run, copy the outputs back."""
         from labctl.hosts import actions
         from labctl.hosts.ssh import require_tools, sync_excludes
 
         require_tools("ssh", *(["rsync"] if sync else []))
         excluded = sync_excludes(self.workspace, excludes) if sync else None
-        return actions.execute_run(plan, self.workspace, excluded, timeout_s, self.report, check=check)
+        return actions.execute_run(plan, self.workspace, excluded, timeout_s, self.report, echo=echo, check=check)

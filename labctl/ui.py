@@ -23,6 +23,19 @@ def info(message: str) -> None:
     err_console.print(f"[dim]•[/dim] {message}", markup=True)
 
 
+def error(message: str, hint: str | None = None) -> None:
+    """An error on stderr: its headline in red, then any further lines of it, then the hint.
+    Messages quote torch and gloo, whose [file:line] tags rich would read as markup: escaped."""
+    from rich.markup import escape
+
+    headline, *details = message.splitlines() or [""]
+    err_console.print(f"[bold red]{escape(headline)}[/bold red]", markup=True, soft_wrap=True)
+    for line in details:
+        err_console.print(f"  {escape(line)}", markup=True, soft_wrap=True)
+    if hint:
+        err_console.print(f"  [yellow]hint:[/yellow] {escape(hint)}", markup=True, soft_wrap=True)
+
+
 class BuildProgress:
     """A progress bar over the Dockerfile's steps; the current step's text as its description."""
 

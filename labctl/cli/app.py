@@ -125,18 +125,9 @@ class LabGroup(click.Group):
 
 
 def _fail(message: str, hint: str | None, code: int):
-    from rich.markup import escape
+    from labctl.ui import error
 
-    from labctl.ui import err_console
-
-    # Messages quote torch and gloo, whose [file:line] tags rich would read as markup. A message of
-    # several lines (a failed run's) has its headline first, the details after it.
-    headline, *details = message.splitlines() or [""]
-    err_console.print(f"[bold red]{escape(headline)}[/bold red]", markup=True, soft_wrap=True)
-    for line in details:
-        err_console.print(f"  {escape(line)}", markup=True, soft_wrap=True)
-    if hint:
-        err_console.print(f"  [yellow]hint:[/yellow] {escape(hint)}", markup=True, soft_wrap=True)
+    error(message, hint)
     sys.exit(code)
 
 

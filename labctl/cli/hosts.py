@@ -86,8 +86,8 @@ def hosts_sync(lab, inventory, accept_new, excludes, dry_run) -> None:
 @click.option("--no-preflight", is_flag=True, help="Skip the checks (versions, interface) before the run.")
 @dry_run_option("Print what each host would run; run nothing.")
 @script_argument
-def hosts_run(lab, inventory, accept_new, nproc_per_node, launcher, timeout_s, pg_timeout_s, no_sync, excludes,
-              no_preflight, dry_run, script) -> None:
+def hosts_run(lab, inventory, accept_new, nproc_per_node, launcher, timeout_s, pg_timeout_s, as_json, no_sync,
+              excludes, no_preflight, dry_run, script) -> None:
     """Run TRAINING_SCRIPT [ARGS...] (or `-m module [ARGS...]`) on every host at once, as `labctl run`
     does on the lab: sync the workspace, write each host's env file, start torchrun on every host
     over SSH, stream the output prefixed with each host's name, and save the logs here under
@@ -114,4 +114,6 @@ def hosts_run(lab, inventory, accept_new, nproc_per_node, launcher, timeout_s, p
         return
     if not no_preflight:
         render.print_preflight(the_hosts.preflight(plan, nproc_per_node), the_hosts.full_check)
-    the_hosts.execute(plan, timeout_s=timeout_s, sync=not no_sync, excludes=excludes)
+    result = the_hosts.execute(plan, timeout_s=timeout_s, sync=not no_sync, excludes=excludes,
+                               echo="stderr" if as_json else True, check=not as_json)
+    render.finish_run(result, as_json)

@@ -23,7 +23,9 @@ def dry_run_option(help_text: str):
 
 
 def run_options(f):
-    """What `labctl run` and `labctl hosts run` both take: the launcher and the two timeouts."""
+    """What `labctl run` and `labctl hosts run` both take: the launcher, the two timeouts, --json."""
+    f = json_option("Print the run's outcome as one JSON document on stdout (exit status, each node's, the root "
+                    "cause, the SUMMARY); node output goes to stderr.")(f)
     f = click.option("--pg-timeout-s", type=click.FloatRange(1, 3600), default=30.0, show_default=True, metavar="S",
                      help="Process-group timeout for the trainer (DDPLAB_PG_TIMEOUT_S): a dead peer fails "
                           "collectives after S.")(f)

@@ -137,24 +137,25 @@ def print_logs(logs: list[tuple[str, str]], headers: bool = True) -> None:
 # -------------------------------------------------------------------------------------- doctor
 
 
-def print_findings(diagnosis, problems_only: bool = False) -> None:
+def print_findings(diagnosis, problems_only: bool = False, out=None) -> None:
     """doctor's report: the nodes' facts, then one line per finding (or only the problems), then
-    the verdict."""
+    the verdict; on stdout, or `out`."""
+    out = out or console
     findings = diagnosis.problems if problems_only else diagnosis.findings
     if diagnosis.nodes and not problems_only:
-        console.print(_facts_table(diagnosis.title, diagnosis.nodes))
+        out.print(_facts_table(diagnosis.title, diagnosis.nodes))
     for f in findings:
         mark = "[green]ok[/green]  " if f.ok else "[yellow]WARN[/yellow]" if f.warn else "[bold red]FAIL[/bold red]"
         where = "" if f.node == "all" else f"{f.node}: "
-        console.print(f"{mark} {f.check:<10} {where}{escape(f.message)}", markup=True, soft_wrap=True)
+        out.print(f"{mark} {f.check:<10} {where}{escape(f.message)}", markup=True, soft_wrap=True)
         if f.fix and not f.ok:
-            console.print(f"     [yellow]fix:[/yellow] {escape(f.fix)}", markup=True, soft_wrap=True)
+            out.print(f"     [yellow]fix:[/yellow] {escape(f.fix)}", markup=True, soft_wrap=True)
     bad = sum(f.blocking for f in findings)
     warnings = sum(f.warn and not f.ok for f in findings)
     verdict = "[green]no problems found[/green]" if not bad else f"[bold red]{bad} problem{'s' * (bad != 1)}[/bold red]"
     if warnings:
         verdict += f", [yellow]{warnings} warning{'s' * (warnings != 1)}[/yellow]"
-    console.print(f"{verdict} in {diagnosis.seconds:.1f} s", markup=True)
+    out.print(f"{verdict} in {diagnosis.seconds:.1f} s", markup=True)
 
 
 def _facts_table(title: str, nodes: dict) -> Table:
@@ -179,10 +180,25 @@ def report_check(diagnosis, as_json: bool) -> bool:
 
 
 def print_preflight(diagnosis, full_check: str) -> None:
-    """A preflight's verdict: show what is not right; refuse to start on a problem (warnings pass)."""
+    """A preflight's verdict: show what is not right (on stderr: stdout is the run's, or its JSON);
+    refuse to start on a problem (warnings pass)."""
+    from labctl.ui import err_console
+
     if diagnosis.problems:
-        print_findings(diagnosis, problems_only=True)
+        print_findings(diagnosis, problems_only=True, out=err_console)
     diagnosis.raise_for_problems(full_check)
+
+
+def finish_run(result, as_json: bool) -> None:
+    """After `run`/`hosts run`: with --json, the run as one document on stdout, and its exit status."""
+    if as_json:
+        emit_json(result.to_dict())
+        if not result.ok:  # the last lines for people, on stderr, as without --json
+            from labctl.ui import error
+
+            error(f"run failed: {result.explain()}")
+        if result.exit_status:
+            raise SystemExit(result.exit_status)
 
 
 # ----------------------------------------------------------------------------------- scenarios

@@ -19,7 +19,7 @@ from labctl.cli.options import SCRIPT_CONTEXT, dry_run_option, lab_option, run_o
 @click.option("--nnodes", metavar="MIN:MAX", help="Elastic node range, MAX = the lab's nodes: the run goes on with MIN survivors.")
 @script_argument
 def run(lab, nproc_per_node, launcher, timeout_s, dry_run, no_preflight, max_restarts, nnodes, pg_timeout_s,
-        script) -> None:
+        as_json, script) -> None:
     """Run TRAINING_SCRIPT [ARGS...] (or `-m module [ARGS...]`) on every node at once.
 
     \b
@@ -40,4 +40,5 @@ def run(lab, nproc_per_node, launcher, timeout_s, dry_run, no_preflight, max_res
         return
     if not no_preflight:
         render.print_preflight(the_lab.preflight(), f"labctl doctor --lab {the_lab.name}")
-    the_lab.execute(plan, timeout_s=timeout_s)
+    render.finish_run(the_lab.execute(plan, timeout_s=timeout_s, echo="stderr" if as_json else True,
+                                      check=not as_json), as_json)

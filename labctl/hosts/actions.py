@@ -291,7 +291,7 @@ def plan_run(inventory: Inventory, workspace: Path, script_args: list[str], *, l
 
 
 def execute_run(plan: HostsRun, workspace: Path, excludes: list[str] | None, timeout_s: float | None,
-                report: Report, check: bool = True):
+                report: Report, echo: bool | str = True, check: bool = True):
     """Sync (unless `excludes` is None: then only the env files are written), run on every host
     through the one executor, as `labctl run` does, and copy each host's outputs back, whatever happened."""
     from labctl.run.executor import execute
@@ -305,7 +305,7 @@ def execute_run(plan: HostsRun, workspace: Path, excludes: list[str] | None, tim
                f"({sum(s['files'] for s in stats.values())} files changed)")
     report(f"run {plan.job.run_id} on {', '.join(plan.hosts.inventory.names)} (logs: {plan.job.run_dir})")
     try:
-        return execute(plan.hosts, plan.job, timeout_s=timeout_s, check=check)
+        return execute(plan.hosts, plan.job, timeout_s=timeout_s, echo=echo, check=check)
     finally:
         fetch_outputs(plan.hosts, plan.job.remote_run_dir, plan.job.run_dir, report)
 

@@ -101,7 +101,7 @@ class LabSession:
                               cpus=self.cpus if share_cpus else None, elastic=elastic or Elastic(),
                               pg_timeout_s=pg_timeout_s)
 
-    def execute(self, plan: RunPlan, *, timeout_s: float | None = None, echo: bool = True, check: bool = True):
+    def execute(self, plan: RunPlan, *, timeout_s: float | None = None, echo: bool | str = True, check: bool = True):
         """Run a plan on the lab's nodes (see labctl.run.executor.execute)."""
         from labctl.run.executor import execute
 
