@@ -21,8 +21,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Literal, Mapping
 
-from labctl.config import load_config
-from labctl.errors import ConfigError, LabError
+from labctl.config import check_nproc, check_timeout, load_config
+from labctl.errors import LabError
 from labctl.lab.session import LabSession
 
 if TYPE_CHECKING:  # imported where used: `labctl up` starts Compose sooner without them
@@ -62,23 +62,6 @@ class UpResult:
     links: dict[str, LinkState] | None  # read back from the kernel when the lab was shaped at bring-up
     inventory: Path | None  # .lab/<lab>/hosts.toml when every node is an SSH host
     seconds: float
-
-
-def check_timeout(timeout_s: float | None) -> None:
-    if timeout_s is not None and timeout_s <= 0:
-        raise ConfigError("--timeout-s", timeout_s, "must be a positive number of seconds")
-
-
-def check_nproc(value: int | str | None) -> int | None:
-    """--nproc-per-node, checked by the same rule as DDPLAB_NPROC_PER_NODE; None when not given."""
-    from labctl.config import SETTINGS
-
-    if value is None:
-        return None
-    try:
-        return SETTINGS["nproc_per_node"][1](str(value))
-    except ValueError as exc:
-        raise ConfigError("--nproc-per-node", value, str(exc)) from None
 
 
 class Lab(LabSession):
