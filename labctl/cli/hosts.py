@@ -15,6 +15,7 @@ from labctl.cli.options import (
     inventory_option,
     json_option,
     lab_option,
+    nproc_option,
     run_options,
     script_argument,
 )
@@ -79,7 +80,7 @@ def hosts_sync(lab, inventory, accept_new, excludes, dry_run) -> None:
 @lab_option
 @inventory_option
 @accept_new_option
-@click.option("--nproc-per-node", metavar="P", help="Processes on every host [default: each host's nproc_per_node].")
+@nproc_option("Processes on every host [default: each host's nproc_per_node].")
 @run_options
 @click.option("--no-sync", is_flag=True, help="Run what is already on the hosts (only the env files are written).")
 @exclude_option
@@ -93,6 +94,8 @@ def hosts_run(lab, inventory, accept_new, nproc_per_node, launcher, timeout_s, p
     over SSH, stream the output prefixed with each host's name, and save the logs here under
     .lab/<name>/runs/. Ctrl-C, or any host failing, stops the job on every host.
 
+    --nproc_per_node, torchrun's spelling, works too.
+
     \b
     Examples:
       labctl hosts run --inventory cluster.toml -- -m trainer --epochs 3
@@ -101,11 +104,9 @@ def hosts_run(lab, inventory, accept_new, nproc_per_node, launcher, timeout_s, p
     from labctl.api import check_nproc, check_timeout
     from labctl.cli import render
     from labctl.hosts.ssh import require_tools
-    from labctl.run.launch import parse_script_args
 
     check_nproc(nproc_per_node)
     check_timeout(timeout_s)
-    parse_script_args(list(script))
     require_tools("ssh", *([] if no_sync else ["rsync"]))
     the_hosts = session().hosts(lab, inventory, accept_new)
     plan = the_hosts.run_plan(*script, launcher=launcher, nproc_per_node=nproc_per_node, pg_timeout_s=pg_timeout_s)

@@ -13,6 +13,7 @@ from __future__ import annotations
 import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Collection
 
 from labctl import remote
 from labctl.errors import ConfigError, LabError
@@ -46,20 +47,29 @@ class Launch:
         return f"{env} {shlex.join(self.argv)}".strip()
 
 
-def parse_script_args(args: list[str]) -> list[str]:
-    """torchrun's positional form: `SCRIPT [ARGS...]` or `-m MODULE [ARGS...]`."""
+def parse_script_args(args: list[str], known_options: Collection[str] | None = None,
+                      command: str = "labctl run") -> list[str]:
+    """torchrun's positional form: `SCRIPT [ARGS...]` or `-m MODULE [ARGS...]`. `known_options` (the
+    command's own, where the CLI knows them) tells a labctl option put after `--` from one it lacks."""
     if args and args[0] == "--":
         args = args[1:]
     if not args:
-        raise LabError("no training script given", hint="labctl run -- train.py [ARGS...]  or  labctl run -- -m trainer")
+        raise LabError("no training script given", hint=f"{command} -- train.py [ARGS...]  or  {command} -- -m trainer")
     if args[0] in ("-m", "--module"):
         if len(args) < 2 or args[1].startswith("-"):
             raise LabError(f"`{args[0]}` needs a module name, got {args[1:2] or 'nothing'}",
-                           hint="labctl run -- -m trainer --epochs 3")
+                           hint=f"{command} -- -m trainer --epochs 3")
         return args
     if args[0].startswith("-"):
-        raise LabError(f"expected a script path or `-m module` first, got option {args[0]!r}",
-                       hint="labctl options go before `--`: labctl run --nproc-per-node 2 -- train.py")
+        option = args[0].split("=", 1)[0]
+        if known_options is not None and option in known_options:
+            raise LabError(f"{option} is an option of `{command}`, but it came after `--`, where the script and "
+                           "its own arguments go", hint=f"put {command}'s options before `--`: "
+                                                       f"{command} {option} ... -- SCRIPT [ARGS...]")
+        lacks = f", and `{command}` has no option {option}" if known_options is not None else ""
+        raise LabError(f"expected the script (a path) or `-m MODULE` first, got option {args[0]!r}{lacks}",
+                       hint=f"SCRIPT or -m MODULE comes first, then its own options: {command} -- train.py --lr 0.1"
+                            + (f"; `{command} --help` lists labctl's options" if known_options is not None else ""))
     return args
 
 

@@ -158,3 +158,33 @@ def test_hosts_sync_dry_run_prints_rsync_with_strict_host_keys(tmp_path):
     assert "node1: rsync --archive --delete" in result.output and "'--exclude=*.ckpt'" in result.output
     assert "StrictHostKeyChecking=yes" in result.output and "10.1.0.2:ddplab-workspace/" in result.output
     assert not (tmp_path / ".lab").exists()
+
+
+def test_torchruns_underscore_spellings_work_and_help_shows_labctls(tmp_path):
+    (tmp_path / "hosts.toml").write_text(INVENTORY)
+    result = invoke("hosts", "run", "--inventory", "hosts.toml", "--dry-run", "--nproc_per_node", "3", "--", "x.py")
+    assert result.exit_code == 0 and "torchrun --nproc-per-node 3 x.py" in result.output, result.output
+    # Accepted by `run` too: it gets as far as the missing engine, a state, not bad input.
+    result = invoke("run", "--nproc_per_node", "2", "--max_restarts", "1", "--dry-run", "--", "x.py")
+    assert result.exit_code == 1 and "no Docker engine answers" in result.output, result.output
+    result = invoke("env", "--hosts", "10.0.0.1,10.0.0.2", "--iface", "eth0", "--nproc_per_node", "2",
+                    "--master_port", "29600", "--rdzv_id", "job7", "--out", "hosts")
+    written = (tmp_path / "hosts" / "node1.env").read_text()
+    assert result.exit_code == 0 and "PET_NPROC_PER_NODE=2" in written and "MASTER_PORT=29600" in written
+    assert "PET_RDZV_ID=job7" in written
+    for command in (["run"], ["hosts", "run"], ["up"], ["env"]):
+        options = invoke(*command, "--help").output.split("Options:")[1]
+        assert "--nproc-per-node" in options and not any(
+            name in options for name in ("--nproc_per_node", "--max_restarts", "--master_port", "--rdzv_id"))
+
+
+@pytest.mark.parametrize("args, message, hint", [
+    (["run", "--", "--max-restarts", "1", "x.py"], "--max-restarts is an option of `labctl run`, but it came after `--`",
+     "put labctl run's options before `--`"),
+    (["hosts", "run", "--inventory", "hosts.toml", "--rdzv-backend", "c10d", "--", "x.py"],
+     "`labctl hosts run` has no option --rdzv-backend", "SCRIPT or -m MODULE comes first"),
+])
+def test_an_option_in_the_scripts_place_is_exit_2_with_the_right_hint(tmp_path, args, message, hint):
+    (tmp_path / "hosts.toml").write_text(INVENTORY)
+    result = invoke(*args)
+    assert result.exit_code == 2 and message in result.output and hint in result.output, result.output

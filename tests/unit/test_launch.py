@@ -86,11 +86,37 @@ def test_parse_script_args(args, expected):
     ([], "no training script"),
     (["-m"], "needs a module name"),
     (["-m", "--epochs"], "needs a module name"),
-    (["--epochs", "3"], "expected a script path"),
+    (["--epochs", "3"], "expected the script"),
 ])
 def test_parse_script_args_rejects(args, fragment):
     with pytest.raises(LabError, match=fragment):
         parse_script_args(args)
+
+
+RUN_OPTIONS = {"--nproc-per-node", "--nproc_per_node", "--max-restarts", "--max_restarts", "-e", "--env"}
+
+
+@pytest.mark.parametrize("args, message, hint", [
+    # A labctl option after `--`: put it before `--` (the hint no longer says what the user just did).
+    (["--max_restarts", "1", "train.py"], "--max_restarts is an option of `labctl run`, but it came after `--`",
+     "put labctl run's options before `--`: labctl run --max_restarts ... -- SCRIPT"),
+    (["--nproc-per-node=2", "train.py"], "--nproc-per-node is an option of `labctl run`", "before `--`"),
+    # An option labctl does not have (typed before `--`, or after it): SCRIPT or -m MODULE comes first.
+    (["--rdzv_backend", "c10d", "--", "train.py"], "got option '--rdzv_backend', and `labctl run` has no option "
+     "--rdzv_backend", "SCRIPT or -m MODULE comes first, then its own options: labctl run -- train.py --lr 0.1; "
+     "`labctl run --help` lists labctl's options"),
+])
+def test_an_option_where_the_script_belongs_gets_a_hint_that_fits(args, message, hint):
+    with pytest.raises(LabError) as caught:
+        parse_script_args(args, RUN_OPTIONS, "labctl run")
+    assert message in caught.value.message and hint in caught.value.hint
+
+
+def test_without_the_commands_options_the_hint_stays_general():
+    with pytest.raises(LabError) as caught:
+        parse_script_args(["--lr", "0.1"])
+    assert "has no option" not in caught.value.message and "--help" not in caught.value.hint
+    assert caught.value.hint.startswith("SCRIPT or -m MODULE comes first")
 
 
 @pytest.mark.parametrize("argv, lab, expected", [
