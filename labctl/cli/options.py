@@ -72,6 +72,16 @@ def exclude_option(f):
                         help="Also leave PATTERN out of the sync (rsync's --exclude syntax; repeatable).")(f)
 
 
+def env_options(f):
+    """`-e KEY=VALUE` and `--env-file FILE`, as `docker run` takes them (see labctl.run.userenv)."""
+    f = click.option("--env-file", "env_files", multiple=True, metavar="FILE",
+                     help="Add FILE's KEY=VALUE lines to every process's environment (repeatable; dotenv syntax, "
+                          "no ${VAR} expansion).")(f)
+    return click.option("-e", "--env", "env_pairs", multiple=True, metavar="KEY[=VALUE]",
+                        help="Set KEY in every process's environment (repeatable; over --env-file). KEY alone takes "
+                             "its value from labctl's environment, as `docker run -e` does.")(f)
+
+
 def _check_script(ctx: click.Context, _param, value: tuple[str, ...]) -> tuple[str, ...]:
     """SCRIPT or -m MODULE first; a labctl option given after `--` is told apart from one the command lacks."""
     from labctl.run.launch import parse_script_args

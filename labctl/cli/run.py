@@ -8,6 +8,7 @@ from labctl.cli.app import main, session
 from labctl.cli.options import (
     SCRIPT_CONTEXT,
     dry_run_option,
+    env_options,
     lab_option,
     nproc_option,
     run_options,
@@ -20,6 +21,7 @@ from labctl.cli.options import (
 @lab_option
 @nproc_option("Processes per node [default: the lab's, from its env files].")
 @run_options
+@env_options
 @dry_run_option("Print the command each node would run; run nothing.")
 @click.option("--no-preflight", is_flag=True, help="Skip doctor's cheap checks (env, versions, interface) before the run.")
 @torchrun_option("--max-restarts", type=click.IntRange(0, 100), default=0, show_default=True, metavar="K",
@@ -27,8 +29,8 @@ from labctl.cli.options import (
                       "checkpoint).")
 @click.option("--nnodes", metavar="MIN:MAX", help="Elastic node range, MAX = the lab's nodes: the run goes on with MIN survivors.")
 @script_argument
-def run(lab, nproc_per_node, launcher, timeout_s, pg_timeout_s, dry_run, no_preflight, max_restarts, nnodes,
-        script) -> None:
+def run(lab, nproc_per_node, launcher, timeout_s, pg_timeout_s, env_pairs, env_files, dry_run, no_preflight,
+        max_restarts, nnodes, script) -> None:
     """Run TRAINING_SCRIPT [ARGS...] (or `-m module [ARGS...]`) on every node at once.
 
     The options torchrun has too take its spellings as well (--nproc_per_node, --max_restarts).
@@ -36,17 +38,20 @@ def run(lab, nproc_per_node, launcher, timeout_s, pg_timeout_s, dry_run, no_pref
     \b
     Examples:
       labctl run -- -m trainer --epochs 3
-      labctl run --nproc_per_node 2 -- my_ddp_script.py --lr 0.1
-      labctl run --launcher static -- my_ddp_script.py
+      labctl run --nproc_per_node 2 -e NCCL_DEBUG=INFO -- my_ddp_script.py --lr 0.1
+      labctl run --launcher static --env-file run.env -- my_ddp_script.py
     """
     from labctl.api import check_nproc, check_timeout
     from labctl.cli import render
+    from labctl.run.userenv import build_user_env
 
-    the_lab = session().lab(lab)
+    where = session()
+    the_lab = where.lab(lab)
     check_nproc(nproc_per_node)
     check_timeout(timeout_s)
+    env = build_user_env(env_pairs, env_files, where.environ)
     plan = the_lab.run_plan(*script, launcher=launcher, nproc_per_node=nproc_per_node, max_restarts=max_restarts,
-                            nnodes=nnodes, pg_timeout_s=pg_timeout_s)
+                            nnodes=nnodes, pg_timeout_s=pg_timeout_s, env=env)
     if dry_run:
         render.print_launches(plan, the_lab.nodes().address)
         return

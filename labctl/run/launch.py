@@ -13,7 +13,7 @@ from __future__ import annotations
 import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Collection
+from typing import Collection, Mapping
 
 from labctl import remote
 from labctl.errors import ConfigError, LabError
@@ -133,14 +133,24 @@ def parse_nnodes(text: str, lab_nodes: int) -> tuple[int, int]:
     return low, high
 
 
+def with_user_env(own: dict[str, str], added: dict[str, str]) -> dict[str, str]:
+    """labctl's values, then the user's (over any of labctl's): --dry-run shows the user's together, last."""
+    return {**{key: value for key, value in own.items() if key not in added}, **added}
+
+
 def build_launches(node_env: dict[str, dict[str, str]], script_args: list[str], *, launcher: str,
                    nproc_per_node: int | None, run_id: str, run_dir: Path | str, cpus: int | None = None,
-                   elastic: Elastic = Elastic(), pg_timeout_s: float | None = None) -> list[Launch]:
+                   elastic: Elastic = Elastic(), pg_timeout_s: float | None = None,
+                   user_env: Mapping[str, str] | None = None) -> list[Launch]:
     """The processes of one run, in node-rank order. `node_env` maps node name -> its env file; a
     subset of the lab's nodes runs a smaller job. Each node runs its env file's NPROC_PER_NODE
     processes (real hosts may differ) unless `nproc_per_node` says otherwise. Given the machine's
     `cpus`, every process gets an OMP_NUM_THREADS that shares them out (see threads_per_process);
-    `pg_timeout_s` goes to the trainer's process-group timeout through DDPLAB_PG_TIMEOUT_S."""
+    `pg_timeout_s` goes to the trainer's process-group timeout through DDPLAB_PG_TIMEOUT_S. `user_env`
+    (-e and --env-file) goes to every process, over labctl's own values (see run.userenv)."""
+    from labctl.run.userenv import check_user_env
+
+    added = check_user_env(user_env or {})
     names = list(node_env)
     first = node_env[names[0]]
     nprocs = [nproc_per_node or int(node_env[name].get("NPROC_PER_NODE", "1")) for name in names]
@@ -166,7 +176,7 @@ def build_launches(node_env: dict[str, dict[str, str]], script_args: list[str], 
                 # ("Gloo connectFullMesh failed ... Connection refused"); without sharing, each
                 # attempt's rank 0 hosts a fresh store.
                 env["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] = "1"
-            launches.append(Launch(name, name, torchrun_argv(script_args, nproc_per_node), env))
+            launches.append(Launch(name, name, torchrun_argv(script_args, nproc_per_node), with_user_env(env, added)))
         return launches
     if launcher != "static":
         raise LabError(f"unknown launcher {launcher!r}", hint="torchrun or static")
@@ -188,7 +198,7 @@ def build_launches(node_env: dict[str, dict[str, str]], script_args: list[str], 
                 "MASTER_PORT": first["MASTER_PORT"],
             }
             label = name if nproc == 1 else f"{name}/r{rank}"
-            launches.append(Launch(label, name, python_argv(script_args), env))
+            launches.append(Launch(label, name, python_argv(script_args), with_user_env(env, added)))
     return launches
 
 

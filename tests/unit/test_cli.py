@@ -188,3 +188,29 @@ def test_an_option_in_the_scripts_place_is_exit_2_with_the_right_hint(tmp_path, 
     (tmp_path / "hosts.toml").write_text(INVENTORY)
     result = invoke(*args)
     assert result.exit_code == 2 and message in result.output and hint in result.output, result.output
+
+
+def test_hosts_run_dry_run_shows_the_users_env_on_every_process(tmp_path, monkeypatch):
+    (tmp_path / "hosts.toml").write_text(INVENTORY)
+    (tmp_path / "run.env").write_text("# tuning\nNCCL_DEBUG=WARN\nexport MSG='hello world'\n")
+    monkeypatch.setenv("FROM_SHELL", "yes")
+    result = invoke("hosts", "run", "--inventory", "hosts.toml", "--dry-run", "--launcher", "static",
+                    "--env-file", "run.env", "-e", "NCCL_DEBUG=INFO", "--env", "FROM_SHELL", "--", "x.py")
+    assert result.exit_code == 0, result.output
+    lines = result.output.splitlines()
+    assert len(lines) == 3 and all("NCCL_DEBUG=INFO MSG='hello world' FROM_SHELL=yes python x.py" in line
+                                   for line in lines), result.output
+
+
+@pytest.mark.parametrize("args, fragment", [
+    (["-e", "1X=1"], "invalid -e='1X=1': must be KEY=VALUE or KEY"),
+    (["-e", "UNSET_HERE_1"], "where UNSET_HERE_1 is not set"),
+    (["-e", "RANK=3"], "cannot set RANK"),
+    (["-e", "PET_MAX_RESTARTS=3"], "cannot set PET_MAX_RESTARTS"),
+    (["--env-file", "nope.env"], "invalid --env-file='nope.env': no such file"),
+])
+def test_bad_env_options_are_exit_2_before_any_host_or_engine(tmp_path, args, fragment):
+    (tmp_path / "hosts.toml").write_text(INVENTORY)
+    for command in (["run"], ["hosts", "run", "--inventory", "hosts.toml"]):
+        result = invoke(*command, *args, "--", "x.py")
+        assert result.exit_code == 2 and fragment in result.output, result.output
