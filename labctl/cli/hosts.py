@@ -96,7 +96,8 @@ def hosts_run(lab, inventory, accept_new, nproc_per_node, launcher, timeout_s, p
     over SSH, stream the output prefixed with each host's name, and save the logs here under
     .lab/<name>/runs/. Ctrl-C, or any host failing, stops the job on every host.
 
-    --nproc_per_node, torchrun's spelling, works too.
+    --nproc_per_node, torchrun's spelling, works too. A relative TRAINING_SCRIPT is taken from where
+    you stand: each host runs that file of its copy of the workspace.
 
     \b
     Examples:
@@ -115,7 +116,7 @@ def hosts_run(lab, inventory, accept_new, nproc_per_node, launcher, timeout_s, p
     require_tools("ssh", *([] if no_sync else ["rsync"]))
     the_hosts = where.hosts(lab, inventory, accept_new)
     plan = the_hosts.run_plan(*script, launcher=launcher, nproc_per_node=nproc_per_node, pg_timeout_s=pg_timeout_s,
-                              env=env)
+                              env=env, cwd=where.cwd)
     if dry_run:
         render.print_launches(plan.job, plan.hosts.address)
         return

@@ -34,6 +34,8 @@ def run(lab, nproc_per_node, launcher, timeout_s, pg_timeout_s, env_pairs, env_f
     """Run TRAINING_SCRIPT [ARGS...] (or `-m module [ARGS...]`) on every node at once.
 
     The options torchrun has too take its spellings as well (--nproc_per_node, --max_restarts).
+    A relative TRAINING_SCRIPT is taken from where you stand; the run's working directory is the
+    workspace (the nearest folder upwards with a .lab/ folder), which every node sees at the same path.
 
     \b
     Examples:
@@ -51,7 +53,7 @@ def run(lab, nproc_per_node, launcher, timeout_s, pg_timeout_s, env_pairs, env_f
     check_timeout(timeout_s)
     env = build_user_env(env_pairs, env_files, where.environ)
     plan = the_lab.run_plan(*script, launcher=launcher, nproc_per_node=nproc_per_node, max_restarts=max_restarts,
-                            nnodes=nnodes, pg_timeout_s=pg_timeout_s, env=env)
+                            nnodes=nnodes, pg_timeout_s=pg_timeout_s, env=env, cwd=where.cwd)
     if dry_run:
         render.print_launches(plan, the_lab.nodes().address)
         return

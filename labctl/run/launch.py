@@ -10,10 +10,11 @@ MASTER_PORT exported by hand and plain `python SCRIPT ARGS`, one process per ran
 
 from __future__ import annotations
 
+import os
 import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Collection, Mapping
+from typing import Collection, Mapping, Sequence
 
 from labctl import remote
 from labctl.errors import ConfigError, LabError
@@ -71,6 +72,36 @@ def parse_script_args(args: list[str], known_options: Collection[str] | None = N
                        hint=f"SCRIPT or -m MODULE comes first, then its own options: {command} -- train.py --lr 0.1"
                             + (f"; `{command} --help` lists labctl's options" if known_options is not None else ""))
     return args
+
+
+def workspace_script(script_args: list[str], cwd: Path | str, workspace: Path | str) -> list[str]:
+    """`script_args` with SCRIPT as the nodes reach it, given as the user means it: relative to `cwd`,
+    where they stand. A run's working directory is the workspace (bind-mounted at the same path on
+    the lab's nodes, mirrored into each host's workspace folder by `hosts sync`), so SCRIPT becomes
+    relative to the workspace. `-m MODULE` is left alone, and so is an absolute path outside the
+    workspace (the node's own file, e.g. in its image); a relative one that leads out of the
+    workspace is an error: the nodes see only the workspace. The arguments after SCRIPT are the
+    script's own and stay as given. Reads nothing but symlinks (a link out of the workspace is out)."""
+    if script_args[0] in ("-m", "--module"):
+        return script_args
+    cwd, workspace, script = Path(cwd), Path(workspace), Path(script_args[0])
+    located = Path(os.path.realpath(cwd / script))
+    if located.is_relative_to(workspace):
+        if cwd == workspace and not script.is_absolute():
+            return script_args  # as typed: it already means the same on the nodes
+        return [located.relative_to(workspace).as_posix(), *script_args[1:]]
+    if script.is_absolute():
+        return script_args
+    raise LabError(f"script {script_args[0]} is {located}, outside the workspace {workspace}: the nodes see only the "
+                   "workspace", hint=f"move or copy the script into {workspace}, or run labctl from the workspace "
+                                     "that holds it (the nearest folder upwards with a .lab/ folder)")
+
+
+def job_args(argv: Sequence[str], workspace: Path, cwd: Path | str | None = None) -> list[str]:
+    """`SCRIPT [ARGS]` or `-m MODULE [ARGS]`, checked; SCRIPT taken relative to `cwd` when given (as
+    the CLI gives it), else to the workspace."""
+    script_args = parse_script_args(list(argv))
+    return workspace_script(script_args, Path(cwd).resolve(), workspace) if cwd is not None else script_args
 
 
 def python_argv(script_args: list[str]) -> list[str]:

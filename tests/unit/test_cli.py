@@ -214,3 +214,18 @@ def test_bad_env_options_are_exit_2_before_any_host_or_engine(tmp_path, args, fr
     for command in (["run"], ["hosts", "run", "--inventory", "hosts.toml"]):
         result = invoke(*command, *args, "--", "x.py")
         assert result.exit_code == 2 and fragment in result.output, result.output
+
+
+def test_from_a_subdirectory_the_workspace_is_found_and_the_script_taken_from_there(tmp_path, monkeypatch):
+    (tmp_path / ".lab").mkdir()
+    (tmp_path / "hosts.toml").write_text(INVENTORY)
+    (tmp_path / "sub").mkdir()
+    monkeypatch.chdir(tmp_path / "sub")
+    result = invoke("hosts", "run", "--inventory", "../hosts.toml", "--dry-run", "--", "train.py", "--lr", "1")
+    lines = result.output.splitlines()
+    assert result.exit_code == 0 and len(lines) == 2, result.output
+    # The run folder is the workspace's, and each host runs sub/train.py from its copy of the workspace.
+    assert all(line.endswith("torchrun sub/train.py --lr 1") and "DDPLAB_RUN_DIR=.lab/pair/runs/" in line
+               for line in lines), result.output
+    outside = invoke("hosts", "run", "--inventory", "../hosts.toml", "--dry-run", "--", "../../x.py")
+    assert outside.exit_code == 2 and "outside the workspace" in outside.output

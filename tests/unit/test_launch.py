@@ -5,7 +5,15 @@ from pathlib import Path
 import pytest
 
 from labctl.errors import LabError
-from labctl.run.launch import Launch, build_launches, parse_script_args, threads_per_process, torchrun_argv
+from labctl.run.launch import (
+    Launch,
+    build_launches,
+    job_args,
+    parse_script_args,
+    threads_per_process,
+    torchrun_argv,
+    workspace_script,
+)
 
 RUN_DIR = Path("/ws/.lab/demo/runs/r1")
 NODE_ENV = {
@@ -173,3 +181,48 @@ def test_partition_and_heal_commands():
     assert [c.argv for c in partition_commands("eth0")] == [("ip", "link", "set", "dev", "eth0", "down")]
     assert [c.argv for c in heal_commands("eth0", "172.28.0.1")] == [
         ("ip", "link", "set", "dev", "eth0", "up"), ("ip", "route", "replace", "default", "via", "172.28.0.1", "dev", "eth0")]
+
+
+@pytest.fixture
+def ws(tmp_path):
+    """A workspace with a script at its top and one in a subdirectory, and a folder beside it."""
+    root = tmp_path / "ws"
+    (root / "sub" / "deep").mkdir(parents=True)
+    (root / "top.py").write_text("")
+    (root / "sub" / "train.py").write_text("")
+    (tmp_path / "elsewhere").mkdir()
+    (tmp_path / "elsewhere" / "x.py").write_text("")
+    return root.resolve()
+
+
+@pytest.mark.parametrize("cwd, args, expected", [
+    ("", ["top.py", "--lr", "1"], ["top.py", "--lr", "1"]),             # from the workspace: as typed
+    ("", ["./sub/train.py"], ["./sub/train.py"]),
+    ("sub", ["train.py", "--out", "x.json"], ["sub/train.py", "--out", "x.json"]),  # its own args stay as given
+    ("sub", ["../top.py"], ["top.py"]),
+    ("sub/deep", ["../train.py"], ["sub/train.py"]),
+    ("sub", ["not_yet.py"], ["sub/not_yet.py"]),                         # missing here: the nodes will say so
+    ("sub", ["-m", "trainer", "x.py"], ["-m", "trainer", "x.py"]),       # a module is found by Python, not a path
+    ("sub", ["/usr/lib/python3/x.py"], ["/usr/lib/python3/x.py"]),       # the node's own file
+])
+def test_a_script_is_taken_from_where_the_user_stands(ws, cwd, args, expected):
+    assert workspace_script(args, ws / cwd, ws) == expected
+
+
+def test_an_absolute_script_in_the_workspace_becomes_relative_for_hosts_with_another_path(ws):
+    assert workspace_script([str(ws / "sub" / "train.py")], ws, ws) == ["sub/train.py"]
+
+
+@pytest.mark.parametrize("script", ["../elsewhere/x.py", "../../outside.py", "link.py"])
+def test_a_script_outside_the_workspace_is_refused(ws, script):
+    (ws / "link.py").symlink_to(ws.parent / "elsewhere" / "x.py")  # the nodes could not follow it
+    with pytest.raises(LabError, match="outside the workspace .*: the nodes see only the workspace") as caught:
+        workspace_script([script], ws, ws)
+    assert "move or copy the script into" in caught.value.hint
+
+
+def test_job_args_checks_then_places_the_script(ws):
+    assert job_args(("--", "train.py"), ws, ws / "sub") == ["sub/train.py"]
+    assert job_args(("train.py",), ws) == ["train.py"]  # no cwd (the API's default): relative to the workspace
+    with pytest.raises(LabError, match="no training script"):
+        job_args((), ws, ws / "sub")
