@@ -21,8 +21,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Literal, Mapping
 
-from labctl.config import load_config
-from labctl.errors import ConfigError, LabError
+from labctl.config import check_nproc, check_timeout, load_config
+from labctl.errors import LabError
 from labctl.lab.session import LabSession
 
 if TYPE_CHECKING:  # imported where used: `labctl up` starts Compose sooner without them
@@ -62,23 +62,6 @@ class UpResult:
     links: dict[str, LinkState] | None  # read back from the kernel when the lab was shaped at bring-up
     inventory: Path | None  # .lab/<lab>/hosts.toml when every node is an SSH host
     seconds: float
-
-
-def check_timeout(timeout_s: float | None) -> None:
-    if timeout_s is not None and timeout_s <= 0:
-        raise ConfigError("--timeout-s", timeout_s, "must be a positive number of seconds")
-
-
-def check_nproc(value: int | str | None) -> int | None:
-    """--nproc-per-node, checked by the same rule as DDPLAB_NPROC_PER_NODE; None when not given."""
-    from labctl.config import SETTINGS
-
-    if value is None:
-        return None
-    try:
-        return SETTINGS["nproc_per_node"][1](str(value))
-    except ValueError as exc:
-        raise ConfigError("--nproc-per-node", value, str(exc)) from None
 
 
 class Lab(LabSession):
@@ -191,30 +174,33 @@ class Lab(LabSession):
     # ------------------------------------------------------------------------------------ runs
 
     def run_plan(self, *argv: str, launcher: Launcher = "torchrun", nproc_per_node: int | None = None,
-                 max_restarts: int = 0, nnodes: str | None = None, pg_timeout_s: float | None = 30.0) -> RunPlan:
+                 max_restarts: int = 0, nnodes: str | None = None, pg_timeout_s: float | None = 30.0,
+                 env: Mapping[str, str] | None = None, cwd: str | Path | None = None) -> RunPlan:
         """The plan of `run(*argv)`, as data: nothing starts."""
-        from labctl.run.launch import Elastic, parse_nnodes, parse_script_args
+        from labctl.run.launch import Elastic, job_args, parse_nnodes
 
         nproc = check_nproc(nproc_per_node)
-        script_args = parse_script_args(list(argv))
+        script_args = job_args(argv, self.workspace, cwd)
         node_env = self.node_env()
         low, high = parse_nnodes(nnodes, len(node_env)) if nnodes else (None, None)
         return self.plan_run(script_args, node_env=node_env, launcher=launcher, nproc_per_node=nproc,
-                             elastic=Elastic(max_restarts, low, high), pg_timeout_s=pg_timeout_s)
+                             elastic=Elastic(max_restarts, low, high), pg_timeout_s=pg_timeout_s, env=env)
 
     def run(self, *argv: str, timeout_s: float | None = None, launcher: Launcher = "torchrun",
             nproc_per_node: int | None = None, max_restarts: int = 0, nnodes: str | None = None,
-            pg_timeout_s: float | None = 30.0, preflight: bool = True, echo: bool = True,
-            check: bool = True) -> RunResult:
+            pg_timeout_s: float | None = 30.0, env: Mapping[str, str] | None = None, cwd: str | Path | None = None,
+            preflight: bool = True, echo: bool = True, check: bool = True) -> RunResult:
         """Run `SCRIPT [ARGS]` or `-m MODULE [ARGS]` on every node at once, as `labctl run` does.
 
-        `check` (the default) raises RunFailed, naming the node and its error line, with the
-        RunResult attached; `check=False` returns the result whatever happened. `preflight` runs
-        doctor's cheap checks first and raises PreflightFailed on a problem.
+        `env` is added to every process's environment (as `-e`); a relative SCRIPT is taken from
+        `cwd` (default: the workspace, the nodes' working directory). `check` (the default) raises
+        RunFailed, naming the node and its error line, with the RunResult attached; `check=False`
+        returns the result whatever happened. `preflight` runs doctor's cheap checks first and
+        raises PreflightFailed on a problem.
         """
         check_timeout(timeout_s)
         plan = self.run_plan(*argv, launcher=launcher, nproc_per_node=nproc_per_node, max_restarts=max_restarts,
-                             nnodes=nnodes, pg_timeout_s=pg_timeout_s)
+                             nnodes=nnodes, pg_timeout_s=pg_timeout_s, env=env, cwd=cwd)
         if preflight:
             self.preflight().raise_for_problems(f"labctl doctor --lab {self.name}")
         return self.execute(plan, timeout_s=timeout_s, echo=echo, check=check)
@@ -358,14 +344,15 @@ class Hosts:
                 for host in self.inventory.hosts]
 
     def run_plan(self, *argv: str, launcher: Launcher = "torchrun", nproc_per_node: int | None = None,
-                 pg_timeout_s: float | None = 30.0):
+                 pg_timeout_s: float | None = 30.0, env: Mapping[str, str] | None = None,
+                 cwd: str | Path | None = None):
         """What `run(*argv)` will do on each host, as data (a hosts.actions.HostsRun)."""
         from labctl.hosts import actions
-        from labctl.run.launch import parse_script_args
+        from labctl.run.launch import job_args
 
-        return actions.plan_run(self.inventory, self.workspace, parse_script_args(list(argv)), launcher=launcher,
+        return actions.plan_run(self.inventory, self.workspace, job_args(argv, self.workspace, cwd), launcher=launcher,
                                 nproc_per_node=check_nproc(nproc_per_node), pg_timeout_s=pg_timeout_s,
-                                accept_new=self.accept_new)
+                                accept_new=self.accept_new, env=env)
 
     def preflight(self, plan, nproc_per_node: int | None = None) -> Diagnosis:
         from labctl.hosts import actions
@@ -373,11 +360,14 @@ class Hosts:
         return actions.preflight(plan.hosts, check_nproc(nproc_per_node), self.report)
 
     def run(self, *argv: str, timeout_s: float | None = None, launcher: Launcher = "torchrun",
-            nproc_per_node: int | None = None, pg_timeout_s: float | None = 30.0, sync: bool = True,
-            excludes: tuple[str, ...] = (), preflight: bool = True, check: bool = True) -> RunResult:
-        """Sync (or only write the env files), check, and run on every host, as `labctl hosts run`."""
+            nproc_per_node: int | None = None, pg_timeout_s: float | None = 30.0, env: Mapping[str, str] | None = None,
+            cwd: str | Path | None = None, sync: bool = True, excludes: tuple[str, ...] = (), preflight: bool = True,
+            check: bool = True) -> RunResult:
+        """Sync (or only write the env files), check, and run on every host, as `labctl hosts run`
+        (`env` and `cwd` as for Lab.run)."""
         check_timeout(timeout_s)
-        plan = self.run_plan(*argv, launcher=launcher, nproc_per_node=nproc_per_node, pg_timeout_s=pg_timeout_s)
+        plan = self.run_plan(*argv, launcher=launcher, nproc_per_node=nproc_per_node, pg_timeout_s=pg_timeout_s,
+                             env=env, cwd=cwd)
         if preflight:
             self.preflight(plan, nproc_per_node).raise_for_problems(self.full_check)
         return self.execute(plan, timeout_s=timeout_s, sync=sync, excludes=excludes, check=check)

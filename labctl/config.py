@@ -238,6 +238,21 @@ def load_config(workspace: Path, environ: Mapping[str, str], flags: Mapping[str,
     return resolve_config(dotenv=dotenv, environ=environ, flags=flags, dotenv_name=str(env_path))
 
 
+def check_timeout(timeout_s: float | None) -> None:
+    if timeout_s is not None and timeout_s <= 0:
+        raise ConfigError("--timeout-s", timeout_s, "must be a positive number of seconds")
+
+
+def check_nproc(value: int | str | None) -> int | None:
+    """--nproc-per-node, checked by the same rule as DDPLAB_NPROC_PER_NODE; None when not given."""
+    if value is None:
+        return None
+    try:
+        return SETTINGS["nproc_per_node"][1](str(value))
+    except ValueError as exc:
+        raise ConfigError("--nproc-per-node", value, str(exc)) from None
+
+
 def shown_key(config: LabConfig, name: str) -> str:
     """How to name a setting in an error: the flag if it came from one, else its environment key."""
     return FLAG_NAMES[name] if config.sources.get(name) == "flag" else SETTINGS[name][0]

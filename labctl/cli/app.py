@@ -19,11 +19,15 @@ CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
 
 
 class Session:
-    """What one `labctl` invocation works with: the workspace (the current directory), the
+    """What one `labctl` invocation works with: where the user stands (`cwd`), the workspace (the
+    nearest folder from there upwards that holds .lab/, else `cwd`; see labctl.workspace), the
     environment, and the Docker client, made at most once and only here."""
 
-    def __init__(self, workspace: Path | None = None, environ=None):
-        self.workspace = (workspace or Path.cwd()).resolve()
+    def __init__(self, workspace: Path | None = None, environ=None, cwd: Path | None = None):
+        from labctl.workspace import find_workspace
+
+        self.cwd = (cwd or Path.cwd()).resolve()
+        self.workspace = workspace.resolve() if workspace else find_workspace(self.cwd)
         self.environ = os.environ if environ is None else environ
         self._client = None
 

@@ -11,10 +11,12 @@ from labctl.cli.options import (
     SCRIPT_CONTEXT,
     accept_new_option,
     dry_run_option,
+    env_options,
     exclude_option,
     inventory_option,
     json_option,
     lab_option,
+    nproc_option,
     run_options,
     script_argument,
 )
@@ -79,36 +81,42 @@ def hosts_sync(lab, inventory, accept_new, excludes, dry_run) -> None:
 @lab_option
 @inventory_option
 @accept_new_option
-@click.option("--nproc-per-node", metavar="P", help="Processes on every host [default: each host's nproc_per_node].")
+@nproc_option("Processes on every host [default: each host's nproc_per_node].")
 @run_options
+@env_options
 @click.option("--no-sync", is_flag=True, help="Run what is already on the hosts (only the env files are written).")
 @exclude_option
 @click.option("--no-preflight", is_flag=True, help="Skip the checks (versions, interface) before the run.")
 @dry_run_option("Print what each host would run; run nothing.")
 @script_argument
-def hosts_run(lab, inventory, accept_new, nproc_per_node, launcher, timeout_s, pg_timeout_s, as_json, no_sync,
-              excludes, no_preflight, dry_run, script) -> None:
+def hosts_run(lab, inventory, accept_new, nproc_per_node, launcher, timeout_s, pg_timeout_s, as_json, env_pairs,
+              env_files, no_sync, excludes, no_preflight, dry_run, script) -> None:
     """Run TRAINING_SCRIPT [ARGS...] (or `-m module [ARGS...]`) on every host at once, as `labctl run`
     does on the lab: sync the workspace, write each host's env file, start torchrun on every host
     over SSH, stream the output prefixed with each host's name, and save the logs here under
     .lab/<name>/runs/. Ctrl-C, or any host failing, stops the job on every host.
 
+    --nproc_per_node, torchrun's spelling, works too. A relative TRAINING_SCRIPT is taken from where
+    you stand: each host runs that file of its copy of the workspace.
+
     \b
     Examples:
       labctl hosts run --inventory cluster.toml -- -m trainer --epochs 3
-      labctl hosts run -- my_ddp_script.py --lr 0.1      # the lab's nodes, after `labctl up --ssh`
+      labctl hosts run -e NCCL_DEBUG=INFO -- my_ddp_script.py --lr 0.1   # the lab's nodes, after `labctl up --ssh`
     """
     from labctl.api import check_nproc, check_timeout
     from labctl.cli import render
     from labctl.hosts.ssh import require_tools
-    from labctl.run.launch import parse_script_args
+    from labctl.run.userenv import build_user_env
 
     check_nproc(nproc_per_node)
     check_timeout(timeout_s)
-    parse_script_args(list(script))
+    where = session()
+    env = build_user_env(env_pairs, env_files, where.environ)
     require_tools("ssh", *([] if no_sync else ["rsync"]))
-    the_hosts = session().hosts(lab, inventory, accept_new)
-    plan = the_hosts.run_plan(*script, launcher=launcher, nproc_per_node=nproc_per_node, pg_timeout_s=pg_timeout_s)
+    the_hosts = where.hosts(lab, inventory, accept_new)
+    plan = the_hosts.run_plan(*script, launcher=launcher, nproc_per_node=nproc_per_node, pg_timeout_s=pg_timeout_s,
+                              env=env, cwd=where.cwd)
     if dry_run:
         render.print_launches(plan.job, plan.hosts.address)
         return

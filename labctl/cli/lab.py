@@ -8,7 +8,7 @@ from pathlib import Path
 import click
 
 from labctl.cli.app import CONTEXT, main, session
-from labctl.cli.options import dry_run_option, json_option, lab_option
+from labctl.cli.options import dry_run_option, json_option, lab_option, nproc_option, torchrun_option
 
 
 @main.command(context_settings=CONTEXT)
@@ -44,11 +44,11 @@ def build(torch_version, base_image, image, force, verbose_build, mismatch_image
 @main.command(context_settings=CONTEXT)
 @lab_option
 @click.option("--nodes", metavar="N", help="Number of nodes, 1-64 [env DDPLAB_NODES; default 3; a running lab keeps its count].")
-@click.option("--nproc-per-node", metavar="P", help="Processes per node for torchrun [env DDPLAB_NPROC_PER_NODE; default 1].")
+@nproc_option("Processes per node for torchrun [env DDPLAB_NPROC_PER_NODE; default 1].")
 @click.option("--cpus", metavar="C", help="CPU limit per node, e.g. 0.5 [env DDPLAB_CPUS; default none].")
 @click.option("--memory", metavar="SIZE", help="Memory limit per node, e.g. 2g [env DDPLAB_MEMORY; default 4g].")
 @click.option("--subnet", metavar="CIDR", help="Lab network, e.g. 172.28.5.0/24, or auto [env DDPLAB_SUBNET; default auto].")
-@click.option("--master-port", metavar="PORT", help="Rendezvous port on node0, 1024-65535 [env DDPLAB_MASTER_PORT; default 29500].")
+@torchrun_option("--master-port", metavar="PORT", help="Rendezvous port on node0, 1024-65535 [env DDPLAB_MASTER_PORT; default 29500].")
 @click.option("--image", metavar="TAG", help="Node image [env DDPLAB_IMAGE].")
 @click.option("--bw", metavar="RATE", help="Shape every node's link at bring-up, e.g. 1gbit (as `labctl shape --bw`).")
 @click.option("--node-cpus", metavar="NODE=C,...", help="Per-node CPU limits over --cpus, e.g. node2=0.25 (a straggler).")
@@ -67,6 +67,8 @@ def up(lab, nodes, nproc_per_node, cpus, memory, subnet, master_port, image, bw,
     With --ssh every node also runs sshd (as the node's own user, with a host key of its own) for a
     key pair made for the lab, and .lab/<lab>/hosts.toml describes the nodes as real hosts: their
     addresses, the user, the key and a known_hosts file, for `labctl hosts check|sync|run`.
+
+    The options torchrun has too take its spellings as well (--nproc_per_node, --master_port).
     """
     the_lab = session().lab(lab, nodes=nodes, nproc_per_node=nproc_per_node, cpus=cpus, memory=memory,
                             subnet=subnet, master_port=master_port, image=image, bw=bw, node_cpus=node_cpus, ssh=ssh)
@@ -122,13 +124,16 @@ def down(lab, volumes, dry_run) -> None:
 @main.command(context_settings=CONTEXT)
 @click.option("--hosts", required=True, metavar="ADDR1,ADDR2,...", help="Addresses of the machines; the first hosts the rendezvous.")
 @click.option("--iface", required=True, metavar="IFACE", help="Interface that carries those addresses, e.g. tailscale0, eth0.")
-@click.option("--nproc-per-node", metavar="P", help="Processes per machine [default 1].")
-@click.option("--master-port", metavar="PORT", help="Rendezvous port on the first host [default 29500].")
-@click.option("--rdzv-id", default="ddplab", show_default=True, metavar="ID", help="Rendezvous id, the same on every host.")
+@nproc_option("Processes per machine [default 1].")
+@torchrun_option("--master-port", metavar="PORT", help="Rendezvous port on the first host [default 29500].")
+@torchrun_option("--rdzv-id", default="ddplab", show_default=True, metavar="ID", help="Rendezvous id, the same on every host.")
 @click.option("--out", "out_dir", type=click.Path(path_type=Path), default=Path(".lab/hosts"), show_default=True,
               help="Directory for the env files.")
 def env(hosts, iface, nproc_per_node, master_port, rdzv_id, out_dir) -> None:
-    """Write the same per-node env files for real machines, and print the command for each."""
+    """Write the same per-node env files for real machines, and print the command for each.
+
+    The options torchrun has too take its spellings as well (--nproc_per_node, --master_port, --rdzv_id).
+    """
     from labctl.lab.envfiles import check_rdzv_id, parse_hosts, write_host_env_files
     from labctl.ui import console, info
 

@@ -2,12 +2,34 @@
 
 from __future__ import annotations
 
+import copy
+
 import click
 
 from labctl.cli.app import CONTEXT
 
 # Commands that pass everything after their options to the training script.
 SCRIPT_CONTEXT = {**CONTEXT, "ignore_unknown_options": True, "allow_interspersed_args": False}
+
+
+class TorchrunSpelling(click.Option):
+    """An option torchrun has too, taking torchrun's underscore spelling (--nproc_per_node) beside
+    labctl's (--nproc-per-node), as torchrun itself does; --help shows labctl's alone."""
+
+    def get_help_record(self, ctx: click.Context):
+        shown = copy.copy(self)
+        shown.opts = [name for name in self.opts if "_" not in name]
+        return click.Option.get_help_record(shown, ctx)
+
+
+def torchrun_option(name: str, **settings):
+    """click.option(NAME, its underscore spelling, ...): e.g. --max-restarts and --max_restarts."""
+    dest = name.lstrip("-").replace("-", "_")
+    return click.option(name, f"--{dest}", dest, cls=TorchrunSpelling, **settings)
+
+
+def nproc_option(help_text: str):
+    return torchrun_option("--nproc-per-node", metavar="P", help=help_text)
 
 
 def lab_option(f):
@@ -52,5 +74,27 @@ def exclude_option(f):
                         help="Also leave PATTERN out of the sync (rsync's --exclude syntax; repeatable).")(f)
 
 
+def env_options(f):
+    """`-e KEY=VALUE` and `--env-file FILE`, as `docker run` takes them (see labctl.run.userenv)."""
+    f = click.option("--env-file", "env_files", multiple=True, metavar="FILE",
+                     help="Add FILE's KEY=VALUE lines to every process's environment (repeatable; dotenv syntax, "
+                          "no ${VAR} expansion).")(f)
+    return click.option("-e", "--env", "env_pairs", multiple=True, metavar="KEY[=VALUE]",
+                        help="Set KEY in every process's environment (repeatable; over --env-file). KEY alone takes "
+                             "its value from labctl's environment, as `docker run -e` does.")(f)
+
+
+def _check_script(ctx: click.Context, _param, value: tuple[str, ...]) -> tuple[str, ...]:
+    """SCRIPT or -m MODULE first; a labctl option given after `--` is told apart from one the command lacks."""
+    from labctl.run.launch import parse_script_args
+
+    if ctx.resilient_parsing:  # shell completion: nothing to check yet
+        return value
+    known = {name for p in ctx.command.params if isinstance(p, click.Option) for name in p.opts + p.secondary_opts}
+    command = " ".join(["labctl", *ctx.command_path.split()[1:]])  # the same under `python -m labctl` and tests
+    parse_script_args(list(value), known, command)
+    return value
+
+
 def script_argument(f):
-    return click.argument("script", nargs=-1, type=click.UNPROCESSED)(f)
+    return click.argument("script", nargs=-1, type=click.UNPROCESSED, callback=_check_script)(f)

@@ -5,36 +5,55 @@ from __future__ import annotations
 import click
 
 from labctl.cli.app import main, session
-from labctl.cli.options import SCRIPT_CONTEXT, dry_run_option, lab_option, run_options, script_argument
+from labctl.cli.options import (
+    SCRIPT_CONTEXT,
+    dry_run_option,
+    env_options,
+    lab_option,
+    nproc_option,
+    run_options,
+    script_argument,
+    torchrun_option,
+)
 
 
 @main.command(context_settings=SCRIPT_CONTEXT)
 @lab_option
-@click.option("--nproc-per-node", metavar="P", help="Processes per node [default: the lab's, from its env files].")
+@nproc_option("Processes per node [default: the lab's, from its env files].")
 @run_options
+@env_options
 @dry_run_option("Print the command each node would run; run nothing.")
 @click.option("--no-preflight", is_flag=True, help="Skip doctor's cheap checks (env, versions, interface) before the run.")
-@click.option("--max-restarts", type=click.IntRange(0, 100), default=0, show_default=True, metavar="K",
-              help="torchrun restarts every worker up to K times after a failure (the trainer resumes from its checkpoint).")
+@torchrun_option("--max-restarts", type=click.IntRange(0, 100), default=0, show_default=True, metavar="K",
+                 help="torchrun restarts every worker up to K times after a failure (the trainer resumes from its "
+                      "checkpoint).")
 @click.option("--nnodes", metavar="MIN:MAX", help="Elastic node range, MAX = the lab's nodes: the run goes on with MIN survivors.")
 @script_argument
-def run(lab, nproc_per_node, launcher, timeout_s, dry_run, no_preflight, max_restarts, nnodes, pg_timeout_s,
-        as_json, script) -> None:
+def run(lab, nproc_per_node, launcher, timeout_s, pg_timeout_s, as_json, env_pairs, env_files, dry_run, no_preflight,
+        max_restarts, nnodes, script) -> None:
     """Run TRAINING_SCRIPT [ARGS...] (or `-m module [ARGS...]`) on every node at once.
+
+    The options torchrun has too take its spellings as well (--nproc_per_node, --max_restarts).
+    A relative TRAINING_SCRIPT is taken from where you stand; the run's working directory is the
+    workspace (the nearest folder upwards with a .lab/ folder), which every node sees at the same path.
 
     \b
     Examples:
       labctl run -- -m trainer --epochs 3
-      labctl run --launcher static -- my_ddp_script.py --lr 0.1
+      labctl run --nproc_per_node 2 -e NCCL_DEBUG=INFO -- my_ddp_script.py --lr 0.1
+      labctl run --launcher static --env-file run.env -- my_ddp_script.py
     """
     from labctl.api import check_nproc, check_timeout
     from labctl.cli import render
+    from labctl.run.userenv import build_user_env
 
-    the_lab = session().lab(lab)
+    where = session()
+    the_lab = where.lab(lab)
     check_nproc(nproc_per_node)
     check_timeout(timeout_s)
+    env = build_user_env(env_pairs, env_files, where.environ)
     plan = the_lab.run_plan(*script, launcher=launcher, nproc_per_node=nproc_per_node, max_restarts=max_restarts,
-                            nnodes=nnodes, pg_timeout_s=pg_timeout_s)
+                            nnodes=nnodes, pg_timeout_s=pg_timeout_s, env=env, cwd=where.cwd)
     if dry_run:
         render.print_launches(plan, the_lab.nodes().address)
         return

@@ -21,7 +21,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, TypeVar
+from typing import Callable, Mapping, TypeVar
 
 from labctl.diagnose.doctor import Diagnosis, Finding, check_env, check_iface, check_reach, check_versions, node_info, probe_reach
 from labctl.errors import CommandError, LabError
@@ -279,12 +279,13 @@ class HostsRun:
 
 
 def plan_run(inventory: Inventory, workspace: Path, script_args: list[str], *, launcher: str,
-             nproc_per_node: int | None, pg_timeout_s: float | None, accept_new: bool) -> HostsRun:
+             nproc_per_node: int | None, pg_timeout_s: float | None, accept_new: bool,
+             env: Mapping[str, str] | None = None) -> HostsRun:
     env_texts = inventory.env_files(nproc_per_node)
     node_env = {name: parse_env_text(text) for name, text in env_texts.items()}
     job = build_run_plan(node_env, script_args, local_dir(workspace, inventory), launcher=launcher,
                          nproc_per_node=nproc_per_node, pg_timeout_s=pg_timeout_s,
-                         remote_runs_parent=state_dir(inventory))
+                         remote_runs_parent=state_dir(inventory), user_env=env)
     hosts = SSHHosts(inventory, accept_new=accept_new,
                      env_files={name: env_file(inventory, name) for name in inventory.names})
     return HostsRun(hosts, env_texts, job)

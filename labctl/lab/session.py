@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from functools import cached_property
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any, Callable, Mapping
 
 from labctl.config import LabConfig
 from labctl.errors import LabError
@@ -90,16 +90,18 @@ class LabSession:
 
     def plan_run(self, script_args: list[str], *, node_env: dict[str, dict[str, str]] | None = None,
                  launcher: Launcher = "torchrun", nproc_per_node: int | None = None, elastic: Elastic | None = None,
-                 pg_timeout_s: float | None = None, share_cpus: bool = True) -> RunPlan:
+                 pg_timeout_s: float | None = None, share_cpus: bool = True,
+                 env: Mapping[str, str] | None = None) -> RunPlan:
         """The run plan for `script_args` on the lab's nodes (or the nodes of `node_env`, a subset).
-        With `share_cpus`, every process gets OMP_NUM_THREADS from the engine's CPUs."""
+        With `share_cpus`, every process gets OMP_NUM_THREADS from the engine's CPUs; `env` is
+        added to every process's environment (as `labctl run -e`)."""
         from labctl.run.launch import Elastic
         from labctl.run.plan import build_run_plan
 
         return build_run_plan(node_env if node_env is not None else self.node_env(), script_args, self.directory,
                               launcher=launcher, nproc_per_node=nproc_per_node,
                               cpus=self.cpus if share_cpus else None, elastic=elastic or Elastic(),
-                              pg_timeout_s=pg_timeout_s)
+                              pg_timeout_s=pg_timeout_s, user_env=env)
 
     def execute(self, plan: RunPlan, *, timeout_s: float | None = None, echo: bool | str = True, check: bool = True):
         """Run a plan on the lab's nodes (see labctl.run.executor.execute)."""

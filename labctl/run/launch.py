@@ -10,9 +10,11 @@ MASTER_PORT exported by hand and plain `python SCRIPT ARGS`, one process per ran
 
 from __future__ import annotations
 
+import os
 import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Collection, Mapping, Sequence
 
 from labctl import remote
 from labctl.errors import ConfigError, LabError
@@ -46,21 +48,60 @@ class Launch:
         return f"{env} {shlex.join(self.argv)}".strip()
 
 
-def parse_script_args(args: list[str]) -> list[str]:
-    """torchrun's positional form: `SCRIPT [ARGS...]` or `-m MODULE [ARGS...]`."""
+def parse_script_args(args: list[str], known_options: Collection[str] | None = None,
+                      command: str = "labctl run") -> list[str]:
+    """torchrun's positional form: `SCRIPT [ARGS...]` or `-m MODULE [ARGS...]`. `known_options` (the
+    command's own, where the CLI knows them) tells a labctl option put after `--` from one it lacks."""
     if args and args[0] == "--":
         args = args[1:]
     if not args:
-        raise LabError("no training script given", hint="labctl run -- train.py [ARGS...]  or  labctl run -- -m trainer")
+        raise LabError("no training script given", hint=f"{command} -- train.py [ARGS...]  or  {command} -- -m trainer")
     if args[0] in ("-m", "--module"):
         if len(args) < 2 or args[1].startswith("-"):
             raise LabError(f"`{args[0]}` needs a module name, got {args[1:2] or 'nothing'}",
-                           hint="labctl run -- -m trainer --epochs 3")
+                           hint=f"{command} -- -m trainer --epochs 3")
         return args
     if args[0].startswith("-"):
-        raise LabError(f"expected a script path or `-m module` first, got option {args[0]!r}",
-                       hint="labctl options go before `--`: labctl run --nproc-per-node 2 -- train.py")
+        option = args[0].split("=", 1)[0]
+        if known_options is not None and option in known_options:
+            raise LabError(f"{option} is an option of `{command}`, but it came after `--`, where the script and "
+                           "its own arguments go", hint=f"put {command}'s options before `--`: "
+                                                       f"{command} {option} ... -- SCRIPT [ARGS...]")
+        lacks = f", and `{command}` has no option {option}" if known_options is not None else ""
+        raise LabError(f"expected the script (a path) or `-m MODULE` first, got option {args[0]!r}{lacks}",
+                       hint=f"SCRIPT or -m MODULE comes first, then its own options: {command} -- train.py --lr 0.1"
+                            + (f"; `{command} --help` lists labctl's options" if known_options is not None else ""))
     return args
+
+
+def workspace_script(script_args: list[str], cwd: Path | str, workspace: Path | str) -> list[str]:
+    """`script_args` with SCRIPT as the nodes reach it, given as the user means it: relative to `cwd`,
+    where they stand. A run's working directory is the workspace (bind-mounted at the same path on
+    the lab's nodes, mirrored into each host's workspace folder by `hosts sync`), so SCRIPT becomes
+    relative to the workspace. `-m MODULE` is left alone, and so is an absolute path outside the
+    workspace (the node's own file, e.g. in its image); a relative one that leads out of the
+    workspace is an error: the nodes see only the workspace. The arguments after SCRIPT are the
+    script's own and stay as given. Reads nothing but symlinks (a link out of the workspace is out)."""
+    if script_args[0] in ("-m", "--module"):
+        return script_args
+    cwd, workspace, script = Path(cwd), Path(workspace), Path(script_args[0])
+    located = Path(os.path.realpath(cwd / script))
+    if located.is_relative_to(workspace):
+        if cwd == workspace and not script.is_absolute():
+            return script_args  # as typed: it already means the same on the nodes
+        return [located.relative_to(workspace).as_posix(), *script_args[1:]]
+    if script.is_absolute():
+        return script_args
+    raise LabError(f"script {script_args[0]} is {located}, outside the workspace {workspace}: the nodes see only the "
+                   "workspace", hint=f"move or copy the script into {workspace}, or run labctl from the workspace "
+                                     "that holds it (the nearest folder upwards with a .lab/ folder)")
+
+
+def job_args(argv: Sequence[str], workspace: Path, cwd: Path | str | None = None) -> list[str]:
+    """`SCRIPT [ARGS]` or `-m MODULE [ARGS]`, checked; SCRIPT taken relative to `cwd` when given (as
+    the CLI gives it), else to the workspace."""
+    script_args = parse_script_args(list(argv))
+    return workspace_script(script_args, Path(cwd).resolve(), workspace) if cwd is not None else script_args
 
 
 def python_argv(script_args: list[str]) -> list[str]:
@@ -123,14 +164,24 @@ def parse_nnodes(text: str, lab_nodes: int) -> tuple[int, int]:
     return low, high
 
 
+def with_user_env(own: dict[str, str], added: dict[str, str]) -> dict[str, str]:
+    """labctl's values, then the user's (over any of labctl's): --dry-run shows the user's together, last."""
+    return {**{key: value for key, value in own.items() if key not in added}, **added}
+
+
 def build_launches(node_env: dict[str, dict[str, str]], script_args: list[str], *, launcher: str,
                    nproc_per_node: int | None, run_id: str, run_dir: Path | str, cpus: int | None = None,
-                   elastic: Elastic = Elastic(), pg_timeout_s: float | None = None) -> list[Launch]:
+                   elastic: Elastic = Elastic(), pg_timeout_s: float | None = None,
+                   user_env: Mapping[str, str] | None = None) -> list[Launch]:
     """The processes of one run, in node-rank order. `node_env` maps node name -> its env file; a
     subset of the lab's nodes runs a smaller job. Each node runs its env file's NPROC_PER_NODE
     processes (real hosts may differ) unless `nproc_per_node` says otherwise. Given the machine's
     `cpus`, every process gets an OMP_NUM_THREADS that shares them out (see threads_per_process);
-    `pg_timeout_s` goes to the trainer's process-group timeout through DDPLAB_PG_TIMEOUT_S."""
+    `pg_timeout_s` goes to the trainer's process-group timeout through DDPLAB_PG_TIMEOUT_S. `user_env`
+    (-e and --env-file) goes to every process, over labctl's own values (see run.userenv)."""
+    from labctl.run.userenv import check_user_env
+
+    added = check_user_env(user_env or {})
     names = list(node_env)
     first = node_env[names[0]]
     nprocs = [nproc_per_node or int(node_env[name].get("NPROC_PER_NODE", "1")) for name in names]
@@ -156,7 +207,7 @@ def build_launches(node_env: dict[str, dict[str, str]], script_args: list[str], 
                 # ("Gloo connectFullMesh failed ... Connection refused"); without sharing, each
                 # attempt's rank 0 hosts a fresh store.
                 env["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] = "1"
-            launches.append(Launch(name, name, torchrun_argv(script_args, nproc_per_node), env))
+            launches.append(Launch(name, name, torchrun_argv(script_args, nproc_per_node), with_user_env(env, added)))
         return launches
     if launcher != "static":
         raise LabError(f"unknown launcher {launcher!r}", hint="torchrun or static")
@@ -178,7 +229,7 @@ def build_launches(node_env: dict[str, dict[str, str]], script_args: list[str], 
                 "MASTER_PORT": first["MASTER_PORT"],
             }
             label = name if nproc == 1 else f"{name}/r{rank}"
-            launches.append(Launch(label, name, python_argv(script_args), env))
+            launches.append(Launch(label, name, python_argv(script_args), with_user_env(env, added)))
     return launches
 
 

@@ -158,3 +158,74 @@ def test_hosts_sync_dry_run_prints_rsync_with_strict_host_keys(tmp_path):
     assert "node1: rsync --archive --delete" in result.output and "'--exclude=*.ckpt'" in result.output
     assert "StrictHostKeyChecking=yes" in result.output and "10.1.0.2:ddplab-workspace/" in result.output
     assert not (tmp_path / ".lab").exists()
+
+
+def test_torchruns_underscore_spellings_work_and_help_shows_labctls(tmp_path):
+    (tmp_path / "hosts.toml").write_text(INVENTORY)
+    result = invoke("hosts", "run", "--inventory", "hosts.toml", "--dry-run", "--nproc_per_node", "3", "--", "x.py")
+    assert result.exit_code == 0 and "torchrun --nproc-per-node 3 x.py" in result.output, result.output
+    # Accepted by `run` too: it gets as far as the missing engine, a state, not bad input.
+    result = invoke("run", "--nproc_per_node", "2", "--max_restarts", "1", "--dry-run", "--", "x.py")
+    assert result.exit_code == 1 and "no Docker engine answers" in result.output, result.output
+    result = invoke("env", "--hosts", "10.0.0.1,10.0.0.2", "--iface", "eth0", "--nproc_per_node", "2",
+                    "--master_port", "29600", "--rdzv_id", "job7", "--out", "hosts")
+    written = (tmp_path / "hosts" / "node1.env").read_text()
+    assert result.exit_code == 0 and "PET_NPROC_PER_NODE=2" in written and "MASTER_PORT=29600" in written
+    assert "PET_RDZV_ID=job7" in written
+    for command in (["run"], ["hosts", "run"], ["up"], ["env"]):
+        options = invoke(*command, "--help").output.split("Options:")[1]
+        assert "--nproc-per-node" in options and not any(
+            name in options for name in ("--nproc_per_node", "--max_restarts", "--master_port", "--rdzv_id"))
+
+
+@pytest.mark.parametrize("args, message, hint", [
+    (["run", "--", "--max-restarts", "1", "x.py"], "--max-restarts is an option of `labctl run`, but it came after `--`",
+     "put labctl run's options before `--`"),
+    (["hosts", "run", "--inventory", "hosts.toml", "--rdzv-backend", "c10d", "--", "x.py"],
+     "`labctl hosts run` has no option --rdzv-backend", "SCRIPT or -m MODULE comes first"),
+])
+def test_an_option_in_the_scripts_place_is_exit_2_with_the_right_hint(tmp_path, args, message, hint):
+    (tmp_path / "hosts.toml").write_text(INVENTORY)
+    result = invoke(*args)
+    assert result.exit_code == 2 and message in result.output and hint in result.output, result.output
+
+
+def test_hosts_run_dry_run_shows_the_users_env_on_every_process(tmp_path, monkeypatch):
+    (tmp_path / "hosts.toml").write_text(INVENTORY)
+    (tmp_path / "run.env").write_text("# tuning\nNCCL_DEBUG=WARN\nexport MSG='hello world'\n")
+    monkeypatch.setenv("FROM_SHELL", "yes")
+    result = invoke("hosts", "run", "--inventory", "hosts.toml", "--dry-run", "--launcher", "static",
+                    "--env-file", "run.env", "-e", "NCCL_DEBUG=INFO", "--env", "FROM_SHELL", "--", "x.py")
+    assert result.exit_code == 0, result.output
+    lines = result.output.splitlines()
+    assert len(lines) == 3 and all("NCCL_DEBUG=INFO MSG='hello world' FROM_SHELL=yes python x.py" in line
+                                   for line in lines), result.output
+
+
+@pytest.mark.parametrize("args, fragment", [
+    (["-e", "1X=1"], "invalid -e='1X=1': must be KEY=VALUE or KEY"),
+    (["-e", "UNSET_HERE_1"], "where UNSET_HERE_1 is not set"),
+    (["-e", "RANK=3"], "cannot set RANK"),
+    (["-e", "PET_MAX_RESTARTS=3"], "cannot set PET_MAX_RESTARTS"),
+    (["--env-file", "nope.env"], "invalid --env-file='nope.env': no such file"),
+])
+def test_bad_env_options_are_exit_2_before_any_host_or_engine(tmp_path, args, fragment):
+    (tmp_path / "hosts.toml").write_text(INVENTORY)
+    for command in (["run"], ["hosts", "run", "--inventory", "hosts.toml"]):
+        result = invoke(*command, *args, "--", "x.py")
+        assert result.exit_code == 2 and fragment in result.output, result.output
+
+
+def test_from_a_subdirectory_the_workspace_is_found_and_the_script_taken_from_there(tmp_path, monkeypatch):
+    (tmp_path / ".lab").mkdir()
+    (tmp_path / "hosts.toml").write_text(INVENTORY)
+    (tmp_path / "sub").mkdir()
+    monkeypatch.chdir(tmp_path / "sub")
+    result = invoke("hosts", "run", "--inventory", "../hosts.toml", "--dry-run", "--", "train.py", "--lr", "1")
+    lines = result.output.splitlines()
+    assert result.exit_code == 0 and len(lines) == 2, result.output
+    # The run folder is the workspace's, and each host runs sub/train.py from its copy of the workspace.
+    assert all(line.endswith("torchrun sub/train.py --lr 1") and "DDPLAB_RUN_DIR=.lab/pair/runs/" in line
+               for line in lines), result.output
+    outside = invoke("hosts", "run", "--inventory", "../hosts.toml", "--dry-run", "--", "../../x.py")
+    assert outside.exit_code == 2 and "outside the workspace" in outside.output

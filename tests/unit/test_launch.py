@@ -5,7 +5,15 @@ from pathlib import Path
 import pytest
 
 from labctl.errors import LabError
-from labctl.run.launch import Launch, build_launches, parse_script_args, threads_per_process, torchrun_argv
+from labctl.run.launch import (
+    Launch,
+    build_launches,
+    job_args,
+    parse_script_args,
+    threads_per_process,
+    torchrun_argv,
+    workspace_script,
+)
 
 RUN_DIR = Path("/ws/.lab/demo/runs/r1")
 NODE_ENV = {
@@ -86,11 +94,37 @@ def test_parse_script_args(args, expected):
     ([], "no training script"),
     (["-m"], "needs a module name"),
     (["-m", "--epochs"], "needs a module name"),
-    (["--epochs", "3"], "expected a script path"),
+    (["--epochs", "3"], "expected the script"),
 ])
 def test_parse_script_args_rejects(args, fragment):
     with pytest.raises(LabError, match=fragment):
         parse_script_args(args)
+
+
+RUN_OPTIONS = {"--nproc-per-node", "--nproc_per_node", "--max-restarts", "--max_restarts", "-e", "--env"}
+
+
+@pytest.mark.parametrize("args, message, hint", [
+    # A labctl option after `--`: put it before `--` (the hint no longer says what the user just did).
+    (["--max_restarts", "1", "train.py"], "--max_restarts is an option of `labctl run`, but it came after `--`",
+     "put labctl run's options before `--`: labctl run --max_restarts ... -- SCRIPT"),
+    (["--nproc-per-node=2", "train.py"], "--nproc-per-node is an option of `labctl run`", "before `--`"),
+    # An option labctl does not have (typed before `--`, or after it): SCRIPT or -m MODULE comes first.
+    (["--rdzv_backend", "c10d", "--", "train.py"], "got option '--rdzv_backend', and `labctl run` has no option "
+     "--rdzv_backend", "SCRIPT or -m MODULE comes first, then its own options: labctl run -- train.py --lr 0.1; "
+     "`labctl run --help` lists labctl's options"),
+])
+def test_an_option_where_the_script_belongs_gets_a_hint_that_fits(args, message, hint):
+    with pytest.raises(LabError) as caught:
+        parse_script_args(args, RUN_OPTIONS, "labctl run")
+    assert message in caught.value.message and hint in caught.value.hint
+
+
+def test_without_the_commands_options_the_hint_stays_general():
+    with pytest.raises(LabError) as caught:
+        parse_script_args(["--lr", "0.1"])
+    assert "has no option" not in caught.value.message and "--help" not in caught.value.hint
+    assert caught.value.hint.startswith("SCRIPT or -m MODULE comes first")
 
 
 @pytest.mark.parametrize("argv, lab, expected", [
@@ -147,3 +181,48 @@ def test_partition_and_heal_commands():
     assert [c.argv for c in partition_commands("eth0")] == [("ip", "link", "set", "dev", "eth0", "down")]
     assert [c.argv for c in heal_commands("eth0", "172.28.0.1")] == [
         ("ip", "link", "set", "dev", "eth0", "up"), ("ip", "route", "replace", "default", "via", "172.28.0.1", "dev", "eth0")]
+
+
+@pytest.fixture
+def ws(tmp_path):
+    """A workspace with a script at its top and one in a subdirectory, and a folder beside it."""
+    root = tmp_path / "ws"
+    (root / "sub" / "deep").mkdir(parents=True)
+    (root / "top.py").write_text("")
+    (root / "sub" / "train.py").write_text("")
+    (tmp_path / "elsewhere").mkdir()
+    (tmp_path / "elsewhere" / "x.py").write_text("")
+    return root.resolve()
+
+
+@pytest.mark.parametrize("cwd, args, expected", [
+    ("", ["top.py", "--lr", "1"], ["top.py", "--lr", "1"]),             # from the workspace: as typed
+    ("", ["./sub/train.py"], ["./sub/train.py"]),
+    ("sub", ["train.py", "--out", "x.json"], ["sub/train.py", "--out", "x.json"]),  # its own args stay as given
+    ("sub", ["../top.py"], ["top.py"]),
+    ("sub/deep", ["../train.py"], ["sub/train.py"]),
+    ("sub", ["not_yet.py"], ["sub/not_yet.py"]),                         # missing here: the nodes will say so
+    ("sub", ["-m", "trainer", "x.py"], ["-m", "trainer", "x.py"]),       # a module is found by Python, not a path
+    ("sub", ["/usr/lib/python3/x.py"], ["/usr/lib/python3/x.py"]),       # the node's own file
+])
+def test_a_script_is_taken_from_where_the_user_stands(ws, cwd, args, expected):
+    assert workspace_script(args, ws / cwd, ws) == expected
+
+
+def test_an_absolute_script_in_the_workspace_becomes_relative_for_hosts_with_another_path(ws):
+    assert workspace_script([str(ws / "sub" / "train.py")], ws, ws) == ["sub/train.py"]
+
+
+@pytest.mark.parametrize("script", ["../elsewhere/x.py", "../../outside.py", "link.py"])
+def test_a_script_outside_the_workspace_is_refused(ws, script):
+    (ws / "link.py").symlink_to(ws.parent / "elsewhere" / "x.py")  # the nodes could not follow it
+    with pytest.raises(LabError, match="outside the workspace .*: the nodes see only the workspace") as caught:
+        workspace_script([script], ws, ws)
+    assert "move or copy the script into" in caught.value.hint
+
+
+def test_job_args_checks_then_places_the_script(ws):
+    assert job_args(("--", "train.py"), ws, ws / "sub") == ["sub/train.py"]
+    assert job_args(("train.py",), ws) == ["train.py"]  # no cwd (the API's default): relative to the workspace
+    with pytest.raises(LabError, match="no training script"):
+        job_args((), ws, ws / "sub")
