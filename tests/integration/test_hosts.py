@@ -248,7 +248,7 @@ def test_a_failing_host_stops_the_others_and_is_named(ssh_lab):
     result = hosts_cmd("run", "--inventory", str(inventory), "--no-sync", "--launcher", "static", "--",
                        f"{SCRIPTS}/fail_on_rank.py", "1")
     assert result.returncode == 1, result.stdout + result.stderr
-    assert "run failed: node1 exited with status 1" in result.stderr and "deliberate failure on rank 1" in result.stderr
+    assert "run failed: rank 1 on node1 failed first" in result.stderr and "deliberate failure on rank 1" in result.stderr
     for host in ("node0", "node1"):
         assert run_processes(inventory, host) == 0, host
 

@@ -70,7 +70,7 @@ def test_failure_names_the_node_and_why(lab3):
     name, _ = lab3
     result = labctl("run", "--lab", name, "--launcher", "static", "--", str(SCRIPTS / "fail_on_rank.py"), "1")
     assert result.returncode == 1
-    assert "node1 exited with status 1" in result.stderr
+    assert "run failed: rank 1 on node1 failed first" in result.stderr
     assert "ValueError: deliberate failure on rank 1" in result.stderr
 
 

@@ -44,7 +44,7 @@ def test_a_failed_run_raises_with_its_result_and_the_lab_still_goes(docker_clien
             assert not kept.ok and kept.exit_codes["node1"] != 0
             lab.run(FAILING, "1", launcher="static", echo=False)
     error = caught.value
-    assert str(error).startswith("node1 exited with status 1: ") and "ValueError: deliberate failure on rank 1" in str(error)
+    assert str(error).startswith("rank 1 on node1 failed first (") and "ValueError: deliberate failure on rank 1" in str(error)
     assert error.result.exit_codes["node1"] == 1
     assert error.result.logs["node1"].is_file()
     assert lab_resources(docker_client, lab_name) == {"containers": [], "networks": [], "volumes": []}
