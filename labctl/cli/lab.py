@@ -147,12 +147,28 @@ def env(hosts, iface, nproc_per_node, master_port, rdzv_id, out_dir) -> None:
 @click.argument("node", required=False)
 @click.option("--run", "run_id", metavar="RUN_ID", help="Which run (a folder under .lab/<lab>/runs/); default the latest.")
 @click.option("--container", is_flag=True, help="Show the node container's own log instead of a run's.")
-def logs(lab, node, run_id, container) -> None:
-    """Print the saved output of the latest run (every node, or NODE), or a node container's log."""
+@click.option("-n", "--tail", type=int, metavar="N", help="Only each node's last N lines.")
+@click.option("-f", "--follow", is_flag=True,
+              help="Keep printing new lines as they are written, until the run ends (with --container: until "
+                   "the containers stop); Ctrl-C stops sooner.")
+def logs(lab, node, run_id, container, tail, follow) -> None:
+    """Print the saved output of the latest run (every node, or NODE), or a node container's log.
+
+    With -f, what is there (with --tail, each node's last N lines) and then every new line, under
+    a header naming its node, until the run has ended: `labctl logs -f` in a second terminal
+    watches a run that `labctl run` started.
+    """
     from labctl.cli import render
 
     the_lab = session().lab(lab)
-    if container:
-        render.print_logs(the_lab.container_logs(node), headers=False)
+    if follow:
+        chunks = the_lab.follow_container_logs(node, tail) if container else the_lab.follow_logs(node, run_id, tail)
+        try:
+            render.print_log_stream(chunks)
+        except KeyboardInterrupt:
+            raise click.exceptions.Exit(130) from None  # Ctrl-C ends a follow as it ends `tail -f`: quietly
+    elif container:
+        found = the_lab.container_logs(node, tail)
+        render.print_logs(found, headers=len(found) > 1)
     else:
-        render.print_logs(the_lab.logs(node, run_id))
+        render.print_logs(the_lab.logs(node, run_id, tail))

@@ -134,6 +134,17 @@ def print_logs(logs: list[tuple[str, str]], headers: bool = True) -> None:
         click.echo(text, nl=False)
 
 
+def print_log_stream(chunks) -> None:
+    """`logs -f`: (node, lines) as they come, under a header naming the node whenever it changes
+    (as `tail -f` does with several files); each write flushed, so a pipe sees it at once."""
+    last = None
+    for node, text in chunks:
+        if node != last:
+            click.echo(f"==> {node} <==")
+            last = node
+        click.echo(text, nl=False)
+
+
 # -------------------------------------------------------------------------------------- doctor
 
 
