@@ -1,4 +1,4 @@
-"""The lab's lifecycle: build, up, status, down, env, logs."""
+"""The lab's lifecycle: build, up, status, down, env, logs, exec."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from pathlib import Path
 import click
 
 from labctl.cli.app import CONTEXT, main, session
-from labctl.cli.options import dry_run_option, json_option, lab_option
+from labctl.cli.options import SCRIPT_CONTEXT, dry_run_option, json_option, lab_option
 
 
 @main.command(context_settings=CONTEXT)
@@ -172,3 +172,26 @@ def logs(lab, node, run_id, container, tail, follow) -> None:
         render.print_logs(found, headers=len(found) > 1)
     else:
         render.print_logs(the_lab.logs(node, run_id, tail))
+
+
+@main.command("exec", context_settings=SCRIPT_CONTEXT)
+@lab_option
+@click.argument("node")
+@click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
+def exec_cmd(lab, node, command) -> None:
+    """Run COMMAND in NODE's container: `labctl exec node1 -- hostname`, `labctl exec node0 -- bash`.
+
+    As the node's user, in the workspace, with the node's environment (its env file: MASTER_ADDR,
+    NODE_RANK, ...), through `docker exec`; with a terminal when labctl has one (a shell is then
+    interactive), with stdin passed through otherwise. The exit status is COMMAND's. labctl's own
+    options go before NODE.
+    """
+    import os
+    import sys
+
+    tty = sys.stdin.isatty() and sys.stdout.isatty()
+    argv = session().lab(lab).exec_argv(node, list(command), tty=tty)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.execvp(argv[0], argv)  # docker's exit status, which is the command's, becomes labctl's
+

@@ -53,6 +53,12 @@ def exec_in(client, container: str, argv: list[str], env: dict[str, str] | None 
     return client.api.exec_inspect(exec_id)["ExitCode"], output
 
 
+def docker_exec_argv(container: str, argv: list[str], tty: bool = False) -> list[str]:
+    """`docker exec` of argv in the container, as a person types it: stdin attached (a pipe reaches
+    the command), and a terminal (-t) when labctl has one, so a shell or top behaves as at a prompt."""
+    return ["docker", "exec", "-i", *(["-t"] if tty else []), container, *argv]
+
+
 class DockerNodes:
     """The lab's nodes as a run reaches them: `docker exec` into each node's container.
 

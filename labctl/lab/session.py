@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterator
 
 from labctl.config import LabConfig
 from labctl.errors import LabError, StateError
+from labctl.lab.compose import container_name
 from labctl.lab.docker import DockerNodes, docker_client, engine_cpus, lab_networks, network_subnets
 from labctl.lab.envfiles import read_node_envs
 from labctl.lab.lifecycle import NodeState, lab_dir, lab_status, require_running
@@ -87,6 +88,27 @@ class LabSession:
         if not found:
             raise LabError(f"no node {node!r} in lab {self.name}", hint=f"nodes: {', '.join(n.name for n in nodes)}")
         return found
+
+    def exec_argv(self, node: str, argv: list[str], tty: bool = False) -> list[str]:
+        """The `docker exec` command line that runs argv in `node`'s container (as its user, in the
+        workspace, with its env file's environment), once the node is known to be running: the CLI
+        execs it; from Python, `subprocess.run(lab.exec_argv(...))`. `tty`: give it a terminal."""
+        import shutil
+
+        from labctl.lab.docker import docker_exec_argv
+
+        argv = list(argv[1:] if argv[:1] == ["--"] else argv)
+        if not argv:
+            raise LabError(f"no command given to run on {node}", hint=f"labctl exec {node} -- hostname")
+        state = self.existing(node)[0]
+        if state.state != "running":
+            raise StateError(f"{node} of lab {self.name} is not running ({state.state})",
+                             hint=f"`labctl fault unpause {node} --lab {self.name}` resumes it" if state.state == "paused"
+                             else f"`labctl up --lab {self.name}` restores the nodes")
+        if shutil.which("docker") is None:
+            raise StateError("no docker CLI on PATH (`labctl exec` runs `docker exec`)",
+                             hint="install the Docker CLI (`make engine` does, as root on Debian)")
+        return docker_exec_argv(container_name(self.name, node), argv, tty)
 
     def subnet(self) -> str | None:
         subnets = [s for net in lab_networks(self.client, self.name) for s in network_subnets(net)]
