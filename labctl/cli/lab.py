@@ -1,4 +1,4 @@
-"""The lab's lifecycle: build, up, status, down, env, logs, exec."""
+"""The lab's lifecycle: build, up, status, down, env, logs, exec, ls."""
 
 from __future__ import annotations
 
@@ -195,3 +195,16 @@ def exec_cmd(lab, node, command) -> None:
     sys.stderr.flush()
     os.execvp(argv[0], argv)  # docker's exit status, which is the command's, becomes labctl's
 
+
+@main.command("ls", context_settings=CONTEXT)
+@json_option('Print [{"lab", "running", "nodes", "shaping", "created", "age_s", "workspace", "user", ...}].')
+def ls(as_json) -> None:
+    """List the labs on this engine, whoever brought them up: nodes running/total, each running
+    node's link (read back with tc), age, and the workspace and user that own it.
+
+    A lab with no nodes left but its volume (after `down` without --volumes) is listed too.
+    """
+    from labctl.cli import render
+    from labctl.lab.listing import list_labs
+
+    render.print_labs(list_labs(session().client), as_json, now=time.time())
