@@ -105,8 +105,13 @@ def status(lab, as_json) -> None:
 @click.option("--volumes", is_flag=True, help="Also remove the lab's shared volume (kept by default, like compose).")
 @dry_run_option("List what would be removed; remove nothing.")
 def down(lab, volumes, dry_run) -> None:
-    """Remove every container and network of the lab. Idempotent; also cleans up a broken `up`."""
-    from labctl.ui import console, info
+    """Remove every container and network of the lab. Idempotent; also cleans up a broken `up`.
+
+    The shared volume (/shared on every node) is kept unless --volumes is given, as `docker compose
+    down` keeps it; `down` names it when it does. Run logs and env files under .lab/<lab>/ stay.
+    """
+    from labctl.cli import render
+    from labctl.ui import console
 
     the_lab = session().lab(lab)
     if dry_run:
@@ -114,9 +119,7 @@ def down(lab, volumes, dry_run) -> None:
             console.print(f"{kind}: {', '.join(names) or '-'}", markup=False)
         return
     removed = the_lab.down(volumes=volumes)
-    parts = [f"{count} {kind[:-1] if count == 1 else kind}" for kind, count in removed.items()
-             if count or kind != "volumes"]
-    info(f"lab {the_lab.name}: removed {', '.join(parts)}")
+    render.print_down(the_lab.name, removed, the_lab.resources(volumes=True))
 
 
 @main.command(context_settings=CONTEXT)

@@ -148,6 +148,23 @@ def print_log_stream(chunks) -> None:
 # ------------------------------------------------------------------------------------ labs
 
 
+def print_down(lab: str, removed: dict[str, int], left: dict[str, list[str]]) -> None:
+    """`down`: what it removed, and by name what the engine still has of the lab (the kept volume)."""
+    from labctl.ui import info
+
+    parts = [f"{count} {kind[:-1] if count == 1 else kind}" for kind, count in removed.items()
+             if count or kind != "volumes"]
+    message = f"lab {lab}: removed {', '.join(parts)}"
+    kept = left.get("volumes", [])
+    if kept:
+        message += (f"; kept volume{'s' * (len(kept) > 1)} {', '.join(kept)} (/shared on the nodes, for the next "
+                    f"`up`; `labctl down --lab {lab} --volumes` removes it)")
+    remaining = left.get("containers", []) + left.get("networks", [])
+    if remaining:  # made meanwhile, by an `up` of the same lab running at the same time
+        message += f"; still there: {', '.join(remaining)} (`labctl down --lab {lab}` again removes them)"
+    info(message)
+
+
 def labs_table(labs, now: float) -> Table:
     from labctl.lab.listing import age_text, shaping_text
 

@@ -1,5 +1,5 @@
-"""`labctl ls` from what the engine lists (its label data, as the list calls return it), and
-`exec`'s command line and its checks of the lab and the node: no engine needed."""
+"""`labctl ls` from what the engine lists (its label data, as the list calls return it), `down`'s
+message about what it kept, and `exec`'s command line: no engine needed."""
 
 from __future__ import annotations
 
@@ -99,6 +99,18 @@ def test_ls_with_no_labs_is_one_friendly_line(capsys):
     assert out == "" and "no labs on this engine" in err
     render.print_labs([], as_json=True, now=0)
     assert capsys.readouterr().out.strip() == "[]"
+
+
+def test_down_names_the_volume_it_kept(capsys):
+    render.print_down("demo", {"containers": 3, "networks": 1, "volumes": 0},
+                      {"containers": [], "networks": [], "volumes": ["demo-shared"]})
+    message = " ".join(capsys.readouterr().err.split())
+    assert "lab demo: removed 3 containers, 1 network; kept volume demo-shared" in message
+    assert "`labctl down --lab demo --volumes` removes it" in message
+    render.print_down("demo", {"containers": 0, "networks": 0, "volumes": 1},
+                      {"containers": [], "networks": [], "volumes": []})
+    message = " ".join(capsys.readouterr().err.split())
+    assert message.endswith("lab demo: removed 0 containers, 0 networks, 1 volume")
 
 
 def test_exec_argv():
