@@ -189,11 +189,14 @@ def exec_cmd(lab, node, command) -> None:
     interactive), with stdin passed through otherwise. The exit status is COMMAND's. labctl's own
     options go before NODE.
     """
+    import logging
     import os
+    import shlex
     import sys
 
     tty = sys.stdin.isatty() and sys.stdout.isatty()
     argv = session().lab(lab).exec_argv(node, list(command), tty=tty)
+    logging.getLogger("labctl.exec").debug("$ %s", shlex.join(argv))  # `labctl -v` shows every external command
     sys.stdout.flush()
     sys.stderr.flush()
     os.execvp(argv[0], argv)  # docker's exit status, which is the command's, becomes labctl's
