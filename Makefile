@@ -42,7 +42,7 @@ $(VENV_STAMP): pyproject.toml
 	  "$$py" -m venv $(VENV) && echo "$$py" > $(VENV)/.python; \
 	fi
 	$(BIN)/pip install -q --upgrade pip
-	$(BIN)/pip install -q -e ".[test]"
+	$(BIN)/pip install -q -e ".[test,plot]"
 	@# Bytecode up front: where PYTHONDONTWRITEBYTECODE is set (as on CI runners), every labctl
 	@# command would otherwise compile its modules again (about 25 ms of each `labctl up`).
 	$(BIN)/python -m compileall -q labctl trainer >/dev/null

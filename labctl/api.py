@@ -205,19 +205,6 @@ class Lab(LabSession):
             self.preflight().raise_for_problems(f"labctl doctor --lab {self.name}")
         return self.execute(plan, timeout_s=timeout_s, echo=echo, check=check)
 
-    def logs(self, node: str | None = None, run_id: str | None = None) -> list[tuple[str, str]]:
-        """(node, saved output) of a run (default: the latest), for every node or `node`."""
-        from labctl.run.result import run_logs
-
-        return run_logs(self.directory, run_id, node)
-
-    def container_logs(self, node: str | None = None) -> list[tuple[str, str]]:
-        """(node, the container's own log) for every node or `node`."""
-        from labctl.lab.docker import container_log
-
-        names = [node] if node else [n.name for n in self.status()]
-        return [(name, container_log(self.client, self.name, name)) for name in names]
-
     # --------------------------------------------------------------------------------- doctor
 
     def doctor(self, *, cheap: bool = False) -> Diagnosis:

@@ -132,6 +132,10 @@ def measure(session: LabSession, sizes: list[int], iters: int, efficiency: float
     """The sweep across the running lab's nodes beside the wire and the model: iperf3 from the node
     with the slowest shaped link to the next, then the sweep; the rows are also written to
     bench-allreduce.json in the run's folder, and with `plot_path` drawn there."""
+    if plot_path:  # refused before the minutes of measuring, not after
+        from labctl.bench.plotting import require_matplotlib
+
+        require_matplotlib("bench allreduce --plot")
     nodes = session.running()
     if len(nodes) < 2:
         raise LabError(f"lab {session.name} has {len(nodes)} node; an allreduce across nodes needs 2 or more",
@@ -165,11 +169,9 @@ def _link_text(link_bps: int | None, slowest: str) -> str:
 
 
 def plot(rows: list[Row], path: Path, link_bps: float | None, wire_bps: float | None, n: int, title: str) -> None:
-    import matplotlib
+    from labctl.bench.plotting import pyplot
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     sizes = [r.size for r in rows]
     fig, ax = plt.subplots(figsize=(7, 4.2), dpi=120)
     ax.plot(sizes, [r.busbw_gbs * 1000 for r in rows], "o-", label="measured busbw")

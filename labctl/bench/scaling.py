@@ -170,11 +170,9 @@ def markdown(rows: list[Row], title: str) -> str:
 
 def plot(rows: list[Row], out: Path, title: str) -> list[Path]:
     """scaling.png (tokens/s against nodes per link) and breakdown.png (compute vs communication)."""
-    import matplotlib
+    from labctl.bench.plotting import pyplot
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     paths = [out / "scaling.png", out / "breakdown.png"]
     fig, ax = plt.subplots(figsize=(7, 4.2), dpi=120)
     series: dict[str, list[Row]] = {}
@@ -225,8 +223,9 @@ def plot(rows: list[Row], out: Path, title: str) -> list[Path]:
     return paths
 
 
-def write_outputs(rows: list[Row], out: Path, title: str, meta: dict) -> list[Path]:
+def write_outputs(rows: list[Row], out: Path, title: str, meta: dict, plots: bool = True) -> list[Path]:
+    """scaling.md and scaling.json, and with `plots` (matplotlib installed) the two PNGs."""
     out.mkdir(parents=True, exist_ok=True)
     (out / "scaling.md").write_text(markdown(rows, title))
     (out / "scaling.json").write_text(json.dumps({**meta, "rows": [r.as_dict() for r in rows]}, indent=1) + "\n")
-    return [out / "scaling.md", out / "scaling.json", *plot(rows, out, title)]
+    return [out / "scaling.md", out / "scaling.json", *(plot(rows, out, title) if plots else [])]

@@ -62,8 +62,13 @@ def measure(session: LabSession, *, workload: str = "gpt", nodes_list: str | Seq
     `nodes_list` (default: 1 up to its size), and unshaped: the shaped rows shape and clear here.
     `rates` are as --bw takes them (see shaped_rates); `nproc` processes in one node (default the
     largest node count; 1 leaves that row out); `host` adds the rows run on this machine."""
+    from labctl.bench.plotting import INSTALL_HINT, have_matplotlib
+
     shaped = shaped_rates(rates)
     names, counts = _lab_for(session, nodes_list)
+    plots = have_matplotlib()
+    if not plots:  # the table is the result; the PNGs only draw it, so their absence is said, not fatal
+        report(f"matplotlib is not installed: scaling.md and scaling.json only, no PNGs ({INSTALL_HINT})")
     host_python = session.config.host_python or sys.executable
     if host:
         report(f"host rows: {host_python}, torch {host_torch(host_python)}")
@@ -94,7 +99,8 @@ def measure(session: LabSession, *, workload: str = "gpt", nodes_list: str | Seq
     title = (f"{workload}: {size}micro-batch {micro_batch} per process, {threads} thread(s) per process, "
              f"{steps} steps, {session.cpus} CPUs")
     paths = write_outputs(rows, out, title, {"workload": workload, "steps": steps, "micro_batch": micro_batch,
-                                             "threads": threads, "repeats": repeats, "efficiency": efficiency})
+                                             "threads": threads, "repeats": repeats, "efficiency": efficiency},
+                          plots=plots)
     report("wrote " + ", ".join(str(p) for p in paths))
     return ScalingReport(rows, title, paths)
 

@@ -82,7 +82,8 @@ def session() -> Session:
 # The module that defines each top-level command: loaded when that command runs (click's documented
 # lazy-loading pattern), so a command pays only for its own imports.
 COMMAND_MODULES = {
-    "build": "lab", "up": "lab", "status": "lab", "down": "lab", "env": "lab", "logs": "lab", "run": "run",
+    "build": "lab", "up": "lab", "status": "lab", "down": "lab", "env": "lab", "logs": "lab", "exec": "lab",
+    "ls": "lab", "run": "run",
     "shape": "net", "slow": "net", "fault": "net", "doctor": "diagnose", "scenario": "diagnose",
     "hosts": "hosts", "cost": "bench", "bench": "bench",
 }

@@ -1,4 +1,4 @@
-"""The lab's lifecycle: build, up, status, down, env, logs."""
+"""The lab's lifecycle: build, up, status, down, env, logs, exec, ls."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from pathlib import Path
 import click
 
 from labctl.cli.app import CONTEXT, main, session
-from labctl.cli.options import dry_run_option, json_option, lab_option, nproc_option, torchrun_option
+from labctl.cli.options import SCRIPT_CONTEXT, dry_run_option, json_option, lab_option, nproc_option, torchrun_option
 
 
 @main.command(context_settings=CONTEXT)
@@ -107,8 +107,13 @@ def status(lab, as_json) -> None:
 @click.option("--volumes", is_flag=True, help="Also remove the lab's shared volume (kept by default, like compose).")
 @dry_run_option("List what would be removed; remove nothing.")
 def down(lab, volumes, dry_run) -> None:
-    """Remove every container and network of the lab. Idempotent; also cleans up a broken `up`."""
-    from labctl.ui import console, info
+    """Remove every container and network of the lab. Idempotent; also cleans up a broken `up`.
+
+    The shared volume (/shared on every node) is kept unless --volumes is given, as `docker compose
+    down` keeps it; `down` names it when it does. Run logs and env files under .lab/<lab>/ stay.
+    """
+    from labctl.cli import render
+    from labctl.ui import console
 
     the_lab = session().lab(lab)
     if dry_run:
@@ -116,9 +121,7 @@ def down(lab, volumes, dry_run) -> None:
             console.print(f"{kind}: {', '.join(names) or '-'}", markup=False)
         return
     removed = the_lab.down(volumes=volumes)
-    parts = [f"{count} {kind[:-1] if count == 1 else kind}" for kind, count in removed.items()
-             if count or kind != "volumes"]
-    info(f"lab {the_lab.name}: removed {', '.join(parts)}")
+    render.print_down(the_lab.name, removed, the_lab.resources(volumes=True))
 
 
 @main.command(context_settings=CONTEXT)
@@ -152,12 +155,67 @@ def env(hosts, iface, nproc_per_node, master_port, rdzv_id, out_dir) -> None:
 @click.argument("node", required=False)
 @click.option("--run", "run_id", metavar="RUN_ID", help="Which run (a folder under .lab/<lab>/runs/); default the latest.")
 @click.option("--container", is_flag=True, help="Show the node container's own log instead of a run's.")
-def logs(lab, node, run_id, container) -> None:
-    """Print the saved output of the latest run (every node, or NODE), or a node container's log."""
+@click.option("-n", "--tail", type=int, metavar="N", help="Only each node's last N lines.")
+@click.option("-f", "--follow", is_flag=True,
+              help="Keep printing new lines as they are written, until the run ends (with --container: until "
+                   "the containers stop); Ctrl-C stops sooner.")
+def logs(lab, node, run_id, container, tail, follow) -> None:
+    """Print the saved output of the latest run (every node, or NODE), or a node container's log.
+
+    With -f, what is there (with --tail, each node's last N lines) and then every new line, under
+    a header naming its node, until the run has ended: `labctl logs -f` in a second terminal
+    watches a run that `labctl run` started.
+    """
     from labctl.cli import render
 
     the_lab = session().lab(lab)
-    if container:
-        render.print_logs(the_lab.container_logs(node), headers=False)
+    if follow:
+        chunks = the_lab.follow_container_logs(node, tail) if container else the_lab.follow_logs(node, run_id, tail)
+        try:
+            render.print_log_stream(chunks)
+        except KeyboardInterrupt:
+            raise click.exceptions.Exit(130) from None  # Ctrl-C ends a follow as it ends `tail -f`: quietly
+    elif container:
+        found = the_lab.container_logs(node, tail)
+        render.print_logs(found, headers=len(found) > 1)
     else:
-        render.print_logs(the_lab.logs(node, run_id))
+        render.print_logs(the_lab.logs(node, run_id, tail))
+
+
+@main.command("exec", context_settings=SCRIPT_CONTEXT)
+@lab_option
+@click.argument("node")
+@click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
+def exec_cmd(lab, node, command) -> None:
+    """Run COMMAND in NODE's container: `labctl exec node1 -- hostname`, `labctl exec node0 -- bash`.
+
+    As the node's user, in the workspace, with the node's environment (its env file: MASTER_ADDR,
+    NODE_RANK, ...), through `docker exec`; with a terminal when labctl has one (a shell is then
+    interactive), with stdin passed through otherwise. The exit status is COMMAND's. labctl's own
+    options go before NODE.
+    """
+    import logging
+    import os
+    import shlex
+    import sys
+
+    tty = sys.stdin.isatty() and sys.stdout.isatty()
+    argv = session().lab(lab).exec_argv(node, list(command), tty=tty)
+    logging.getLogger("labctl.exec").debug("$ %s", shlex.join(argv))  # `labctl -v` shows every external command
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.execvp(argv[0], argv)  # docker's exit status, which is the command's, becomes labctl's
+
+
+@main.command("ls", context_settings=CONTEXT)
+@json_option('Print [{"lab", "running", "nodes", "shaping", "created", "age_s", "workspace", "user", ...}].')
+def ls(as_json) -> None:
+    """List the labs on this engine, whoever brought them up: nodes running/total, each running
+    node's link (read back with tc), age, and the workspace and user that own it.
+
+    A lab with no nodes left but its volume (after `down` without --volumes) is listed too.
+    """
+    from labctl.cli import render
+    from labctl.lab.listing import list_labs
+
+    render.print_labs(list_labs(session().client), as_json, now=time.time())

@@ -134,6 +134,68 @@ def print_logs(logs: list[tuple[str, str]], headers: bool = True) -> None:
         click.echo(text, nl=False)
 
 
+def print_log_stream(chunks) -> None:
+    """`logs -f`: (node, lines) as they come, under a header naming the node whenever it changes
+    (as `tail -f` does with several files); each write flushed, so a pipe sees it at once."""
+    last = None
+    for node, text in chunks:
+        if node != last:
+            click.echo(f"==> {node} <==")
+            last = node
+        click.echo(text, nl=False)
+
+
+# ------------------------------------------------------------------------------------ labs
+
+
+def print_down(lab: str, removed: dict[str, int], left: dict[str, list[str]]) -> None:
+    """`down`: what it removed, and by name what the engine still has of the lab (the kept volume)."""
+    from labctl.ui import info
+
+    parts = [f"{count} {kind[:-1] if count == 1 else kind}" for kind, count in removed.items()
+             if count or kind != "volumes"]
+    message = f"lab {lab}: removed {', '.join(parts)}"
+    kept = left.get("volumes", [])
+    if kept:
+        message += (f"; kept volume{'s' * (len(kept) > 1)} {', '.join(kept)} (/shared on the nodes, for the next "
+                    f"`up`; `labctl down --lab {lab} --volumes` removes it)")
+    remaining = left.get("containers", []) + left.get("networks", [])
+    if remaining:  # made meanwhile, by an `up` of the same lab running at the same time
+        message += f"; still there: {', '.join(remaining)} (`labctl down --lab {lab}` again removes them)"
+    info(message)
+
+
+def labs_table(labs, now: float) -> Table:
+    from labctl.lab.listing import age_text, shaping_text
+
+    table = Table(title="labs on this engine", title_justify="left")
+    for column in ("lab", "nodes", "shaping", "age", "workspace", "user"):
+        table.add_column(column)
+    for lab in labs:
+        colour = "green" if lab.total and lab.running == lab.total else "yellow" if lab.running else "red"
+        table.add_row(escape(lab.name), f"[{colour}]{lab.running}/{lab.total}[/{colour}]", escape(shaping_text(lab.shaping)),
+                      age_text(now - lab.created) if lab.created is not None else "-", escape(lab.workspace or "?"),
+                      escape(lab.user or "-"))
+    return table
+
+
+def print_labs(labs, as_json: bool, now: float) -> None:
+    """`ls`: one row per lab; then, for a lab with no nodes, what is left of it and how it goes."""
+    from labctl.ui import info
+
+    if as_json:
+        emit_json([lab.as_dict(now) for lab in labs])
+        return
+    if not labs:
+        info("no labs on this engine (`labctl up` brings one up)")
+        return
+    console.print(labs_table(labs, now))
+    empty = [lab for lab in labs if not lab.total]
+    if empty:
+        info(f"no nodes, only {'a volume or network' if len(empty) == 1 else 'volumes or networks'} left: "
+             f"{', '.join(lab.name for lab in empty)} (`labctl down --lab NAME --volumes` removes what a lab left)")
+
+
 # -------------------------------------------------------------------------------------- doctor
 
 

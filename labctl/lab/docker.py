@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import os
 import time
-from typing import Callable
+from typing import Callable, Iterator
 
 from labctl.errors import ConfigError, LabError, StateError
 from labctl.lab import engine as engine_mod
@@ -51,6 +51,12 @@ def exec_in(client, container: str, argv: list[str], env: dict[str, str] | None 
     exec_id = client.api.exec_create(container, argv, environment=env or {})["Id"]
     output = client.api.exec_start(exec_id).decode(errors="replace")
     return client.api.exec_inspect(exec_id)["ExitCode"], output
+
+
+def docker_exec_argv(container: str, argv: list[str], tty: bool = False) -> list[str]:
+    """`docker exec` of argv in the container, as a person types it: stdin attached (a pipe reaches
+    the command), and a terminal (-t) when labctl has one, so a shell or top behaves as at a prompt."""
+    return ["docker", "exec", "-i", *(["-t"] if tty else []), container, *argv]
 
 
 class DockerNodes:
@@ -144,10 +150,51 @@ def apply_node_cpus(client, lab: str, node: str, cpus: float | None) -> float | 
     return node_cpus_limit(client, lab, node, engine.cpus)
 
 
-def container_log(client, lab: str, node: str) -> str:
+def container_log(client, lab: str, node: str, tail: int | None = None) -> str:
+    """The node container's own log (its entry point's output), or its last `tail` lines."""
     import docker.errors
 
     try:
-        return client.containers.get(container_name(lab, node)).logs().decode(errors="replace")
+        return client.api.logs(container_name(lab, node), tail="all" if tail is None else tail).decode(errors="replace")
     except docker.errors.NotFound:
         raise LabError(f"no node {node!r} in lab {lab!r}", hint="`labctl status` lists the nodes") from None
+
+
+def follow_container_logs(client, lab: str, nodes: list[str], tail: int | None = None,
+                          wait_s: float = 0.5) -> Iterator[tuple[str, str]]:
+    """(node, whole lines) from the containers' logs as they come (`docker logs -f` on each node at
+    once), after each one's last `tail` lines; ends when every container has stopped."""
+    import queue
+    import threading
+
+    lines: queue.Queue = queue.Queue()
+
+    def pump(node: str) -> None:
+        try:
+            for chunk in client.api.logs(container_name(lab, node), stream=True, follow=True,
+                                         tail="all" if tail is None else tail):
+                lines.put((node, chunk))
+        except Exception as exc:  # noqa: BLE001 - the engine's error, raised again in the caller's thread
+            lines.put((node, exc))
+        lines.put((node, None))
+
+    for node in nodes:
+        threading.Thread(target=pump, args=(node,), name=f"logs-{node}", daemon=True).start()
+    partial = {node: b"" for node in nodes}
+    open_streams = len(nodes)
+    while open_streams:
+        try:
+            node, chunk = lines.get(timeout=wait_s)  # a timeout, so that Ctrl-C is seen at once
+        except queue.Empty:
+            continue
+        if isinstance(chunk, Exception):
+            raise chunk
+        if chunk is None:
+            open_streams -= 1
+            text, partial[node] = partial[node], b""
+            if text:
+                yield node, text.decode(errors="replace") + "\n"
+            continue
+        *complete, partial[node] = (partial[node] + chunk).split(b"\n")
+        if complete:
+            yield node, b"".join(line + b"\n" for line in complete).decode(errors="replace")

@@ -10,10 +10,11 @@ from __future__ import annotations
 
 from functools import cached_property
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Mapping
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Mapping
 
 from labctl.config import LabConfig
-from labctl.errors import LabError
+from labctl.errors import LabError, StateError
+from labctl.lab.compose import container_name
 from labctl.lab.docker import DockerNodes, docker_client, engine_cpus, lab_networks, network_subnets
 from labctl.lab.envfiles import read_node_envs
 from labctl.lab.lifecycle import NodeState, lab_dir, lab_status, require_running
@@ -76,6 +77,39 @@ class LabSession:
             raise LabError(f"no node {node!r} in lab {self.name}", hint=f"nodes: {', '.join(names)}")
         return node
 
+    def existing(self, node: str | None = None) -> list[NodeState]:
+        """The lab's nodes as the engine has them, running or not (`node`'s alone when given): a
+        StateError when the lab is not up, a LabError listing the nodes when it has no `node`."""
+        nodes = self.status()
+        if not nodes:
+            raise StateError(f"lab '{self.name}' is not up", hint=f"`labctl up --lab {self.name}` brings it up; "
+                                                                 "`labctl ls` lists the labs on this engine")
+        found = [n for n in nodes if n.name == node] if node is not None else nodes
+        if not found:
+            raise LabError(f"no node {node!r} in lab {self.name}", hint=f"nodes: {', '.join(n.name for n in nodes)}")
+        return found
+
+    def exec_argv(self, node: str, argv: list[str], tty: bool = False) -> list[str]:
+        """The `docker exec` command line that runs argv in `node`'s container (as its user, in the
+        workspace, with its env file's environment), once the node is known to be running: the CLI
+        execs it; from Python, `subprocess.run(lab.exec_argv(...))`. `tty`: give it a terminal."""
+        import shutil
+
+        from labctl.lab.docker import docker_exec_argv
+
+        argv = list(argv[1:] if argv[:1] == ["--"] else argv)
+        if not argv:
+            raise LabError(f"no command given to run on {node}", hint=f"labctl exec {node} -- hostname")
+        state = self.existing(node)[0]
+        if state.state != "running":
+            raise StateError(f"{node} of lab {self.name} is not running ({state.state})",
+                             hint=f"`labctl fault unpause {node} --lab {self.name}` resumes it" if state.state == "paused"
+                             else f"`labctl up --lab {self.name}` restores the nodes")
+        if shutil.which("docker") is None:
+            raise StateError("no docker CLI on PATH (`labctl exec` runs `docker exec`)",
+                             hint="install the Docker CLI (`make engine` does, as root on Debian)")
+        return docker_exec_argv(container_name(self.name, node), argv, tty)
+
     def subnet(self) -> str | None:
         subnets = [s for net in lab_networks(self.client, self.name) for s in network_subnets(net)]
         return subnets[0] if subnets else None
@@ -87,6 +121,41 @@ class LabSession:
     def node_env(self, names: list[str] | None = None) -> dict[str, dict[str, str]]:
         """Each node's env file (what `labctl up` wrote), in node-rank order."""
         return read_node_envs(self.directory, names if names is not None else self.node_names())
+
+    # ---------------------------------------------------------------------------------- logs
+
+    def logs(self, node: str | None = None, run_id: str | None = None,
+             tail: int | None = None) -> list[tuple[str, str]]:
+        """(node, saved output) of a run (default: the latest), for every node or `node`; with
+        `tail`, each node's last `tail` lines. Reads files only: no engine needed."""
+        from labctl.run.logs import run_logs
+
+        return run_logs(self.directory, run_id, node, tail)
+
+    def follow_logs(self, node: str | None = None, run_id: str | None = None,
+                    tail: int | None = None) -> Iterator[tuple[str, str]]:
+        """(node, new lines) of a run as it writes them, until it has ended (`labctl logs -f`)."""
+        from labctl.run.logs import follow_run_logs
+
+        return follow_run_logs(self.directory, run_id, node, tail)
+
+    def container_logs(self, node: str | None = None, tail: int | None = None) -> list[tuple[str, str]]:
+        """(node, the container's own log, or its last `tail` lines) for every node or `node`."""
+        from labctl.lab.docker import container_log
+        from labctl.run.logs import check_tail
+
+        check_tail(tail)
+        return [(n.name, container_log(self.client, self.name, n.name, tail)) for n in self.existing(node)]
+
+    def follow_container_logs(self, node: str | None = None, tail: int | None = None) -> Iterator[tuple[str, str]]:
+        """(node, new lines) of the containers' own logs as they come, until every one has stopped."""
+        from labctl.lab.docker import follow_container_logs
+        from labctl.run.logs import check_tail
+
+        check_tail(tail)
+        return follow_container_logs(self.client, self.name, [n.name for n in self.existing(node)], tail)
+
+    # ---------------------------------------------------------------------------------- runs
 
     def plan_run(self, script_args: list[str], *, node_env: dict[str, dict[str, str]] | None = None,
                  launcher: Launcher = "torchrun", nproc_per_node: int | None = None, elastic: Elastic | None = None,

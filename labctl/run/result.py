@@ -9,7 +9,6 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from labctl.errors import LabError
 from labctl.run.failures import RankFailure, Stream, Verdict, explain, judge, what_happened
 from labctl.run.launch import Launch
 
@@ -164,18 +163,3 @@ def find_summary(lines) -> dict | None:
             return json.loads(line.split(SUMMARY_PREFIX, 1)[1])
     return None
 
-
-def run_logs(lab_directory: Path, run_id: str | None, node: str | None) -> list[tuple[str, str]]:
-    runs = lab_directory / "runs"
-    run_dir = runs / (run_id or "latest")
-    if not run_dir.is_dir():
-        known = sorted(p.name for p in runs.iterdir() if p.is_dir() and p.name != "latest") if runs.is_dir() else []
-        raise LabError(f"no run {run_id or 'yet'} in {runs}",
-                       hint=f"runs here: {', '.join(known[-5:])}" if known else "`labctl run -- -m trainer` makes one")
-    files = sorted(run_dir.glob("node*.log"), key=lambda p: int(re.sub(r"\D", "", p.stem) or 0))
-    if node:
-        files = [p for p in files if p.stem == node]
-        if not files:
-            raise LabError(f"no log for {node!r} in {run_dir}",
-                           hint=f"nodes with logs: {', '.join(p.stem for p in sorted(run_dir.glob('node*.log')))}")
-    return [(p.stem, p.read_text()) for p in files]

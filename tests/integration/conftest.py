@@ -19,12 +19,19 @@ import pytest
 REPO = Path(__file__).resolve().parents[2]
 SCRIPTS = Path(__file__).resolve().parent / "scripts"
 LABEL = "io.ddplab.lab"
+# Per test, its fixtures' share included (pytest-timeout): above the longest timeout a test gives a
+# command of its own (600 s: an image build, `docker load`, pip), so that one fails first and says
+# which command hung; a test that hangs anywhere else fails here, with its stack, and its lab's
+# finalizer still runs.
+INTEGRATION_TIMEOUT_S = 900
 
 
 def pytest_collection_modifyitems(items):
     for item in items:
         if Path(str(item.fspath)).is_relative_to(Path(__file__).parent):
             item.add_marker(pytest.mark.integration)
+            if item.get_closest_marker("timeout") is None:
+                item.add_marker(pytest.mark.timeout(INTEGRATION_TIMEOUT_S))
 
 
 @pytest.fixture(scope="session")

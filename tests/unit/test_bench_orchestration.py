@@ -321,3 +321,42 @@ def test_straggler_result_prints_as_json_and_as_a_table(tmp_path, events, engine
     out = capsys.readouterr().out
     assert "node2 at 0.25 CPUs, global batch 48, 30 steps, median of 1" in out
     assert "--rank-micro-batch 0=21,1=21,2=6" in out and "balanced / even tokens/s: 1.50x" in out
+
+
+# ------------------------------------------------------------------------ matplotlib, an extra
+
+
+@pytest.fixture
+def no_matplotlib(monkeypatch):
+    """matplotlib as it is where the `plot` extra was not installed: not importable."""
+    import sys
+
+    for name in [m for m in sys.modules if m == "matplotlib" or m.startswith("matplotlib.")]:
+        monkeypatch.delitem(sys.modules, name)
+    monkeypatch.setitem(sys.modules, "matplotlib", None)
+
+
+def test_allreduce_plot_without_matplotlib_is_refused_before_measuring(tmp_path, events, engine, no_matplotlib):
+    with pytest.raises(StateError, match="bench allreduce --plot draws with matplotlib, which is not installed") as info:
+        allreduce.measure(FakeLab(tmp_path, events), [1024], 1, plot_path=tmp_path / "a.png")
+    assert info.value.exit_code == 1 and "ddplab[plot]" in info.value.hint and events == []
+
+
+def test_allreduce_plot_cli_without_matplotlib_names_the_extra(tmp_path, monkeypatch, no_matplotlib):
+    from click.testing import CliRunner
+
+    from labctl.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("DOCKER_HOST", "unix:///nonexistent/docker.sock")  # refused before the engine is asked
+    result = CliRunner().invoke(main, ["bench", "allreduce", "--plot", "a.png"], catch_exceptions=False)
+    assert result.exit_code == 1 and "pip install 'ddplab[plot]'" in " ".join(result.output.split())
+
+
+def test_scaling_without_matplotlib_writes_the_table_and_says_so(tmp_path, events, engine, no_matplotlib):
+    messages = []
+    result = scaling_run.measure(FakeLab(tmp_path, events, answer=scaling_answer), nodes_list="1,2", rates=("none",),
+                                 nproc=1, steps=5, host=False, out_dir=tmp_path / "out", report=messages.append)
+    assert messages[0].startswith("matplotlib is not installed: scaling.md and scaling.json only, no PNGs")
+    assert [p.name for p in result.paths] == ["scaling.md", "scaling.json"]
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["scaling.json", "scaling.md"]
