@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Callable
 
 from labctl.bench.cost import DEFAULT_ALPHA_S, DEFAULT_EFFICIENCY, Link, busbw_factor, collective_time_s
-from labctl.errors import LabError
+from labctl.errors import LabError, StateError
 from labctl.lab.compose import container_name
 from labctl.lab.docker import exec_in
 from labctl.net import apply as netshape
@@ -138,7 +138,7 @@ def measure(session: LabSession, sizes: list[int], iters: int, efficiency: float
         require_matplotlib("bench allreduce --plot")
     nodes = session.running()
     if len(nodes) < 2:
-        raise LabError(f"lab {session.name} has {len(nodes)} node; an allreduce across nodes needs 2 or more",
+        raise StateError(f"lab {session.name} has {len(nodes)} node; an allreduce across nodes needs 2 or more",
                        hint=f"labctl up --lab {session.name} --nodes 3")
     names = [n.name for n in nodes]
     node_env = session.node_env(names)

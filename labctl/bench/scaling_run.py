@@ -120,7 +120,7 @@ def _lab_for(session: LabSession, nodes_list: str | Sequence[int] | None) -> tup
                           hint=f"labctl up --lab {session.name} --nodes {max(counts)}, or a shorter list")
     names = [n.name for n in nodes]
     if netshape.slowest_link(netshape.read_links(session.client, session.name, names, session.config.iface)):
-        raise LabError(f"lab {session.name} has shaped links; the unshaped rows need them clear",
+        raise StateError(f"lab {session.name} has shaped links; the unshaped rows need them clear",
                        hint=f"labctl shape --lab {session.name} --clear (bench scaling shapes and clears links itself)")
     return names, counts
 

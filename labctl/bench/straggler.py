@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Callable
 
 from labctl.bench.scaling import Config, median_run
 from labctl.bench.scaling_run import run_lab
-from labctl.errors import LabError, RunFailed
+from labctl.errors import RunFailed, StateError
 from labctl.lab import docker as lab_docker
 
 if TYPE_CHECKING:
@@ -59,7 +59,7 @@ def measure(session: LabSession, *, node: str | None = None, cpus: float = 0.25,
     balanced run of the same global batch (`micro_batch` x the nodes); the limit it had is restored."""
     names = session.node_names()
     if len(names) < 2:
-        raise LabError(f"lab {session.name} has {len(names)} node; a straggler needs others to wait for it",
+        raise StateError(f"lab {session.name} has {len(names)} node; a straggler needs others to wait for it",
                        hint=f"labctl up --lab {session.name} --nodes 3")
     node = session.require_node(node or names[-1], names)
     lab_docker.check_cpus(session.client, {"--cpus": cpus})

@@ -58,9 +58,12 @@ class Session:
         from labctl.hosts.labnodes import INVENTORY_FILE
         from labctl.lab.lifecycle import lab_dir
 
+        from labctl.hosts.inventory import load_inventory
+
         config = self.config(lab=lab, inventory=inventory)
         path = Path(config.inventory) if config.inventory else lab_dir(self.workspace, config.lab) / INVENTORY_FILE
-        return Hosts(path, accept_new=accept_new, workspace=self.workspace, report=_info)
+        return Hosts(load_inventory(path, given=bool(config.inventory)), accept_new=accept_new,
+                     workspace=self.workspace, report=_info)
 
 
 def _info(message: str) -> None:

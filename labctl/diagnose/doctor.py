@@ -32,7 +32,7 @@ from dataclasses import asdict, dataclass
 from typing import Callable
 
 from labctl import remote
-from labctl.errors import LabError
+from labctl.errors import StateError
 from labctl.lab.compose import container_name
 
 CONNECT_S = 1.5  # how long a probe keeps trying one target (peers may still be starting to listen)
@@ -86,8 +86,9 @@ class Diagnosis:
             raise PreflightFailed(self, len(bad), full_check)
 
 
-class PreflightFailed(LabError):
-    """doctor's cheap checks found a problem before a run; the run was not started."""
+class PreflightFailed(StateError):
+    """doctor's cheap checks found a problem before a run; the run was not started (the lab's or
+    the hosts' state: exit status 1, as doctor's)."""
 
     def __init__(self, diagnosis: Diagnosis, count: int, full_check: str):
         super().__init__(f"preflight found {count} problem{'s' * (count != 1)}; the run was not started",

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Callable, Mapping, TypeVar
 
 from labctl.diagnose.doctor import Diagnosis, Finding, check_env, check_iface, check_reach, check_versions, node_info, probe_reach
-from labctl.errors import CommandError, LabError
+from labctl.errors import CommandError, LabError, StateError
 from labctl.hosts.inventory import Inventory
 from labctl.run.plan import RunPlan, build_run_plan
 from labctl.proc import run
@@ -79,7 +79,8 @@ def on_every_host(inventory: Inventory, work: Callable[[str], T]) -> dict[str, T
     if len(errors) == 1:
         raise next(iter(errors.values()))
     if errors:
-        raise LabError("; ".join(e.message for e in errors.values()), hint=next(iter(errors.values())).hint)
+        kind = StateError if all(isinstance(e, StateError) for e in errors.values()) else LabError
+        raise kind("; ".join(e.message for e in errors.values()), hint=next(iter(errors.values())).hint)
     return values
 
 

@@ -36,7 +36,7 @@ from typing import Any, Callable, Mapping
 
 from labctl.config import SETTINGS, _int_in
 from labctl.lab.envfiles import Topology, build_env_files, build_node_env, is_host_address
-from labctl.errors import ConfigError, LabError
+from labctl.errors import ConfigError, LabError, StateError
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -304,13 +304,16 @@ def _check_unique(hosts: list[Host], source: str) -> None:
         seen_names[host.name] = seen_targets[target] = index
 
 
-def load_inventory(path: Path) -> Inventory:
-    """Read and parse the inventory; the identity files it names must exist."""
+def load_inventory(path: Path, given: bool = True) -> Inventory:
+    """Read and parse the inventory; the identity files it names must exist. A file the user named
+    (`given`) that is not there is bad input (exit 2); the lab's own, not written yet, is the lab's
+    state (exit 1: no `labctl up --ssh`)."""
     try:
         text = path.read_text()
     except FileNotFoundError:
-        raise LabError(f"no inventory at {path}", hint="write one (see `labctl hosts --help`), or `labctl up --ssh` "
-                       "writes .lab/<lab>/hosts.toml for the lab's nodes") from None
+        kind = LabError if given else StateError
+        raise kind(f"no inventory at {path}", hint="write one (see `labctl hosts --help`), or `labctl up --ssh` "
+                   "writes .lab/<lab>/hosts.toml for the lab's nodes") from None
     except (OSError, UnicodeDecodeError) as exc:  # a folder, no permission, a name too long, not text
         raise LabError(f"cannot read the inventory {path}: {exc.strerror if isinstance(exc, OSError) else exc}",
                        hint="--inventory takes the path of a TOML file") from None

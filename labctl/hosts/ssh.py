@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Callable, Mapping
 
 from labctl import remote
-from labctl.errors import CommandError, LabError
+from labctl.errors import CommandError, LabError, StateError
 from labctl.hosts.inventory import Host, Inventory
 from labctl.hosts.ssh_messages import (  # noqa: F401 (re-exported: SSHHosts' errors)
     Failure,
@@ -185,7 +185,7 @@ def require_tools(*tools: str) -> None:
 
     missing = [t for t in tools if shutil.which(t) is None]
     if missing:
-        raise LabError(f"{' and '.join(missing)} not found on this machine: `labctl hosts` needs the OpenSSH client "
+        raise StateError(f"{' and '.join(missing)} not found on this machine: `labctl hosts` needs the OpenSSH client "
                        "and rsync", hint="apt-get install openssh-client rsync (`make venv` does it where it can)")
 
 

@@ -10,7 +10,7 @@ import hashlib
 import re
 from dataclasses import dataclass
 
-from labctl.errors import LabError
+from labctl.errors import StateError
 from labctl.hosts.inventory import Host
 
 
@@ -43,8 +43,9 @@ _UNREACHABLE = re.compile(r"(Connection refused|Connection timed out|No route to
                           r"Connection reset by[^\n]*|kex_exchange_identification[^\n]*)")
 
 
-class SSHError(LabError):
-    """SSH could not run anything on a host: which host, what ssh said, what to do. Exit status 2."""
+class SSHError(StateError):
+    """SSH could not run anything on a host: which host, what ssh said, what to do. Exit status 1:
+    the host's state (unreachable, a refused key), not the command typed."""
 
     def __init__(self, host: Host, message: str, hint: str | None = None, kind: str = "ssh"):
         super().__init__(message, hint)

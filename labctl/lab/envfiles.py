@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from labctl.config import LabConfig
-from labctl.errors import ConfigError, LabError
+from labctl.errors import ConfigError, LabError, StateError
 
 _HOST_RE = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9.-]{0,251}[A-Za-z0-9])?$")
 
@@ -172,7 +172,7 @@ def read_node_envs(directory: Path, names: list[str]) -> dict[str, dict[str, str
     for name in names:
         path = directory / f"{name}.env"
         if not path.is_file():
-            raise LabError(f"{path} is missing: the lab's env files are not in this workspace",
+            raise StateError(f"{path} is missing: the lab's env files are not in this workspace",
                            hint="run labctl from the directory you ran `labctl up` in, or run `labctl up` here")
         envs[name] = {k: v for k, v in dotenv_values(path).items() if v is not None}
     return envs

@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Callable, Iterable
 
 from labctl.lab.compose import REPO_ROOT
 from labctl.config import LabConfig
-from labctl.errors import CommandError, LabError
+from labctl.errors import CommandError, LabError, StateError
 from labctl.proc import run
 if TYPE_CHECKING:  # wheelhouse (and packaging, 30 ms) is imported when a build needs it, not at every `up`
     from labctl.lab.wheelhouse import Target
@@ -275,7 +275,7 @@ def ensure_mismatch_image(client, config: LabConfig, report: Report, version: st
     if image_exists(client, tag):
         return tag
     if not image_exists(client, config.image_tag):
-        raise LabError(f"the node image {config.image_tag} is missing", hint="labctl build")
+        raise StateError(f"the node image {config.image_tag} is missing", hint="labctl build")
     wheelhouse = REPO_ROOT / ".lab" / f"wheelhouse-torch{version}"
     target = node_target(client, config.image_tag, report)
     report(f"mismatch image: torch=={version} and its dependencies for the node's Python, through pip's index (once)")

@@ -13,7 +13,7 @@ import shlex
 from concurrent.futures import ThreadPoolExecutor
 
 from labctl.lab.compose import LABEL_LAB, container_name
-from labctl.errors import LabError
+from labctl.errors import StateError
 from labctl.lab.docker import exec_in
 from labctl.net.tc import (
     NETEM_MISSING_MESSAGE, Command, LinkState, Shape, build_apply, build_clear, build_netem_probe, netem_missing,
@@ -59,8 +59,8 @@ def check_netem(client, lab: str, node: str) -> None:
     code, output = run_helper(client, lab, node, _node_image(client, lab, node), build_netem_probe())
     if code != 0:
         if netem_missing(output):
-            raise LabError(NETEM_MISSING_MESSAGE, hint="drop --delay/--jitter/--loss, or run on a kernel with sch_netem")
-        raise LabError(f"could not probe for netem on {node}: {output.strip()}")
+            raise StateError(NETEM_MISSING_MESSAGE, hint="drop --delay/--jitter/--loss, or run on a kernel with sch_netem")
+        raise StateError(f"could not probe for netem on {node}: {output.strip()}")
 
 
 def apply_shape(client, lab: str, nodes: list[str], shape: Shape, iface: str) -> None:
@@ -79,8 +79,8 @@ def apply_shape(client, lab: str, nodes: list[str], shape: Shape, iface: str) ->
         clear_shape(client, lab, nodes, iface)
         node, output = failed[0]
         if netem_missing(output):
-            raise LabError(NETEM_MISSING_MESSAGE)
-        raise LabError(f"shaping {node} failed, so every node was cleared again (unshaped): {output.strip()}")
+            raise StateError(NETEM_MISSING_MESSAGE)
+        raise StateError(f"shaping {node} failed, so every node was cleared again (unshaped): {output.strip()}")
 
 
 def clear_shape(client, lab: str, nodes: list[str], iface: str) -> None:

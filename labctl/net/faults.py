@@ -17,7 +17,7 @@ import docker.errors
 
 from labctl import remote
 from labctl.lab.compose import container_name, network_name
-from labctl.errors import LabError
+from labctl.errors import LabError, StateError
 from labctl.lab.docker import exec_in
 from labctl.net.tc import Command
 
@@ -64,7 +64,7 @@ def inject(client, lab: str, node: str, fault: str, iface: str) -> str:
         container.unpause()
         return f"{node} unpaused"
     if not state["Running"]:
-        raise LabError(f"{node} is not running ({state['Status']}), so it cannot {fault}",
+        raise StateError(f"{node} is not running ({state['Status']}), so it cannot {fault}",
                        hint=f"`labctl up --lab {lab}` brings it back")
     if fault == "pause":
         if state["Paused"]:
@@ -72,7 +72,7 @@ def inject(client, lab: str, node: str, fault: str, iface: str) -> str:
         container.pause()
         return f"{node} paused: frozen, its peers wait on it (`labctl fault unpause {node}`)"
     if state["Paused"]:
-        raise LabError(f"{node} is paused, so it cannot {fault}", hint=f"labctl fault unpause {node}")
+        raise StateError(f"{node} is paused, so it cannot {fault}", hint=f"labctl fault unpause {node}")
     if fault == "crash":
         code, output = exec_in(client, container.name, ["python", "-c", CRASH_SCRIPT])
         count = output.strip().splitlines()[-1] if output.strip() else "0"
@@ -90,5 +90,5 @@ def inject(client, lab: str, node: str, fault: str, iface: str) -> str:
     else:
         raise LabError(f"unknown fault {fault!r}", hint=f"one of {', '.join(FAULTS)}")
     if code != 0:
-        raise LabError(f"{fault} on {node} failed: {output.strip()}")
+        raise StateError(f"{fault} on {node} failed: {output.strip()}")
     return f"{node} {verb}"

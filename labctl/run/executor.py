@@ -19,7 +19,7 @@ from typing import Callable, Protocol
 
 from rich.markup import escape
 
-from labctl.errors import LabError, RunFailed
+from labctl.errors import RunFailed, StateError
 from labctl.run.launch import PORT_CHECK_SCRIPT, STOP_SCRIPT, STORE_FAILED, STORE_READY, Launch, store_launch
 from labctl.run.plan import RunPlan
 from labctl.run.result import RESULT_FILE, Outcome, RunResult
@@ -83,7 +83,7 @@ def check_master_port(nodes: Nodes, node_env: dict[str, dict[str, str]]) -> None
         return
     _, listeners = nodes.run(first, ["ss", "-Hltnp", f"sport = :{port}"])
     held_by = listeners.strip() or "another process"
-    raise LabError(f"MASTER_PORT {port} is already in use on {first} ({output.strip()}): {held_by}",
+    raise StateError(f"MASTER_PORT {port} is already in use on {first} ({output.strip()}): {held_by}",
                    hint=f"a run may still be running there; wait for it or `{nodes.shell_hint(first)} pkill -f torchrun`, "
                         f"or {nodes.port_hint}")
 
@@ -257,7 +257,7 @@ def _start_store(nodes: Nodes, node: str, master_port: str, run_id: str, run_dir
     def wait_ready() -> None:
         if not ready.wait(STORE_START_TIMEOUT_S) or not any(line.startswith(STORE_READY) for line in outcome.lines):
             detail = next((line for line in outcome.lines if line.startswith(STORE_FAILED)), "no answer")
-            raise LabError(f"could not start the rendezvous store on {node}:{master_port}: {detail}",
+            raise StateError(f"could not start the rendezvous store on {node}:{master_port}: {detail}",
                            hint=f"see {run_dir}/{node}.log")
 
     return thread, wait_ready

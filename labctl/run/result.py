@@ -4,6 +4,7 @@ SUMMARY, and the logs saved under .lab/<lab>/runs/<run id>/."""
 from __future__ import annotations
 
 import json
+import os
 import re
 import time
 from dataclasses import dataclass, field
@@ -149,11 +150,13 @@ def _failure_dict(f: RankFailure, oom_kills: int | None = None) -> dict:
 
 
 def _shown(path: Path) -> str:
-    """A path as short as it can be said from here."""
-    try:
-        return str(path.relative_to(Path.cwd()))
-    except ValueError:
+    """A path as short as it can be said from here: relative to the current folder when it is in it
+    or a folder or two above (labctl run from a subdirectory of the workspace), else absolute."""
+    here = Path.cwd()
+    if os.path.commonpath([here, path]) in ("/", ""):
         return str(path)
+    relative = os.path.relpath(path, here)
+    return str(path) if relative.startswith("../../../") else relative
 
 
 def find_summary(lines) -> dict | None:

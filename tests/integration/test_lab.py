@@ -87,7 +87,7 @@ def test_master_port_in_use_is_refused(lab3, docker_client):
         time.sleep(0.1)
     try:
         result = labctl("run", "--lab", name, "--", "-m", "trainer")
-        assert result.returncode == 2
+        assert result.returncode == 1  # the lab's state, not the command
         assert "MASTER_PORT 29500 is already in use on node0" in result.stderr
         assert "Traceback" not in result.stderr
     finally:

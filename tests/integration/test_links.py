@@ -69,7 +69,7 @@ def test_delay_applies_where_netem_exists_and_fails_cleanly_where_not(lab, docke
         base_ms = connect_rtt_ms(docker_client, lab)
         assert within(rtt_ms - base_ms, 20.0, 0.1), f"delay 10ms on both ends should add 20 ms, got {rtt_ms - base_ms:.1f}"
     else:
-        assert result.returncode == 2
+        assert result.returncode == 1  # the kernel's state, not the command
         assert "sch_netem" in result.stderr and "Rate shaping" in result.stderr and "Traceback" not in result.stderr
         assert set(links(lab).values()) == {"unshaped"}  # no half-applied shape, no qdisc left behind
 

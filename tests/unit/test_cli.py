@@ -120,8 +120,12 @@ address = "10.1.0.2"
 """
 
 
+def test_hosts_without_the_labs_inventory_is_the_labs_state_exit_1(tmp_path):
+    result = invoke("hosts", "check")  # no `labctl up --ssh` wrote .lab/ddplab/hosts.toml
+    assert result.exit_code == 1 and "no inventory at " in result.output, result.output
+
+
 @pytest.mark.parametrize("args, fragment", [
-    (["hosts", "check"], "no inventory at "),
     (["hosts", "run", "--inventory", "nope.toml", "--", "x.py"], "no inventory at nope.toml"),
     (["hosts", "run", "--inventory", "hosts.toml"], "no training script given"),
     (["hosts", "run", "--inventory", "hosts.toml", "--nproc-per-node", "0", "--", "x.py"],
