@@ -242,7 +242,9 @@ def stream_failures(stream: Stream, year: int) -> list[RankFailure]:
     text = "\n".join(stream.lines)
     for failure in failures:
         failure.lost = lost
-        failure.stopped = stream.stopped or failure.status == -signal.SIGTERM
+        # Stopped by labctl: SIGTERM, or nothing of its own to say in a launch labctl stopped.
+        failure.stopped = failure.status == -signal.SIGTERM or (
+            stream.stopped and failure.error is None and failure.status in (None, 1))
         if failure.lost:
             failure.status = failure.status if failure.status is not None else _lost_status(stream.exit_code)
         elif failure.stopped:

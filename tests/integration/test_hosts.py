@@ -244,8 +244,9 @@ def test_a_killed_labctl_leaves_no_process_either(ssh_lab):
 
 def test_a_failing_host_stops_the_others_and_is_named(ssh_lab):
     name, inventory, _ = ssh_lab
-    # The static launcher puts rank 1 on node1 (c10d ranks follow arrival order instead).
-    result = hosts_cmd("run", "--inventory", str(inventory), "--no-sync", "--launcher", "static", "--",
+    # The static launcher puts rank 1 on node1 (c10d ranks follow arrival order instead). Synced: a
+    # script in the workspace runs from each host's copy of it.
+    result = hosts_cmd("run", "--inventory", str(inventory), "--launcher", "static", "--",
                        f"{SCRIPTS}/fail_on_rank.py", "1")
     assert result.returncode == 1, result.stdout + result.stderr
     assert "run failed: rank 1 on node1 failed first" in result.stderr and "deliberate failure on rank 1" in result.stderr

@@ -35,4 +35,5 @@ def test_env_reaches_every_rank_from_the_workspace_and_from_a_subdirectory(lab_n
 
     # Without the variable the script fails on every rank, so the checks above are not vacuous.
     failed = labctl(*torchrun_style, "-e", "EXPECT_VARS=ABSENT_KEY", "--", "env_report.py", cwd=SCRIPTS, env=HERE)
-    assert failed.returncode == 1 and "ENV_REPORT rank=0 missing=ABSENT_KEY" in failed.stdout, failed.stdout
+    # (exit 3: the script's own status, passed on by labctl)
+    assert failed.returncode == 3 and "ENV_REPORT rank=0 missing=ABSENT_KEY" in failed.stdout, failed.stdout
