@@ -246,10 +246,12 @@ def test_a_failing_host_stops_the_others_and_is_named(ssh_lab):
     name, inventory, _ = ssh_lab
     # The static launcher puts rank 1 on node1 (c10d ranks follow arrival order instead). Synced: a
     # script in the workspace runs from each host's copy of it.
-    result = hosts_cmd("run", "--inventory", str(inventory), "--launcher", "static", "--",
+    result = hosts_cmd("run", "--inventory", str(inventory), "--launcher", "static", "--json", "--",
                        f"{SCRIPTS}/fail_on_rank.py", "1")
     assert result.returncode == 1, result.stdout + result.stderr
     assert "run failed: rank 1 on node1 failed first" in result.stderr and "deliberate failure on rank 1" in result.stderr
+    root = json.loads(result.stdout)["root_cause"]  # --json: the one document on stdout, as for `labctl run`
+    assert (root["node"], root["rank"], root["error"]) == ("node1", 1, "ValueError: deliberate failure on rank 1")
     for host in ("node0", "node1"):
         assert run_processes(inventory, host) == 0, host
 
