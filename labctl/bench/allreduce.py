@@ -139,7 +139,7 @@ def measure(session: LabSession, sizes: list[int], iters: int, efficiency: float
     nodes = session.running()
     if len(nodes) < 2:
         raise StateError(f"lab {session.name} has {len(nodes)} node; an allreduce across nodes needs 2 or more",
-                       hint=f"labctl up --lab {session.name} --nodes 3")
+                         hint=f"labctl up --lab {session.name} --nodes 3")
     names = [n.name for n in nodes]
     node_env = session.node_env(names)
     bottleneck = netshape.slowest_link(netshape.read_links(session.client, session.name, names, session.config.iface))

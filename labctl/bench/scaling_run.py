@@ -121,7 +121,7 @@ def _lab_for(session: LabSession, nodes_list: str | Sequence[int] | None) -> tup
     names = [n.name for n in nodes]
     if netshape.slowest_link(netshape.read_links(session.client, session.name, names, session.config.iface)):
         raise StateError(f"lab {session.name} has shaped links; the unshaped rows need them clear",
-                       hint=f"labctl shape --lab {session.name} --clear (bench scaling shapes and clears links itself)")
+                         hint=f"labctl shape --lab {session.name} --clear (bench scaling shapes and clears links itself)")
     return names, counts
 
 
@@ -171,7 +171,7 @@ def host_torch(python: str) -> str:
     if probe.returncode != 0:
         reason = (probe.stderr.strip().splitlines() or ["no output"])[-1]
         raise StateError(f"the host rows run the trainer on this machine with {python}, which cannot import torch ({reason})",
-                       hint="`make host-torch` installs torch's CPU build into .venv (or pip install -e '.[trainer]'); "
+                         hint="`make host-torch` installs torch's CPU build into .venv (or pip install -e '.[trainer]'); "
                             "or set DDPLAB_HOST_PYTHON to a Python that has torch; or pass --no-host for the lab's rows only")
     return probe.stdout.strip()
 

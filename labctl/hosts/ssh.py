@@ -186,7 +186,7 @@ def require_tools(*tools: str) -> None:
     missing = [t for t in tools if shutil.which(t) is None]
     if missing:
         raise StateError(f"{' and '.join(missing)} not found on this machine: `labctl hosts` needs the OpenSSH client "
-                       "and rsync", hint="apt-get install openssh-client rsync (`make venv` does it where it can)")
+                         "and rsync", hint="apt-get install openssh-client rsync (`make venv` does it where it can)")
 
 
 def scan_host_keys(host: Host) -> list[tuple[str, str]]:

@@ -173,7 +173,7 @@ def read_node_envs(directory: Path, names: list[str]) -> dict[str, dict[str, str
         path = directory / f"{name}.env"
         if not path.is_file():
             raise StateError(f"{path} is missing: the lab's env files are not in this workspace",
-                           hint="run labctl from the directory you ran `labctl up` in, or run `labctl up` here")
+                             hint="run labctl from the directory you ran `labctl up` in, or run `labctl up` here")
         envs[name] = {k: v for k, v in dotenv_values(path).items() if v is not None}
     return envs
 

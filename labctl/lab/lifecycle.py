@@ -165,7 +165,7 @@ def _check_compose(compose: subprocess.Popen, argv: list[str]) -> bool:
         return True
     if "is not a docker command" in stderr or "unknown command" in stderr:
         raise StateError("Docker Compose v2 is not installed (`docker compose` is not a docker command)",
-                       hint=COMPOSE_MISSING_HINT)
+                         hint=COMPOSE_MISSING_HINT)
     raise CommandError(argv, compose.returncode, stdout, stderr)
 
 
@@ -363,11 +363,11 @@ def require_running(client, lab: str) -> list[NodeState]:
     nodes = lab_status(client, lab)
     if not nodes:
         raise StateError(f"lab '{lab}' is not up (no containers labelled {LABEL_LAB}={lab})",
-                       hint=f"`labctl up --lab {lab} --nodes 3` brings it up")
+                         hint=f"`labctl up --lab {lab} --nodes 3` brings it up")
     down = [n.name for n in nodes if n.state != "running"]
     if down:
         raise StateError(f"lab '{lab}': {', '.join(down)} not running ({', '.join(n.state for n in nodes if n.state != 'running')})",
-                       hint=f"`labctl up --lab {lab}` restores the nodes")
+                         hint=f"`labctl up --lab {lab}` restores the nodes")
     return nodes
 
 

@@ -65,7 +65,7 @@ def inject(client, lab: str, node: str, fault: str, iface: str) -> str:
         return f"{node} unpaused"
     if not state["Running"]:
         raise StateError(f"{node} is not running ({state['Status']}), so it cannot {fault}",
-                       hint=f"`labctl up --lab {lab}` brings it back")
+                         hint=f"`labctl up --lab {lab}` brings it back")
     if fault == "pause":
         if state["Paused"]:
             return f"{node} is already paused"

@@ -84,8 +84,8 @@ def check_master_port(nodes: Nodes, node_env: dict[str, dict[str, str]]) -> None
     _, listeners = nodes.run(first, ["ss", "-Hltnp", f"sport = :{port}"])
     held_by = listeners.strip() or "another process"
     raise StateError(f"MASTER_PORT {port} is already in use on {first} ({output.strip()}): {held_by}",
-                   hint=f"a run may still be running there; wait for it or `{nodes.shell_hint(first)} pkill -f torchrun`, "
-                        f"or {nodes.port_hint}")
+                     hint=f"a run may still be running there; wait for it or `{nodes.shell_hint(first)} pkill -f "
+                          f"torchrun`, or {nodes.port_hint}")
 
 
 def stop_run(nodes: Nodes, names: list[str], run_id: str) -> dict[str, tuple[list[int], int | None]]:
@@ -258,7 +258,7 @@ def _start_store(nodes: Nodes, node: str, master_port: str, run_id: str, run_dir
         if not ready.wait(STORE_START_TIMEOUT_S) or not any(line.startswith(STORE_READY) for line in outcome.lines):
             detail = next((line for line in outcome.lines if line.startswith(STORE_FAILED)), "no answer")
             raise StateError(f"could not start the rendezvous store on {node}:{master_port}: {detail}",
-                           hint=f"see {run_dir}/{node}.log")
+                             hint=f"see {run_dir}/{node}.log")
 
     return thread, wait_ready
 
