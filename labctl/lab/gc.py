@@ -42,7 +42,7 @@ def plan_gc(listings: Sequence[LabListing], *, everything: bool = False,
         else:
             host = lab.owner.get(LABEL_HOST, "?")
             verdicts.append(Verdict(lab.name, False, f"its owner, process {lab.owner[LABEL_PID]} on {host}, "
-                                                     f"is alive (or on another machine)"))
+                                                     f"is alive, or in another machine or container"))
     return verdicts
 
 

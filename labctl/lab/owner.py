@@ -5,9 +5,11 @@ removed later by `labctl gc`, and nobody else's lab is touched.
 - `io.ddplab.owner.user`, `io.ddplab.owner.host`: who brought it up, on which machine;
 - `io.ddplab.owner.session`: `cli` for `labctl up`, `api` for the Python API, or what the owner
   said in DDPLAB_OWNER_SESSION (the pytest plugin: `pytest-<id>`);
-- `io.ddplab.owner.pid` and `io.ddplab.owner.pid-start`: the process whose life the lab's is
-  tied to, and its start time (so a pid reused by another process does not keep a dead lab
-  alive). Only a lab with an owner process has them: `with Lab(...)` (this process), or a process
+- `io.ddplab.owner.pid`, `io.ddplab.owner.pid-start` and `io.ddplab.owner.pid-ns`: the process
+  whose life the lab's is tied to, its start time (so a pid reused by another process does not
+  keep a dead lab alive), and the boot and PID namespace its pid means something in (a test
+  session in another container that shares the engine, or before a reboot, is never judged from
+  here: its pids are not ours). Only a lab with an owner process has them: `with Lab(...)` (this process), or a process
   that set DDPLAB_OWNER_PID (the pytest plugin: the test session). A lab from `labctl up` is
   meant to outlive labctl, so it has none, and only `labctl gc --all` removes it.
 """
@@ -26,6 +28,7 @@ LABEL_HOST = PREFIX + "host"
 LABEL_SESSION = PREFIX + "session"
 LABEL_PID = PREFIX + "pid"
 LABEL_PID_START = PREFIX + "pid-start"
+LABEL_PID_NS = PREFIX + "pid-ns"
 OWNER_PID_VAR = "DDPLAB_OWNER_PID"
 OWNER_SESSION_VAR = "DDPLAB_OWNER_SESSION"
 
@@ -37,13 +40,25 @@ class Owner:
     session: str
     pid: int | None = None
     pid_start: str | None = None
+    pid_ns: str | None = None
 
     def labels(self) -> dict[str, str]:
         labels = {LABEL_USER: self.user, LABEL_HOST: self.host, LABEL_SESSION: self.session}
         if self.pid is not None:
             labels[LABEL_PID] = str(self.pid)
             labels[LABEL_PID_START] = self.pid_start or ""
+            labels[LABEL_PID_NS] = self.pid_ns or ""
         return labels
+
+
+def pid_namespace() -> str:
+    """This boot and this PID namespace (`<boot id>/pid:[inode]`): where a pid names one process."""
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as f:
+            boot = f.read().strip()
+        return f"{boot}/{os.readlink('/proc/self/ns/pid')}"
+    except OSError:
+        return socket.gethostname()
 
 
 def process_start(pid: int) -> str | None:
@@ -73,7 +88,7 @@ def owner_of(environ: Mapping[str, str], session: str, pid: int | None = None) -
     if pid is None and given.isdigit():
         pid = int(given)
     return Owner(current_user(), socket.gethostname(), environ.get(OWNER_SESSION_VAR) or session, pid,
-                 process_start(pid) if pid is not None else None)
+                 process_start(pid) if pid is not None else None, pid_namespace() if pid is not None else None)
 
 
 def owner_labels(labels: Mapping[str, str]) -> dict[str, str]:
@@ -83,11 +98,12 @@ def owner_labels(labels: Mapping[str, str]) -> dict[str, str]:
 
 def owner_gone(labels: Mapping[str, str], host: str | None = None) -> str | None:
     """Why a lab's owner is gone ("process 4242 has exited"), or None: alive, on another machine
-    (this one cannot tell), or a lab with no owner process (from `labctl up`)."""
+    or in another PID namespace (a container sharing the engine: this one cannot tell), or a lab
+    with no owner process (from `labctl up`)."""
     pid = labels.get(LABEL_PID, "")
     if not pid.isdigit():
         return None
-    if labels.get(LABEL_HOST) != (host or socket.gethostname()):
+    if labels.get(LABEL_HOST) != (host or socket.gethostname()) or labels.get(LABEL_PID_NS) != pid_namespace():
         return None
     started = process_start(int(pid))
     if started is None:

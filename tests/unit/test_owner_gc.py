@@ -7,8 +7,8 @@ import sys
 
 from labctl.lab.gc import plan_gc
 from labctl.lab.listing import LabListing
-from labctl.lab.owner import (LABEL_HOST, LABEL_PID, LABEL_PID_START, LABEL_SESSION, LABEL_USER, owner_gone,
-                              owner_of, process_start)
+from labctl.lab.owner import (LABEL_HOST, LABEL_PID, LABEL_PID_NS, LABEL_PID_START, LABEL_SESSION, LABEL_USER,
+                              owner_gone, owner_of, process_start)
 
 
 def dead_pid() -> int:
@@ -38,9 +38,13 @@ def test_a_dead_owner_is_gone_and_a_reused_pid_is_not_its_owner():
     assert "the pid is another's now" in owner_gone(reused)
 
 
-def test_an_owner_on_another_machine_is_never_judged_from_here():
-    labels = {**owner_of({}, "api", pid=dead_pid()).labels(), LABEL_HOST: "elsewhere"}
-    assert owner_gone(labels) is None
+def test_an_owner_on_another_machine_or_in_another_container_is_never_judged_from_here():
+    dead = owner_of({}, "api", pid=dead_pid()).labels()
+    assert owner_gone(dead) is not None
+    assert owner_gone({**dead, LABEL_HOST: "elsewhere"}) is None
+    # Another PID namespace (a container sharing the engine) or another boot: its pids are not ours.
+    assert owner_gone({**dead, LABEL_PID_NS: "another-boot/pid:[4026531836]"}) is None
+    assert owner_gone({k: v for k, v in dead.items() if k != LABEL_PID_NS}) is None
 
 
 def test_gc_removes_only_labs_whose_owner_is_gone_and_all_with_everything():
