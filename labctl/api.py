@@ -36,7 +36,7 @@ if TYPE_CHECKING:  # imported where used: `labctl up` starts Compose sooner with
 Fault = Literal["kill", "crash", "pause", "unpause", "partition", "heal"]
 Report = Callable[[str], None]
 
-__all__ = ["Lab", "Hosts", "RunResult", "RunPlan", "Diagnosis", "UpResult", "Fault"]
+__all__ = ["Lab", "Hosts", "RunResult", "RunPlan", "Diagnosis", "UpResult", "Fault", "gc"]
 _LAZY = {"RunResult": "labctl.run.result", "RunPlan": "labctl.run.plan", "Diagnosis": "labctl.diagnose.doctor"}
 
 
@@ -51,6 +51,16 @@ def __getattr__(name: str):
 
 def _quiet(_message: str) -> None:
     pass
+
+
+def gc(*, everything: bool = False, dry_run: bool = False, client=None) -> list[str]:
+    """Remove the labs whose owner process is gone (all labs with `everything`), as `labctl gc`
+    does; the names of the labs removed (or, with `dry_run`, that would be)."""
+    from labctl.lab.docker import docker_client
+    from labctl.lab.gc import collect_garbage
+
+    verdicts = collect_garbage(client or docker_client(), everything=everything, dry_run=dry_run)
+    return [v.lab for v in verdicts if v.remove]
 
 
 @dataclass(frozen=True)
@@ -89,10 +99,14 @@ class Lab(LabSession):
         self._shape = bw
         self._node_cpus = dict(node_cpus) if isinstance(node_cpus, Mapping) else node_cpus
         self._ssh = ssh
+        self._environ = os.environ if environ is None else environ
+        self._owner_pid: int | None = None  # set by `with`: the lab lives and dies with this process
+        self.owner_session = "api"  # `labctl up` says "cli"
 
     # ------------------------------------------------------------------------------ lifecycle
 
     def __enter__(self) -> Lab:
+        self._owner_pid = os.getpid()  # a crash inside `with` leaves a lab `labctl gc` can tell is dead
         try:
             self.up()
         except BaseException:
@@ -111,8 +125,10 @@ class Lab(LabSession):
         from labctl.lab.up import build_up_plan
 
         self._wanted_shape()  # a bad --bw is refused before anything is asked of the engine
+        from labctl.lab.owner import owner_of
+
         return build_up_plan(self.client, self.config, self.workspace, node_cpus=self._node_cpus, ssh=self._ssh,
-                             dry_run=dry_run)
+                             dry_run=dry_run, owner=owner_of(self._environ, self.owner_session, self._owner_pid))
 
     def up(self) -> UpResult:
         """Start (or reconcile) the lab, building the node image first if it is missing; shape every

@@ -49,8 +49,10 @@ class Session:
         """The labctl.api.Lab a command works on, reporting progress on stderr."""
         from labctl.api import Lab
 
-        return Lab(name, workspace=self.workspace, environ=self.environ, report=_info, build_progress=_build_progress,
-                   connect=lambda: self.client, **settings)
+        lab = Lab(name, workspace=self.workspace, environ=self.environ, report=_info, build_progress=_build_progress,
+                  connect=lambda: self.client, **settings)
+        lab.owner_session = "cli"
+        return lab
 
     def hosts(self, lab: str | None, inventory: str | None, accept_new: bool = False):
         """The labctl.api.Hosts of the inventory given, or of the one `labctl up --ssh` wrote for the lab."""
@@ -85,7 +87,7 @@ def session() -> Session:
 # The module that defines each top-level command: loaded when that command runs (click's documented
 # lazy-loading pattern), so a command pays only for its own imports.
 COMMAND_MODULES = {
-    "build": "lab", "up": "lab", "status": "lab", "down": "lab", "env": "lab", "logs": "lab", "exec": "lab",
+    "build": "lab", "up": "lab", "gc": "lab", "status": "lab", "down": "lab", "env": "lab", "logs": "lab", "exec": "lab",
     "ls": "lab", "run": "run",
     "shape": "net", "slow": "net", "fault": "net", "doctor": "diagnose", "scenario": "diagnose",
     "hosts": "hosts", "cost": "bench", "bench": "bench",

@@ -233,3 +233,18 @@ def ls(as_json) -> None:
     from labctl.lab.listing import list_labs
 
     render.print_labs(list_labs(session().client), as_json, now=time.time())
+
+
+@main.command("gc", context_settings=CONTEXT)
+@click.option("--all", "everything", is_flag=True, help="Remove every ddplab lab on this engine, whoever owns it.")
+@dry_run_option("Say what would be removed and why; remove nothing.")
+@json_option('Print [{"lab", "remove", "why"}].')
+def gc(everything, dry_run, as_json) -> None:
+    """Remove the labs whose owner process is gone: a test session killed with -9, a script that
+    crashed inside `with Lab(...)`. Labs from `labctl up` have no owner process and are kept
+    (`--all` removes them too). Containers, networks and volumes go; run logs in the workspace stay.
+    """
+    from labctl.cli import render
+    from labctl.lab.gc import collect_garbage
+
+    render.print_gc(collect_garbage(session().client, everything=everything, dry_run=dry_run), dry_run, as_json)

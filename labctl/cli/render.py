@@ -205,6 +205,23 @@ def print_labs(labs, as_json: bool, now: float) -> None:
              f"{', '.join(lab.name for lab in empty)} (`labctl down --lab NAME --volumes` removes what a lab left)")
 
 
+def print_gc(verdicts, dry_run: bool, as_json: bool) -> None:
+    """`gc`: each lab removed (or that would be) and why; the labs kept and why, dimmed."""
+    from labctl.ui import info
+
+    if as_json:
+        emit_json([v.as_dict() for v in verdicts])
+        return
+    verb = "would remove" if dry_run else "removed"
+    for v in verdicts:
+        if v.remove:
+            info(f"{verb} lab {v.lab}: {escape(v.why)}")
+        else:
+            info(f"[dim]kept lab {v.lab}: {escape(v.why)}[/dim]")
+    if not any(v.remove for v in verdicts):
+        info("nothing to remove" + ("" if verdicts else ": no labs on this engine"))
+
+
 # -------------------------------------------------------------------------------------- doctor
 
 

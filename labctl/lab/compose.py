@@ -32,6 +32,7 @@ class ComposePlan:
     node_cpus: Mapping[str, float] = field(default_factory=dict)  # per-node CPU limits (stragglers)
     ssh_public_key: str | None = None  # `up --ssh`: every node an SSH host that accepts this key
     limits: bool = True  # False on an engine that ignores them: the file then claims none
+    owner: Mapping[str, str] = field(default_factory=dict)  # labctl.lab.owner's labels, on everything
 
 
 def network_name(lab: str) -> str:
@@ -53,7 +54,7 @@ def load_template(path: Path | None = None) -> dict[str, Any]:
 
 def build_compose(config: LabConfig, plan: ComposePlan, template: dict[str, Any]) -> dict[str, Any]:
     """The Compose document for `config`: one service per node, static IPs, labels everywhere."""
-    lab_labels = {LABEL_LAB: config.lab, LABEL_WORKSPACE: str(plan.workspace)}
+    lab_labels = {LABEL_LAB: config.lab, LABEL_WORKSPACE: str(plan.workspace), **plan.owner}
     node_template = template["x-node"]
     services = {}
     for rank, name in enumerate(config.node_names):

@@ -13,7 +13,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Mapping
 
 from labctl.lab import compose as compose_mod
 from labctl.lab import engine as engine_mod
@@ -91,7 +91,8 @@ def check_host_limits(client, config: LabConfig, node_cpus: dict[str, float] | N
 
 
 def plan_up(client, config: LabConfig, workspace: Path, node_cpus: dict[str, float] | None = None,
-            ssh_public_key: str | None = None, engine: Engine | None = None) -> tuple[dict, dict[str, str], str]:
+            ssh_public_key: str | None = None, engine: Engine | None = None,
+            owner: Mapping[str, str] | None = None) -> tuple[dict, dict[str, str], str]:
     """Validate against the engine and render everything; creates nothing."""
     engine = engine or engine_mod.usable_engine(client)
     if config.cpus is not None or node_cpus:
@@ -103,7 +104,8 @@ def plan_up(client, config: LabConfig, workspace: Path, node_cpus: dict[str, flo
     check_fits(config, subnet)
     check_host_limits(client, config, node_cpus)
     plan = ComposePlan(subnet=subnet, workspace=workspace, user=engine_mod.node_user(engine, invoking_user()),
-                       node_cpus=node_cpus or {}, ssh_public_key=ssh_public_key, limits=engine.limits)
+                       node_cpus=node_cpus or {}, ssh_public_key=ssh_public_key, limits=engine.limits,
+                       owner=owner or {})
     document = compose_mod.build_compose(config, plan, compose_mod.load_template())
     ips = [node_ip(subnet, i) for i in range(config.nodes)]
     env_files = build_env_files(topology_for_lab(config, ips), config.node_names)

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from labctl.lab.compose import LABEL_LAB, LABEL_NODE, LABEL_RANK, LABEL_WORKSPACE
+from labctl.lab.owner import PREFIX, owner_labels
 
 COMPOSE_WORKING_DIR = "com.docker.compose.project.working_dir"  # .lab/<lab> in the workspace, set by Compose
 
@@ -30,11 +31,13 @@ class LabListing:
     shaping: dict[str, str] = field(default_factory=dict)  # running node -> its link as tc reports it
     networks: list[str] = field(default_factory=list)
     volumes: list[str] = field(default_factory=list)
+    owner: dict[str, str] = field(default_factory=dict)  # labctl.lab.owner's labels
 
     def as_dict(self, now: float) -> dict:
         return {"lab": self.name, "running": self.running, "nodes": self.total, "shaping": self.shaping,
                 "created": self.created, "age_s": None if self.created is None else round(now - self.created),
-                "workspace": self.workspace, "user": self.user, "networks": self.networks, "volumes": self.volumes}
+                "workspace": self.workspace, "user": self.user, "networks": self.networks, "volumes": self.volumes,
+                "owner": {k.removeprefix(PREFIX): v for k, v in self.owner.items()}}
 
 
 def _workspace(labels: dict) -> str | None:
@@ -51,8 +54,10 @@ def build_listings(containers: list[dict], networks: list[dict], volumes: list[d
     labs: dict[str, dict] = {}
 
     def entry(labels: dict) -> dict:
-        lab = labs.setdefault(labels[LABEL_LAB], {"nodes": [], "networks": [], "volumes": [], "workspace": None})
+        lab = labs.setdefault(labels[LABEL_LAB], {"nodes": [], "networks": [], "volumes": [], "workspace": None,
+                                                  "owner": {}})
         lab["workspace"] = lab["workspace"] or _workspace(labels)
+        lab["owner"] = lab["owner"] or owner_labels(labels)
         return lab
 
     for c in containers:
@@ -66,7 +71,7 @@ def build_listings(containers: list[dict], networks: list[dict], volumes: list[d
                 entry(labels)[kind].append(item["Name"])
     return [LabListing(name=name, running=sum(c["State"] == "running" for c in lab["nodes"]), total=len(lab["nodes"]),
                        created=min((c["Created"] for c in lab["nodes"]), default=None), workspace=lab["workspace"],
-                       networks=sorted(lab["networks"]), volumes=sorted(lab["volumes"]))
+                       networks=sorted(lab["networks"]), volumes=sorted(lab["volumes"]), owner=lab["owner"])
             for name, lab in sorted(labs.items())]
 
 
@@ -102,6 +107,15 @@ def age_text(seconds: float) -> str:
     return f"{seconds} s"
 
 
+def engine_labs(client) -> tuple[list[LabListing], list[dict]]:
+    """Every lab on the engine from three list calls (nothing read inside the nodes), and the
+    containers as listed."""
+    selector = {"label": LABEL_LAB}
+    containers = client.api.containers(all=True, filters=selector)
+    return build_listings(containers, client.api.networks(filters=selector),
+                          client.api.volumes(filters=selector).get("Volumes") or []), containers
+
+
 def list_labs(client, iface: str = "eth0") -> list[LabListing]:
     """Every lab on the engine, with who brought it up and its running nodes' links read back."""
     import docker.errors
@@ -109,10 +123,7 @@ def list_labs(client, iface: str = "eth0") -> list[LabListing]:
     from labctl.net.apply import read_link
     from labctl.net.tc import describe
 
-    selector = {"label": LABEL_LAB}
-    containers = client.api.containers(all=True, filters=selector)
-    listings = build_listings(containers, client.api.networks(filters=selector),
-                              client.api.volumes(filters=selector).get("Volumes") or [])
+    listings, containers = engine_labs(client)
     nodes = [c for c in containers if (c.get("Labels") or {}).get(LABEL_NODE)]
     first = {}
     for c in sorted(nodes, key=lambda c: int(c["Labels"].get(LABEL_RANK, "0"))):

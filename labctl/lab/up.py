@@ -19,6 +19,7 @@ from labctl.lab.compose import LABEL_SSH
 from labctl.lab.docker import lab_containers
 from labctl.lab.engine import Engine
 from labctl.lab.lifecycle import NodeState, apply_up, lab_dir, plan_up
+from labctl.lab.owner import Owner, owner_labels
 
 SUBNET_ATTEMPTS = 4  # `up` picks again when a concurrent `up` took the same free subnet
 Report = Callable[[str], None]
@@ -40,9 +41,10 @@ class UpPlan:
 
 
 def build_up_plan(client, config: LabConfig, workspace: Path, *, node_cpus: str | dict[str, float] | None = None,
-                  ssh: bool | None = None, dry_run: bool = False) -> UpPlan:
+                  ssh: bool | None = None, dry_run: bool = False, owner: Owner | None = None) -> UpPlan:
     """Validate against the engine and render everything; creates nothing (but the lab's SSH key,
-    made once, unless `dry_run`)."""
+    made once, unless `dry_run`). A running lab keeps the owner it has (a change of labels would
+    make Compose recreate every node); a new one gets `owner`'s labels."""
     engine = engine_mod.usable_engine(client)
     existing = lab_containers(client, config.lab)
     if existing and config.sources.get("nodes") == "default":
@@ -60,7 +62,9 @@ def build_up_plan(client, config: LabConfig, workspace: Path, *, node_cpus: str 
         from labctl.hosts import labnodes
 
         public_key = labnodes.lab_public_key(directory, config.lab, make=not dry_run)
-    document, env_files, subnet = plan_up(client, config, workspace, per_node, public_key, engine)
+    kept = owner_labels(existing[0].get("Labels") or {}) if existing else {}
+    labels = kept if existing else (owner.labels() if owner else {})
+    document, env_files, subnet = plan_up(client, config, workspace, per_node, public_key, engine, labels)
     return UpPlan(config, engine, bool(existing), document, env_files, subnet, per_node, ssh, public_key)
 
 

@@ -90,7 +90,7 @@ def test_ls_table_and_json(capsys):
 
     assert json.loads(capsys.readouterr().out) == [{
         "lab": "a", "running": 2, "nodes": 3, "shaping": {"node0": "100mbit", "node1": "100mbit"}, "created": 1000.0,
-        "age_s": 60, "workspace": "/srv/ws", "user": "ann", "networks": ["a-net"], "volumes": []}]
+        "age_s": 60, "workspace": "/srv/ws", "user": "ann", "networks": ["a-net"], "volumes": [], "owner": {}}]
 
 
 def test_ls_with_no_labs_is_one_friendly_line(capsys):

@@ -1,0 +1,56 @@
+"""Owner labels and `labctl gc`'s verdicts, against real processes of this machine (no engine)."""
+
+import os
+import socket
+import subprocess
+import sys
+
+from labctl.lab.gc import plan_gc
+from labctl.lab.listing import LabListing
+from labctl.lab.owner import (LABEL_HOST, LABEL_PID, LABEL_PID_START, LABEL_SESSION, LABEL_USER, owner_gone,
+                              owner_of, process_start)
+
+
+def dead_pid() -> int:
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    child.wait()
+    return child.pid
+
+
+def test_a_cli_lab_has_an_owner_but_no_owner_process():
+    labels = owner_of({}, "cli").labels()
+    assert labels[LABEL_SESSION] == "cli" and labels[LABEL_HOST] == socket.gethostname() and labels[LABEL_USER]
+    assert LABEL_PID not in labels and owner_gone(labels) is None
+
+
+def test_an_owner_process_is_named_by_the_environment_or_the_caller():
+    from_env = owner_of({"DDPLAB_OWNER_PID": str(os.getpid()), "DDPLAB_OWNER_SESSION": "pytest-1a2b"}, "api").labels()
+    assert from_env[LABEL_PID] == str(os.getpid()) and from_env[LABEL_SESSION] == "pytest-1a2b"
+    assert from_env[LABEL_PID_START] == process_start(os.getpid()) and owner_gone(from_env) is None
+    assert owner_of({}, "api", pid=os.getpid()).labels()[LABEL_SESSION] == "api"
+
+
+def test_a_dead_owner_is_gone_and_a_reused_pid_is_not_its_owner():
+    pid = dead_pid()
+    labels = owner_of({}, "api", pid=os.getpid()).labels()
+    assert owner_gone({**labels, LABEL_PID: str(pid)}).startswith(f"its owner, process {pid} (api), has exited")
+    reused = {**labels, LABEL_PID_START: "1"}  # this process, but started at another time: not the owner
+    assert "the pid is another's now" in owner_gone(reused)
+
+
+def test_an_owner_on_another_machine_is_never_judged_from_here():
+    labels = {**owner_of({}, "api", pid=dead_pid()).labels(), LABEL_HOST: "elsewhere"}
+    assert owner_gone(labels) is None
+
+
+def test_gc_removes_only_labs_whose_owner_is_gone_and_all_with_everything():
+    alive = owner_of({}, "pytest-x", pid=os.getpid()).labels()
+    labs = [LabListing("cli", 3, 3, 1.0, "/ws", owner=owner_of({}, "cli").labels()),
+            LabListing("mine", 2, 2, 1.0, "/ws", owner=alive),
+            LabListing("crashed", 2, 2, 1.0, "/ws", owner={**alive, LABEL_PID: str(dead_pid())}),
+            LabListing("old", 0, 0, None, "/ws", volumes=["old-shared"])]
+    verdicts = {v.lab: v for v in plan_gc(labs)}
+    assert [name for name, v in verdicts.items() if v.remove] == ["crashed"]
+    assert "has exited" in verdicts["crashed"].why and "is alive" in verdicts["mine"].why
+    assert "no owner process (from cli)" in verdicts["cli"].why and "no owner labels" in verdicts["old"].why
+    assert all(v.remove for v in plan_gc(labs, everything=True))
