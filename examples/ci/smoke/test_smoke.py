@@ -3,9 +3,14 @@
 examples/ci/ddplab.yml runs the tests that DDPLAB_TESTS names; point it at yours. This one drives
 labctl as a subprocess, as a person types it, from the folder pytest runs in (the workspace, so a
 failed run's node logs land in .lab/<lab>/runs/, where the workflow uploads them from).
+
+DDPLAB_SMOKE_CRASH=1 makes it die after training, as a crashed test session does (no fixture
+runs): the lab stays up and the job fails, which rehearses the workflow's failure path (the logs
+uploaded, the lab removed by the clean-up step). tests/integration/test_ci_workflow.py sets it.
 """
 
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -36,3 +41,5 @@ def test_two_nodes_train_in_step(lab):
     summary = json.loads(run.stdout)["summary"]
     assert summary["world_size"] == 2
     assert summary["replicas_consistent"], "the two ranks' parameters differ after training"
+    if os.environ.get("DDPLAB_SMOKE_CRASH") == "1":
+        os._exit(1)  # pytest's own output is lost with it; the job's logs and artifacts tell the rest
