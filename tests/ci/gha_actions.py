@@ -58,6 +58,14 @@ def _lines(text: str) -> list[str]:
     return [line.strip() for line in str(text).splitlines() if line.strip()]
 
 
+def _version(job: Job, paths: list[str]) -> list[str]:
+    """The paths as part of a cache entry's version. A GitHub runner's temp folder and workspace are
+    the same in every run; here each run has its own, so they are named rather than spelled out."""
+    def named(path: str) -> str:
+        return path.replace(str(job.temp), "$RUNNER_TEMP").replace(str(job.workspace), "$GITHUB_WORKSPACE")
+    return [named(p) for p in paths]
+
+
 def checkout(job: Job, inputs: dict, name: str) -> tuple[bool, dict]:
     """A clone of the repository at the commit being tested, into the (empty) workspace."""
     _inputs(name, inputs, {"fetch-depth", "persist-credentials"})
@@ -128,7 +136,7 @@ def cache_restore(job: Job, inputs: dict, name: str) -> tuple[bool, dict]:
     outputs = {"cache-primary-key": key, "cache-hit": "false", "cache-matched-key": ""}
 
     def fits(entry: Path) -> bool:
-        return entry.is_dir() and json.loads((entry / "paths.json").read_text()) == paths
+        return entry.is_dir() and json.loads((entry / "paths.json").read_text()) == _version(job, paths)
 
     matched = _entry(store, key) if fits(_entry(store, key)) else None
     for prefix in _lines(inputs.get("restore-keys", "")) if matched is None else []:
@@ -167,7 +175,7 @@ def cache_save(job: Job, inputs: dict, name: str) -> tuple[bool, dict]:
         shutil.rmtree(staging)
         print(f"Path Validation Error: none of {', '.join(paths)} exists; nothing saved")
         return True, {}
-    (staging / "paths.json").write_text(json.dumps(paths))
+    (staging / "paths.json").write_text(json.dumps(_version(job, paths)))
     staging.rename(entry)
     print(f"Cache saved with key: {key}")
     return True, {}

@@ -105,7 +105,7 @@ def test_the_example_workflow_asks_only_for_what_the_runner_does():
 
 def job_for(tmp_path: Path) -> gha_actions.Job:
     workspace = tmp_path / "ws"
-    workspace.mkdir()
+    workspace.mkdir(parents=True)
     return gha_actions.Job(tmp_path, "0" * 40, workspace, tmp_path / "temp", tmp_path,
                            Namespace(cache_dir=str(tmp_path / "store"), artifacts=str(tmp_path / "artifacts")),
                            [], [], {})
@@ -124,6 +124,20 @@ def test_cache_save_then_restore(tmp_path):
     assert ok and out == {"cache-primary-key": "k-2", "cache-hit": "false", "cache-matched-key": "k-1"}
     ok, out = gha_actions.cache_restore(job, {"key": "k-1", "path": "other"}, "restore")
     assert ok and out["cache-hit"] == "false", "an entry saved for other paths is another version"
+
+
+def test_a_cache_entry_outlives_the_run_that_saved_it(tmp_path):
+    """A runner's temp folder has the same path in every run, and a key saved under it is found by
+    the next run; here every run has its own temp folder, which must not make every run miss."""
+    first, second = job_for(tmp_path / "run1"), job_for(tmp_path / "run2")
+    second.args = first.args
+    for job in (first, second):
+        job.temp.mkdir()
+    (first.temp / "img").mkdir()
+    (first.temp / "img" / "images.tar").write_text("layers")
+    gha_actions.cache_save(first, {"key": "k", "path": f"{first.temp}/img"}, "save")
+    ok, out = gha_actions.cache_restore(second, {"key": "k", "path": f"{second.temp}/img"}, "restore")
+    assert ok and out["cache-hit"] == "true" and (second.temp / "img" / "images.tar").read_text() == "layers"
     with pytest.raises(gha_actions.UnsupportedError):
         gha_actions.cache_restore(job, {"key": "k-1", "path": "img", "enableCrossOsArchive": "true"}, "restore")
 
