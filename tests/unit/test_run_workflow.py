@@ -97,6 +97,7 @@ def test_the_example_workflow_asks_only_for_what_the_runner_does():
     assert "DDPLAB_TESTS" in job["env"] and "$DDPLAB_TESTS" in text
     cleanup = job["steps"][-1]
     assert cleanup["if"] == "always()" and "labctl down" in cleanup["run"]
+    assert "labctl gc" not in cleanup["run"], "gc judges owners by pid: on a shared engine it takes others' labs"
     assert [s for s in job["steps"] if s.get("uses", "").startswith("actions/upload-artifact")][0]["if"] == "failure()"
 
 
