@@ -105,10 +105,11 @@ def load_job(path: Path, job_id: str | None) -> tuple[dict, str, dict]:
 class Runner:
     def __init__(self, args: argparse.Namespace):
         self.args = args
-        self.work = Path(args.work or tempfile.mkdtemp(prefix="run-workflow-")).resolve()
+        self.workflow, self.job_id, self.job = load_job(Path(args.workflow), args.job)  # before any folder is made
         self.repo = Path(args.repo).resolve()
         self.sha = subprocess.run(["git", "-C", str(self.repo), "rev-parse", args.ref], capture_output=True,
                                   text=True, check=True).stdout.strip()
+        self.work = Path(args.work or tempfile.mkdtemp(prefix="run-workflow-")).resolve()
         self.workspace = self.work / "workspace" / self.repo.name
         self.temp = self.work / "temp"
         for folder in (self.workspace, self.temp, self.work / "tool-cache", self.work / "xdg-cache"):
@@ -136,7 +137,7 @@ class Runner:
         return env
 
     def run(self) -> int:
-        workflow, self.job_id, job = load_job(Path(self.args.workflow), self.args.job)
+        workflow, job = self.workflow, self.job
         env = {}
         for layer in (workflow.get("env") or {}, job.get("env") or {}):
             for key, value in layer.items():
