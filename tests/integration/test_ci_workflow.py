@@ -14,6 +14,7 @@ with a fresh venv, ddplab installed from that clone, and an empty ~/.cache:
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 import uuid
@@ -53,8 +54,21 @@ def image_tag(docker_client, node_image):
     subprocess.run(["docker", "rmi", tag], capture_output=True)
 
 
+@pytest.fixture
+def work(tmp_path):
+    """The runs' folders. What is heavy in them (the image tarball, 1.3 GB; each run's wheelhouse and
+    venv) goes with the test rather than staying in pytest's last three temp folders; each run's
+    result.json, workspace and artifacts stay for a look afterwards."""
+    yield tmp_path
+    shutil.rmtree(tmp_path / "actions-cache", ignore_errors=True)
+    for run in ("run1", "run2"):
+        for heavy in ("temp", "xdg-cache", "tool-cache"):
+            shutil.rmtree(tmp_path / run / heavy, ignore_errors=True)
+
+
 @pytest.mark.timeout(1800)
-def test_the_workflow_caches_the_image_uploads_logs_and_cleans_up(tmp_path, docker_client, image_tag):
+def test_the_workflow_caches_the_image_uploads_logs_and_cleans_up(work, docker_client, image_tag):
+    tmp_path = work
     store = tmp_path / "actions-cache"
 
     first, output = run_workflow(tmp_path / "run1", store, image_tag)

@@ -70,7 +70,9 @@ def installed(tmp_path_factory, docker_client, node_image):
     sh([*pip, "install", "--quiet", from_sdist])
     project = root / "project"
     project.mkdir()
-    return venv, user_env(venv, root / "xdg-cache"), project
+    yield venv, user_env(venv, root / "xdg-cache"), project
+    for heavy in ("venv", "xdg-cache"):  # 300 MB that pytest would otherwise keep for three sessions
+        shutil.rmtree(root / heavy, ignore_errors=True)
 
 
 def installed_labctl(installed, *args: str, timeout: float = 600) -> subprocess.CompletedProcess:
