@@ -54,6 +54,9 @@ class LabConfig:
     """The hosts `labctl hosts` drives (a TOML file); empty means .lab/<lab>/hosts.toml (`up --ssh` writes it)."""
     host_python: str = ""
     """The Python that runs the trainer on this machine (bench scaling's host rows); empty means labctl's own."""
+    cache_dir: str = ""
+    """Where `labctl build` keeps its wheelhouse and build context; empty means the checkout's .lab/, or for an
+    installed labctl $XDG_CACHE_HOME/ddplab (~/.cache/ddplab)."""
     sources: Mapping[str, str] = field(default_factory=dict, compare=False, repr=False)
     """Where each setting came from ('default', '.env', 'environment', 'flag')."""
 
@@ -190,6 +193,7 @@ SETTINGS: dict[str, tuple[str, Callable[[str], Any]]] = {
     "debian_mirror": ("DDPLAB_DEBIAN_MIRROR", _regex(re.compile(r"^((https?|file)://\S+)?$"), "must be an http(s):// URL or empty")),
     "inventory": ("DDPLAB_INVENTORY", _regex(re.compile(r"^[^\x00]*$"), "must be a file path, or empty")),
     "host_python": ("DDPLAB_HOST_PYTHON", _regex(re.compile(r"^[^\x00]*$"), "must be the path of a Python interpreter, or empty")),
+    "cache_dir": ("DDPLAB_CACHE_DIR", _regex(re.compile(r"^[^\x00]*$"), "must be a folder path, or empty")),
 }
 
 FLAG_NAMES = {name: "--" + name.replace("_", "-") for name in SETTINGS}

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Callable, Sequence
 from labctl.bench.cost import DEFAULT_EFFICIENCY
 from labctl.bench.scaling import Config, Row, build_rows, plan, write_outputs
 from labctl.errors import CommandError, ConfigError, LabError, RunFailed, StateError
-from labctl.lab.compose import REPO_ROOT
+from labctl import assets
 from labctl.net import apply as netshape
 from labctl.run.result import find_summary
 
@@ -180,8 +180,9 @@ def run_host(config: Config, trainer_args: list[str], run_dir: Path, threads: in
     """The trainer on the host: one plain process, or torchrun --standalone with N."""
     env = {k: v for k, v in os.environ.items() if k not in LAUNCH_VARS}
     env.update(OMP_NUM_THREADS=str(threads), CUDA_VISIBLE_DEVICES="", PYTHONUNBUFFERED="1")
-    # This checkout's trainer, whichever Python runs it (DDPLAB_HOST_PYTHON need not have ddplab installed).
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO_ROOT), env.get("PYTHONPATH")) if p)
+    # labctl's own trainer (the checkout's, or the installed package's copy), whichever Python runs it
+    # (DDPLAB_HOST_PYTHON need not have ddplab installed).
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(assets.trainer_path_entry()), env.get("PYTHONPATH")) if p)
     args = [*trainer_args, "--run-dir", str(run_dir)]
     if config.nproc_per_node == 1:
         argv = [python, "-m", "trainer", *args]

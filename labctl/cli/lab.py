@@ -19,7 +19,11 @@ from labctl.cli.options import SCRIPT_CONTEXT, dry_run_option, json_option, lab_
 @click.option("--verbose", "verbose_build", is_flag=True, help="Print every line of the build's output.")
 @click.option("--mismatch-image", is_flag=True,
               help="Also build the image with another torch release that `scenario run version-mismatch` puts on one node.")
-def build(torch_version, base_image, image, force, verbose_build, mismatch_image) -> None:
+@click.option("--print-hash", is_flag=True,
+              help="Print the hash of the image's inputs (after fetching the base image and wheels it is computed "
+                   "from) and build nothing: a CI cache key for a saved image.")
+@json_option("With --print-hash: one JSON document (tag, hash, the existing image's hash, up_to_date, base, context).")
+def build(torch_version, base_image, image, force, verbose_build, mismatch_image, print_hash, as_json) -> None:
     """Build the node image (torch CPU build, iproute2, iperf3, the trainer).
 
     Works without a registry: when the base image cannot be pulled, a local Debian base is built
@@ -28,8 +32,18 @@ def build(torch_version, base_image, image, force, verbose_build, mismatch_image
     from labctl.lab import image as image_mod
     from labctl.ui import BuildProgress, info
 
+    if as_json and not print_hash:
+        raise click.UsageError("--json goes with --print-hash (a build reports on stderr)")
+    if print_hash and (force or mismatch_image):
+        raise click.UsageError("--print-hash builds nothing: it does not go with --force or --mismatch-image")
     config = session().config(torch_version=torch_version, base_image=base_image, image=image)
     client = session().client
+    if print_hash:
+        from labctl.cli import render
+
+        inputs = image_mod.gather_inputs(client, config, info)
+        render.print_build_hash(config.image_tag, inputs, image_mod.image_hash(client, config.image_tag), as_json)
+        return
     started = time.monotonic()
     result = image_mod.build_image(client, config, info, lambda: BuildProgress(verbose_build), force=force)
     state = "up to date" if result.cached else "built"

@@ -16,6 +16,15 @@ def emit_json(value) -> None:
     click.echo(json.dumps(value))
 
 
+def print_build_hash(tag: str, inputs, existing: str | None, as_json: bool) -> None:
+    """`build --print-hash`: the hash alone on stdout (for a cache key), or the whole picture as JSON."""
+    if not as_json:
+        click.echo(inputs.digest)
+        return
+    emit_json({"tag": tag, "hash": inputs.digest, "image_hash": existing, "up_to_date": existing == inputs.digest,
+               "base": inputs.base, "context": str(inputs.context)})
+
+
 def seconds_text(value: float) -> str:
     return f"{value:.3g} s" if value >= 1 else f"{value * 1e3:.3g} ms"
 

@@ -1,4 +1,5 @@
-"""Render the lab's Compose project from the template in compose/lab.yaml. Pure: returns data and text."""
+"""Render the lab's Compose project from the template in compose/lab.yaml. Pure: returns data and text
+(the template's text is read by load_template, from the checkout or the installed package)."""
 
 from __future__ import annotations
 
@@ -9,10 +10,8 @@ from typing import Any, Mapping
 
 import yaml
 
+from labctl import assets
 from labctl.config import LabConfig, node_ip
-
-REPO_ROOT = Path(__file__).resolve().parents[2]
-TEMPLATE_PATH = REPO_ROOT / "compose" / "lab.yaml"
 
 # Labels on every container, network and volume of a lab: `down` finds what to remove by these.
 LABEL_LAB = "io.ddplab.lab"
@@ -48,8 +47,8 @@ def container_name(lab: str, node: str) -> str:
     return f"{lab}-{node}"
 
 
-def load_template(path: Path = TEMPLATE_PATH) -> dict[str, Any]:
-    with open(path) as f:
+def load_template(path: Path | None = None) -> dict[str, Any]:
+    with open(assets.compose_template() if path is None else path) as f:
         return yaml.safe_load(f)
 
 

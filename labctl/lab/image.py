@@ -3,10 +3,14 @@
 1. Base: the configured BASE_IMAGE if it is local or can be pulled; otherwise a local Debian base
    (debootstrap from the apt mirror this machine already uses, then `docker import`), built once.
 2. Wheelhouse: the host's pip downloads torch (CPU build) and its dependencies into
-   .lab/wheelhouse for the base image's own Python and platform, which a short run of the base
-   image reports (labctl/lab/wheelhouse.py), and the Dockerfile installs from there with --no-index.
+   .lab/wheelhouse of the build context for the base image's own Python and platform, which a short
+   run of the base image reports (labctl/lab/wheelhouse.py), and the Dockerfile installs from there
+   with --no-index.
 3. Build with the Docker SDK, showing the Dockerfile's steps as a progress bar. The image carries
    a hash of its inputs as a label, so an up-to-date image is recognised without building.
+
+The build context is the checkout, or for an installed labctl a folder in its cache laid out the
+same way (labctl/assets.py), so the hash is the same for both.
 """
 
 from __future__ import annotations
@@ -23,7 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Iterable
 
-from labctl.lab.compose import REPO_ROOT
+from labctl import assets
 from labctl.config import LabConfig
 from labctl.errors import CommandError, LabError, StateError
 from labctl.proc import run
@@ -31,8 +35,7 @@ if TYPE_CHECKING:  # wheelhouse (and packaging, 30 ms) is imported when a build 
     from labctl.lab.wheelhouse import Target
 
 LABEL_BUILD_HASH = "io.ddplab.build-hash"
-WHEELHOUSE = REPO_ROOT / ".lab" / "wheelhouse"
-TARGET_CACHE = REPO_ROOT / ".lab" / "node-python.json"  # the base image's Python, by base image id
+TARGET_CACHE = "node-python.json"  # in the cache folder: the base image's Python, by base image id
 TARGET_PROBE = Path(__file__).resolve().parents[1] / "remote" / "python_target.py"
 BASE_PACKAGES = ("python3,python3-venv,python3-pip,iproute2,iperf3,procps,util-linux,ca-certificates,"
                  "openssh-server,rsync,libnss-wrapper")
@@ -50,6 +53,16 @@ class BuildResult:
     cached: bool
 
 
+@dataclass(frozen=True)
+class BuildInputs:
+    """What an image is built from, gathered but not built: `build --print-hash` shows it."""
+
+    context: Path  # the folder `docker build` runs in
+    base: str
+    build_args: dict[str, str]
+    digest: str  # build_hash of it all: the image's LABEL_BUILD_HASH
+
+
 # --------------------------------------------------------------------------------------- pure
 
 
@@ -57,11 +70,12 @@ def wheel_requirements(torch_version: str) -> list[str]:
     return [f"torch=={torch_version}", "numpy"]
 
 
-def build_hash(files: Iterable[Path], wheel_names: Iterable[str], build_args: dict[str, str]) -> str:
-    """Content hash of everything the image is made from: files, wheels, build arguments."""
+def build_hash(files: Iterable[Path], wheel_names: Iterable[str], build_args: dict[str, str], root: Path) -> str:
+    """Content hash of everything the image is made from: files (named relative to the build
+    context `root`, so a checkout and an installed package's copy hash alike), wheels, build arguments."""
     digest = hashlib.sha256()
     for path in sorted(files):
-        digest.update(str(path.relative_to(REPO_ROOT)).encode())
+        digest.update(str(path.relative_to(root)).encode())
         digest.update(path.read_bytes())
     for name in sorted(wheel_names):
         digest.update(name.encode())
@@ -70,9 +84,10 @@ def build_hash(files: Iterable[Path], wheel_names: Iterable[str], build_args: di
     return digest.hexdigest()[:16]
 
 
-def image_inputs() -> list[Path]:
-    files = [REPO_ROOT / "Dockerfile", REPO_ROOT / "compose" / "node-entrypoint.sh"]
-    files += [p for p in (REPO_ROOT / "trainer").rglob("*.py") if "__pycache__" not in p.parts]
+def image_inputs(root: Path) -> list[Path]:
+    """The files of build context `root` that the Dockerfile copies into the image (and itself)."""
+    files = [root / "Dockerfile", root / "compose" / "node-entrypoint.sh"]
+    files += [p for p in (root / "trainer").rglob("*.py") if "__pycache__" not in p.parts]
     return files
 
 
@@ -101,7 +116,7 @@ def debian_mirror_from_apt(sources_dir: Path = Path("/etc/apt")) -> str:
 # ------------------------------------------------------------------------------ side effects
 
 
-def ensure_wheelhouse(config: LabConfig, target: Target, report: Report, wheelhouse: Path = WHEELHOUSE) -> list[str]:
+def ensure_wheelhouse(config: LabConfig, target: Target, report: Report, wheelhouse: Path) -> list[str]:
     """torch (CPU build), numpy and their dependencies for the node's Python; returns the file names."""
     from labctl.lab.wheelhouse import fill_wheelhouse
 
@@ -114,7 +129,7 @@ def ensure_wheelhouse(config: LabConfig, target: Target, report: Report, wheelho
     return names
 
 
-def node_target(client, image: str, report: Report, cache: Path = TARGET_CACHE) -> Target:
+def node_target(client, image: str, report: Report, cache: Path) -> Target:
     """The interpreter and platform of an image's python3, asked of the image itself (half a
     second, once per image: answers are kept by image id)."""
     from labctl.lab.wheelhouse import Target, target_from_probe
@@ -201,25 +216,36 @@ def build_local_base(config: LabConfig, report: Report) -> None:
             raise CommandError(["docker", "import", "-", LOCAL_BASE], run_import.returncode, run_import.stdout, run_import.stderr)
 
 
+def gather_inputs(client, config: LabConfig, report: Report) -> BuildInputs:
+    """The base image, the wheelhouse and the build context made ready, and their hash; builds nothing."""
+    context = assets.prepare_build_context(assets.build_context(config.cache_dir))
+    base = ensure_base(client, config, report)
+    target = node_target(client, base, report, assets.cache_dir(config.cache_dir) / TARGET_CACHE)
+    wheels = ensure_wheelhouse(config, target, report, assets.wheelhouse(context))
+    build_args = {"BASE_IMAGE": base, "TORCH_VERSION": config.torch_version}
+    return BuildInputs(context, base, build_args, build_hash(image_inputs(context), wheels, build_args, context))
+
+
+def image_hash(client, tag: str) -> str | None:
+    """The input hash an existing image was built with; None when there is no such image."""
+    if not image_exists(client, tag):
+        return None
+    return (client.images.get(tag).labels or {}).get(LABEL_BUILD_HASH)
+
+
 def build_image(client, config: LabConfig, report: Report, progress_factory=None, force: bool = False) -> BuildResult:
     """Build config.image_tag unless an image with the same input hash exists."""
-    base = ensure_base(client, config, report)
-    wheels = ensure_wheelhouse(config, node_target(client, base, report), report)
-    build_args = {"BASE_IMAGE": base, "TORCH_VERSION": config.torch_version}
-    digest = build_hash(image_inputs(), wheels, build_args)
-    if not force and image_exists(client, config.image_tag):
-        labels = client.images.get(config.image_tag).labels or {}
-        if labels.get(LABEL_BUILD_HASH) == digest:
-            return BuildResult(config.image_tag, base, cached=True)
-    _docker_build(client, config.image_tag, build_args, {LABEL_BUILD_HASH: digest}, report, progress_factory)
-    return BuildResult(config.image_tag, base, cached=False)
+    inputs = gather_inputs(client, config, report)
+    if not force and image_hash(client, config.image_tag) == inputs.digest:
+        return BuildResult(config.image_tag, inputs.base, cached=True)
+    _docker_build(client, config.image_tag, inputs, report, progress_factory)
+    return BuildResult(config.image_tag, inputs.base, cached=False)
 
 
-def _docker_build(client, tag: str, build_args: dict[str, str], labels: dict[str, str], report: Report,
-                  progress_factory) -> None:
+def _docker_build(client, tag: str, inputs: BuildInputs, report: Report, progress_factory) -> None:
     """Stream the classic builder's output, moving a progress bar step by step."""
-    stream = client.api.build(path=str(REPO_ROOT), dockerfile="Dockerfile", tag=tag, buildargs=build_args,
-                              labels=labels, rm=True, forcerm=True, decode=True)
+    stream = client.api.build(path=str(inputs.context), dockerfile="Dockerfile", tag=tag, buildargs=inputs.build_args,
+                              labels={LABEL_BUILD_HASH: inputs.digest}, rm=True, forcerm=True, decode=True)
     lines: list[str] = []
     with (progress_factory() if progress_factory else _NullProgress()) as progress:
         for chunk in stream:
@@ -276,8 +302,9 @@ def ensure_mismatch_image(client, config: LabConfig, report: Report, version: st
         return tag
     if not image_exists(client, config.image_tag):
         raise StateError(f"the node image {config.image_tag} is missing", hint="labctl build")
-    wheelhouse = REPO_ROOT / ".lab" / f"wheelhouse-torch{version}"
-    target = node_target(client, config.image_tag, report)
+    cache = assets.cache_dir(config.cache_dir)
+    wheelhouse = cache / f"wheelhouse-torch{version}"
+    target = node_target(client, config.image_tag, report, cache / TARGET_CACHE)
     report(f"mismatch image: torch=={version} and its dependencies for the node's Python, through pip's index (once)")
     try:
         fill_wheelhouse(wheelhouse, [f"torch=={version}"], target, report)
