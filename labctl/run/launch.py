@@ -84,6 +84,11 @@ def workspace_script(script_args: list[str], cwd: Path | str, workspace: Path | 
     script's own and stay as given. Reads nothing but symlinks (a link out of the workspace is out)."""
     if script_args[0] in ("-m", "--module"):
         return script_args
+    try:
+        os.fsencode(script_args[0])
+    except UnicodeEncodeError:  # a lone surrogate no file system can hold
+        raise LabError(f"script {script_args[0]!r} cannot be a file name on this system",
+                       hint="labctl run -- train.py [ARGS...]  or  labctl run -- -m trainer") from None
     cwd, workspace, script = Path(cwd), Path(workspace), Path(script_args[0])
     located = Path(os.path.realpath(cwd / script))
     if located.is_relative_to(workspace):
