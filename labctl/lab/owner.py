@@ -63,7 +63,7 @@ def pid_namespace() -> str:
 
 def process_start(pid: int) -> str | None:
     """The start time of process `pid` (clock ticks since boot, /proc/PID/stat field 22), or None
-    when there is no such process (or no /proc)."""
+    when there is no such process (or no /proc), or only its zombie, which has exited."""
     try:
         with open(f"/proc/{pid}/stat") as f:
             stat = f.read()
@@ -71,6 +71,8 @@ def process_start(pid: int) -> str | None:
         return None
     # The command name (field 2) is in parentheses and may hold spaces: count from its end.
     fields = stat[stat.rfind(")") + 2:].split()
+    if not fields or fields[0] in ("Z", "X"):  # state: a zombie (not reaped yet) or dead
+        return None
     return fields[19] if len(fields) > 19 else None
 
 

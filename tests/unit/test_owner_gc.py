@@ -38,6 +38,21 @@ def test_a_dead_owner_is_gone_and_a_reused_pid_is_not_its_owner():
     assert "the pid is another's now" in owner_gone(reused)
 
 
+def test_a_killed_owner_not_yet_reaped_is_gone():
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        assert process_start(child.pid) is not None
+        child.kill()
+        deadline = __import__("time").monotonic() + 10
+        while __import__("time").monotonic() < deadline:  # until the kernel has made it a zombie
+            with open(f"/proc/{child.pid}/stat") as f:
+                if f.read().rsplit(")", 1)[1].split()[0] == "Z":
+                    break
+        assert process_start(child.pid) is None  # a zombie has exited: its labs are gc's
+    finally:
+        child.wait()
+
+
 def test_an_owner_on_another_machine_or_in_another_container_is_never_judged_from_here():
     dead = owner_of({}, "api", pid=dead_pid()).labels()
     assert owner_gone(dead) is not None
