@@ -165,23 +165,31 @@ def ddp_lab(request: pytest.FixtureRequest):
     failing node and its log in the test's report."""
     state = request.config.stash[STATE]
     marks = [(mark.args, mark.kwargs) for mark in request.node.iter_markers(MARKER)]
+    # Each refusal is raised outside the `except` that caught labctl's error, so the report shows
+    # the one message and not "During handling of the above exception, another exception occurred".
+    spec, refused = None, None
     try:
         spec = lab_spec(marks, state.settings)
     except LabError as exc:
-        pytest.fail(f"ddplab: {exc}", pytrace=False)
+        refused = f"ddplab: {exc}"
+    if refused:
+        pytest.fail(refused, pytrace=False)
     pool = _pool(state)
     try:
         client = pool.client()
     except LabError as exc:
-        message = f"ddplab: this test needs a lab and {exc}"
-        if state.settings.no_engine == "skip":
-            pytest.skip(message)
-        pytest.fail(f"{message}\n  (--ddplab-no-engine=skip skips such tests instead)", pytrace=False)
+        refused = f"ddplab: this test needs a lab and {exc}"
+    if refused and state.settings.no_engine == "skip":
+        pytest.skip(refused)
+    if refused:
+        pytest.fail(f"{refused}\n  (--ddplab-no-engine=skip skips such tests instead)", pytrace=False)
     _sweep(state, client)
     try:
         lab = pool.acquire(spec, str(request.node.path))
     except LabError as exc:
-        pytest.fail(f"ddplab: could not bring up a lab of {spec.describe()}: {exc}", pytrace=False)
+        refused = f"ddplab: could not bring up a lab of {spec.describe()}: {exc}"
+    if refused:
+        pytest.fail(refused, pytrace=False)
     request.node.stash[LAB] = lab
     yield lab
     reports = request.node.stash.get(REPORTS, {})
