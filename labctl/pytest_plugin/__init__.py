@@ -221,7 +221,8 @@ def _explain_failure(item: pytest.Item, report: pytest.TestReport, lab, call: py
         raised = getattr(call.excinfo.value, "result", None) if call.excinfo else None
         # The RunFailed the test raised already says who failed; a result the test judged itself does not.
         explained = failure_report(record, kept_hint=kept, explained=raised is record.result)
-        _add_to_longrepr(report, explained.headline, explained.detail)
+        if explained.detail:  # (a timeout the test's error explained has nothing to add)
+            _add_to_longrepr(report, explained.headline, explained.detail)
         _add_logs(item, report, explained.sections)
         properties = explained.properties
     else:
@@ -293,6 +294,8 @@ class Controller:
         totals = self.state.totals
         if totals.tests:
             terminalreporter.write_line(summary_line(totals))
+            if terminalreporter.config.getoption("verbose") > 0 and totals.names:
+                terminalreporter.write_line(f"ddplab: labs {', '.join(sorted(totals.names))}")
             for hint in totals.kept:
                 terminalreporter.write_line(f"ddplab: {hint}")
         for annotation in self.state.annotations:

@@ -6,8 +6,9 @@
 Each rank draws its own data; DDP averages the gradients, so every replica must hold the same
 parameters after every step. Rank 0 gathers each rank's parameter checksum and prints one line,
 `SUMMARY {"world_size": ..., "checksums": [...], "replicas_consistent": ...}`.
-`--fail-node NODE --fail-step S` makes the rank on host NODE raise at step S: the failing example
-of tests/ (by host, not by rank: torchrun's rendezvous gives out ranks in the order nodes join).
+`--fail-node NODE --fail-step S` makes the rank on host NODE raise at step S (with `--hang`, stop
+answering instead): the failing examples of tests/ (by host, not by rank: torchrun's rendezvous
+gives out ranks in the order nodes join).
 """
 
 import argparse
@@ -31,6 +32,7 @@ def parse_args(argv=None):
                                                               "long enough to interrupt (default 0)")
     p.add_argument("--fail-node", default="", help="the ranks on this host raise at --fail-step (default: none)")
     p.add_argument("--fail-step", type=int, default=0, help="the step at which --fail-node's ranks raise (default 0)")
+    p.add_argument("--hang", action="store_true", help="--fail-node's ranks hang at --fail-step instead of raising")
     return p.parse_args(argv)
 
 
@@ -56,6 +58,8 @@ def main():
         loss.backward()
         opt.step()
         if socket.gethostname() == args.fail_node and step == args.fail_step:
+            if args.hang:  # the others wait for this rank's gradients in the next all-reduce
+                time.sleep(3600)
             raise ValueError(f"deliberate failure on {args.fail_node} (rank {rank}) at step {step}")
         print(f"{where} step {step + 1}/{args.steps} loss {loss.item():.4f}", flush=True)
         time.sleep(args.step_s)

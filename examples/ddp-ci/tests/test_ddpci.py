@@ -24,6 +24,7 @@ def test_three_nodes_train_to_the_same_parameters(ddp_lab):
 def test_the_allreduce_at_100mbit_runs_at_the_link_rate(ddp_lab):
     link_bytes_per_s = 100e6 / 8
     summary = ddp_lab.run(ALLREDUCE, "--mib", "4", echo=False).summary
+    print(f"busbw {summary['busbw_Bps'] / 1e6:.2f} MB/s, {summary['busbw_Bps'] / link_bytes_per_s:.2f} of the link")
     # A ring all-reduce carries 2(n-1)/n of the tensor over each link; bound by the link, its bus
     # bandwidth is close to the link's rate (0.90 of it measured on this lab: README, "Measuring
     # the links"). Unshaped, the bridge runs it 30x faster, so the band says the link sets the pace.
@@ -46,12 +47,12 @@ def test_a_lost_node_is_survived_with_an_elastic_range(ddp_lab):
     runs = ddp_lab.directory / "runs"
     before = set(runs.glob("*/"))
     with ThreadPoolExecutor(1) as pool:
-        run = pool.submit(ddp_lab.run, TRAIN, "--steps", "30", "--step-s", "0.2", max_restarts=1, nnodes="2:3",
+        run = pool.submit(ddp_lab.run, TRAIN, "--steps", "20", "--step-s", "0.2", max_restarts=1, nnodes="2:3",
                           echo=False)
         wait_for_step(runs, before, 5, run)
         ddp_lab.fault("kill", "node2")
         result = run.result(timeout=240)
     assert result.ok and "node2" in result.lost_nodes()
     summary = result.summary
-    assert summary["world_size"] == 2 and summary["restarts"] >= 1 and summary["steps"] == 30
+    assert summary["world_size"] == 2 and summary["restarts"] >= 1 and summary["steps"] == 20
     assert summary["replicas_consistent"]
