@@ -138,23 +138,28 @@ def _pool(state: State):
     return state.pool
 
 
-def _sweep(state: State, client) -> None:
+def _sweep(state: State, pool) -> None:
     """Once per process, before its first lab: remove the labs of sessions that died (killed with
     -9, a CI job cancelled) through labctl's gc, where this labctl has it."""
     if state.swept:
         return
     state.swept = True
+    import inspect
+
     import labctl.api
 
     gc = getattr(labctl.api, "gc", None)
     if gc is None:
         return
+    takes_client = "client" in inspect.signature(gc).parameters
     try:
-        gc(client=client)
-    except TypeError:  # an older gc that makes its own client
-        gc()
-    except LabError:
-        pass  # sweeping is a courtesy; the fixture's own lab still comes up or says why not
+        removed = gc(client=pool.client()) if takes_client else gc()
+    except Exception as exc:  # noqa: BLE001 - a courtesy: the session goes on, and says it at the end
+        pool.stats.notes.append(f"sweeping the labs of dead sessions failed: {exc}")
+        return
+    if removed:
+        pool.stats.notes.append(f"removed {len(removed)} lab{'s' * (len(removed) != 1)} of sessions that had "
+                                f"died: {', '.join(removed)}")
 
 
 @pytest.fixture
@@ -176,24 +181,25 @@ def ddp_lab(request: pytest.FixtureRequest):
         pytest.fail(refused, pytrace=False)
     pool = _pool(state)
     try:
-        client = pool.client()
+        pool.client()
     except LabError as exc:
         refused = f"ddplab: this test needs a lab and {exc}"
     if refused and state.settings.no_engine == "skip":
         pytest.skip(refused)
     if refused:
         pytest.fail(f"{refused}\n  (--ddplab-no-engine=skip skips such tests instead)", pytrace=False)
-    _sweep(state, client)
+    _sweep(state, pool)
     try:
         lab = pool.acquire(spec, str(request.node.path))
     except LabError as exc:
-        refused = f"ddplab: could not bring up a lab of {spec.describe()}: {exc}"
+        refused = f"ddplab: could not give this test a lab of {spec.describe()}: {exc}"
     if refused:
         pytest.fail(refused, pytrace=False)
     request.node.stash[LAB] = lab
     yield lab
     reports = request.node.stash.get(REPORTS, {})
-    failed = any(report.failed for report in reports.values())
+    # An xfail that failed counts: what it left on the lab is no more known than a failure's.
+    failed = any(report.failed or hasattr(report, "wasxfail") for report in reports.values())
     pool.release(lab, failed=failed, fresh=spec.fresh)
 
 
@@ -296,8 +302,8 @@ class Controller:
             terminalreporter.write_line(summary_line(totals))
             if terminalreporter.config.getoption("verbose") > 0 and totals.names:
                 terminalreporter.write_line(f"ddplab: labs {', '.join(sorted(totals.names))}")
-            for hint in totals.kept:
-                terminalreporter.write_line(f"ddplab: {hint}")
+            for line in totals.kept + totals.notes:
+                terminalreporter.write_line(f"ddplab: {line}")
         for annotation in self.state.annotations:
             terminalreporter.write_line(annotation)
 

@@ -113,6 +113,7 @@ class LabPool:
         self._client = None
         self._engine_error: LabError | None = None
         self.idle: OrderedDict[tuple, TestLab] = OrderedDict()
+        self.busy: list[TestLab] = []  # handed to a test and not yet back
         self.stats = PoolStats()
 
     def client(self):
@@ -137,6 +138,7 @@ class LabPool:
             lab = None
         if lab is None:
             lab = self._bring_up(spec)
+        self.busy.append(lab)
         lab.begin_test(test_file)
         if spec.bw is not None:
             try:
@@ -149,6 +151,8 @@ class LabPool:
     def release(self, lab: TestLab, *, failed: bool, fresh: bool) -> str | None:
         """After a test: back to the pool, or removed (a fresh lab, one the test made unfit, one a
         test failed on), or kept for debugging. Returns the sentence saying it was kept, if it was."""
+        if lab in self.busy:
+            self.busy.remove(lab)
         if failed:
             lab.served_failure = True
             if self.settings.keep_failed:
@@ -165,13 +169,18 @@ class LabPool:
             except LabError:
                 self._remove(lab)
                 return None
+        older = self.idle.pop(lab.key, None)
+        if older is not None:  # (a test marked fresh made a second lab of this key: one is enough)
+            self._remove(older)
         self.idle[lab.key] = lab
         while len(self.idle) > MAX_IDLE_LABS:
             self._remove(self.idle.popitem(last=False)[1])
         return None
 
     def close(self) -> None:
-        """The session's end: every idle lab goes."""
+        """The session's end: every lab goes, idle or (after an interrupted test) still busy."""
+        while self.busy:
+            self._remove(self.busy.pop())
         while self.idle:
             self._remove(self.idle.popitem(last=False)[1])
 

@@ -197,6 +197,7 @@ class PoolStats:
     down_s: float = 0.0
     names: list[str] = field(default_factory=list)
     kept: list[str] = field(default_factory=list)  # how to reach each lab kept for debugging
+    notes: list[str] = field(default_factory=list)  # anything else the session should hear of
 
     def add(self, other: PoolStats) -> None:
         self.labs += other.labs
@@ -205,10 +206,11 @@ class PoolStats:
         self.down_s += other.down_s
         self.names += other.names
         self.kept += other.kept
+        self.notes += [note for note in other.notes if note not in self.notes]
 
     def as_dict(self) -> dict:
         return {"labs": self.labs, "tests": self.tests, "up_s": self.up_s, "down_s": self.down_s,
-                "names": list(self.names), "kept": list(self.kept)}
+                "names": list(self.names), "kept": list(self.kept), "notes": list(self.notes)}
 
 
 def summary_line(stats: PoolStats) -> str:

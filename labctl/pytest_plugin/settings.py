@@ -68,6 +68,8 @@ class LabSpec:
             parts.append(f"{self.nproc_per_node} processes per node")
         if self.node_cpus:
             parts.append("cpus " + ",".join(f"{n}={c:g}" for n, c in self.node_cpus))
+        if self.bw:
+            parts.append(f"links {self.bw}" + (f" +{self.delay}" if self.delay else ""))
         return ", ".join(parts)
 
 

@@ -242,3 +242,10 @@ def test_the_summary_line_counts_labs_against_tests():
     stats.add(PoolStats(labs=1, tests=1, up_s=1.0, down_s=0.5, names=["pt-a-gw1-1"]))
     assert summary_line(stats) == "ddplab: 2 labs for 4 tests (bring-up 2.2 s, teardown 1.0 s)"
     assert summary_line(PoolStats(labs=1, tests=1)) == "ddplab: 1 lab for 1 test (bring-up 0.0 s, teardown 0.0 s)"
+
+
+def test_a_spec_describes_itself_for_an_error_message():
+    spec = lab_spec(marks({"nodes": 2, "nproc_per_node": 2, "node_cpus": "node1=0.5", "bw": "1gbit", "delay": "5ms"}),
+                    Settings())
+    assert spec.describe() == "2 nodes, 2 processes per node, cpus node1=0.5, links 1gbit +5ms"
+    assert lab_spec([], Settings()).describe() == "3 nodes"
