@@ -56,6 +56,7 @@ class State:
     saved_env: dict[str, str | None]
     pool: object = None  # a LabPool, made when a test first asks for a lab
     swept: bool = False
+    claimed: bool = False  # the owner variables are set in os.environ
     totals: PoolStats = field(default_factory=PoolStats)  # the controller's sum over workers
     annotations: list[str] = field(default_factory=list)
 
@@ -92,13 +93,31 @@ def pytest_configure(config: pytest.Config) -> None:
     state = State(settings, session, worker_id(workerinput), _workspace(config), config.rootpath,
                   config.invocation_params.dir,
                   {var: os.environ.get(var) for var in (OWNER_PID_VAR, OWNER_SESSION_VAR)})
-    # Labs brought up in this process (by the fixture, or by a `labctl up` a test starts) belong to
-    # it: labctl labels them with these, and `labctl gc` removes them once this process is gone.
-    os.environ[OWNER_PID_VAR] = str(os.getpid())
-    os.environ[OWNER_SESSION_VAR] = f"pytest-{session}"
     config.stash[STATE] = state
     if workerinput is None:
         config.pluginmanager.register(Controller(state), "ddplab-controller")
+
+
+def owner_environ(state: State) -> dict[str, str]:
+    """What labctl reads to label a lab with its owner (labctl/lab/owner.py): this process, so that
+    `labctl gc` removes the lab once the session is gone (killed with -9, a CI job cancelled)."""
+    return {OWNER_PID_VAR: str(os.getpid()), OWNER_SESSION_VAR: f"pytest-{state.session}"}
+
+
+def _claim_labs(state: State) -> None:
+    """From now on, labs brought up in this process belong to the session: the fixture's and any a
+    test starts itself (`labctl up` in a subprocess inherits the variables)."""
+    if not state.claimed:
+        state.claimed = True
+        os.environ.update(owner_environ(state))
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """The session's start, for a session with tests that use ddp_lab; one without is left as it
+    was (a suite that tests labctl itself may depend on `labctl up` making labs without an owner)."""
+    if any("ddp_lab" in getattr(item, "fixturenames", ()) for item in items):
+        _claim_labs(config.stash[STATE])
 
 
 def _workspace(config: pytest.Config) -> Path:
@@ -130,11 +149,13 @@ def pytest_configure_node(node) -> None:
 # ----------------------------------------------------------------------------------- fixture
 
 def _pool(state: State):
+    _claim_labs(state)  # (a test that asks for ddp_lab with request.getfixturevalue: only now)
     if state.pool is None:
         from labctl.lab.docker import docker_client
         from labctl.pytest_plugin.pool import LabPool
 
-        state.pool = LabPool(state.settings, state.session, state.worker, state.workspace, docker_client)
+        state.pool = LabPool(state.settings, state.session, state.worker, state.workspace, docker_client,
+                             owner_environ(state))
     return state.pool
 
 

@@ -8,12 +8,13 @@ on), and whether it shaped the links (cleared before the next test).
 
 from __future__ import annotations
 
+import os
 import shutil
 import sys
 import time
 from collections import OrderedDict
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Mapping
 
 from labctl.api import Lab
 from labctl.errors import LabError, RunFailed
@@ -104,12 +105,13 @@ class LabPool:
     """One process's labs, by topology (`LabSpec.key`)."""
 
     def __init__(self, settings: Settings, session: str, worker: str, workspace: Path,
-                 connect: Callable[[], object]):
+                 connect: Callable[[], object], owner: Mapping[str, str]):
         self.settings = settings
         self.session = session
         self.worker = worker
         self.workspace = workspace
         self._connect = connect
+        self._owner = dict(owner)  # the owner variables: given to each lab, whatever os.environ says by then
         self._client = None
         self._engine_error: LabError | None = None
         self.idle: OrderedDict[tuple, TestLab] = OrderedDict()
@@ -191,7 +193,8 @@ class LabPool:
         said: list[str] = []
         lab = TestLab(name, nodes=spec.nodes, nproc_per_node=spec.nproc_per_node, image=spec.image,
                       node_cpus=dict(spec.node_cpus) or None, workspace=self.workspace, client=client,
-                      report=said.append, run_timeout_s=self.settings.run_timeout_s)
+                      report=said.append, environ={**os.environ, **self._owner},
+                      run_timeout_s=self.settings.run_timeout_s)
         lab.key = spec.key
         started = time.monotonic()
         try:

@@ -108,6 +108,18 @@ def test_under_xdist_every_worker_says_the_same(tmp_path):
     assert "no Docker engine answers" in result.stdout and "INTERNALERROR" not in result.stdout + result.stderr
 
 
+def test_a_session_without_a_test_that_needs_a_lab_leaves_the_environment_alone(tmp_path):
+    result = pytest_session(tmp_path, tests='''
+        import os
+
+
+        def test_plain():
+            assert "DDPLAB_OWNER_PID" not in os.environ and "DDPLAB_OWNER_SESSION" not in os.environ
+    ''')
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "ddplab:" not in result.stdout  # and no summary line
+
+
 def test_the_plugin_is_registered_as_ddplab():
     project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
     assert project["entry-points"]["pytest11"] == {"ddplab": "labctl.pytest_plugin"}
