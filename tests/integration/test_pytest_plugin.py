@@ -2,7 +2,8 @@
 (examples/ddp-ci) in a pytest session of its own. It passes on one lab for its three tests; its
 failing examples name the node and carry its log into the report and the JUnit file (and a hang
 comes back with doctor's findings); under `-n 2` each worker has a lab of its own, side by side.
-Every lab a session made is gone when it ends, unless kept on purpose."""
+Every lab a session made is gone when it ends, unless kept on purpose; and the lab of a session
+killed with -9 is swept by the next one (with labctl's gc: the owner labels)."""
 
 from __future__ import annotations
 
@@ -13,6 +14,8 @@ import subprocess
 import sys
 import xml.etree.ElementTree as ET
 from pathlib import Path
+
+import pytest
 
 from conftest import REPO, drop_lab, lab_resources
 
@@ -101,3 +104,50 @@ def test_two_xdist_workers_each_have_a_lab_of_their_own(docker_client, node_imag
     assert len({lab.split("-")[1] for lab in labs}) == 1  # one session id, from the controller
     for lab in labs:
         assert lab_resources(docker_client, lab) == NOTHING
+
+
+HOLDING = '''
+import time
+
+
+def test_hold(ddp_lab):
+    print("UP", ddp_lab.name, flush=True)
+    time.sleep(600)
+
+
+def test_next(ddp_lab):
+    pass
+'''
+
+
+def test_the_labs_of_a_killed_session_are_swept_by_the_next(docker_client, node_image, tmp_path):
+    import labctl.api
+
+    if not hasattr(labctl.api, "gc"):
+        pytest.skip("this labctl has no gc (the owner labels): nothing can tell a dead session's lab")
+    (tmp_path / "test_holding.py").write_text(HOLDING)
+    argv = [sys.executable, "-m", "pytest", "-p", "labctl.pytest_plugin", "-p", "no:ddplab", "-p", "no:cacheprovider",
+            "-s", "--ddplab-nodes", "1", "test_holding.py"]
+    env = {key: value for key, value in os.environ.items() if not key.startswith(("PYTEST_", "DDPLAB_OWNER_"))}
+    env.update(PYTHONPATH=str(REPO))
+    holder = subprocess.Popen([*argv, "-k", "hold"], cwd=tmp_path, env=env, stdout=subprocess.PIPE, text=True)
+    lab = None
+    try:
+        for line in holder.stdout:
+            if line.startswith("UP ") or " UP " in line:
+                lab = line.split("UP ", 1)[1].strip()
+                break
+        assert lab, "the holding session never brought its lab up"
+        holder.kill()  # -9: no teardown, no session end; its lab stays behind
+        holder.wait(timeout=30)
+        assert lab_resources(docker_client, lab)["containers"] == [f"{lab}-node0"]
+        after = subprocess.run([*argv, "-k", "next"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+        assert after.returncode == 0, after.stdout + after.stderr
+        swept = re.search(r"^ddplab: removed \d+ labs? of sessions that had died: (.*)$", after.stdout, re.M)
+        assert swept and lab in swept.group(1).split(", "), after.stdout
+        assert lab_resources(docker_client, lab) == NOTHING
+    finally:
+        if holder.poll() is None:
+            holder.kill()
+        if lab:
+            drop_lab(lab)
