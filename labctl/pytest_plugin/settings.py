@@ -1,0 +1,211 @@
+"""The plugin's settings and a test's lab, as plain data: what the command line and the ini file
+say (`Settings`), what a test's `@pytest.mark.ddplab(...)` asks for (`LabSpec`), which labs may
+serve which tests (`LabSpec.key`), and what labs are called.
+
+Pure: nothing here asks the engine anything; every value is checked by labctl's own parsers, so a
+marker or an option says what it would have said to `labctl up`.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Any, Literal, Mapping
+
+from labctl.config import SETTINGS, parse_node_cpus
+from labctl.errors import ConfigError, LabError
+
+DEFAULT_NODES = 3
+DEFAULT_RUN_TIMEOUT_S = 300.0  # every run through the fixture's lab; a hang fails its test, never the suite
+NoEngine = Literal["fail", "skip"]
+MARKER = "ddplab"
+MARKER_DOC = ("ddplab(nodes=3, nproc_per_node=1, bw=None, delay=None, node_cpus=None, fresh=False): the lab the "
+              "ddp_lab fixture hands this test; bw/delay shape its links for this test alone, fresh=True gives it a "
+              "lab no other test has used")
+MARKER_KEYS = ("nodes", "nproc_per_node", "bw", "delay", "node_cpus", "fresh")
+LAB_PREFIX = "pt"  # pt-<session8>-<worker>-<n>: a pytest session's labs, told apart at a glance in `labctl ls`
+
+
+@dataclass(frozen=True, kw_only=True)
+class Settings:
+    """The plugin's defaults for the session (command line over ini file over these)."""
+
+    nodes: int = DEFAULT_NODES
+    """Nodes of a test's lab when its marker does not say."""
+    image: str | None = None
+    """Node image tag; None: labctl's (DDPLAB_IMAGE, else ddplab-node:torch<version>-cpu)."""
+    run_timeout_s: float = DEFAULT_RUN_TIMEOUT_S
+    """timeout_s of every run through the fixture's lab, unless the test gives its own."""
+    keep_failed: bool = False
+    """Keep the lab of a failed test (not reused, not removed) and say how to reach it."""
+    no_engine: NoEngine = "fail"
+    """What a test that uses the fixture does when no engine answers: fail (CI) or skip."""
+    fresh: bool = False
+    """A fresh lab for every test (no reuse): slower, for telling a test from its neighbours."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class LabSpec:
+    """What one test asks of its lab."""
+
+    nodes: int
+    nproc_per_node: int = 1
+    node_cpus: tuple[tuple[str, float], ...] = ()  # sorted (node, cpus): per-node CPU limits at bring-up
+    image: str | None = None
+    bw: str | None = None  # the links for this test alone: shaped before it, cleared after
+    delay: str | None = None
+    fresh: bool = False
+
+    @property
+    def key(self) -> tuple:
+        """Labs with the same key are interchangeable between tests: what is fixed at `up`. The
+        links are not part of it (set per test), nor `fresh` (a fresh lab is never pooled)."""
+        return (self.nodes, self.nproc_per_node, self.node_cpus, self.image or "")
+
+    def describe(self) -> str:
+        parts = [f"{self.nodes} nodes"]
+        if self.nproc_per_node != 1:
+            parts.append(f"{self.nproc_per_node} processes per node")
+        if self.node_cpus:
+            parts.append("cpus " + ",".join(f"{n}={c:g}" for n, c in self.node_cpus))
+        if self.bw:
+            parts.append(f"links {self.bw}" + (f" +{self.delay}" if self.delay else ""))
+        return ", ".join(parts)
+
+
+# ------------------------------------------------------------------------------------ settings
+
+def _positive_seconds(raw: Any, key: str) -> float:
+    try:
+        value = float(str(raw).strip())
+    except ValueError:
+        raise ConfigError(key, raw, "must be a number of seconds such as 300") from None
+    if not 0 < value <= 86_400:
+        raise ConfigError(key, raw, "must be more than 0 and at most 86400 seconds (a day)")
+    return value
+
+
+def _nodes(raw: Any, key: str) -> int:
+    try:
+        return SETTINGS["nodes"][1](str(raw))
+    except ValueError as exc:
+        raise ConfigError(key, raw, str(exc)) from None
+
+
+def _flag(raw: Any, key: str) -> bool:
+    if isinstance(raw, bool):
+        return raw
+    text = str(raw).strip().lower()
+    if text in ("1", "true", "yes", "on"):
+        return True
+    if text in ("", "0", "false", "no", "off"):
+        return False
+    raise ConfigError(key, raw, "must be true or false")
+
+
+def _image(raw: Any, key: str) -> str | None:
+    text = str(raw).strip()
+    if not text:
+        return None
+    try:
+        return SETTINGS["image"][1](text)
+    except ValueError as exc:
+        raise ConfigError(key, raw, str(exc)) from None
+
+
+def _no_engine(raw: Any, key: str) -> NoEngine:
+    text = str(raw).strip().lower()
+    if text not in ("fail", "skip"):
+        raise ConfigError(key, raw, "must be fail (the default: a test that needs the lab fails without an engine) "
+                                    "or skip")
+    return text  # type: ignore[return-value]
+
+
+# setting -> (command-line option, ini key, parser). The option wins over the ini file.
+SETTING_SOURCES = {
+    "nodes": ("--ddplab-nodes", "ddplab_nodes", _nodes),
+    "image": ("--ddplab-image", "ddplab_image", _image),
+    "run_timeout_s": ("--ddplab-run-timeout", "ddplab_run_timeout", _positive_seconds),
+    "keep_failed": ("--ddplab-keep-failed", "ddplab_keep_failed", _flag),
+    "no_engine": ("--ddplab-no-engine", "ddplab_no_engine", _no_engine),
+    "fresh": ("--ddplab-fresh", "ddplab_fresh", _flag),
+}
+
+
+def resolve_settings(options: Mapping[str, Any], ini: Mapping[str, Any]) -> Settings:
+    """Settings from the command line (`options`, by setting name, None where not given) over the
+    ini file (`ini`, by setting name, None or "" where not set). A ConfigError names the option or
+    ini key and the value."""
+    values: dict[str, Any] = {}
+    for name, (option, ini_key, parse) in SETTING_SOURCES.items():
+        raw, key = options.get(name), option
+        if raw is None:
+            raw, key = ini.get(name), f"{ini_key} (ini)"
+        if raw is None or (raw == "" and name != "image"):
+            continue
+        values[name] = parse(raw, key)
+    return Settings(**values)
+
+
+# -------------------------------------------------------------------------------------- marker
+
+def lab_spec(marks: list[tuple[tuple, Mapping[str, Any]]], settings: Settings) -> LabSpec:
+    """A test's LabSpec from its `ddplab` markers, closest first (a test's own over its class's
+    over its module's, key by key), over the session's settings."""
+    merged: dict[str, Any] = {}
+    for args, kwargs in reversed(marks):
+        if args:
+            raise LabError(f"@pytest.mark.{MARKER} takes keyword arguments only, got {args!r}",
+                           hint=f"@pytest.mark.{MARKER}(nodes=3, bw='100mbit')")
+        unknown = sorted(set(kwargs) - set(MARKER_KEYS))
+        if unknown:
+            raise LabError(f"@pytest.mark.{MARKER} has no argument {', '.join(unknown)}",
+                           hint=f"it takes {', '.join(MARKER_KEYS)}")
+        merged.update(kwargs)
+    nodes = _nodes(merged["nodes"], f"{MARKER}(nodes=)") if merged.get("nodes") is not None else settings.nodes
+    nproc = 1
+    if merged.get("nproc_per_node") is not None:
+        try:
+            nproc = SETTINGS["nproc_per_node"][1](str(merged["nproc_per_node"]))
+        except ValueError as exc:
+            raise ConfigError(f"{MARKER}(nproc_per_node=)", merged["nproc_per_node"], str(exc)) from None
+    bw, delay = merged.get("bw"), merged.get("delay")
+    if delay is not None and bw is None:
+        raise LabError(f"{MARKER}(delay={delay!r}) needs bw as well: delay shapes a link, which needs a rate",
+                       hint=f"@pytest.mark.{MARKER}(bw='1gbit', delay={delay!r})")
+    if bw is not None:
+        from labctl.net.tc import parse_shape
+
+        parse_shape(str(bw), None if delay is None else str(delay))  # checked now: a typo fails before any lab
+    return LabSpec(nodes=nodes, nproc_per_node=nproc, node_cpus=_node_cpus(merged.get("node_cpus"), nodes),
+                   image=settings.image, bw=None if bw is None else str(bw),
+                   delay=None if delay is None else str(delay),
+                   fresh=_flag(merged.get("fresh", False), f"{MARKER}(fresh=)") or settings.fresh)
+
+
+def _node_cpus(raw: Any, nodes: int) -> tuple[tuple[str, float], ...]:
+    if raw is None:
+        return ()
+    key = f"{MARKER}(node_cpus=)"
+    if isinstance(raw, Mapping):
+        raw = ",".join(f"{node}={cpus}" for node, cpus in raw.items())
+    return tuple(sorted(parse_node_cpus(str(raw), nodes, key=key).items()))
+
+
+# --------------------------------------------------------------------------------------- names
+
+def worker_id(workerinput: Mapping[str, Any] | None) -> str:
+    """This process's name among pytest-xdist's workers (`gw0`, ...), or `main` without xdist.
+    From `config.workerinput`, which only a real worker has: an environment inherited from an
+    outer xdist run (PYTEST_XDIST_WORKER) would make a plain session think it is a worker."""
+    name = re.sub(r"[^a-z0-9]", "", str((workerinput or {}).get("workerid", "")).lower())[:8]
+    return name or "main"
+
+
+def lab_name(session: str, worker: str, number: int) -> str:
+    """`pt-<session8>-<worker>-<n>`: unique to a session (a random id), a worker and a count, so
+    two sessions, two workers of one session, or two labs of one worker never share a name."""
+    name = f"{LAB_PREFIX}-{session[:8]}-{worker}-{number}"
+    if not re.fullmatch(r"[a-z0-9][a-z0-9_-]{0,30}", name):
+        raise ValueError(f"lab name {name!r} is not a valid lab name")  # a bug here, not the user's input
+    return name
