@@ -7,6 +7,7 @@ killed with -9 is swept by the next one (with labctl's gc: the owner labels)."""
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -17,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import REPO, drop_lab, lab_resources
+from conftest import REPO, drop_lab, lab_resources, labctl
 
 EXAMPLE = REPO / "examples" / "ddp-ci"
 FAILING = EXAMPLE / "tests" / "test_ddpci_failing_example.py"
@@ -121,10 +122,6 @@ def test_next(ddp_lab):
 
 
 def test_the_labs_of_a_killed_session_are_swept_by_the_next(docker_client, node_image, tmp_path):
-    import labctl.api
-
-    if not hasattr(labctl.api, "gc"):
-        pytest.skip("this labctl has no gc (the owner labels): nothing can tell a dead session's lab")
     (tmp_path / "test_holding.py").write_text(HOLDING)
     argv = [sys.executable, "-m", "pytest", "-p", "labctl.pytest_plugin", "-p", "no:ddplab", "-p", "no:cacheprovider",
             "-s", "--ddplab-nodes", "1", "test_holding.py"]
@@ -146,6 +143,8 @@ def test_the_labs_of_a_killed_session_are_swept_by_the_next(docker_client, node_
         swept = re.search(r"^ddplab: removed \d+ labs? of sessions that had died: (.*)$", after.stdout, re.M)
         assert swept and lab in swept.group(1).split(", "), after.stdout
         assert lab_resources(docker_client, lab) == NOTHING
+        left = json.loads(labctl("gc", "--dry-run", "--json", check=True).stdout)
+        assert [v["lab"] for v in left if v["remove"]] == [], left  # `labctl gc` finds nothing after
     finally:
         if holder.poll() is None:
             holder.kill()
