@@ -16,7 +16,6 @@ import sys
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
-import pytest
 
 from conftest import REPO, drop_lab, lab_resources, labctl
 
