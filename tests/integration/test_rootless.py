@@ -69,8 +69,12 @@ def rootless(docker_client, node_image):
             assert save.wait() == 0 and load.returncode == 0, load.stderr
         # labctl as the user may read it: its sources, and its dependencies installed beside them.
         source = base / "src"
+        # A checkout, as labctl.assets tells one (its files at the top): the sources, the Compose
+        # template and what the image is built from.
         for part in ("labctl", "trainer", "compose"):
             shutil.copytree(REPO / part, source / part, ignore=shutil.ignore_patterns("__pycache__"))
+        for name in ("pyproject.toml", "Dockerfile", ".dockerignore"):
+            shutil.copy2(REPO / name, source / name)
         deps = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["dependencies"]
         site = base / "site"
         pip = subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--target", str(site), *deps],
