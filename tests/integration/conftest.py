@@ -68,6 +68,15 @@ def labctl(*args: str, timeout: float = 300, check: bool | None = None, env: dic
     return result
 
 
+def interruptible() -> None:
+    """preexec_fn for a labctl the test will Ctrl-C: SIGINT back to its default. A suite started in the
+    background by a non-interactive shell (`make test &`) runs with SIGINT ignored, children inherit
+    that, and Python then installs no KeyboardInterrupt handler: the SIGINT would never arrive."""
+    import signal
+
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def summary_of(output: str) -> dict:
     """The one SUMMARY line a trainer run prints, parsed."""
     lines = [line for line in output.splitlines() if "SUMMARY {" in line]

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import REPO, drop_lab, labctl, new_lab_name, summary_of
+from conftest import REPO, drop_lab, interruptible, labctl, new_lab_name, summary_of
 from labctl.hosts.inventory import load_inventory
 
 NO_DOCKER = {"DOCKER_HOST": "unix:///nonexistent/labctl-hosts-must-not-use-docker.sock"}
@@ -204,7 +204,7 @@ def test_a_changed_host_key_is_refused_with_its_fingerprint(own_ssh_lab, docker_
 def test_ctrl_c_leaves_no_process_on_any_host(ssh_lab):
     name, inventory, _ = ssh_lab
     proc = subprocess.Popen([sys.executable, "-m", "labctl", "hosts", "run", "--inventory", str(inventory), "--",
-                             f"{SCRIPTS}/sleeper.py"], cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                             f"{SCRIPTS}/sleeper.py"], cwd=REPO, preexec_fn=interruptible, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             text=True, env={**os.environ, **NO_DOCKER, "COLUMNS": "200"})
     try:
         wait_for_lines(proc, r"SLEEPER_READY rank=\d", 2, timeout_s=120)

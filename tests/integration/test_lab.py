@@ -9,7 +9,7 @@ import subprocess
 import sys
 import time
 
-from conftest import REPO, SCRIPTS, lab_resources, labctl, summary_of
+from conftest import REPO, SCRIPTS, interruptible, lab_resources, labctl, summary_of
 
 
 
@@ -97,7 +97,7 @@ def test_master_port_in_use_is_refused(lab3, docker_client):
 def test_ctrl_c_stops_every_node(lab3, docker_client):
     name, _ = lab3
     proc = subprocess.Popen([sys.executable, "-m", "labctl", "run", "--lab", name, "--", str(SCRIPTS / "sleeper.py")],
-                            cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+                            cwd=REPO, preexec_fn=interruptible, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     seen = 0
     deadline = time.monotonic() + 120
     for line in proc.stdout:
