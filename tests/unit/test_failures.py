@@ -8,25 +8,16 @@ from pathlib import Path
 import pytest
 
 from labctl.run.failures import Stream, consequence_of, judge
-from labctl.run.launch import Launch
-from labctl.run.result import Outcome, RunResult
+from labctl.run.result import RunResult
 from labctl.run.terminal import TerminalFilter
+
+from failures.recorded import recorded_run
 
 RECORDED = Path(__file__).parent / "failures"
 
 
 def recorded(case: str) -> RunResult:
-    """The RunResult of a recorded run, rebuilt from its raw outcomes."""
-    data = json.loads((RECORDED / f"{case}.json").read_text())
-    outcomes = []
-    for o in data["outcomes"]:
-        env = {"RANK": o["rank"]} if o["rank"] is not None else {}
-        outcome = Outcome(Launch(o["label"], o["node"], [*o["argv"], "x.py"], env), o["exit_code"], o["stopped"],
-                          list(o["lines"]))
-        outcome.ended_at = o["ended_at"]
-        outcomes.append(outcome)
-    return RunResult(Path("/runs/r1"), outcomes, None, data["interrupted"], data["timed_out"], data["min_nodes"],
-                     data["timeout_s"], data["live_ranks"], data["oom_kills"])
+    return recorded_run(case)
 
 
 # case: exit status, the first line's start, what the last lines must also say

@@ -4,7 +4,6 @@ recorded real runs (tests/unit/failures/) with their logs written as the executo
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pytest
@@ -18,10 +17,10 @@ from labctl.pytest_plugin.report import (PoolStats, RunRecord, annotation_path, 
                                          failure_report, github_annotation, headline, summary_line)
 from labctl.pytest_plugin.settings import (DEFAULT_RUN_TIMEOUT_S, LabSpec, Settings, lab_name, lab_spec,
                                            resolve_settings, worker_id)
-from labctl.run.launch import Launch
-from labctl.run.result import Outcome, RunResult
+from labctl.run.result import RunResult
 
-RECORDED = Path(__file__).parent / "failures"
+from failures.recorded import recorded_run
+
 
 # ------------------------------------------------------------------------------------ settings
 
@@ -149,18 +148,7 @@ def test_every_lab_name_is_one_labctl_accepts(session, worker, number):
 
 def recorded(case: str, run_dir: Path) -> RunResult:
     """A recorded real run, its logs written to `run_dir` as the executor writes them."""
-    data = json.loads((RECORDED / f"{case}.json").read_text())
-    outcomes = []
-    for o in data["outcomes"]:
-        env = {"RANK": o["rank"]} if o["rank"] is not None else {}
-        outcome = Outcome(Launch(o["label"], o["node"], [*o["argv"], "x.py"], env), o["exit_code"], o["stopped"],
-                          list(o["lines"]))
-        outcome.ended_at = o["ended_at"]
-        outcomes.append(outcome)
-        with open(run_dir / f"{o['node']}.log", "a") as log:
-            log.writelines(line + "\n" for line in o["lines"])
-    return RunResult(run_dir, outcomes, None, data["interrupted"], data["timed_out"], data["min_nodes"],
-                     data["timeout_s"], data["live_ranks"], data["oom_kills"])
+    return recorded_run(case, run_dir, write_logs=True)
 
 
 def test_a_failed_run_is_reported_by_its_root_cause_with_the_failing_ranks_own_lines(tmp_path):
