@@ -35,11 +35,11 @@ def cost(params, dtype, ranks, links, compute_s, collective, grad_accum, efficie
     + 2(n-1) x alpha.
     """
     from labctl.bench.cost import estimate, parse_params
-    from labctl.cli import render
+    from labctl.cli import render_bench
 
     count = parse_params(params)
     report = estimate(count, dtype, ranks, links, compute_s, grad_accum, efficiency, collective, lab=session().lab(lab))
-    render.print_cost(report, as_json)
+    render_bench.print_cost(report, as_json)
 
 
 # ----------------------------------------------------------------------------------------- bench
@@ -61,13 +61,13 @@ def bench_up_cmd(nodes_list, repeats, as_json) -> None:
     their ratio; the two are alternated so a change in the machine's load hits both alike.
     """
     from labctl.bench.up import bench_up
-    from labctl.cli import render
+    from labctl.cli import render_bench
     from labctl.config import parse_nodes_list
     from labctl.ui import info
 
     counts = parse_nodes_list(nodes_list)
     results = bench_up(session().client, session().workspace, counts, repeats, info)
-    render.print_up_timings(results, repeats, as_json)
+    render_bench.print_up_timings(results, repeats, as_json)
 
 
 @bench.command("allreduce", context_settings=CONTEXT)
@@ -87,13 +87,13 @@ def bench_allreduce_cmd(lab, sizes, iters, efficiency, as_json, plot_path) -> No
     iperf3-measured wire when unshaped); busbw/wire = the collective stack's efficiency.
     """
     from labctl.bench.allreduce import measure
-    from labctl.cli import render
+    from labctl.cli import render_bench
     from labctl.ui import info
     from labctl.units import parse_size_range
 
     size_list = parse_size_range(sizes)
     report = measure(session().lab(lab), size_list, iters, efficiency, info, plot_path)
-    render.print_allreduce(report, as_json)
+    render_bench.print_allreduce(report, as_json)
 
 
 @bench.command("scaling", context_settings=CONTEXT)
@@ -127,13 +127,13 @@ def bench_scaling_cmd(lab, workload, nodes_list, rates, nproc, steps, micro_batc
     with at least the largest node count, and unshaped: rows are shaped and cleared here.
     """
     from labctl.bench.scaling_run import measure
-    from labctl.cli import render
+    from labctl.cli import render_bench
     from labctl.ui import info
 
     report = measure(session().lab(lab), workload=workload, nodes_list=nodes_list, rates=rates, nproc=nproc,
                      steps=steps, micro_batch=micro_batch, threads=threads, repeats=repeats, efficiency=efficiency,
                      host=not no_host, out_dir=out_dir, report=info)
-    render.print_scaling(report, as_json)
+    render_bench.print_scaling(report, as_json)
 
 
 @bench.command("straggler", context_settings=CONTEXT)
@@ -156,11 +156,11 @@ def bench_straggler_cmd(lab, node, cpus, workload, micro_batch, steps, repeats, 
     CPU limit is put back at the end.
     """
     from labctl.bench.straggler import measure
-    from labctl.cli import render
+    from labctl.cli import render_bench
     from labctl.config import parse_cpu_limit
     from labctl.ui import info
 
     limit = parse_cpu_limit(cpus, "--cpus")
     result = measure(session().lab(lab), node=node, cpus=limit, workload=workload, micro_batch=micro_batch,
                      steps=steps, repeats=repeats, report=info)
-    render.print_straggler(result, as_json)
+    render_bench.print_straggler(result, as_json)

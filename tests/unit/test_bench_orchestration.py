@@ -312,12 +312,12 @@ def test_straggler_refuses_before_changing_any_limit(tmp_path, events, engine):
 
 
 def test_straggler_result_prints_as_json_and_as_a_table(tmp_path, events, engine, capsys):
-    from labctl.cli import render
+    from labctl.cli import render_bench
 
     result = straggler.measure(FakeLab(tmp_path, events, answer=straggler_answer), repeats=1)
-    render.print_straggler(result, as_json=True)
+    render_bench.print_straggler(result, as_json=True)
     assert json.loads(capsys.readouterr().out) == result.as_dict()
-    render.print_straggler(result, as_json=False)
+    render_bench.print_straggler(result, as_json=False)
     out = capsys.readouterr().out
     assert "node2 at 0.25 CPUs, global batch 48, 30 steps, median of 1" in out
     assert "--rank-micro-batch 0=21,1=21,2=6" in out and "balanced / even tokens/s: 1.50x" in out

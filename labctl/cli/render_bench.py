@@ -1,0 +1,93 @@
+"""What the benches and `labctl cost` print: their tables, the scaling report as Markdown, and JSON.
+The rest of the CLI's printing is in render.py, whose helpers these share."""
+
+from __future__ import annotations
+
+from rich.table import Table
+
+from labctl.cli.render import emit_json, seconds_text
+from labctl.ui import console
+
+
+def print_cost(report, as_json: bool) -> None:
+    """`cost`: one row per link, and the hint about --grad-accum when a step's compute is known."""
+    from labctl.ui import info
+
+    if as_json:
+        emit_json(report.rows)
+        return
+    payload = report.rows[0]["payload_bytes"]
+    table = Table(title=f"{report.collective} of {report.params:g} {report.dtype} params ({payload / 1e9:.3g} GB) "
+                        f"over {report.ranks} ranks, at {report.efficiency:.0%} of each link", title_justify="left")
+    columns = ["link", "rate", "bytes/rank", "time/sync"]
+    columns += ["comm/compute", "step (no overlap)"] if report.compute_s else []
+    for column in columns:
+        table.add_column(column, justify="right" if column != "link" else "left")
+    for row in report.rows:
+        cells = [row["link"], f"{row['rate_bps'] / 1e9:g} Gbit/s", f"{row['bytes_per_rank'] / 1e9:.3g} GB",
+                 seconds_text(row["comm_s"])]
+        if report.compute_s:
+            cells += [f"{row['comm_over_compute']:.3g}", seconds_text(row["step_s_no_overlap"])]
+        table.add_row(*cells)
+    console.print(table)
+    if report.compute_s and report.grad_accum == 1:
+        info("with --grad-accum K the same sync is paid once per K micro-steps: comm/compute falls K-fold")
+
+
+def print_up_timings(results, repeats: int, as_json: bool) -> None:
+    """`bench up`: each lab size's medians and their ratio."""
+    if as_json:
+        emit_json([r.as_dict() for r in results])
+        return
+    table = Table(title=f"labctl up vs docker compose up -d (median of {repeats})", title_justify="left")
+    for column in ("nodes", "labctl up (s)", "compose up -d (s)", "ratio"):
+        table.add_column(column, justify="right")
+    for r in results:
+        table.add_row(str(r.nodes), f"{r.labctl_s:.2f}", f"{r.compose_s:.2f}", f"{r.ratio:.2f}")
+    console.print(table)
+
+
+def print_allreduce(report, as_json: bool) -> None:
+    """`bench allreduce`: one row per message size, nccl-tests' columns and the model's beside them."""
+    if as_json:
+        emit_json([r.as_dict() for r in report.rows])
+        return
+    table = Table(title=report.title, title_justify="left")
+    for column in ("size(B)", "count", "type", "time(us)", "algbw(GB/s)", "busbw(GB/s)", "model(us)", "meas/model",
+                   "busbw/wire"):
+        table.add_column(column, justify="right")
+    for r in report.rows:
+        table.add_row(str(r.size), str(r.count), r.type, f"{r.time_us:.1f}", f"{r.algbw_gbs:.4f}", f"{r.busbw_gbs:.4f}",
+                      f"{r.model_us:.1f}" if r.model_us else "-", f"{r.meas_over_model:.2f}" if r.meas_over_model else "-",
+                      f"{r.busbw_over_wire:.2f}" if r.busbw_over_wire else "-")
+    console.print(table)
+
+
+def print_scaling(report, as_json: bool) -> None:
+    """`bench scaling`: the table as Markdown (as scaling.md holds it), or its rows as JSON."""
+    from rich.markdown import Markdown
+
+    from labctl.bench.scaling import markdown
+
+    if as_json:
+        emit_json({"rows": [r.as_dict() for r in report.rows]})
+        return
+    console.print(Markdown(markdown(report.rows, report.title)))
+
+
+def print_straggler(result, as_json: bool) -> None:
+    """`bench straggler`: the even and the balanced split side by side, and the speed-up."""
+    if as_json:
+        emit_json(result.as_dict())
+        return
+    table = Table(title=f"{result.node} at {result.cpus:g} CPUs, global batch {result.global_batch}, "
+                        f"{result.steps} steps, median of {result.repeats}", title_justify="left")
+    for column in ("split", "micro-batches", "tokens/s", "step ms", "slowest", "slowest/median compute",
+                   "others waited (s)", "final loss"):
+        table.add_column(column, justify="right")
+    for label, r in (("even", result.even), (f"--rank-micro-batch {result.rank_micro_batch}", result.balanced)):
+        table.add_row(label, str(r["micro_batches"]), f"{r['tokens_per_s']:,.0f}", f"{r['step_ms']:.1f}",
+                      str(r["slowest_node"]), f"{r['slowest_compute_ratio']:.2f}", f"{r['waited_for_slowest_s']:.2f}",
+                      f"{r['final_loss']:.4f}")
+    console.print(table)
+    console.print(f"balanced / even tokens/s: [bold]{result.speedup:.2f}x[/bold]", markup=True)
