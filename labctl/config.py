@@ -65,6 +65,11 @@ class LabConfig:
         return self.image or f"ddplab-node:torch{self.torch_version}-cpu"
 
     @property
+    def cuda_image_tag(self) -> str:
+        """The node image with torch's CUDA build at the same release (Dockerfile.cuda, `build --cuda`)."""
+        return cuda_tag(self.torch_version)
+
+    @property
     def node_names(self) -> list[str]:
         return [f"node{i}" for i in range(self.nodes)]
 
@@ -75,6 +80,10 @@ class LabConfig:
     @property
     def memory_bytes(self) -> int | None:
         return None if self.memory is None else parse_memory(self.memory)
+
+
+def cuda_tag(torch_version: str) -> str:
+    return f"ddplab-node:torch{torch_version}-cuda"
 
 
 # ---------------------------------------------------------------------------------------------
