@@ -32,7 +32,7 @@ CHECKOUT_DIR = PACKAGE_DIR.parent  # the repository's top, when labctl is import
 DATA_DIR = PACKAGE_DIR / "_data"  # the copies a wheel carries (setup.py puts them there)
 # What a wheel carries, relative to the repository's top; setup.py copies exactly these (a unit test
 # checks that the two lists agree).
-SHIPPED = ("Dockerfile", ".dockerignore", "compose/lab.yaml", "compose/node-entrypoint.sh", "trainer")
+SHIPPED = ("Dockerfile", "Dockerfile.cuda", ".dockerignore", "compose/lab.yaml", "compose/node-entrypoint.sh", "trainer")
 # A checkout has all of these at its top; site-packages, the parent of an installed labctl, has none.
 CHECKOUT_MARKERS = ("pyproject.toml", "Dockerfile", "compose/lab.yaml")
 STATE_DIR = ".lab"  # where a checkout keeps its caches, and where the Dockerfile reads the wheelhouse from
@@ -103,6 +103,13 @@ def build_context(configured: str = "") -> Path:
     if not configured and is_checkout():
         return CHECKOUT_DIR
     return cache_dir(configured) / "build"
+
+
+def cuda_build_context(configured: str, torch_version: str) -> Path:
+    """The folder the CUDA image (Dockerfile.cuda) is built in: one per torch release in the cache
+    folder, never the checkout, so that the CPU image's build does not send the engine its GBs of
+    CUDA wheels, and two releases' wheelhouses (the version-mismatch image's) do not replace each other."""
+    return cache_dir(configured) / f"build-cuda-torch{torch_version}"
 
 
 def wheelhouse(context: Path) -> Path:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import time
 from pathlib import Path
 
@@ -13,18 +14,23 @@ from labctl.cli.options import SCRIPT_CONTEXT, dry_run_option, json_option, lab_
 
 @main.command(context_settings=CONTEXT)
 @click.option("--torch-version", metavar="X.Y.Z", help="torch release to pin [env DDPLAB_TORCH_VERSION; default 2.13.0].")
+@click.option("--cuda", is_flag=True,
+              help="Build the GPU node image instead (Dockerfile.cuda, ddplab-node:torch<VERSION>-cuda): torch's CUDA "
+                   "build, about 2.6 GB of wheels through pip's index, once per release.")
 @click.option("--base-image", metavar="IMAGE", help="Base image [env DDPLAB_BASE_IMAGE; default python:3.11-slim-bookworm].")
 @click.option("--image", metavar="TAG", help="Tag of the node image [env DDPLAB_IMAGE; default ddplab-node:torch<VERSION>-cpu].")
 @click.option("--force", is_flag=True, help="Build even if an image with the same inputs exists.")
 @click.option("--verbose", "verbose_build", is_flag=True, help="Print every line of the build's output.")
 @click.option("--mismatch-image", is_flag=True,
-              help="Also build the image with another torch release that `scenario run version-mismatch` puts on one node.")
+              help="Also build the image with another torch release that `scenario run version-mismatch` puts on one "
+                   "node (the CUDA image at torch 2.14.1).")
 @click.option("--print-hash", is_flag=True,
               help="Print the hash of the image's inputs (after fetching the base image and wheels it is computed "
                    "from) and build nothing: a CI cache key for a saved image.")
 @json_option("With --print-hash: one JSON document (tag, hash, the existing image's hash, up_to_date, base, context).")
-def build(torch_version, base_image, image, force, verbose_build, mismatch_image, print_hash, as_json) -> None:
-    """Build the node image (torch CPU build, iproute2, iperf3, the trainer).
+def build(torch_version, cuda, base_image, image, force, verbose_build, mismatch_image, print_hash, as_json) -> None:
+    """Build the node image (torch CPU build, iproute2, iperf3, the trainer); with --cuda, the GPU
+    node image (torch's CUDA build, same release, same node otherwise).
 
     Works without a registry: when the base image cannot be pulled, a local Debian base is built
     with debootstrap, and Python packages come from a wheelhouse the host fills with pip.
@@ -36,23 +42,23 @@ def build(torch_version, base_image, image, force, verbose_build, mismatch_image
         raise click.UsageError("--json goes with --print-hash (a build reports on stderr)")
     if print_hash and (force or mismatch_image):
         raise click.UsageError("--print-hash builds nothing: it does not go with --force or --mismatch-image")
+    if cuda and image:
+        raise click.UsageError(f"--image {image} names the CPU image; the CUDA image is always "
+                               "ddplab-node:torch<VERSION>-cuda (tag it yourself with docker tag)")
     config = session().config(torch_version=torch_version, base_image=base_image, image=image)
     client = session().client
     if print_hash:
         from labctl.cli import render
 
-        inputs = image_mod.gather_inputs(client, config, info)
-        render.print_build_hash(config.image_tag, inputs, image_mod.image_hash(client, config.image_tag), as_json)
+        inputs = image_mod.gather_inputs(client, config, info, cuda=cuda)
+        render.print_build_hash(image_mod.image_tag(config, cuda), inputs,
+                                image_mod.image_hash(client, image_mod.image_tag(config, cuda)), as_json)
         return
-    started = time.monotonic()
-    result = image_mod.build_image(client, config, info, lambda: BuildProgress(verbose_build), force=force)
-    state = "up to date" if result.cached else "built"
-    info(f"image {result.tag} {state} (base {result.base}, torch {config.torch_version}) in {time.monotonic() - started:.1f} s")
-    if mismatch_image:
-        started = time.monotonic()
-        tag = image_mod.ensure_mismatch_image(client, config, info)
-        info(f"image {tag} ready in {time.monotonic() - started:.1f} s (torch {image_mod.MISMATCH_VERSION}, "
-             "for the version-mismatch scenario)")
+    progress = functools.partial(BuildProgress, verbose_build)
+    for what, built in image_mod.build_images(client, config, info, progress, force=force, cuda=cuda,
+                                              mismatch=mismatch_image):
+        state = "up to date" if built.cached else "built"
+        info(f"image {built.tag} {state} (base {built.base}, {what}) in {built.seconds:.1f} s")
 
 
 @main.command(context_settings=CONTEXT)

@@ -11,6 +11,11 @@
 
 The build context is the checkout, or for an installed labctl a folder in its cache laid out the
 same way (labctl/assets.py), so the hash is the same for both.
+
+The CUDA image (Dockerfile.cuda, `build --cuda`) is made the same way from a build context of its
+own per torch release, whose wheelhouse holds torch's CUDA build and its nvidia-* packages (GBs the
+CPU build must not send to the engine). The version-mismatch scenario's second image is that image
+at another release.
 """
 
 from __future__ import annotations
@@ -23,13 +28,14 @@ import re
 import shutil
 import subprocess
 import tempfile
+import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable, Iterable
+from typing import TYPE_CHECKING, Callable, Iterable, Iterator
 
 from labctl import assets
-from labctl.config import LabConfig
-from labctl.errors import CommandError, LabError, StateError
+from labctl.config import LabConfig, cuda_tag
+from labctl.errors import CommandError, LabError
 from labctl.proc import run
 if TYPE_CHECKING:  # wheelhouse (and packaging, 30 ms) is imported when a build needs it, not at every `up`
     from labctl.lab.wheelhouse import Target
@@ -51,6 +57,7 @@ class BuildResult:
     tag: str
     base: str
     cached: bool
+    seconds: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -58,6 +65,7 @@ class BuildInputs:
     """What an image is built from, gathered but not built: `build --print-hash` shows it."""
 
     context: Path  # the folder `docker build` runs in
+    dockerfile: str  # "Dockerfile" or "Dockerfile.cuda", in context
     base: str
     build_args: dict[str, str]
     digest: str  # build_hash of it all: the image's LABEL_BUILD_HASH
@@ -66,8 +74,16 @@ class BuildInputs:
 # --------------------------------------------------------------------------------------- pure
 
 
-def wheel_requirements(torch_version: str) -> list[str]:
-    return [f"torch=={torch_version}", "numpy"]
+def wheel_requirements(torch_version: str, cuda: bool = False) -> list[str]:
+    """What the node's venv is made of. For the CUDA image, a CPU build of the same release (a
+    local version label `+cpu`, as the CPU index and pip's local copies name it) is ruled out: PEP 440
+    sorts 2.13.0+cpu above 2.13.0, so pip would otherwise take it wherever it can see both."""
+    torch = f"torch=={torch_version},!={torch_version}+cpu" if cuda else f"torch=={torch_version}"
+    return [torch, "numpy"]
+
+
+def dockerfile_name(cuda: bool) -> str:
+    return "Dockerfile.cuda" if cuda else "Dockerfile"
 
 
 def build_hash(files: Iterable[Path], wheel_names: Iterable[str], build_args: dict[str, str], root: Path) -> str:
@@ -84,9 +100,9 @@ def build_hash(files: Iterable[Path], wheel_names: Iterable[str], build_args: di
     return digest.hexdigest()[:16]
 
 
-def image_inputs(root: Path) -> list[Path]:
+def image_inputs(root: Path, dockerfile: str = "Dockerfile") -> list[Path]:
     """The files of build context `root` that the Dockerfile copies into the image (and itself)."""
-    files = [root / "Dockerfile", root / "compose" / "node-entrypoint.sh"]
+    files = [root / dockerfile, root / "compose" / "node-entrypoint.sh"]
     files += [p for p in (root / "trainer").rglob("*.py") if "__pycache__" not in p.parts]
     return files
 
@@ -126,6 +142,26 @@ def ensure_wheelhouse(config: LabConfig, target: Target, report: Report, wheelho
     if cuda:
         raise LabError(f"the wheelhouse got CUDA packages ({', '.join(cuda[:3])}, ...): the torch wheel is not a CPU build",
                        hint="set DDPLAB_TORCH_INDEX_URL to https://download.pytorch.org/whl/cpu")
+    return names
+
+
+def ensure_cuda_wheelhouse(config: LabConfig, target: Target, report: Report, wheelhouse: Path) -> list[str]:
+    """torch's CUDA build, numpy and their dependencies (the CUDA runtime, cuDNN and NCCL as nvidia-*
+    wheels) through pip's own index: PyPI's torch for Linux is the CUDA build. For another CUDA
+    release, point pip at PyTorch's index for it (PIP_INDEX_URL=https://download.pytorch.org/whl/cu126)."""
+    from labctl.lab.wheelhouse import fill_wheelhouse
+
+    report(f"wheelhouse: torch {config.torch_version} CUDA build and its nvidia-* packages (GBs; once per release)")
+    try:
+        names = fill_wheelhouse(wheelhouse, wheel_requirements(config.torch_version, cuda=True), target, report)
+    except CommandError as exc:
+        raise LabError(f"could not download torch=={config.torch_version} (CUDA build) for {target.describe()}: {exc}",
+                       hint="point pip at an index that has it (PIP_INDEX_URL, e.g. https://download.pytorch.org/whl/cu126)"
+                       ) from None
+    if not any(n.startswith(("nvidia_", "nvidia-")) for n in names):
+        raise LabError(f"the wheelhouse for the CUDA image got no nvidia-* packages ({', '.join(names[:4])}, ...): "
+                       "that torch wheel is not a CUDA build",
+                       hint="point pip at an index with CUDA builds (PyPI, or https://download.pytorch.org/whl/cu126)")
     return names
 
 
@@ -216,14 +252,24 @@ def build_local_base(config: LabConfig, report: Report) -> None:
             raise CommandError(["docker", "import", "-", LOCAL_BASE], run_import.returncode, run_import.stdout, run_import.stderr)
 
 
-def gather_inputs(client, config: LabConfig, report: Report) -> BuildInputs:
+def image_tag(config: LabConfig, cuda: bool = False) -> str:
+    return cuda_tag(config.torch_version) if cuda else config.image_tag
+
+
+def gather_inputs(client, config: LabConfig, report: Report, cuda: bool = False) -> BuildInputs:
     """The base image, the wheelhouse and the build context made ready, and their hash; builds nothing."""
-    context = assets.prepare_build_context(assets.build_context(config.cache_dir))
+    if cuda:
+        context = assets.prepare_build_context(assets.cuda_build_context(config.cache_dir, config.torch_version))
+    else:
+        context = assets.prepare_build_context(assets.build_context(config.cache_dir))
     base = ensure_base(client, config, report)
     target = node_target(client, base, report, assets.cache_dir(config.cache_dir) / TARGET_CACHE)
-    wheels = ensure_wheelhouse(config, target, report, assets.wheelhouse(context))
+    fill = ensure_cuda_wheelhouse if cuda else ensure_wheelhouse
+    wheels = fill(config, target, report, assets.wheelhouse(context))
     build_args = {"BASE_IMAGE": base, "TORCH_VERSION": config.torch_version}
-    return BuildInputs(context, base, build_args, build_hash(image_inputs(context), wheels, build_args, context))
+    dockerfile = dockerfile_name(cuda)
+    digest = build_hash(image_inputs(context, dockerfile), wheels, build_args, context)
+    return BuildInputs(context, dockerfile, base, build_args, digest)
 
 
 def image_hash(client, tag: str) -> str | None:
@@ -233,18 +279,34 @@ def image_hash(client, tag: str) -> str | None:
     return (client.images.get(tag).labels or {}).get(LABEL_BUILD_HASH)
 
 
-def build_image(client, config: LabConfig, report: Report, progress_factory=None, force: bool = False) -> BuildResult:
-    """Build config.image_tag unless an image with the same input hash exists."""
-    inputs = gather_inputs(client, config, report)
-    if not force and image_hash(client, config.image_tag) == inputs.digest:
-        return BuildResult(config.image_tag, inputs.base, cached=True)
-    _docker_build(client, config.image_tag, inputs, report, progress_factory)
-    return BuildResult(config.image_tag, inputs.base, cached=False)
+def build_image(client, config: LabConfig, report: Report, progress_factory=None, force: bool = False,
+                cuda: bool = False) -> BuildResult:
+    """Build the node image (config.image_tag; with `cuda`, config.cuda_image_tag from Dockerfile.cuda)
+    unless an image with the same input hash exists."""
+    started = time.monotonic()
+    tag = image_tag(config, cuda)
+    inputs = gather_inputs(client, config, report, cuda=cuda)
+    if not force and image_hash(client, tag) == inputs.digest:
+        return BuildResult(tag, inputs.base, True, time.monotonic() - started)
+    _docker_build(client, tag, inputs, report, progress_factory)
+    return BuildResult(tag, inputs.base, False, time.monotonic() - started)
+
+
+def build_images(client, config: LabConfig, report: Report, progress_factory=None, *, force: bool = False,
+                 cuda: bool = False, mismatch: bool = False) -> Iterator[tuple[str, BuildResult]]:
+    """`labctl build`: the node image (CPU, or with `cuda` the CUDA one), then with `mismatch` the
+    version-mismatch scenario's image; yields (what it is, result) as each is done."""
+    kind = "CUDA build" if cuda else "CPU build"
+    yield f"torch {config.torch_version}, {kind}", build_image(client, config, report, progress_factory, force, cuda)
+    if mismatch:
+        result = build_image(client, dataclasses.replace(config, torch_version=MISMATCH_VERSION), report,
+                             progress_factory, force, cuda=True)
+        yield f"torch {MISMATCH_VERSION}, CUDA build, for the version-mismatch scenario", result
 
 
 def _docker_build(client, tag: str, inputs: BuildInputs, report: Report, progress_factory) -> None:
     """Stream the classic builder's output, moving a progress bar step by step."""
-    stream = client.api.build(path=str(inputs.context), dockerfile="Dockerfile", tag=tag, buildargs=inputs.build_args,
+    stream = client.api.build(path=str(inputs.context), dockerfile=inputs.dockerfile, tag=tag, buildargs=inputs.build_args,
                               labels={LABEL_BUILD_HASH: inputs.digest}, rm=True, forcerm=True, decode=True)
     lines: list[str] = []
     with (progress_factory() if progress_factory else _NullProgress()) as progress:
@@ -283,49 +345,14 @@ MISMATCH_VERSION = "2.14.1"  # the "other" release for the version-mismatch scen
 
 
 def mismatch_tag(config: LabConfig, version: str = MISMATCH_VERSION) -> str:
-    return f"ddplab-node:torch{version}-from-{config.torch_version}"
+    return cuda_tag(version)
 
 
-def ensure_mismatch_image(client, config: LabConfig, report: Report, version: str = MISMATCH_VERSION) -> str:
-    """The node image with a different torch release, for one node of the version-mismatch scenario.
-
-    Built once and cached (`labctl down` never removes images): the host's pip fetches torch
-    `version` and its dependencies through whatever index pip is configured with (on our
-    machines a CUDA build of several GB from a local index), a container of the node image
-    installs them from a read-only bind mount, and the result is committed. No build context of
-    gigabytes, no network inside the container.
-    """
-    from labctl.lab.wheelhouse import fill_wheelhouse
-
-    tag = mismatch_tag(config, version)
-    if image_exists(client, tag):
-        return tag
-    if not image_exists(client, config.image_tag):
-        raise StateError(f"the node image {config.image_tag} is missing", hint="labctl build")
-    cache = assets.cache_dir(config.cache_dir)
-    wheelhouse = cache / f"wheelhouse-torch{version}"
-    target = node_target(client, config.image_tag, report, cache / TARGET_CACHE)
-    report(f"mismatch image: torch=={version} and its dependencies for the node's Python, through pip's index (once)")
-    try:
-        fill_wheelhouse(wheelhouse, [f"torch=={version}"], target, report)
-    except CommandError as exc:
-        raise LabError(f"could not download torch=={version} for the version-mismatch image: {exc}",
-                       hint="point pip at an index that has it (PIP_INDEX_URL / PIP_FIND_LINKS)") from None
-    report(f"mismatch image: installing torch {version} into a copy of {config.image_tag} (once, a few minutes)")
-    script = (f"/opt/venv/bin/pip install --quiet --no-cache-dir --no-index --find-links /wheelhouse 'torch=={version}' "
-              "&& /opt/venv/bin/python -c 'import torch; print(\"torch\", torch.__version__)'")
-    container = client.containers.run(config.image_tag, ["sh", "-c", script], entrypoint=[], user="0:0", detach=True,
-                                      network_mode="none",
-                                      volumes={str(wheelhouse): {"bind": "/wheelhouse", "mode": "ro"}})
-    try:
-        code = container.wait(timeout=1800)["StatusCode"]
-        output = container.logs().decode(errors="replace")
-        if code != 0 or f"torch {version}" not in output:
-            raise LabError(f"installing torch {version} into the mismatch image failed: {output.strip()[-500:]}")
-        repository, _, name = tag.partition(":")
-        container.commit(repository=repository, tag=name, changes=[
-            f"LABEL io.ddplab.torch-version={version}", 'ENTRYPOINT []', 'CMD ["sleep", "infinity"]'])
-    finally:
-        container.remove(force=True)
-    report(f"mismatch image: {tag} ready")
-    return tag
+def ensure_mismatch_image(client, config: LabConfig, report: Report, version: str = MISMATCH_VERSION,
+                          progress_factory=None) -> str:
+    """The node image with a different torch release, for one node of the version-mismatch scenario:
+    the CUDA image (Dockerfile.cuda) at `version`, built once and kept (`labctl down` never removes
+    images). A CUDA build because that is what pip's index offers for another release; on CPU it
+    trains with gloo like any node."""
+    return build_image(client, dataclasses.replace(config, torch_version=version), report, progress_factory,
+                       cuda=True).tag
