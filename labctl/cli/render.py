@@ -67,9 +67,12 @@ def print_nodes(lab: str, nodes, links: dict | None, as_json: bool, title: str |
 
 
 def print_up_plan(plan, directory) -> None:
-    """`up --dry-run`: the Compose file and env files that would be written."""
+    """`up --dry-run`: each node's GPUs and image (in a lab with CUDA nodes), the Compose file and env files
+    that would be written."""
     from labctl.lab.compose import render_compose
 
+    if plan.gpus.cuda_nodes:  # which node has which GPUs, and runs which image, before the files that say it
+        console.print("\n".join(f"# {line}" for line in plan.gpus.describe()), markup=False)
     console.print(render_compose(plan.document), markup=False)
     for name, text in plan.env_files.items():
         console.print(f"# --- {directory / name}\n{text}", markup=False)

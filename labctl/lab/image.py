@@ -233,6 +233,17 @@ def image_hash(client, tag: str) -> str | None:
     return (client.images.get(tag).labels or {}).get(LABEL_BUILD_HASH)
 
 
+def build_missing(client, config: LabConfig, images: set[str], report: Report, progress_factory=None) -> None:
+    """Build those of a lab's node images (the CPU image, the CUDA image) that are missing (`up`)."""
+    if config.image_tag in images and not image_exists(client, config.image_tag):
+        report(f"image {config.image_tag} is missing: building it")
+        build_image(client, config, report, progress_factory)
+    if config.cuda_image_tag in images and not image_exists(client, config.cuda_image_tag):
+        report(f"image {config.cuda_image_tag} is missing: building it (as `labctl build --cuda` does)")
+        # `cuda=True` comes with `labctl build --cuda` (Dockerfile.cuda), merged from its own branch.
+        build_image(client, config, report, progress_factory, cuda=True)  # type: ignore[call-arg]
+
+
 def build_image(client, config: LabConfig, report: Report, progress_factory=None, force: bool = False) -> BuildResult:
     """Build config.image_tag unless an image with the same input hash exists."""
     inputs = gather_inputs(client, config, report)
