@@ -195,25 +195,26 @@ def choose_gpus(config: LabConfig, machine: Sequence[Gpu] | None) -> tuple[int, 
     return wanted
 
 
-def split_gpus(config: LabConfig, chosen: tuple[int, ...]) -> list[tuple[int, ...]]:
+def split_gpus(config: LabConfig, chosen: tuple[int, ...], machine_unknown: bool = False) -> list[tuple[int, ...]]:
     """The GPU nodes' GPUs, `gpus_per_node` each in order: node0 the first K, node1 the next K."""
     from labctl.config import shown_key, shown_source
 
     per = config.gpus_per_node
     if not chosen:
         return []
-    shown = ",".join(map(str, chosen))
+    # "3 GPUs (0,1,2)" once they are the machine's own or named; a bare count not yet looked up is just "3 GPUs"
+    shown = "" if config.gpus.isdigit() and machine_unknown else f" ({','.join(map(str, chosen))})"
     if len(chosen) % per:
         raise ConfigError(shown_key(config, "gpus_per_node"), per,
-                          f"{len(chosen)} GPUs ({shown}) do not split evenly into nodes of {per}",
+                          f"{len(chosen)} GPUs{shown} do not split evenly into nodes of {per}",
                           shown_source(config, "gpus_per_node"),
                           hint=f"ask a multiple of {per} GPUs, or a --gpus-per-node that divides {len(chosen)}")
     needed = len(chosen) // per
     if needed > config.nodes:
         per_fit = -(-len(chosen) // config.nodes)
-        fits = f", or --gpus-per-node {per_fit} if that divides them" if len(chosen) % per_fit == 0 else ""
+        fits = f", or --gpus-per-node {per_fit} puts them on {config.nodes}" if len(chosen) % per_fit == 0 else ""
         raise ConfigError(shown_key(config, "gpus"), config.gpus,
-                          f"{len(chosen)} GPUs ({shown}) at {per} a node need {needed} GPU nodes, and the lab has "
+                          f"{len(chosen)} GPUs{shown} at {per} a node need {needed} GPU nodes, and the lab has "
                           f"{config.nodes}", shown_source(config, "gpus"),
                           hint=f"--nodes {needed} gives every GPU a node{fits}; or ask fewer GPUs")
     return [chosen[i * per:(i + 1) * per] for i in range(needed)]
@@ -254,7 +255,7 @@ def build_gpu_plan(config: LabConfig, machine: Sequence[Gpu | tuple[int, str, st
     not asked, as on a lab without --gpus). Raises ConfigError for settings that do not fit
     together (exit 2) and StateError for GPUs the machine does not have (exit 1)."""
     have = None if machine is None else [g if isinstance(g, Gpu) else Gpu(*g) for g in machine]
-    per_node = split_gpus(config, choose_gpus(config, have))
+    per_node = split_gpus(config, choose_gpus(config, have), machine_unknown=have is None)
     names = config.node_names
     gpu_nodes = names[:len(per_node)]
     cuda = set(cuda_nodes(config, gpu_nodes))
