@@ -47,6 +47,7 @@ class NodeState:
     torch: str
     state: str
     rank: int
+    gpus: str = ""  # the machine's GPU indices the node has ("0,1"), from its label; "" for none
 
 
 def lab_dir(workspace: Path, lab: str) -> Path:
@@ -257,7 +258,7 @@ def lab_status(client, lab: str, ready_lines: dict[str, str] | None = None) -> l
         if line is None and container["State"] == "running":
             line = _ready_line(client, container["Id"])
         return NodeState(name=name, ip=ip, torch=_torch_from(line), state=container["State"],
-                         rank=int(labels.get(LABEL_RANK, "0")))
+                         rank=int(labels.get(LABEL_RANK, "0")), gpus=labels.get(compose_mod.LABEL_GPUS, ""))
 
     with ThreadPoolExecutor(max_workers=8) as pool:
         nodes = list(pool.map(describe, lab_containers(client, lab)))

@@ -305,3 +305,21 @@ def test_env_files_golden_for_a_mixed_and_an_all_gpu_lab():
                                 build_gpu_plan(settings, MACHINE).env)
         for name in wanted:
             check_golden(f"gpus-{form}-{name}.env", files[f"{name}.env"])
+
+
+def test_status_shows_a_gpu_column_only_in_a_lab_with_gpus():
+    from rich.console import Console
+
+    from labctl.cli.render import nodes_table, status_json
+    from labctl.lab.lifecycle import NodeState
+
+    def text(nodes) -> str:
+        console = Console(width=120, record=True)
+        console.print(nodes_table("demo", nodes))
+        return console.export_text()
+
+    cpu = [NodeState("node0", "10.9.0.10", "2.13.0", "running", 0)]
+    gpu = [NodeState("node0", "10.9.0.10", "2.13.0", "running", 0, "0,1"), NodeState("node1", "-", "?", "exited", 1)]
+    assert "GPU" not in text(cpu) and "gpus" not in status_json("demo", cpu)["nodes"][0]
+    assert "GPU" in text(gpu) and "0,1" in text(gpu)
+    assert [row.get("gpus") for row in status_json("demo", gpu)["nodes"]] == [[0, 1], None]
