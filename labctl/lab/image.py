@@ -239,9 +239,13 @@ def build_missing(client, config: LabConfig, images: set[str], report: Report, p
         report(f"image {config.image_tag} is missing: building it")
         build_image(client, config, report, progress_factory)
     if config.cuda_image_tag in images and not image_exists(client, config.cuda_image_tag):
+        import inspect
+
+        if "cuda" not in inspect.signature(build_image).parameters:  # until `labctl build --cuda` is merged
+            raise StateError(f"image {config.cuda_image_tag} is missing, and this labctl cannot build it yet",
+                             hint="build it with `labctl build --cuda` from a labctl that has it")
         report(f"image {config.cuda_image_tag} is missing: building it (as `labctl build --cuda` does)")
-        # `cuda=True` comes with `labctl build --cuda` (Dockerfile.cuda), merged from its own branch.
-        build_image(client, config, report, progress_factory, cuda=True)  # type: ignore[call-arg]
+        build_image(client, config, report, progress_factory, cuda=True)
 
 
 def build_image(client, config: LabConfig, report: Report, progress_factory=None, force: bool = False) -> BuildResult:
