@@ -19,7 +19,7 @@ import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable, Literal, Mapping
+from typing import TYPE_CHECKING, Callable, Literal, Mapping, Sequence
 
 from labctl.config import check_nproc, check_timeout, load_config
 from labctl.errors import LabError
@@ -86,11 +86,19 @@ class Lab(LabSession):
                  cpus: float | None = None, memory: str | None = None, subnet: str | None = None,
                  master_port: int | None = None, image: str | None = None, bw: str | Shape | None = None,
                  node_cpus: str | Mapping[str, float] | None = None, ssh: bool | None = None,
+                 gpus: str | int | Sequence[int] | None = None, gpus_per_node: int | None = None,
+                 cuda: str | int | Sequence[str] | None = None, nccl_transport: str | None = None,
                  workspace: str | Path | None = None, client=None, connect: Callable | None = None,
                  report: Report | None = None, build_progress=None, environ: Mapping[str, str] | None = None):
+        """`gpus`: 'all', a count, or the machine's GPU indices (a list); `gpus_per_node` each, in order.
+        `cuda`: the nodes on the CUDA image ('all', a count, or node names; default the GPU nodes).
+        `nccl_transport`: 'socket' (default: NCCL over the lab's shaped network) or 'auto'."""
+        from labctl.lab.gpus import as_setting
+
         workspace = Path(workspace or Path.cwd()).resolve()
         given = dict(lab=name, nodes=nodes, nproc_per_node=nproc_per_node, cpus=cpus, memory=memory, subnet=subnet,
-                     master_port=master_port, image=image)
+                     master_port=master_port, image=image, gpus=as_setting(gpus), gpus_per_node=gpus_per_node,
+                     cuda=as_setting(cuda), nccl_transport=nccl_transport)
         flags = {key: str(value) for key, value in given.items() if value is not None}
         config = load_config(workspace, os.environ if environ is None else environ, flags)
         super().__init__(config, workspace, client, **({"connect": connect} if connect else {}))
@@ -131,7 +139,7 @@ class Lab(LabSession):
                              dry_run=dry_run, owner=owner_of(self._environ, self.owner_session, self._owner_pid))
 
     def up(self) -> UpResult:
-        """Start (or reconcile) the lab, building the node image first if it is missing; shape every
+        """Start (or reconcile) the lab, building the node images it runs first if missing; shape every
         link when `bw` was given; with `ssh`, write the SSH inventory of the nodes."""
         from labctl.lab import engine as engine_mod
         from labctl.lab import image as image_mod
@@ -141,9 +149,8 @@ class Lab(LabSession):
         plan = self.plan_up()
         self.config = plan.config
         started = time.monotonic()
-        if not image_mod.image_exists(self.client, self.config.image_tag):
-            self.report(f"image {self.config.image_tag} is missing: building it")
-            image_mod.build_image(self.client, self.config, self.report, self.build_progress)
+        image_mod.build_missing(self.client, self.config, {n.image for n in plan.gpus.nodes}, self.report,
+                                self.build_progress)
         warning = engine_mod.limits_warning(plan.engine, self.config.memory, self.config.pids_limit)
         if warning:
             self.report(warning)

@@ -46,6 +46,17 @@ class LabConfig:
     """Process/thread limit per node (torch starts a thread pool per process)."""
     iface: str = "eth0"
     """Socket interface of the lab network inside a node (GLOO/NCCL_SOCKET_IFNAME)."""
+    gpus: str | None = None
+    """The machine's GPUs the lab gets: 'all', a count 'N' (the first N) or indices '0,2' ('1,' names GPU 1
+    alone); None for none. Nodes take them in order, `gpus_per_node` each (labctl.lab.gpus)."""
+    gpus_per_node: int = 1
+    """GPUs each GPU node gets: node0 the first K, node1 the next K; nodes beyond the GPUs are CPU nodes."""
+    cuda: str = AUTO
+    """Nodes that run the CUDA image: 'auto' (exactly the GPU nodes), 'all', the first 'N', or names 'node0,node1'."""
+    nccl_transport: str = "socket"
+    """'socket': NCCL between GPU nodes goes over the lab's bridge, where `labctl shape` acts on it (P2P, shared
+    memory and InfiniBand off); 'auto': NCCL may pick P2P or shared memory between GPUs of this one machine
+    (faster, but unshaped)."""
     torch_index_url: str = "https://download.pytorch.org/whl/cpu"
     """Where the host's pip finds the CPU torch wheel when no local copy exists."""
     debian_mirror: str = ""
@@ -179,8 +190,26 @@ def _memory(raw: str) -> str | None:
     return value
 
 
-def _text(raw: str) -> str:
-    return str(raw).strip()
+def _gpus(raw: str) -> str | None:
+    from labctl.lab.gpus import parse_gpus  # the GPU syntax lives with the GPU plan
+
+    return parse_gpus(raw)
+
+
+def _cuda(raw: str) -> str:
+    from labctl.lab.gpus import parse_cuda
+
+    return parse_cuda(raw)
+
+
+def _choice(*allowed: str) -> Callable[[str], str]:
+    def parse(raw: str) -> str:
+        value = str(raw).strip().lower()
+        if value not in allowed:
+            raise ValueError(f"must be one of {', '.join(allowed)}")
+        return value
+
+    return parse
 
 
 # setting -> (environment key, parser). The order is the order of .env.example.
@@ -198,6 +227,10 @@ SETTINGS: dict[str, tuple[str, Callable[[str], Any]]] = {
     "memory": ("DDPLAB_MEMORY", _memory),
     "pids_limit": ("DDPLAB_PIDS_LIMIT", _int_in(64, 1_000_000)),
     "iface": ("DDPLAB_IFACE", _regex(_IFACE_RE, "must be a network interface name such as eth0 (1-15 characters)")),
+    "gpus": ("DDPLAB_GPUS", _gpus),
+    "gpus_per_node": ("DDPLAB_GPUS_PER_NODE", _int_in(1, 16)),
+    "cuda": ("DDPLAB_CUDA", _cuda),
+    "nccl_transport": ("DDPLAB_NCCL_TRANSPORT", _choice("socket", "auto")),
     "torch_index_url": ("DDPLAB_TORCH_INDEX_URL", _regex(re.compile(r"^(https?|file)://\S+$"), "must be an http(s):// or file:// URL")),
     "debian_mirror": ("DDPLAB_DEBIAN_MIRROR", _regex(re.compile(r"^((https?|file)://\S+)?$"), "must be an http(s):// URL or empty")),
     "inventory": ("DDPLAB_INVENTORY", _regex(re.compile(r"^[^\x00]*$"), "must be a file path, or empty")),

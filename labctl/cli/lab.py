@@ -75,10 +75,23 @@ def build(torch_version, cuda, base_image, image, force, verbose_build, mismatch
 @click.option("--ssh/--no-ssh", default=None,
               help="Make every node an SSH host and write .lab/<lab>/hosts.toml for `labctl hosts` "
                    "[default: as the running lab is; off for a new one].")
-@dry_run_option("Print the Compose file and env files that would be used; change nothing.")
+@click.option("--gpus", metavar="all|N|LIST",
+              help="The machine's GPUs the lab gets: all, the first N, or indices such as 0,2 (GPU 1 alone: 1,); "
+                   "nodes take them in order, --gpus-per-node each [env DDPLAB_GPUS; default none].")
+@click.option("--gpus-per-node", metavar="K", help="GPUs each GPU node gets; nodes beyond the GPUs are CPU nodes "
+                                                  "[env DDPLAB_GPUS_PER_NODE; default 1].")
+@click.option("--cuda", metavar="all|N|NODES",
+              help="Nodes on the CUDA image: all, the first N, or names such as node0,node1; without a GPU they "
+                   "train with gloo on CPU [env DDPLAB_CUDA; default the GPU nodes].")
+@click.option("--nccl-transport", type=click.Choice(["socket", "auto"], case_sensitive=False),
+              help="socket: NCCL between GPU nodes goes over the lab network, where `labctl shape` acts on it; auto: "
+                   "NCCL may use P2P or shared memory between GPUs of this machine, faster but unshaped "
+                   "[env DDPLAB_NCCL_TRANSPORT; default socket].")
+@dry_run_option("Print each node's GPUs and image, and the Compose file and env files that would be used; "
+                "change nothing (refused as `up` is where the machine cannot give the GPUs).")
 @json_option("Print the node table as JSON (as `status --json`).")
-def up(lab, nodes, nproc_per_node, cpus, memory, subnet, master_port, image, bw, node_cpus, ssh, dry_run,
-       as_json) -> None:
+def up(lab, nodes, nproc_per_node, cpus, memory, subnet, master_port, image, bw, node_cpus, ssh, gpus, gpus_per_node,
+       cuda, nccl_transport, dry_run, as_json) -> None:
     """Start (or reconcile) the lab: nodes node0..node{N-1} on their own bridge network.
 
     On a running lab, `up` reconciles instead of failing: `--nodes 5` on a 3-node lab adds two
@@ -88,10 +101,15 @@ def up(lab, nodes, nproc_per_node, cpus, memory, subnet, master_port, image, bw,
     key pair made for the lab, and .lab/<lab>/hosts.toml describes the nodes as real hosts: their
     addresses, the user, the key and a known_hosts file, for `labctl hosts check|sync|run`.
 
+    With --gpus, nodes get the machine's GPUs and run the CUDA image (`labctl build --cuda`); every
+    node's env file then says which backend the job uses: nccl when every node has a GPU, gloo when
+    GPU and CPU nodes mix. A running lab keeps its GPUs unless --gpus or --cuda is given.
+
     The options torchrun has too take its spellings as well (--nproc_per_node, --master_port).
     """
     the_lab = session().lab(lab, nodes=nodes, nproc_per_node=nproc_per_node, cpus=cpus, memory=memory,
-                            subnet=subnet, master_port=master_port, image=image, bw=bw, node_cpus=node_cpus, ssh=ssh)
+                            subnet=subnet, master_port=master_port, image=image, bw=bw, node_cpus=node_cpus, ssh=ssh,
+                            gpus=gpus, gpus_per_node=gpus_per_node, cuda=cuda, nccl_transport=nccl_transport)
     if dry_run:
         from labctl.cli import render
 

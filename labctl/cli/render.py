@@ -36,11 +36,12 @@ def nodes_table(lab: str, nodes, title: str | None = None, links: dict | None = 
     from labctl.net.tc import describe
 
     table = Table(title=title or f"lab {lab}", title_justify="left")
-    for column in ("node", "IP", "torch", "state") + (("link",) if links else ()):
+    gpus = any(n.gpus for n in nodes)  # a GPU column in a lab with GPUs only
+    for column in ("node", "IP", "torch", "state") + (("GPU",) if gpus else ()) + (("link",) if links else ()):
         table.add_column(column)
     for node in nodes:
         colour = "green" if node.state == "running" else "red"
-        cells = [node.name, node.ip, node.torch, f"[{colour}]{node.state}[/{colour}]"]
+        cells = [node.name, node.ip, node.torch, f"[{colour}]{node.state}[/{colour}]"] + ([node.gpus or "-"] if gpus else [])
         if links:
             cells.append(describe(links[node.name]) if node.name in links else "-")
         table.add_row(*cells)
@@ -53,6 +54,8 @@ def status_json(lab: str, nodes, links: dict | None = None) -> dict:
     rows = []
     for n in nodes:
         row = {"name": n.name, "ip": n.ip, "torch": n.torch, "state": n.state}
+        if n.gpus:
+            row["gpus"] = [int(i) for i in n.gpus.split(",")]
         if links is not None and n.name in links:
             row["link"] = describe(links[n.name])
         rows.append(row)
@@ -67,9 +70,12 @@ def print_nodes(lab: str, nodes, links: dict | None, as_json: bool, title: str |
 
 
 def print_up_plan(plan, directory) -> None:
-    """`up --dry-run`: the Compose file and env files that would be written."""
+    """`up --dry-run`: each node's GPUs and image (in a lab with CUDA nodes), the Compose file and env files
+    that would be written."""
     from labctl.lab.compose import render_compose
 
+    if plan.gpus.cuda_nodes:  # which node has which GPUs, and runs which image, before the files that say it
+        console.print("\n".join(f"# {line}" for line in plan.gpus.describe()), markup=False)
     console.print(render_compose(plan.document), markup=False)
     for name, text in plan.env_files.items():
         console.print(f"# --- {directory / name}\n{text}", markup=False)

@@ -167,16 +167,25 @@ def check_env(envs: dict[str, dict[str, str]]) -> list[Finding]:
 VERSION_KEYS = ("torch", "python", "cuda", "nccl")
 
 
+def _release(key: str, value):
+    """What must agree: torch's release, not its build (+cpu on CPU-image nodes, +cu128 on CUDA-image
+    ones, which a lab may mix: `up --cuda 2`, gloo everywhere)."""
+    return value.split("+")[0] if key == "torch" and isinstance(value, str) else value
+
+
 def check_versions(info: dict[str, dict]) -> list[Finding]:
     out = []
     for key in VERSION_KEYS:
         values = {node: i.get(key) for node, i in info.items()}
-        counts = Counter(values.values())
+        if key in ("cuda", "nccl"):  # CPU nodes have neither: the CUDA nodes must agree among themselves
+            values = {node: value for node, value in values.items() if value is not None}
+        counts = Counter(_release(key, v) for v in values.values())
         if len(counts) <= 1:
             continue
-        common = counts.most_common(1)[0][0]
+        release = counts.most_common(1)[0][0]
+        common = next(v for v in values.values() if _release(key, v) == release)
         for node, value in values.items():
-            if value != common:
+            if _release(key, value) != release:
                 out.append(Finding("versions", node, False,
                                    f"{key} {value} here, {common} on the other nodes: torch never checks this, and "
                                    "mixed releases hang or fail in unrelated-looking ways",

@@ -12,6 +12,7 @@ import yaml
 
 from labctl import assets
 from labctl.config import LabConfig, node_ip
+from labctl.lab.gpus import GpuPlan
 
 # Labels on every container, network and volume of a lab: `down` finds what to remove by these.
 LABEL_LAB = "io.ddplab.lab"
@@ -19,6 +20,7 @@ LABEL_NODE = "io.ddplab.node"
 LABEL_RANK = "io.ddplab.node-rank"
 LABEL_WORKSPACE = "io.ddplab.workspace"
 LABEL_SSH = "io.ddplab.ssh"  # "true" on the nodes of a lab brought up with --ssh
+LABEL_GPUS = "io.ddplab.gpus"  # the machine's GPU indices a node has ("0,1"), on GPU nodes
 SSH_KEY_VAR = "DDPLAB_SSH_AUTHORIZED_KEY"  # the lab's public key; the node's entry point starts sshd for it
 
 
@@ -33,6 +35,7 @@ class ComposePlan:
     ssh_public_key: str | None = None  # `up --ssh`: every node an SSH host that accepts this key
     limits: bool = True  # False on an engine that ignores them: the file then claims none
     owner: Mapping[str, str] = field(default_factory=dict)  # labctl.lab.owner's labels, on everything
+    gpus: GpuPlan | None = None  # each node's GPUs and image (labctl.lab.gpus); None: every node the CPU image
 
 
 def network_name(lab: str) -> str:
@@ -59,7 +62,8 @@ def build_compose(config: LabConfig, plan: ComposePlan, template: dict[str, Any]
     services = {}
     for rank, name in enumerate(config.node_names):
         node = copy.deepcopy(node_template)
-        node["image"] = config.image_tag
+        gpus = plan.gpus.node(name) if plan.gpus else None
+        node["image"] = gpus.image if gpus else config.image_tag
         node["container_name"] = container_name(config.lab, name)
         node["hostname"] = name
         node["user"] = plan.user
@@ -75,6 +79,9 @@ def build_compose(config: LabConfig, plan: ComposePlan, template: dict[str, Any]
             *node["volumes"],
         ]
         node["working_dir"] = str(plan.workspace)
+        if gpus and gpus.gpus:
+            node["labels"][LABEL_GPUS] = ",".join(map(str, gpus.gpus))
+            node.update(gpu_settings(template["x-gpu"], gpus.gpus))
         node["networks"] = {"lab": {"ipv4_address": node_ip(plan.subnet, rank)}}
         if plan.limits:
             node["pids_limit"] = config.pids_limit
@@ -98,6 +105,13 @@ def build_compose(config: LabConfig, plan: ComposePlan, template: dict[str, Any]
         "networks": {"lab": network},
         "volumes": {"shared": volume},
     }
+
+
+def gpu_settings(gpu_template: dict[str, Any], indices: tuple[int, ...]) -> dict[str, Any]:
+    """The template's `x-gpu` for a node with these GPUs (the machine's indices, as strings)."""
+    settings = copy.deepcopy(gpu_template)
+    settings["deploy"]["resources"]["reservations"]["devices"][0]["device_ids"] = [str(i) for i in indices]
+    return settings
 
 
 def render_compose(document: dict[str, Any]) -> str:

@@ -51,6 +51,12 @@ class Engine:
     engine_id: str
     userns_remap: bool = False
     limits: bool = True  # it enforces CPU, memory and process limits (rootless Docker on cgroup v1 does not)
+    runtimes: tuple[str, ...] = ()  # the container runtimes it offers (runc, nvidia, ...)
+
+    @property
+    def local(self) -> bool:
+        """Reached through a socket on this machine (which may still be a VM's, as Docker Desktop's is)."""
+        return self.endpoint.startswith(("unix://", "npipe://"))
 
     @property
     def rootless(self) -> bool:
@@ -103,7 +109,8 @@ def classify(info: Mapping, version: Mapping, endpoint: str, context: str | None
                   # Docker says what its cgroups can do; rootless Docker on cgroup v1 runs without any
                   # and accepts --cpus, --memory and --pids-limit silently, enforcing none of them.
                   limits=info.get("CgroupDriver") != "none"
-                  and all(info.get(flag, True) for flag in ("CpuCfsQuota", "MemoryLimit", "PidsLimit")))
+                  and all(info.get(flag, True) for flag in ("CpuCfsQuota", "MemoryLimit", "PidsLimit")),
+                  runtimes=tuple(sorted(info.get("Runtimes") or {})))
 
 
 def refusal(engine: Engine) -> StateError | None:
@@ -150,6 +157,24 @@ def ssh_refusal(engine: Engine) -> StateError | None:
                       f"{engine.endpoint}) keeps its networks inside its own network namespace",
                       hint="bring the lab up without --ssh (`labctl run` reaches the nodes through the engine), "
                            "or use rootful Docker for `labctl hosts` rehearsals")
+
+
+NVIDIA_HOOKS = ("nvidia-container-runtime-hook", "nvidia-container-cli")
+
+
+def gpu_runtime_refusal(engine: Engine, asked: str, hooks_found: list[str]) -> StateError | None:
+    """GPUs for the nodes need the NVIDIA Container Toolkit where the engine runs: Docker hands a GPU
+    request to its `nvidia` runtime, or (its built-in GPU support) to nvidia-container-runtime-hook on
+    its PATH. `hooks_found`: the NVIDIA_HOOKS on this machine's PATH, which say something only of a local engine."""
+    if "nvidia" in engine.runtimes or (hooks_found and engine.local):
+        return None
+    where = "this machine has none of " + " or ".join(NVIDIA_HOOKS) + " on PATH" if engine.local else \
+        "it is not on this machine, so its tools cannot be looked for"
+    return StateError(f"{asked} needs the NVIDIA Container Toolkit on the engine at {engine.endpoint}: its runtimes are "
+                      f"{', '.join(engine.runtimes) or 'not listed'} (no nvidia), and {where}",
+                      hint="install the NVIDIA Container Toolkit, then `sudo nvidia-ctk runtime configure "
+                           "--runtime=docker` and restart Docker; or leave --gpus out (`--cuda N` runs the CUDA image "
+                           "on CPU)")
 
 
 def node_user(engine: Engine, caller: str) -> str:

@@ -12,6 +12,7 @@ import re
 import shlex
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Mapping
 
 from labctl.config import LabConfig
 from labctl.errors import ConfigError, LabError, StateError
@@ -90,8 +91,10 @@ def render_env(env: dict[str, str], comment: str) -> str:
     return "\n".join(lines) + "\n"
 
 
-def build_env_files(topo: Topology, names: list[str]) -> dict[str, str]:
-    """File name -> text, one per node, in node-rank order."""
+def build_env_files(topo: Topology, names: list[str],
+                    extra: Mapping[str, Mapping[str, str]] | None = None) -> dict[str, str]:
+    """File name -> text, one per node, in node-rank order; `extra` adds variables to a node's file
+    after its identity (a GPU lab's DDPLAB_BACKEND and NCCL transports, labctl.lab.gpus)."""
     files = {}
     for rank, name in enumerate(names):
         comment = (
@@ -99,7 +102,7 @@ def build_env_files(topo: Topology, names: list[str]) -> dict[str, str]:
             "Load it and run a bare `torchrun script.py`: set -a; . ./THIS_FILE; set +a\n"
             "Holds no secrets; regenerate instead of editing."
         )
-        files[f"{name}.env"] = render_env(build_node_env(topo, rank), comment)
+        files[f"{name}.env"] = render_env({**build_node_env(topo, rank), **(extra or {}).get(name, {})}, comment)
     return files
 
 

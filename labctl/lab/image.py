@@ -279,6 +279,14 @@ def image_hash(client, tag: str) -> str | None:
     return (client.images.get(tag).labels or {}).get(LABEL_BUILD_HASH)
 
 
+def build_missing(client, config: LabConfig, images: set[str], report: Report, progress_factory=None) -> None:
+    """Build those of a lab's node images (the CPU image, the CUDA image) that are missing (`up`)."""
+    for tag, cuda in ((config.image_tag, False), (config.cuda_image_tag, True)):
+        if tag in images and not image_exists(client, tag):
+            report(f"image {tag} is missing: building it" + (" (as `labctl build --cuda` does; GBs, once)" if cuda else ""))
+            build_image(client, config, report, progress_factory, cuda=cuda)
+
+
 def build_image(client, config: LabConfig, report: Report, progress_factory=None, force: bool = False,
                 cuda: bool = False) -> BuildResult:
     """Build the node image (config.image_tag; with `cuda`, config.cuda_image_tag from Dockerfile.cuda)

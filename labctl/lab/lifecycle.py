@@ -20,6 +20,7 @@ from labctl.lab import engine as engine_mod
 from labctl.lab.compose import LABEL_LAB, LABEL_NODE, LABEL_RANK, ComposePlan, container_name, network_name
 from labctl.config import AUTO, LabConfig, check_fits, node_ip, overlaps, pick_free_subnet, shown_key, shown_source
 from labctl.lab.engine import Engine
+from labctl.lab.gpus import GpuPlan
 from labctl.lab.envfiles import build_env_files, topology_for_lab, write_env_files, write_if_changed
 from labctl.errors import CommandError, ConfigError, LabError, StateError
 from labctl.lab.docker import (
@@ -46,6 +47,7 @@ class NodeState:
     torch: str
     state: str
     rank: int
+    gpus: str = ""  # the machine's GPU indices the node has ("0,1"), from its label; "" for none
 
 
 def lab_dir(workspace: Path, lab: str) -> Path:
@@ -92,8 +94,9 @@ def check_host_limits(client, config: LabConfig, node_cpus: dict[str, float] | N
 
 def plan_up(client, config: LabConfig, workspace: Path, node_cpus: dict[str, float] | None = None,
             ssh_public_key: str | None = None, engine: Engine | None = None,
-            owner: Mapping[str, str] | None = None) -> tuple[dict, dict[str, str], str]:
-    """Validate against the engine and render everything; creates nothing."""
+            owner: Mapping[str, str] | None = None, gpus: GpuPlan | None = None) -> tuple[dict, dict[str, str], str]:
+    """Validate against the engine and render everything; creates nothing. `gpus`: each node's GPUs
+    and image (labctl.lab.up.plan_gpus), None for CPU nodes all."""
     engine = engine or engine_mod.usable_engine(client)
     if config.cpus is not None or node_cpus:
         given = shown_key(config, "cpus") if config.cpus is not None else "--node-cpus"
@@ -105,10 +108,10 @@ def plan_up(client, config: LabConfig, workspace: Path, node_cpus: dict[str, flo
     check_host_limits(client, config, node_cpus)
     plan = ComposePlan(subnet=subnet, workspace=workspace, user=engine_mod.node_user(engine, invoking_user()),
                        node_cpus=node_cpus or {}, ssh_public_key=ssh_public_key, limits=engine.limits,
-                       owner=owner or {})
+                       owner=owner or {}, gpus=gpus)
     document = compose_mod.build_compose(config, plan, compose_mod.load_template())
     ips = [node_ip(subnet, i) for i in range(config.nodes)]
-    env_files = build_env_files(topology_for_lab(config, ips), config.node_names)
+    env_files = build_env_files(topology_for_lab(config, ips), config.node_names, gpus.env if gpus else None)
     return document, env_files, subnet
 
 
@@ -134,7 +137,9 @@ def apply_up(client, config: LabConfig, workspace: Path, document: dict, env_fil
     labctl says then costs Compose no time); wait until every node reports torch."""
     existed = bool(lab_containers(client, config.lab) or lab_networks(client, config.lab))
     if not existed:  # a new lab: first prove that its nodes will see and write the workspace as the caller
-        engine_mod.check_workspace(client, engine or engine_mod.usable_engine(client), config.image_tag, workspace,
+        # The probe runs the image node0 runs: a lab of CUDA-image nodes needs no CPU image.
+        engine_mod.check_workspace(client, engine or engine_mod.usable_engine(client),
+                                   document["services"]["node0"]["image"], workspace,
                                    lab_dir(workspace, config.lab), document["services"]["node0"]["user"],
                                    int(invoking_user().split(":")[0]), {LABEL_LAB: config.lab})
     compose_file = write_project(lab_dir(workspace, config.lab), document, env_files)
@@ -253,7 +258,7 @@ def lab_status(client, lab: str, ready_lines: dict[str, str] | None = None) -> l
         if line is None and container["State"] == "running":
             line = _ready_line(client, container["Id"])
         return NodeState(name=name, ip=ip, torch=_torch_from(line), state=container["State"],
-                         rank=int(labels.get(LABEL_RANK, "0")))
+                         rank=int(labels.get(LABEL_RANK, "0")), gpus=labels.get(compose_mod.LABEL_GPUS, ""))
 
     with ThreadPoolExecutor(max_workers=8) as pool:
         nodes = list(pool.map(describe, lab_containers(client, lab)))

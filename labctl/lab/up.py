@@ -8,6 +8,7 @@ with labctl.net and labctl.hosts.
 
 from __future__ import annotations
 
+import shutil
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Callable
@@ -15,7 +16,8 @@ from typing import Callable
 from labctl.config import AUTO, LabConfig, parse_node_cpus
 from labctl.errors import CommandError, LabError
 from labctl.lab import engine as engine_mod
-from labctl.lab.compose import LABEL_SSH
+from labctl.lab import gpus as gpus_mod
+from labctl.lab.compose import LABEL_GPUS, LABEL_NODE, LABEL_RANK, LABEL_SSH
 from labctl.lab.docker import lab_containers
 from labctl.lab.engine import Engine
 from labctl.lab.lifecycle import NodeState, apply_up, lab_dir, plan_up
@@ -38,6 +40,7 @@ class UpPlan:
     node_cpus: dict[str, float] | None
     ssh: bool
     public_key: str | None
+    gpus: gpus_mod.GpuPlan  # each node's GPUs and image
 
 
 def build_up_plan(client, config: LabConfig, workspace: Path, *, node_cpus: str | dict[str, float] | None = None,
@@ -49,10 +52,12 @@ def build_up_plan(client, config: LabConfig, workspace: Path, *, node_cpus: str 
     existing = lab_containers(client, config.lab)
     if existing and config.sources.get("nodes") == "default":
         config = replace(config, nodes=len(existing))
+    config = kept_gpus(config, existing)
     # Checked against the lab's final size (a running lab keeps its count), before anything changes.
     per_node = parse_node_cpus(node_cpus, config.nodes) if isinstance(node_cpus, str) else node_cpus
     if ssh is None:  # a running lab keeps what it was brought up with
         ssh = any((c.get("Labels") or {}).get(LABEL_SSH) == "true" for c in existing)
+    gpu_plan = plan_gpus(config, engine)
     refused = engine_mod.ssh_refusal(engine) if ssh else None
     if refused:
         raise refused
@@ -64,8 +69,44 @@ def build_up_plan(client, config: LabConfig, workspace: Path, *, node_cpus: str 
         public_key = labnodes.lab_public_key(directory, config.lab, make=not dry_run)
     kept = owner_labels(existing[0].get("Labels") or {}) if existing else {}
     labels = kept if existing else (owner.labels() if owner else {})
-    document, env_files, subnet = plan_up(client, config, workspace, per_node, public_key, engine, labels)
-    return UpPlan(config, engine, bool(existing), document, env_files, subnet, per_node, ssh, public_key)
+    document, env_files, subnet = plan_up(client, config, workspace, per_node, public_key, engine, labels, gpu_plan)
+    return UpPlan(config, engine, bool(existing), document, env_files, subnet, per_node, ssh, public_key, gpu_plan)
+
+
+def kept_gpus(config: LabConfig, existing: list[dict]) -> LabConfig:
+    """A running lab keeps its GPUs and its CUDA nodes unless --gpus or --cuda say otherwise, as it
+    keeps its node count: reconciling it without them would recreate every node on the CPU image."""
+    ranked = sorted(existing, key=lambda c: int((c.get("Labels") or {}).get(LABEL_RANK, "0")))
+    if config.sources.get("gpus") == "default":
+        held = [(c.get("Labels") or {}).get(LABEL_GPUS) for c in ranked]
+        held = [h for h in held if h]
+        if held:
+            indices = ",".join(held)
+            config = replace(config, gpus=indices if "," in indices else indices + ",")
+            if config.sources.get("gpus_per_node") == "default":
+                config = replace(config, gpus_per_node=len(held[0].split(",")))
+    if config.sources.get("cuda") == "default" and config.sources.get("gpus") == "default":
+        cuda = [(c.get("Labels") or {}).get(LABEL_NODE, "") for c in ranked if c.get("Image") == config.cuda_image_tag]
+        if cuda:
+            config = replace(config, cuda=",".join(cuda))
+    return config
+
+
+def plan_gpus(config: LabConfig, engine: Engine) -> gpus_mod.GpuPlan:
+    """Each node's GPUs and image. Settings that do not fit together are refused first (exit 2),
+    then a machine without GPUs, without as many as asked, or an engine without the NVIDIA runtime
+    (exit 1): all before anything exists, and under --dry-run too (its plan is this machine's)."""
+    if config.gpus is None:  # CUDA-image nodes at most, on CPU: nothing to ask of the machine
+        return gpus_mod.build_gpu_plan(config, None)
+    if config.gpus != "all":
+        gpus_mod.build_gpu_plan(config, None)
+    asked = gpus_mod.asked(config)
+    machine = gpus_mod.detect_gpus(asked)
+    hooks = [h for h in engine_mod.NVIDIA_HOOKS if shutil.which(h)]
+    refused = engine_mod.gpu_runtime_refusal(engine, asked, hooks)
+    if refused:
+        raise refused
+    return gpus_mod.build_gpu_plan(config, machine)
 
 
 def apply_up_plan(client, plan: UpPlan, workspace: Path, report: Report) -> tuple[UpPlan, list[NodeState]]:
@@ -87,6 +128,6 @@ def apply_up_plan(client, plan: UpPlan, workspace: Path, report: Report) -> tupl
                 raise
             report(f"{plan.subnet} was taken meanwhile; picking another subnet")
             document, env_files, subnet = plan_up(client, config, workspace, plan.node_cpus, plan.public_key,
-                                                  plan.engine)
+                                                  plan.engine, gpus=plan.gpus)
             plan = replace(plan, document=document, env_files=env_files, subnet=subnet)
     raise AssertionError("unreachable")

@@ -65,6 +65,16 @@ def test_version_mismatch_names_the_odd_node():
     assert finding.node == "node2" and "torch 2.14.1+cu128 here, 2.13.0+cpu on the other nodes" in finding.message
 
 
+def test_cpu_and_cuda_builds_of_one_release_may_mix_but_cuda_nodes_must_agree():
+    """`up --cuda 2`: CPU-image and CUDA-image nodes train together with gloo."""
+    cpu = {"torch": "2.13.0+cpu", "python": "3.11.2", "cuda": None, "nccl": None}
+    cuda = {"torch": "2.13.0+cu128", "python": "3.11.2", "cuda": "12.8", "nccl": "2.27.3"}
+    assert failures(check_versions({"node0": cuda, "node1": cuda, "node2": cpu})) == []
+    odd = {**cuda, "nccl": "2.21.5"}
+    [finding] = [f for f in check_versions({"node0": cuda, "node1": odd, "node2": cuda, "node3": cpu}) if not f.ok]
+    assert finding.node == "node1" and "nccl 2.21.5 here, 2.27.3 on the other nodes" in finding.message
+
+
 def test_missing_interface_and_address_off_the_subnet():
     envs = good_envs(2)
     envs["node1"]["GLOO_SOCKET_IFNAME"] = "eth9"
