@@ -152,10 +152,30 @@ def test_allreduce_measures_the_slowest_links_wire_then_sweeps(tmp_path, events,
     assert events.index(sweep) < next(i for i, e in enumerate(events) if e[0] == "run")  # the logs named first
     assert events[-1] == ("run", ("node0", "node1", "node2"),
                           ["trainer.bench_allreduce", "--sizes", "1024,2048", "--iters", "3"])
-    assert result.title == ("allreduce, 3 nodes, link shaped 50mbit (slowest node node1), iperf3 wire 45 Mbit/s; "
+    assert result.title == ("allreduce on gloo (cpu tensors), 3 nodes, link shaped 50mbit (slowest node node1), iperf3 wire 45 Mbit/s; "
                             "model: ring at 85% of the link")
     written = json.loads((result.run_dir / "bench-allreduce.json").read_text())
     assert written == [r.as_dict() for r in result.rows] and [r["size"] for r in written] == [1024, 2048]
+
+
+def test_allreduce_says_what_it_measured_and_passes_the_nccl_debug_env(tmp_path, events, engine, monkeypatch):
+    from labctl.run.userenv import NCCL_DEBUG_ENV
+
+    monkeypatch.setattr(allreduce, "measure_wire", lambda *args: 9e9)
+    timings = [{"size": 4096, "count": 1024, "time_us": 50.0, "backend": "nccl", "device": "cuda"}]
+    envs = []
+
+    def answer(plan):
+        envs.append(plan.launches[0].env)
+        plan.run_dir.mkdir(parents=True)
+        (plan.run_dir / "allreduce.json").write_text(json.dumps(timings))
+        return {}
+
+    result = allreduce.measure(FakeLab(tmp_path, events, nodes=2, answer=answer), [4096], 1, env=NCCL_DEBUG_ENV)
+    assert result.title.startswith("allreduce on nccl (cuda tensors), 2 nodes")
+    assert (result.rows[0].backend, result.rows[0].device) == ("nccl", "cuda")
+    assert result.rows[0].as_dict()["backend"] == "nccl"
+    assert envs[0]["NCCL_DEBUG"] == "INFO" and envs[0]["NCCL_DEBUG_SUBSYS"] == "INIT,NET"
 
 
 def test_allreduce_refuses_a_single_node_before_touching_a_link(tmp_path, events, engine):
