@@ -61,6 +61,6 @@ def run(lab, nproc_per_node, launcher, timeout_s, pg_timeout_s, as_json, env_pai
         render.print_launches(plan, the_lab.nodes().address)
         return
     if not no_preflight:
-        render.print_preflight(the_lab.preflight(), f"labctl doctor --lab {the_lab.name}")
+        render.print_preflight(the_lab.preflight(nproc_per_node, env), f"labctl doctor --lab {the_lab.name}")
     render.finish_run(the_lab.execute(plan, timeout_s=timeout_s, echo="stderr" if as_json else True,
                                       check=not as_json), as_json)
