@@ -225,7 +225,7 @@ class Lab(LabSession):
         plan = self.run_plan(*argv, launcher=launcher, nproc_per_node=nproc_per_node, max_restarts=max_restarts,
                              nnodes=nnodes, pg_timeout_s=pg_timeout_s, env=env, cwd=cwd)
         if preflight:
-            self.preflight().raise_for_problems(f"labctl doctor --lab {self.name}")
+            self.preflight(nproc_per_node, env).raise_for_problems(f"labctl doctor --lab {self.name}")
         return self.execute(plan, timeout_s=timeout_s, echo=echo, check=check)
 
     # --------------------------------------------------------------------------------- doctor
@@ -236,8 +236,14 @@ class Lab(LabSession):
 
         return diagnose(self.client, self.name, self.running(), self.subnet(), cheap=cheap)
 
-    def preflight(self) -> Diagnosis:
-        return self.doctor(cheap=True)
+    def preflight(self, nproc_per_node: int | None = None, env: Mapping[str, str] | None = None) -> Diagnosis:
+        """doctor's cheap checks, for a run with `nproc_per_node` processes per node (default the lab's)
+        and `env` added to every process's (a -e DDPLAB_BACKEND=gloo counts)."""
+        from labctl.diagnose.doctor import diagnose
+
+        overrides = {n: dict(env) for n in self.node_names()} if env else None
+        return diagnose(self.client, self.name, self.running(), self.subnet(), cheap=True, env_overrides=overrides,
+                        nproc_per_node=nproc_per_node)
 
     # ----------------------------------------------------------------------- network, faults
 

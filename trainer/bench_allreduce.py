@@ -4,10 +4,15 @@
     labctl bench allreduce --sizes 1K:64M      # across the lab's nodes, with the cost model beside
 
 For each message size S (bytes of float32): a few warm-up allreduces, then `--iters` timed ones.
-Each iteration is timed on every rank between a barrier and the allreduce's return; the
+Each iteration is timed on every rank between a barrier and the allreduce's completion; the
 iteration's time is the maximum over ranks (the collective is done when the slowest rank is),
 and the size's time is the median over iterations. Rank 0 prints one JSON line per size,
-`ALLREDUCE {...}`, and writes them all to `<run_dir>/allreduce.json`.
+`ALLREDUCE {...}` (with the backend and device measured), and writes them all to
+`<run_dir>/allreduce.json`.
+
+On nccl (--backend, default $DDPLAB_BACKEND, else auto: see trainer/backend.py) the tensor lives on
+the rank's GPU, and since NCCL's all_reduce returns as soon as the kernel is queued, the clock
+stops only after torch.cuda.synchronize(): the time is the collective's, not its launch's.
 """
 
 from __future__ import annotations
@@ -22,6 +27,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
+from trainer.backend import backend_flag
 from trainer.dist import compute_cleanup, compute_init, get_dist_info, println
 
 
@@ -31,6 +37,8 @@ def parse_args(argv=None):
     p.add_argument("--iters", type=int, default=5, help="timed iterations per size (default 5)")
     p.add_argument("--warmup", type=int, default=2, help="untimed iterations per size first (default 2)")
     p.add_argument("--timeout-s", type=float, default=300.0, help="process-group timeout in seconds (default 300)")
+    p.add_argument("--backend", type=backend_flag, default=None,
+                   help="auto, nccl or gloo (default $DDPLAB_BACKEND, else auto: nccl where CUDA is available)")
     p.add_argument("--run-dir", default=None, help="where rank 0 writes allreduce.json (default $DDPLAB_RUN_DIR or .)")
     args = p.parse_args(argv)
     try:
@@ -47,16 +55,20 @@ def parse_args(argv=None):
 def time_size(size_bytes: int, iters: int, warmup: int, device: torch.device) -> list[float]:
     """Per-iteration times in seconds, each the maximum over ranks."""
     tensor = torch.ones(size_bytes // 4, dtype=torch.float32, device=device)
+    cuda = device.type == "cuda"
     for _ in range(warmup):
         dist.all_reduce(tensor)
     times = []
     for _ in range(iters):
         dist.barrier()
+        if cuda:  # nothing of the warm-up or the barrier still queued on the GPU when the clock starts
+            torch.cuda.synchronize(device)
         started = time.perf_counter()
         dist.all_reduce(tensor)
-        if device.type == "cuda":
+        if cuda:  # NCCL's all_reduce returns once queued: wait for the kernel itself
             torch.cuda.synchronize(device)
-        elapsed = torch.tensor([time.perf_counter() - started], dtype=torch.float64)
+        # The reduction of the times is a collective too: on nccl its tensor must be on the GPU.
+        elapsed = torch.tensor([time.perf_counter() - started], dtype=torch.float64, device=device)
         dist.all_reduce(elapsed, op=dist.ReduceOp.MAX)
         times.append(elapsed.item())
     return times
@@ -67,11 +79,15 @@ def main(argv=None):
     is_ddp, rank, local_rank, world_size = get_dist_info()
     if not is_ddp:
         raise SystemExit("bench_allreduce needs a process group: run it under torchrun (or labctl bench allreduce)")
-    device = compute_init(args.timeout_s).device
+    c = compute_init(args.timeout_s, args.backend)
+    device = c.device
+    if rank == 0:
+        println(f"bench_allreduce: backend {c.backend}, device {device}, world size {world_size} ({c.reason})")
     rows = []
     for size in args.sizes:
         times = time_size(size, args.iters, args.warmup, device)
         row = {"size": size, "count": size // 4, "type": "float", "world_size": world_size,
+               "backend": c.backend, "device": device.type,
                "time_us": statistics.median(times) * 1e6, "times_us": [t * 1e6 for t in times]}
         rows.append(row)
         if rank == 0:

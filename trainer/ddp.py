@@ -17,7 +17,8 @@ def wrap_ddp(model, c, bucket_cap_mb=25.0, comm_hook="none", static_graph=False,
     """
     if comm_hook == "bf16" and c.backend != "nccl":
         # torch's bf16_compress_hook is built on NCCL's bf16 all-reduce; gloo has none.
-        raise SystemExit("error: --comm-hook bf16 needs CUDA and NCCL; on CPU (gloo) use fp16 or powersgd")
+        raise SystemExit(f"error: --comm-hook bf16 needs CUDA and NCCL, and this run uses {c.backend}; "
+                         "use fp16 or powersgd, or --backend nccl where every node has a GPU")
     ddp = DDP(model, device_ids=[c.local_rank] if c.device.type == "cuda" else None,
               bucket_cap_mb=bucket_cap_mb, static_graph=static_graph)
     register_comm_hook(ddp, comm_hook, timer)

@@ -15,6 +15,8 @@ from typing import NamedTuple
 import torch
 import torch.distributed as dist
 
+from trainer.backend import resolve as resolve_backend
+
 _RANK_VARS = ("RANK", "LOCAL_RANK", "WORLD_SIZE")
 
 
@@ -25,6 +27,7 @@ class Compute(NamedTuple):
     world_size: int
     device: torch.device
     backend: str  # "nccl", "gloo", or "none" without a process group
+    reason: str = ""  # why this backend and device (trainer/backend.py), for the start-up line
 
 
 def get_dist_info():
@@ -39,36 +42,40 @@ def get_dist_info():
     return False, 0, 0, 1
 
 
-def pick_backend():
-    # NCCL needs a GPU per rank; gloo runs anywhere, so a CPU-only container
-    # still trains with real DDP instead of silently dropping to one process.
-    return "nccl" if torch.cuda.is_available() else "gloo"
+def pick_backend(requested=None):
+    """trainer.backend.resolve on this machine: NCCL needs a GPU per rank; gloo runs anywhere, so a
+    CPU-only container still trains with real DDP instead of silently dropping to one process."""
+    nccl = dist.is_available() and dist.is_nccl_available()
+    return resolve_backend(requested, torch.cuda.is_available(), nccl)
 
 
-def pick_device(local_rank):
-    if torch.cuda.is_available():
+def pick_device(local_rank, device_type="cuda"):
+    if device_type == "cuda" and torch.cuda.is_available():
         if local_rank >= torch.cuda.device_count():
             raise SystemExit(
                 f"error: LOCAL_RANK={local_rank} but this node has only "
-                f"{torch.cuda.device_count()} CUDA device(s); lower --nproc_per_node"
+                f"{torch.cuda.device_count()} CUDA device(s); lower --nproc_per_node "
+                "(two ranks on one GPU: NCCL refuses with 'Duplicate GPU detected')"
             )
         return torch.device("cuda", local_rank)
     return torch.device("cpu")
 
 
-def compute_init(timeout_s):
+def compute_init(timeout_s, requested_backend=None):
     """Join the process group if launched distributed; return a Compute.
 
     timeout_s bounds rendezvous and every collective, so a dead or
     unreachable peer surfaces as an error instead of a 30-minute hang.
+    requested_backend is --backend (None: $DDPLAB_BACKEND, else auto; see trainer/backend.py).
     """
     is_ddp, rank, local_rank, world_size = get_dist_info()
-    device = pick_device(local_rank)
+    choice = pick_backend(requested_backend)
+    device = pick_device(local_rank, choice.device_type)
     if device.type == "cuda":
         # Collectives and all_gather_object use the "current" device.
         torch.cuda.set_device(device)
     if not is_ddp:
-        return Compute(False, rank, local_rank, world_size, device, "none")
+        return Compute(False, rank, local_rank, world_size, device, "none", f"{choice.reason}; one process, no group")
 
     missing = [v for v in ("MASTER_ADDR", "MASTER_PORT") if v not in os.environ]
     if missing:
@@ -77,7 +84,7 @@ def compute_init(timeout_s):
             f"{'is' if len(missing) == 1 else 'are'} not; "
             "launch with torchrun or set both"
         )
-    backend = pick_backend()
+    backend = choice.backend
     try:
         dist.init_process_group(
             backend=backend,
@@ -96,7 +103,7 @@ def compute_init(timeout_s):
             f"error: rank {rank} could not form a {backend} process group of "
             f"{world_size} at {master} within --timeout-s {timeout_s:g}: {e}"
         ) from None
-    return Compute(True, rank, local_rank, world_size, device, backend)
+    return Compute(True, rank, local_rank, world_size, device, backend, choice.reason)
 
 
 def compute_cleanup():

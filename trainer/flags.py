@@ -7,6 +7,8 @@ rather than as a stack trace on every rank once training has started.
 import argparse
 import os
 
+from trainer.backend import backend_flag
+
 
 def at_least(lo, kind=int):
     """argparse type: a `kind` number >= lo, with a message that says so."""
@@ -83,6 +85,10 @@ def parse_args(argv=None):
         help="DDP communication hook: compress gradients to fp16/bf16, or PowerSGD rank-1 (default none)")
     add("--static-graph", action="store_true", help="tell DDP the graph never changes between steps")
     # distributed
+    add("--backend", type=backend_flag, default=None,
+        help="collective backend: nccl (CUDA tensors, one GPU per rank), gloo (CPU tensors, even on a GPU machine) "
+             "or auto (nccl where CUDA is available, else gloo); default $DDPLAB_BACKEND, which labctl writes "
+             "for labs with GPU nodes so that every rank agrees, else auto")
     add("--timeout-s", type=above_zero, default=float(os.environ.get("DDPLAB_PG_TIMEOUT_S") or 120),
         help="process-group timeout in seconds: rendezvous and every collective fail after this instead "
              "of hanging on a dead peer (default $DDPLAB_PG_TIMEOUT_S, which labctl run sets, else 120)")

@@ -113,10 +113,10 @@ def main(argv=None):
     run_dir = resolve_run_dir(args.run_dir)
     metrics = open_metrics(run_dir, rank, enabled=not args.no_metrics)
 
-    c = compute_init(args.timeout_s)
+    c = compute_init(args.timeout_s, args.backend)
     tag = rank_tag(c.rank, c.world_size)
     print0(f"{tag} backend {c.backend} world_size {c.world_size} device {c.device} "
-           f"run_dir {run_dir}")
+           f"run_dir {run_dir} ({c.reason})")
 
     # Same seed on every rank: identical data and identical initial weights
     # (DDP broadcasts rank 0's weights anyway, this keeps single-process runs
@@ -287,6 +287,7 @@ def finish(args, c, workload, run_dir, steps, final_loss, samples_seen, elapsed_
         "param_checksum": checksum,
         "replicas_consistent": len(set(checksums)) == 1,
         "backend": c.backend,
+        "device": c.device.type,
         "threads": torch.get_num_threads(),
         **extra,
         **workload.extra,

@@ -39,6 +39,8 @@ class Row:
     model_us: float | None
     meas_over_model: float | None
     busbw_over_wire: float | None
+    backend: str = "gloo"  # what was measured: the trainer's backend and the tensors' device
+    device: str = "cpu"
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -68,6 +70,7 @@ def build_rows(timings: list[dict], n: int, link: Link | None, wire_bps: float |
             algbw_gbs=algbw, busbw_gbs=busbw, model_us=model_us,
             meas_over_model=t["time_us"] / model_us if model_us else None,
             busbw_over_wire=busbw * 1e9 * 8 / wire_bps if wire_bps else None,
+            backend=t.get("backend", "gloo"), device=t.get("device", "cpu"),
         ))
     return rows
 
@@ -97,11 +100,12 @@ def measure_wire(client, lab: str, client_node: str, server_node: str, server_ip
         raise LabError(f"iperf3 {client_node} -> {server_node} gave no result ({exc}): {output[-300:]}") from None
 
 
-def sweep_plan(session: LabSession, node_env: dict, sizes: list[int], iters: int) -> RunPlan:
+def sweep_plan(session: LabSession, node_env: dict, sizes: list[int], iters: int,
+               env: dict[str, str] | None = None) -> RunPlan:
     """torchrun -m trainer.bench_allreduce on every node, one process each: the plan (its run folder is
-    known before anything starts)."""
+    known before anything starts). `env` is added to every process's (as `labctl run -e`)."""
     args = ["-m", "trainer.bench_allreduce", "--sizes", ",".join(map(str, sizes)), "--iters", str(iters)]
-    return session.plan_run(args, node_env=node_env, nproc_per_node=1)
+    return session.plan_run(args, node_env=node_env, nproc_per_node=1, env=env)
 
 
 def run_sweep(session: LabSession, plan: RunPlan) -> list[dict]:
@@ -128,10 +132,12 @@ def _quiet(_message: str) -> None:
 
 
 def measure(session: LabSession, sizes: list[int], iters: int, efficiency: float = DEFAULT_EFFICIENCY,
-            report: Callable[[str], None] = _quiet, plot_path: Path | None = None) -> AllreduceReport:
+            report: Callable[[str], None] = _quiet, plot_path: Path | None = None,
+            env: dict[str, str] | None = None) -> AllreduceReport:
     """The sweep across the running lab's nodes beside the wire and the model: iperf3 from the node
-    with the slowest shaped link to the next, then the sweep; the rows are also written to
-    bench-allreduce.json in the run's folder, and with `plot_path` drawn there."""
+    with the slowest shaped link to the next, then the sweep (with `env` added to its processes');
+    the rows are also written to bench-allreduce.json in the run's folder, and with `plot_path`
+    drawn there."""
     if plot_path:  # refused before the minutes of measuring, not after
         from labctl.bench.plotting import require_matplotlib
 
@@ -148,12 +154,13 @@ def measure(session: LabSession, sizes: list[int], iters: int, efficiency: float
     ip_of = {n.name: n.ip for n in nodes}
     report(f"measuring the wire {slowest} -> {neighbour} with iperf3 ({IPERF_SECONDS} s)")
     wire_bps = measure_wire(session.client, session.name, slowest, neighbour, ip_of[neighbour])
-    plan = sweep_plan(session, node_env, sizes, iters)
+    plan = sweep_plan(session, node_env, sizes, iters, env)
     report(f"allreduce sweep on {len(names)} nodes, {len(sizes)} sizes x {iters} iterations (logs: {plan.run_dir})")
     timings = run_sweep(session, plan)
     rows = build_rows(timings, len(names), model_link(link_bps, wire_bps), wire_bps, efficiency)
     (plan.run_dir / "bench-allreduce.json").write_text(json.dumps([r.as_dict() for r in rows]))
-    title = (f"allreduce, {len(names)} nodes, link {_link_text(link_bps, slowest)}, "
+    measured = f"{rows[0].backend} ({rows[0].device} tensors)" if rows else "?"
+    title = (f"allreduce on {measured}, {len(names)} nodes, link {_link_text(link_bps, slowest)}, "
              f"iperf3 wire {wire_bps / 1e6:.0f} Mbit/s; model: ring at {efficiency:.0%} of "
              f"{'the link' if link_bps else 'the wire'}")
     if plot_path:

@@ -5,6 +5,9 @@ process (weak scaling: the global batch grows with the world size), one CPU thre
 and reads the trainer's SUMMARY (trainer/instrument.py defines its figures):
 
   host, 1 proc          the baseline every efficiency is measured against
+  host, 1 GPU           the same process on the host's GPU (nccl, world size 1), where the host
+                        has one: the same workload and global batch; its "efficiency" is its
+                        speed-up over the 1-process CPU baseline
   host, torchrun xN     N processes on the host (`torchrun --standalone`): the same processes
                         without containers or a network between them
   node0 x P             P processes in one node (torchrun --nproc-per-node P)
@@ -41,6 +44,7 @@ class Config:
     nproc_per_node: int
     bw: str | None = None  # the shaped rate as given, e.g. "1gbit"; None = unshaped
     rate_bps: int | None = None
+    device: str = "cpu"  # "cuda": the host's GPU row
 
     @property
     def world_size(self) -> int:
@@ -64,16 +68,24 @@ class Row:
     comm_over_compute: float | None
     efficiency: float | None  # tokens/s / (world size x the 1-process baseline)
     samples: list[float] = field(default_factory=list)  # tokens/s of every repeat
+    device: str = "cpu"
 
     def as_dict(self) -> dict:
         return asdict(self)
 
 
-def plan(nodes_list: list[int], rates: list[tuple[str, int]], nproc: int, host: bool = True) -> list[Config]:
-    """Every row, in the order of the table."""
+GPU_ROW = "host, 1 GPU"
+NO_GPU_NOTE = "no GPU on this machine: the 1-GPU row is not measured"
+
+
+def plan(nodes_list: list[int], rates: list[tuple[str, int]], nproc: int, host: bool = True,
+         gpu: bool = False) -> list[Config]:
+    """Every row, in the order of the table; `gpu` (the host has one) adds the host's 1-GPU row."""
     rows = []
     if host:
         rows.append(Config("host, 1 proc", "host", 1, 1))
+        if gpu:
+            rows.append(Config(GPU_ROW, "host", 1, 1, device="cuda"))
         rows += [Config(f"host, torchrun x{n}", "host", 1, n) for n in nodes_list if n > 1]
     if nproc > 1:
         rows.append(Config(f"node0 x {nproc} procs", "lab", 1, nproc))
@@ -119,7 +131,7 @@ def build_rows(configs: list[Config], summaries: dict[str, list[dict]], efficien
         runs = summaries[config.name]
         pick = median_run(runs)
         tokens = [s["tokens_per_s"] for s in runs]
-        if config.world_size == 1 and baseline is None:
+        if config.world_size == 1 and config.device == "cpu" and baseline is None:
             baseline = statistics.median(tokens)
         compute = pick["compute_ms_per_step"]
         allreduce = pick["allreduce_ms_per_step"]
@@ -132,7 +144,7 @@ def build_rows(configs: list[Config], summaries: dict[str, list[dict]], efficien
             comm_fraction=pick["comm_fraction"],
             comm_over_compute=round(allreduce / compute, 3) if compute else None,
             efficiency=round(statistics.median(tokens) / (config.world_size * baseline), 3) if baseline else None,
-            samples=tokens,
+            samples=tokens, device=config.device,
         ))
     return rows
 
@@ -147,7 +159,7 @@ def ratio_rows(rows: list[Row]) -> list[tuple[int, float, float, float]]:
 # ------------------------------------------------------------------------------ output
 
 
-def markdown(rows: list[Row], title: str) -> str:
+def markdown(rows: list[Row], title: str, notes: list[str] = ()) -> str:
     def num(value, fmt):
         return "-" if value is None else format(value, fmt)
 
@@ -165,6 +177,7 @@ def markdown(rows: list[Row], title: str) -> str:
         lines += ["", "| N | N nodes x 1 proc (tokens/s) | host torchrun --standalone xN (tokens/s) | ratio |",
                   "| ---: | ---: | ---: | ---: |"]
         lines += [f"| {n} | {lab:,.0f} | {host:,.0f} | {ratio:.2f} |" for n, lab, host, ratio in ratios]
+    lines += ["", *notes] if notes else []
     return "\n".join(lines) + "\n"
 
 
@@ -180,12 +193,13 @@ def plot(rows: list[Row], out: Path, title: str) -> list[Path]:
         if r.place == "lab" and r.nproc_per_node == 1:
             series.setdefault("unshaped" if r.bw in ("unshaped", "loopback") else r.bw, []).append(r)
         elif r.place == "host":
-            series.setdefault("host processes (torchrun --standalone)", []).append(r)
+            label = "host, 1 GPU (nccl)" if r.device == "cuda" else "host processes (torchrun --standalone)"
+            series.setdefault(label, []).append(r)
     for label, points in series.items():
         points.sort(key=lambda r: r.world_size)
-        style = "s--" if label.startswith("host") else "o-"
+        style = "D" if "GPU" in label else "s--" if label.startswith("host") else "o-"
         ax.plot([r.world_size for r in points], [r.tokens_per_s for r in points], style, label=label)
-    base = next((r.tokens_per_s for r in rows if r.world_size == 1), None)
+    base = next((r.tokens_per_s for r in rows if r.world_size == 1 and r.device == "cpu"), None)
     if base:
         top = max(r.world_size for r in rows)
         ax.plot([1, top], [base, base * top], ":", color="grey", label="linear from 1 process")
@@ -224,8 +238,9 @@ def plot(rows: list[Row], out: Path, title: str) -> list[Path]:
 
 
 def write_outputs(rows: list[Row], out: Path, title: str, meta: dict, plots: bool = True) -> list[Path]:
-    """scaling.md and scaling.json, and with `plots` (matplotlib installed) the two PNGs."""
+    """scaling.md and scaling.json, and with `plots` (matplotlib installed) the two PNGs; meta's
+    "notes" (e.g. NO_GPU_NOTE) go under the table too."""
     out.mkdir(parents=True, exist_ok=True)
-    (out / "scaling.md").write_text(markdown(rows, title))
+    (out / "scaling.md").write_text(markdown(rows, title, meta.get("notes", [])))
     (out / "scaling.json").write_text(json.dumps({**meta, "rows": [r.as_dict() for r in rows]}, indent=1) + "\n")
     return [out / "scaling.md", out / "scaling.json", *(plot(rows, out, title) if plots else [])]

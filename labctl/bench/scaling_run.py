@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Sequence
 
 from labctl.bench.cost import DEFAULT_EFFICIENCY
-from labctl.bench.scaling import Config, Row, build_rows, plan, write_outputs
+from labctl.bench.scaling import NO_GPU_NOTE, Config, Row, build_rows, plan, write_outputs
 from labctl.errors import CommandError, ConfigError, LabError, RunFailed, StateError
 from labctl import assets
 from labctl.net import apply as netshape
@@ -37,6 +37,7 @@ class ScalingReport:
     rows: list[Row]
     title: str
     paths: list[Path]  # scaling.md, scaling.json and the plots
+    notes: list[str] = ()  # what was not measured and why, e.g. NO_GPU_NOTE
 
 
 def _quiet(_message: str) -> None:
@@ -70,9 +71,13 @@ def measure(session: LabSession, *, workload: str = "gpt", nodes_list: str | Seq
     if not plots:  # the table is the result; the PNGs only draw it, so their absence is said, not fatal
         report(f"matplotlib is not installed: scaling.md and scaling.json only, no PNGs ({INSTALL_HINT})")
     host_python = session.config.host_python or sys.executable
+    gpu, notes = None, []
     if host:
         report(f"host rows: {host_python}, torch {host_torch(host_python)}")
-    configs = plan(counts, shaped, nproc or max(counts), host=host)
+        gpu = host_gpu(host_python)
+        report(f"host GPU: {gpu}: the 1-GPU row runs on it (nccl, world size 1)" if gpu else NO_GPU_NOTE)
+        notes = [] if gpu else [NO_GPU_NOTE]
+    configs = plan(counts, shaped, nproc or max(counts), host=host, gpu=bool(gpu))
     trainer_args = ["--workload", workload, "--steps", str(steps), "--micro-batch", str(micro_batch),
                     "--threads", str(threads)]
     node_env = session.node_env(names)
@@ -99,10 +104,10 @@ def measure(session: LabSession, *, workload: str = "gpt", nodes_list: str | Seq
     title = (f"{workload}: {size}micro-batch {micro_batch} per process, {threads} thread(s) per process, "
              f"{steps} steps, {session.cpus} CPUs")
     paths = write_outputs(rows, out, title, {"workload": workload, "steps": steps, "micro_batch": micro_batch,
-                                             "threads": threads, "repeats": repeats, "efficiency": efficiency},
-                          plots=plots)
+                                             "threads": threads, "repeats": repeats, "efficiency": efficiency,
+                                             "host_gpu": gpu, "notes": notes}, plots=plots)
     report("wrote " + ", ".join(str(p) for p in paths))
-    return ScalingReport(rows, title, paths)
+    return ScalingReport(rows, title, paths, notes)
 
 
 def _lab_for(session: LabSession, nodes_list: str | Sequence[int] | None) -> tuple[list[str], list[int]]:
@@ -176,15 +181,34 @@ def host_torch(python: str) -> str:
     return probe.stdout.strip()
 
 
+def host_gpu(python: str) -> str | None:
+    """The name of the GPU the host rows' Python would train on (its torch has CUDA and sees a device),
+    or None. Asked of that interpreter, as host_torch is; any failure is no GPU."""
+    from labctl.proc import run
+
+    code = ("import torch; ok = torch.cuda.is_available() and torch.cuda.device_count() > 0; "
+            "print('gpu=' + (torch.cuda.get_device_name(0) if ok else ''))")
+    try:
+        probe = run([python, "-c", code], check=False, timeout_s=120)
+    except CommandError:
+        return None
+    found = [line[len("gpu="):] for line in probe.stdout.splitlines() if line.startswith("gpu=")]
+    return (found[-1].strip() or None) if probe.returncode == 0 and found else None
+
+
 def run_host(config: Config, trainer_args: list[str], run_dir: Path, threads: int, python: str = sys.executable) -> dict:
-    """The trainer on the host: one plain process, or torchrun --standalone with N."""
+    """The trainer on the host: one plain process, or torchrun --standalone with N; the 1-GPU row
+    (config.device "cuda") as torchrun --standalone with 1, on nccl. The CPU rows see no GPU."""
+    cuda = config.device == "cuda"
     env = {k: v for k, v in os.environ.items() if k not in LAUNCH_VARS}
-    env.update(OMP_NUM_THREADS=str(threads), CUDA_VISIBLE_DEVICES="", PYTHONUNBUFFERED="1")
+    env.update(OMP_NUM_THREADS=str(threads), PYTHONUNBUFFERED="1")
+    if not cuda:
+        env["CUDA_VISIBLE_DEVICES"] = ""
     # labctl's own trainer (the checkout's, or the installed package's copy), whichever Python runs it
     # (DDPLAB_HOST_PYTHON need not have ddplab installed).
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(assets.trainer_path_entry()), env.get("PYTHONPATH")) if p)
-    args = [*trainer_args, "--run-dir", str(run_dir)]
-    if config.nproc_per_node == 1:
+    args = [*trainer_args, "--run-dir", str(run_dir), "--backend", "nccl" if cuda else "gloo"]
+    if config.nproc_per_node == 1 and not cuda:
         argv = [python, "-m", "trainer", *args]
     else:
         argv = [python, "-m", "torch.distributed.run", "--standalone",

@@ -7,7 +7,7 @@ from pathlib import Path
 import click
 
 from labctl.cli.app import CONTEXT, main, session
-from labctl.cli.options import lab_option
+from labctl.cli.options import lab_option, nccl_debug_option
 
 
 # ------------------------------------------------------------------------------------------ cost
@@ -79,7 +79,8 @@ def bench_up_cmd(nodes_list, repeats, as_json) -> None:
               help="Efficiency the cost model assumes.")
 @click.option("--json", "as_json", is_flag=True, help="Print the rows as a JSON list.")
 @click.option("--plot", "plot_path", type=click.Path(dir_okay=False, path_type=Path), help="Write a PNG of busbw against size.")
-def bench_allreduce_cmd(lab, sizes, iters, efficiency, as_json, plot_path) -> None:
+@nccl_debug_option
+def bench_allreduce_cmd(lab, sizes, iters, efficiency, as_json, plot_path, nccl_debug) -> None:
     """An nccl-tests-style allreduce sweep across the lab's nodes, beside the cost model and the wire.
 
     time = median over iterations of the per-iteration maximum over ranks; algbw = S/t;
@@ -88,11 +89,13 @@ def bench_allreduce_cmd(lab, sizes, iters, efficiency, as_json, plot_path) -> No
     """
     from labctl.bench.allreduce import measure
     from labctl.cli import render_bench
+    from labctl.run.userenv import NCCL_DEBUG_ENV
     from labctl.ui import info
     from labctl.units import parse_size_range
 
     size_list = parse_size_range(sizes)
-    report = measure(session().lab(lab), size_list, iters, efficiency, info, plot_path)
+    env = NCCL_DEBUG_ENV if nccl_debug else None
+    report = measure(session().lab(lab), size_list, iters, efficiency, info, plot_path, env)
     render_bench.print_allreduce(report, as_json)
 
 

@@ -16,6 +16,7 @@ from labctl.cli.options import (
     inventory_option,
     json_option,
     lab_option,
+    nccl_debug_option,
     nproc_option,
     run_options,
     script_argument,
@@ -84,13 +85,14 @@ def hosts_sync(lab, inventory, accept_new, excludes, dry_run) -> None:
 @nproc_option("Processes on every host [default: each host's nproc_per_node].")
 @run_options
 @env_options
+@nccl_debug_option
 @click.option("--no-sync", is_flag=True, help="Run what is already on the hosts (only the env files are written).")
 @exclude_option
 @click.option("--no-preflight", is_flag=True, help="Skip the checks (versions, interface) before the run.")
 @dry_run_option("Print what each host would run; run nothing.")
 @script_argument
 def hosts_run(lab, inventory, accept_new, nproc_per_node, launcher, timeout_s, pg_timeout_s, as_json, env_pairs,
-              env_files, no_sync, excludes, no_preflight, dry_run, script) -> None:
+              env_files, nccl_debug, no_sync, excludes, no_preflight, dry_run, script) -> None:
     """Run TRAINING_SCRIPT [ARGS...] (or `-m module [ARGS...]`) on every host at once, as `labctl run`
     does on the lab: sync the workspace, write each host's env file, start torchrun on every host
     over SSH, stream the output prefixed with each host's name, and save the logs here under
@@ -112,7 +114,7 @@ def hosts_run(lab, inventory, accept_new, nproc_per_node, launcher, timeout_s, p
     check_nproc(nproc_per_node)
     check_timeout(timeout_s)
     where = session()
-    env = build_user_env(env_pairs, env_files, where.environ)
+    env = build_user_env(env_pairs, env_files, where.environ, nccl_debug)
     require_tools("ssh", *([] if no_sync else ["rsync"]))
     the_hosts = where.hosts(lab, inventory, accept_new)
     plan = the_hosts.run_plan(*script, launcher=launcher, nproc_per_node=nproc_per_node, pg_timeout_s=pg_timeout_s,

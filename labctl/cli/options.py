@@ -84,6 +84,13 @@ def env_options(f):
                              "its value from labctl's environment, as `docker run -e` does.")(f)
 
 
+def nccl_debug_option(f):
+    """`--nccl-debug`: NCCL_DEBUG=INFO and NCCL_DEBUG_SUBSYS=INIT,NET for every process (labctl.run.userenv)."""
+    return click.option("--nccl-debug", is_flag=True,
+                        help="Set NCCL_DEBUG=INFO and NCCL_DEBUG_SUBSYS=INIT,NET for every process, so the logs show "
+                             "NCCL's transport, interface and GPU choices (-e NCCL_DEBUG=... overrides).")(f)
+
+
 def _check_script(ctx: click.Context, _param, value: tuple[str, ...]) -> tuple[str, ...]:
     """SCRIPT or -m MODULE first; a labctl option given after `--` is told apart from one the command lacks."""
     from labctl.run.launch import parse_script_args

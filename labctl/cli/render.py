@@ -253,14 +253,17 @@ def print_findings(diagnosis, problems_only: bool = False, out=None) -> None:
 
 
 def _facts_table(title: str, nodes: dict) -> Table:
+    from labctl.diagnose.gpus import gpu_text
+
     table = Table(title=title, title_justify="left")
-    for column in ("node", "ip", "torch", "python", "cuda", "nccl", "socket iface"):
+    for column in ("node", "ip", "torch", "python", "cuda", "nccl", "driver", "gpus", "socket iface"):
         table.add_column(column)
     for node, i in nodes.items():
         iface = i.get("iface") or "-"
         addrs = ", ".join(i.get("ifaces", {}).get(iface, [])) or "missing"
         table.add_row(node, i.get("ip", "-"), str(i.get("torch")), str(i.get("python")), str(i.get("cuda") or "-"),
-                      str(i.get("nccl") or "-"), f"{iface} ({addrs})")
+                      str(i.get("nccl") or "-"), str(i.get("driver") or "-"), gpu_text(i.get("gpus") or []),
+                      f"{iface} ({addrs})")
     return table
 
 

@@ -70,9 +70,9 @@ def print_scaling(report, as_json: bool) -> None:
     from labctl.bench.scaling import markdown
 
     if as_json:
-        emit_json({"rows": [r.as_dict() for r in report.rows]})
+        emit_json({"rows": [r.as_dict() for r in report.rows], "notes": list(report.notes)})
         return
-    console.print(Markdown(markdown(report.rows, report.title)))
+    console.print(Markdown(markdown(report.rows, report.title, report.notes)))
 
 
 def print_straggler(result, as_json: bool) -> None:

@@ -10,6 +10,7 @@ from labctl.cli.options import (
     dry_run_option,
     env_options,
     lab_option,
+    nccl_debug_option,
     nproc_option,
     run_options,
     script_argument,
@@ -22,6 +23,7 @@ from labctl.cli.options import (
 @nproc_option("Processes per node [default: the lab's, from its env files].")
 @run_options
 @env_options
+@nccl_debug_option
 @dry_run_option("Print the command each node would run; run nothing.")
 @click.option("--no-preflight", is_flag=True, help="Skip doctor's cheap checks (env, versions, interface) before the run.")
 @torchrun_option("--max-restarts", type=click.IntRange(0, 100), default=0, show_default=True, metavar="K",
@@ -29,8 +31,8 @@ from labctl.cli.options import (
                       "checkpoint).")
 @click.option("--nnodes", metavar="MIN:MAX", help="Elastic node range, MAX = the lab's nodes: the run goes on with MIN survivors.")
 @script_argument
-def run(lab, nproc_per_node, launcher, timeout_s, pg_timeout_s, as_json, env_pairs, env_files, dry_run, no_preflight,
-        max_restarts, nnodes, script) -> None:
+def run(lab, nproc_per_node, launcher, timeout_s, pg_timeout_s, as_json, env_pairs, env_files, nccl_debug, dry_run,
+        no_preflight, max_restarts, nnodes, script) -> None:
     """Run TRAINING_SCRIPT [ARGS...] (or `-m module [ARGS...]`) on every node at once.
 
     The options torchrun has too take its spellings as well (--nproc_per_node, --max_restarts).
@@ -41,6 +43,7 @@ def run(lab, nproc_per_node, launcher, timeout_s, pg_timeout_s, as_json, env_pai
     Examples:
       labctl run -- -m trainer --epochs 3
       labctl run --nproc_per_node 2 -e NCCL_DEBUG=INFO -- my_ddp_script.py --lr 0.1
+      labctl run --nccl-debug -- -m trainer --backend nccl
       labctl run --launcher static --env-file run.env -- my_ddp_script.py
     """
     from labctl.api import check_nproc, check_timeout
@@ -51,13 +54,13 @@ def run(lab, nproc_per_node, launcher, timeout_s, pg_timeout_s, as_json, env_pai
     the_lab = where.lab(lab)
     check_nproc(nproc_per_node)
     check_timeout(timeout_s)
-    env = build_user_env(env_pairs, env_files, where.environ)
+    env = build_user_env(env_pairs, env_files, where.environ, nccl_debug)
     plan = the_lab.run_plan(*script, launcher=launcher, nproc_per_node=nproc_per_node, max_restarts=max_restarts,
                             nnodes=nnodes, pg_timeout_s=pg_timeout_s, env=env, cwd=where.cwd)
     if dry_run:
         render.print_launches(plan, the_lab.nodes().address)
         return
     if not no_preflight:
-        render.print_preflight(the_lab.preflight(), f"labctl doctor --lab {the_lab.name}")
+        render.print_preflight(the_lab.preflight(nproc_per_node, env), f"labctl doctor --lab {the_lab.name}")
     render.finish_run(the_lab.execute(plan, timeout_s=timeout_s, echo="stderr" if as_json else True,
                                       check=not as_json), as_json)

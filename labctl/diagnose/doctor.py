@@ -7,7 +7,11 @@ Each check names the node, what is wrong and the fix. The checks, cheapest first
   env        every node's launch environment (what torchrun and the trainer will read): node ranks
              unique and complete, the same world size, master address and port everywhere,
              is_host=true on exactly one node (the hostname-matching trap), a socket interface set
-  versions   torch, Python, CUDA and NCCL identical on every node (torch itself never checks)
+  versions   torch (its release: 2.13.0+cpu and 2.13.0 agree) and Python identical on every node, CUDA and
+             NCCL on every node that has them (torch itself never checks)
+  gpus       one backend for every rank ($DDPLAB_BACKEND, else nccl where CUDA is), and on nccl a GPU
+             of its own for every rank: no node with more ranks than visible GPUs, no GPU on two
+             nodes (NCCL: "Duplicate GPU detected"), no CPU node (labctl/diagnose/gpus.py)
   iface      the configured socket interface exists on every node and carries an address on the
              lab's subnet (gloo otherwise picks another NIC, or fails to find one)
   cpus       no node has a smaller CPU allowance than the others (a straggler by configuration: a
@@ -16,7 +20,7 @@ Each check names the node, what is wrong and the fix. The checks, cheapest first
   ports      every node reaches every other node on a port in the ephemeral range, where gloo and
              NCCL connect back after rendezvous (a firewall that only opens 29500 breaks here)
 
-The first three are "cheap" (one short exec per node) and run before every `labctl run`; the
+All but the last two are "cheap" (one short exec per node) and run before every `labctl run`; the
 reachability probes listen and connect for about two seconds.
 """
 
@@ -165,34 +169,39 @@ def check_env(envs: dict[str, dict[str, str]]) -> list[Finding]:
 
 
 VERSION_KEYS = ("torch", "python", "cuda", "nccl")
+CUDA_KEYS = ("cuda", "nccl")  # compared among the nodes that have them: a CPU node has none, and that is no mismatch
 
 
-def _release(key: str, value):
-    """What must agree: torch's release, not its build (+cpu on CPU-image nodes, +cu128 on CUDA-image
-    ones, which a lab may mix: `up --cuda 2`, gloo everywhere)."""
-    return value.split("+")[0] if key == "torch" and isinstance(value, str) else value
+def release(version: str | None) -> str | None:
+    """A version without its local tag: torch "2.13.0+cpu" and the CUDA wheel's "2.13.0" (or "+cu128") are one
+    release, built for different devices, and train together (gloo between them)."""
+    return version.split("+", 1)[0] if version else version
 
 
 def check_versions(info: dict[str, dict]) -> list[Finding]:
     out = []
     for key in VERSION_KEYS:
-        values = {node: i.get(key) for node, i in info.items()}
-        if key in ("cuda", "nccl"):  # CPU nodes have neither: the CUDA nodes must agree among themselves
-            values = {node: value for node, value in values.items() if value is not None}
-        counts = Counter(_release(key, v) for v in values.values())
+        raw = {node: i.get(key) for node, i in info.items() if key not in CUDA_KEYS or i.get(key)}
+        values = {node: release(v) if key == "torch" else v for node, v in raw.items()}
+        counts = Counter(values.values())
         if len(counts) <= 1:
             continue
-        release = counts.most_common(1)[0][0]
-        common = next(v for v in values.values() if _release(key, v) == release)
+        common = counts.most_common(1)[0][0]
+        shown = next(raw[node] for node, v in values.items() if v == common)  # as a node reports it
         for node, value in values.items():
-            if _release(key, value) != release:
+            if value != common:
+                others = "the other GPU nodes" if key in CUDA_KEYS else "the other nodes"
                 out.append(Finding("versions", node, False,
-                                   f"{key} {value} here, {common} on the other nodes: torch never checks this, and "
+                                   f"{key} {raw[node]} here, {shown} on {others}: torch never checks this, and "
                                    "mixed releases hang or fail in unrelated-looking ways",
                                    "run every node on one image (`labctl up` does); on real machines pin one release"))
     if not out:
         first = next(iter(info.values()))
-        out.append(Finding("versions", "all", True, f"torch {first.get('torch')}, Python {first.get('python')} on every node"))
+        text = f"torch {release(first.get('torch'))}, Python {first.get('python')} on every node"
+        gpu = [i for i in info.values() if i.get("cuda")]
+        if gpu:
+            text += f"; CUDA {gpu[0]['cuda']}, NCCL {gpu[0].get('nccl') or '?'} on the {len(gpu)} with CUDA"
+        out.append(Finding("versions", "all", True, text))
     return out
 
 
@@ -330,9 +339,11 @@ def check_cpus(limits: dict[str, float | None]) -> list[Finding]:
 
 
 def diagnose(client, lab: str, nodes: list, subnet: str | None, cheap: bool = False,
-             env_overrides: dict[str, dict[str, str]] | None = None) -> Diagnosis:
+             env_overrides: dict[str, dict[str, str]] | None = None, nproc_per_node: int | None = None) -> Diagnosis:
     """doctor on the lab's running `nodes`. `cheap` skips the reachability probes;
-    `env_overrides` checks an environment a launch would add on top of each node's own."""
+    `env_overrides` checks an environment a launch would add on top of each node's own, and
+    `nproc_per_node` a launch's processes per node (for the GPU checks)."""
+    from labctl.diagnose.gpus import check_gpus
     from labctl.lab.engine import inspect_engine
     from labctl.lab.docker import DockerNodes, node_cpus_limit
 
@@ -346,8 +357,8 @@ def diagnose(client, lab: str, nodes: list, subnet: str | None, cheap: bool = Fa
         envs[node] = {**envs.get(node, {}), **extra}
     docker_nodes = DockerNodes(client, lab)
     info = gather_info(docker_nodes, names)
-    findings = (check_engine(engine) + check_env(envs) + check_versions(info) + check_iface(info, envs, subnet)
-                + check_cpus({n: node_cpus_limit(client, lab, n, cpus) for n in names}))
+    findings = (check_engine(engine) + check_env(envs) + check_versions(info) + check_gpus(info, envs, nproc_per_node)
+                + check_iface(info, envs, subnet) + check_cpus({n: node_cpus_limit(client, lab, n, cpus) for n in names}))
     if not cheap:
         first = envs[names[0]]
         master_node = next((n for n in names if envs[n].get("NODE_RANK") == "0"), names[0])

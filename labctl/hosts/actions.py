@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Callable, Mapping, TypeVar
 
 from labctl.diagnose.doctor import Diagnosis, Finding, check_env, check_iface, check_reach, check_versions, node_info, probe_reach
+from labctl.diagnose.gpus import check_gpus
 from labctl.errors import CommandError, LabError, StateError
 from labctl.hosts.inventory import Inventory
 from labctl.run.plan import RunPlan, build_run_plan
@@ -148,6 +149,7 @@ def host_findings(inventory: Inventory, reached: Reached, nproc_per_node: int | 
                            "install the same torch release as on the other hosts, or point python (or venv) in "
                            "the inventory at the environment that has it"))
     checked = check_versions(with_torch) if with_torch else []
+    checked += check_gpus(with_torch, {name: envs[name] for name in with_torch})  # envs carry nproc_per_node
     if info:
         checked += check_iface(info, {name: envs[name] for name in info}, None,
                                how_to_set=lambda node: f"set iface for {node} in {inventory.path} to")

@@ -1,14 +1,17 @@
 """What `labctl doctor` reads of a node or host: `python -c TEXT` (labctl.diagnose.doctor).
 
 Prints one line of JSON: hostname, Python, torch, CUDA and NCCL versions (null where absent),
-whether rsync is installed (`labctl hosts sync` needs it at both ends), and each interface's IPv4
-addresses as ADDRESS/PREFIX, from `ip -j -4 addr` (an empty map without iproute2). Fast: it reads
-torch's version file instead of importing torch, which costs seconds.
+whether rsync is installed (`labctl hosts sync` needs it at both ends), each interface's IPv4
+addresses as ADDRESS/PREFIX, from `ip -j -4 addr` (an empty map without iproute2), the NVIDIA
+driver's version and the GPUs this node's processes can use (see gpus()). Fast: it reads torch's
+version file instead of importing torch, which costs seconds, and asks nvidia-smi, not CUDA.
 """
 
+import glob
 import importlib.util
 import json
 import os
+import re
 import shutil
 import socket
 import subprocess
@@ -48,6 +51,67 @@ def interfaces():
     return {a["ifname"]: ["%s/%s" % (i["local"], i["prefixlen"]) for i in a.get("addr_info", [])] for a in addrs}
 
 
+GPU_FIELDS = ("index", "name", "uuid", "driver_version")
+
+
+def visible_filter(gpus, visible):
+    """The GPUs of `gpus` that CUDA_VISIBLE_DEVICES=`visible` leaves (by index or UUID), in its order."""
+    out = []
+    for want in [v.strip() for v in visible.split(",") if v.strip()]:
+        out += [g for g in gpus if want in (g.get("index"), g.get("uuid")) and g not in out]
+    return out
+
+
+def nvidia_smi():
+    """[{index, name, uuid, driver_version}] of every GPU nvidia-smi lists, or None without a working nvidia-smi."""
+    smi = shutil.which("nvidia-smi")
+    if not smi:
+        return None
+    try:
+        done = subprocess.run([smi, "--query-gpu=" + ",".join(GPU_FIELDS), "--format=csv,noheader"],
+                              capture_output=True, text=True, timeout=15)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    if done.returncode != 0:
+        return None
+    rows = [[cell.strip() for cell in line.split(",")] for line in done.stdout.splitlines() if line.strip()]
+    return [dict(zip(GPU_FIELDS, row)) for row in rows if len(row) == len(GPU_FIELDS)]
+
+
+def gpus():
+    """(the GPUs this node's processes can use, where that came from). nvidia-smi's list, narrowed by
+    CUDA_VISIBLE_DEVICES as CUDA narrows it; without nvidia-smi, the ids CUDA_VISIBLE_DEVICES or
+    NVIDIA_VISIBLE_DEVICES name ({"index": id} or {"uuid": "GPU-..."}), or the /dev/nvidiaN device
+    files; [] where no GPU device is there at all (a CPU node, whatever its environment says:
+    CUDA base images set NVIDIA_VISIBLE_DEVICES=all with no GPU attached)."""
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    listed = nvidia_smi()
+    if listed is not None:
+        return (listed if visible is None else visible_filter(listed, visible)), "nvidia-smi"
+    devices = sorted(glob.glob("/dev/nvidia[0-9]*"))
+    if not devices:
+        return [], None
+    for var in ("CUDA_VISIBLE_DEVICES", "NVIDIA_VISIBLE_DEVICES"):
+        value = os.environ.get(var)
+        if value is not None and value.strip().lower() not in ("all", "void", "none"):
+            ids = [v.strip() for v in value.split(",") if v.strip()]
+            return [{"uuid": i} if i.startswith(("GPU-", "MIG-")) else {"index": i} for i in ids], var
+    return [{"index": d[len("/dev/nvidia"):]} for d in devices], "/dev/nvidia*"
+
+
+def driver_version(found):
+    """The NVIDIA driver's version: nvidia-smi's, else the kernel module's, else None."""
+    for gpu in found:
+        if gpu.get("driver_version"):
+            return gpu["driver_version"]
+    try:
+        with open("/proc/driver/nvidia/version") as f:
+            match = re.search(r"Kernel Module(?: for \S+)?\s+(\d[\w.]*)", f.read())
+        return match.group(1) if match else None
+    except OSError:
+        return None
+
+
 def info():
     out = {"hostname": socket.gethostname(), "python": sys.version.split()[0]}
     version = torch_versions()
@@ -55,6 +119,8 @@ def info():
     out["nccl"] = nccl_version() if out["cuda"] else None
     out["rsync"] = shutil.which("rsync") is not None
     out["ifaces"] = interfaces()
+    out["gpus"], out["gpu_source"] = gpus()
+    out["driver"] = driver_version(out["gpus"])
     return out
 
 

@@ -111,9 +111,15 @@ def read_env_file(path: Path | str, environ: Mapping[str, str]) -> dict[str, str
     return parse_env_text(text, environ, str(path))
 
 
-def build_user_env(pairs: Iterable[str], files: Iterable[Path | str], environ: Mapping[str, str]) -> dict[str, str]:
-    """What `-e` and `--env-file` add to every process of a run: the files in order, then each -e."""
-    env: dict[str, str] = {}
+# `--nccl-debug`: NCCL logs its set-up (which transport, which interface, which GPU) at INIT and NET.
+NCCL_DEBUG_ENV = {"NCCL_DEBUG": "INFO", "NCCL_DEBUG_SUBSYS": "INIT,NET"}
+
+
+def build_user_env(pairs: Iterable[str], files: Iterable[Path | str], environ: Mapping[str, str],
+                   nccl_debug: bool = False) -> dict[str, str]:
+    """What `-e` and `--env-file` add to every process of a run: NCCL_DEBUG_ENV with `nccl_debug`,
+    then the files in order, then each -e (so -e NCCL_DEBUG=TRACE still wins over --nccl-debug)."""
+    env: dict[str, str] = dict(NCCL_DEBUG_ENV) if nccl_debug else {}
     for path in files:
         env.update(read_env_file(path, environ))
     for pair in pairs:

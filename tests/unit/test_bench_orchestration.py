@@ -152,10 +152,30 @@ def test_allreduce_measures_the_slowest_links_wire_then_sweeps(tmp_path, events,
     assert events.index(sweep) < next(i for i, e in enumerate(events) if e[0] == "run")  # the logs named first
     assert events[-1] == ("run", ("node0", "node1", "node2"),
                           ["trainer.bench_allreduce", "--sizes", "1024,2048", "--iters", "3"])
-    assert result.title == ("allreduce, 3 nodes, link shaped 50mbit (slowest node node1), iperf3 wire 45 Mbit/s; "
+    assert result.title == ("allreduce on gloo (cpu tensors), 3 nodes, link shaped 50mbit (slowest node node1), iperf3 wire 45 Mbit/s; "
                             "model: ring at 85% of the link")
     written = json.loads((result.run_dir / "bench-allreduce.json").read_text())
     assert written == [r.as_dict() for r in result.rows] and [r["size"] for r in written] == [1024, 2048]
+
+
+def test_allreduce_says_what_it_measured_and_passes_the_nccl_debug_env(tmp_path, events, engine, monkeypatch):
+    from labctl.run.userenv import NCCL_DEBUG_ENV
+
+    monkeypatch.setattr(allreduce, "measure_wire", lambda *args: 9e9)
+    timings = [{"size": 4096, "count": 1024, "time_us": 50.0, "backend": "nccl", "device": "cuda"}]
+    envs = []
+
+    def answer(plan):
+        envs.append(plan.launches[0].env)
+        plan.run_dir.mkdir(parents=True)
+        (plan.run_dir / "allreduce.json").write_text(json.dumps(timings))
+        return {}
+
+    result = allreduce.measure(FakeLab(tmp_path, events, nodes=2, answer=answer), [4096], 1, env=NCCL_DEBUG_ENV)
+    assert result.title.startswith("allreduce on nccl (cuda tensors), 2 nodes")
+    assert (result.rows[0].backend, result.rows[0].device) == ("nccl", "cuda")
+    assert result.rows[0].as_dict()["backend"] == "nccl"
+    assert envs[0]["NCCL_DEBUG"] == "INFO" and envs[0]["NCCL_DEBUG_SUBSYS"] == "INIT,NET"
 
 
 def test_allreduce_refuses_a_single_node_before_touching_a_link(tmp_path, events, engine):
@@ -240,6 +260,48 @@ def test_scaling_host_rows_run_the_trainer_with_the_host_python(tmp_path, events
     assert (tmp_path / "out" / "host-runs" / "host-1proc" / "host.log").read_text().startswith("SUMMARY")
     assert (tmp_path / "out" / "host-runs" / "host-torchrunx2" / "host.log").is_file()
     assert not [e for e in events if e[0] in ("shape", "clear")]
+
+
+@pytest.mark.parametrize("gpu", ["NVIDIA H100 80GB HBM3", None])
+def test_scaling_runs_the_1_gpu_row_on_nccl_or_says_why_not(tmp_path, events, engine, monkeypatch, gpu, capsys):
+    from labctl.cli import render_bench
+
+    python = tmp_path / "python"  # answers the torch probe; a trainer run prints its argv and a SUMMARY
+    python.write_text("#!/bin/sh\n"
+                      'if [ "$1" = "-c" ]; then echo 2.99.0; exit 0; fi\n'
+                      'echo "ARGV $* CVD=${CUDA_VISIBLE_DEVICES-unset}"\n'
+                      f"echo 'SUMMARY {json.dumps(summary(900.0))}'\n")
+    python.chmod(0o755)
+    monkeypatch.setattr(scaling_run, "host_gpu", lambda py: gpu)
+    lab = FakeLab(tmp_path, events, answer=lambda plan: summary(800.0), host_python=str(python))
+    messages = []
+    result = scaling_run.measure(lab, nodes_list="1", rates=("none",), nproc=1, out_dir=tmp_path / "out",
+                                 report=messages.append)
+    written = json.loads((tmp_path / "out" / "scaling.json").read_text())
+    if gpu:
+        assert [r.name for r in result.rows] == ["host, 1 proc", "host, 1 GPU", "1 node"]
+        log = (tmp_path / "out" / "host-runs" / "host-1GPU" / "host.log").read_text()
+        assert "torch.distributed.run --standalone --nproc-per-node 1 -m trainer" in log
+        assert "--backend nccl" in log and "CVD=unset" in log
+        assert result.notes == [] and written["host_gpu"] == gpu
+    else:
+        assert [r.name for r in result.rows] == ["host, 1 proc", "1 node"]
+        assert "no GPU on this machine: the 1-GPU row is not measured" in messages
+        assert written["notes"] == result.notes == ["no GPU on this machine: the 1-GPU row is not measured"]
+        render_bench.print_scaling(result, as_json=True)
+        assert json.loads(capsys.readouterr().out)["notes"] == result.notes
+    cpu_log = (tmp_path / "out" / "host-runs" / "host-1proc" / "host.log").read_text()
+    assert "--backend gloo" in cpu_log and "CVD=" in cpu_log and "CVD=unset" not in cpu_log
+
+
+def test_host_gpu_is_none_where_the_python_says_nothing_of_a_gpu(tmp_path):
+    python = tmp_path / "python"
+    python.write_text("#!/bin/sh\necho 2.99.0\n")
+    python.chmod(0o755)
+    assert scaling_run.host_gpu(str(python)) is None
+    python.write_text("#!/bin/sh\necho gpu=NVIDIA H100\n")
+    assert scaling_run.host_gpu(str(python)) == "NVIDIA H100"
+    assert scaling_run.host_gpu(str(tmp_path / "no-such-python")) is None
 
 
 # ------------------------------------------------------------------------------------- straggler

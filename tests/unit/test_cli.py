@@ -209,6 +209,15 @@ def test_hosts_run_dry_run_shows_the_users_env_on_every_process(tmp_path, monkey
                                    for line in lines), result.output
 
 
+def test_hosts_run_nccl_debug_sets_nccl_logging_on_every_process(tmp_path):
+    (tmp_path / "hosts.toml").write_text(INVENTORY)
+    result = invoke("hosts", "run", "--inventory", "hosts.toml", "--dry-run", "--launcher", "static", "--nccl-debug",
+                    "--", "x.py")
+    assert result.exit_code == 0, result.output
+    lines = result.output.splitlines()
+    assert lines and all("NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=INIT,NET python x.py" in line for line in lines), result.output
+
+
 @pytest.mark.parametrize("args, fragment", [
     (["-e", "1X=1"], "invalid -e='1X=1': must be KEY=VALUE or KEY"),
     (["-e", "UNSET_HERE_1"], "where UNSET_HERE_1 is not set"),

@@ -72,7 +72,7 @@ def test_cpu_and_cuda_builds_of_one_release_may_mix_but_cuda_nodes_must_agree():
     assert failures(check_versions({"node0": cuda, "node1": cuda, "node2": cpu})) == []
     odd = {**cuda, "nccl": "2.21.5"}
     [finding] = [f for f in check_versions({"node0": cuda, "node1": odd, "node2": cuda, "node3": cpu}) if not f.ok]
-    assert finding.node == "node1" and "nccl 2.21.5 here, 2.27.3 on the other nodes" in finding.message
+    assert finding.node == "node1" and "nccl 2.21.5 here, 2.27.3 on the other GPU nodes" in finding.message
 
 
 def test_missing_interface_and_address_off_the_subnet():

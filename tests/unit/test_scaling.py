@@ -18,6 +18,27 @@ def test_plan_has_every_row_the_table_needs():
     assert [(c.name, c.world_size) for c in lab_only] == [("2 nodes", 2)]
 
 
+@pytest.mark.parametrize("has_gpu", [True, False])
+def test_the_1_gpu_row_is_planned_only_where_the_host_has_a_gpu(has_gpu):
+    configs = scaling.plan([1, 2], [], nproc=1, gpu=has_gpu)
+    names = [c.name for c in configs]
+    assert names == ["host, 1 proc", *(["host, 1 GPU"] if has_gpu else []), "host, torchrun x2", "1 node", "2 nodes"]
+    if has_gpu:
+        [row] = [c for c in configs if c.device == "cuda"]
+        assert (row.place, row.world_size) == ("host", 1)  # the same workload and global batch as 1 process
+    assert [c.name for c in scaling.plan([2], [], nproc=1, host=False, gpu=True)] == ["2 nodes"]
+
+
+def test_the_gpu_row_is_measured_against_the_cpu_baseline_not_taken_for_it():
+    configs = scaling.plan([2], [], nproc=1, gpu=True)
+    summaries = {"host, 1 proc": [summary(1000)], "host, 1 GPU": [summary(20000)],
+                 "host, torchrun x2": [summary(1800)], "2 nodes": [summary(1600)]}
+    rows = {r.name: r for r in scaling.build_rows(configs, summaries, 0.85)}
+    assert rows["host, 1 GPU"].efficiency == 20.0 and rows["host, 1 GPU"].device == "cuda"
+    assert rows["2 nodes"].efficiency == 0.8
+    assert "no GPU on this machine" in scaling.markdown(list(rows.values()), "t", [scaling.NO_GPU_NOTE])
+
+
 def summary(tokens, compute=10.0, allreduce=2.0, params=100_000):
     return {"tokens_per_s": tokens, "step_ms": compute + allreduce + 1, "compute_ms_per_step": compute,
             "allreduce_ms_per_step": allreduce, "comm_fraction": 0.2, "params": params}

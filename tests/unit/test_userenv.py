@@ -111,3 +111,9 @@ def test_every_process_gets_the_users_env_over_labctls_own(launcher):
     with pytest.raises(LabError, match="cannot set LOCAL_RANK"):
         build_launches(NODE_ENV, ["x.py"], launcher=launcher, nproc_per_node=None, run_id="r1", run_dir="/r",
                        user_env={"LOCAL_RANK": "0"})
+
+
+def test_nccl_debug_adds_nccl_logging_under_what_the_user_gives():
+    assert build_user_env([], [], {}, nccl_debug=True) == {"NCCL_DEBUG": "INFO", "NCCL_DEBUG_SUBSYS": "INIT,NET"}
+    assert build_user_env(["NCCL_DEBUG=TRACE"], [], {}, nccl_debug=True)["NCCL_DEBUG"] == "TRACE"
+    assert build_user_env([], [], {}) == {}
