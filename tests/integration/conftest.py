@@ -58,6 +58,20 @@ def node_image(docker_client):
     return tag
 
 
+@pytest.fixture(scope="session")
+def cuda_image(docker_client):
+    """The CUDA node image at the lab's release (Dockerfile.cuda): `make test` builds it on every
+    machine, GPU or not, so that the image is exercised on every run."""
+    from labctl.config import resolve_config
+
+    tag = resolve_config(environ=os.environ).cuda_image_tag
+    try:
+        docker_client.images.get(tag)
+    except Exception:  # noqa: BLE001
+        pytest.fail(f"CUDA node image {tag} is missing; `make test` builds it (or `labctl build --cuda`)", pytrace=False)
+    return tag
+
+
 def labctl(*args: str, timeout: float = 300, check: bool | None = None, env: dict | None = None,
            cwd: Path = REPO) -> subprocess.CompletedProcess:
     """Run the real CLI in a subprocess, as a user would."""
