@@ -13,6 +13,8 @@ and reads the trainer's SUMMARY (trainer/instrument.py defines its figures):
   node0 x P             P processes in one node (torchrun --nproc-per-node P)
   N nodes               N nodes x 1 process, unshaped
   N nodes @ RATE        the same, every node's link shaped to RATE (tc tbf)
+  N GPU nodes (@ RATE)  N nodes with a GPU each (`labctl up --gpus`), nccl over the lab's network,
+                        unshaped and shaped, where the lab's first N nodes have GPUs
 
 Beside each measurement sits the ring cost model's all-reduce time for the model's fp32
 gradients at the shaped rate (labctl/bench/cost.py). Rows are run in rounds, so with --repeats each
@@ -78,9 +80,16 @@ GPU_ROW = "host, 1 GPU"
 NO_GPU_NOTE = "no GPU on this machine: the 1-GPU row is not measured"
 
 
+def no_gpu_nodes_note(lab: str, gpu_nodes: int) -> str:
+    return (f"lab {lab} has {gpu_nodes} GPU node(s): the GPU-node rows are not measured "
+            f"(they need 2 or more: `labctl up --lab {lab} --nodes 2 --gpus 2` on a machine with 2 GPUs)")
+
+
 def plan(nodes_list: list[int], rates: list[tuple[str, int]], nproc: int, host: bool = True,
-         gpu: bool = False) -> list[Config]:
-    """Every row, in the order of the table; `gpu` (the host has one) adds the host's 1-GPU row."""
+         gpu: bool = False, gpu_nodes: int = 0) -> list[Config]:
+    """Every row, in the order of the table; `gpu` (the host has one) adds the host's 1-GPU row,
+    `gpu_nodes` (how many of the lab's first nodes have a GPU) the GPU-node rows for the counts of
+    `nodes_list` from 2 up to it."""
     rows = []
     if host:
         rows.append(Config("host, 1 proc", "host", 1, 1))
@@ -90,8 +99,11 @@ def plan(nodes_list: list[int], rates: list[tuple[str, int]], nproc: int, host: 
     if nproc > 1:
         rows.append(Config(f"node0 x {nproc} procs", "lab", 1, nproc))
     rows += [Config(f"{n} node{'s' if n > 1 else ''}", "lab", n, 1) for n in nodes_list]
+    on_gpus = [n for n in nodes_list if 2 <= n <= gpu_nodes]
+    rows += [Config(f"{n} GPU nodes", "lab", n, 1, device="cuda") for n in on_gpus]
     for bw, rate in rates:
         rows += [Config(f"{n} nodes @ {bw}", "lab", n, 1, bw, rate) for n in nodes_list if n > 1]
+        rows += [Config(f"{n} GPU nodes @ {bw}", "lab", n, 1, bw, rate, device="cuda") for n in on_gpus]
     return rows
 
 
@@ -151,8 +163,9 @@ def build_rows(configs: list[Config], summaries: dict[str, list[dict]], efficien
 
 def ratio_rows(rows: list[Row]) -> list[tuple[int, float, float, float]]:
     """(N, tokens/s of N nodes unshaped, of N host processes, their ratio) for every N in both."""
-    lab = {r.world_size: r.tokens_per_s for r in rows if r.place == "lab" and r.nproc_per_node == 1 and r.bw == "unshaped"}
-    host = {r.world_size: r.tokens_per_s for r in rows if r.place == "host" and r.world_size > 1}
+    cpu = [r for r in rows if r.device == "cpu"]
+    lab = {r.world_size: r.tokens_per_s for r in cpu if r.place == "lab" and r.nproc_per_node == 1 and r.bw == "unshaped"}
+    host = {r.world_size: r.tokens_per_s for r in cpu if r.place == "host" and r.world_size > 1}
     return [(n, lab[n], host[n], lab[n] / host[n]) for n in sorted(lab) if n in host and host[n]]
 
 

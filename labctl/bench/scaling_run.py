@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Sequence
 
 from labctl.bench.cost import DEFAULT_EFFICIENCY
-from labctl.bench.scaling import NO_GPU_NOTE, Config, Row, build_rows, plan, write_outputs
+from labctl.bench.scaling import NO_GPU_NOTE, Config, Row, build_rows, no_gpu_nodes_note, plan, write_outputs
 from labctl.errors import CommandError, ConfigError, LabError, RunFailed, StateError
 from labctl import assets
 from labctl.net import apply as netshape
@@ -77,7 +77,11 @@ def measure(session: LabSession, *, workload: str = "gpt", nodes_list: str | Seq
         gpu = host_gpu(host_python)
         report(f"host GPU: {gpu}: the 1-GPU row runs on it (nccl, world size 1)" if gpu else NO_GPU_NOTE)
         notes = [] if gpu else [NO_GPU_NOTE]
-    configs = plan(counts, shaped, nproc or max(counts), host=host, gpu=bool(gpu))
+    gpu_nodes = leading_gpu_nodes(session)
+    if gpu_nodes < 2 and (gpu or not host):
+        notes.append(no_gpu_nodes_note(session.name, gpu_nodes))
+        report(notes[-1])
+    configs = plan(counts, shaped, nproc or max(counts), host=host, gpu=bool(gpu), gpu_nodes=gpu_nodes)
     trainer_args = ["--workload", workload, "--steps", str(steps), "--micro-batch", str(micro_batch),
                     "--threads", str(threads)]
     node_env = session.node_env(names)
@@ -108,6 +112,16 @@ def measure(session: LabSession, *, workload: str = "gpt", nodes_list: str | Seq
                                              "host_gpu": gpu, "notes": notes}, plots=plots)
     report("wrote " + ", ".join(str(p) for p in paths))
     return ScalingReport(rows, title, paths, notes)
+
+
+def leading_gpu_nodes(session: LabSession) -> int:
+    """How many of the lab's first nodes (node0, node1, ...) have a GPU: the lab rows run on the first N."""
+    count = 0
+    for node in sorted(session.running(), key=lambda n: n.rank):
+        if not node.gpus:
+            break
+        count += 1
+    return count
 
 
 def _lab_for(session: LabSession, nodes_list: str | Sequence[int] | None) -> tuple[list[str], list[int]]:
@@ -222,9 +236,11 @@ def run_host(config: Config, trainer_args: list[str], run_dir: Path, threads: in
 
 
 def run_lab(session: LabSession, config: Config, trainer_args: list[str], node_env: dict | None = None) -> dict:
-    """The trainer on the lab's first `config.nodes` nodes with torchrun, output to the run's logs only."""
+    """The trainer on the lab's first `config.nodes` nodes with torchrun, output to the run's logs only:
+    on nccl for a GPU row, else on gloo and the CPU, whatever backend the lab's env files name."""
     node_env = node_env if node_env is not None else session.node_env()
     subset = dict(list(node_env.items())[: config.nodes])
-    plan = session.plan_run(["-m", "trainer", *trainer_args], node_env=subset, nproc_per_node=config.nproc_per_node,
+    backend = "nccl" if config.device == "cuda" else "gloo"
+    plan = session.plan_run(["-m", "trainer", *trainer_args, "--backend", backend], node_env=subset, nproc_per_node=config.nproc_per_node,
                             share_cpus=False)
     return parse_summary(session.execute(plan, echo=False).outcomes[0].lines)

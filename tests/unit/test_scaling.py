@@ -39,6 +39,38 @@ def test_the_gpu_row_is_measured_against_the_cpu_baseline_not_taken_for_it():
     assert "no GPU on this machine" in scaling.markdown(list(rows.values()), "t", [scaling.NO_GPU_NOTE])
 
 
+def test_gpu_node_rows_run_where_the_labs_first_nodes_have_gpus_and_stay_out_of_the_cpu_ratios():
+    configs = scaling.plan([1, 2, 3], [("1gbit", 10**9)], nproc=1, host=False, gpu_nodes=2)
+    assert [(c.name, c.device, c.rate_bps) for c in configs if c.device == "cuda"] == [
+        ("2 GPU nodes", "cuda", None), ("2 GPU nodes @ 1gbit", "cuda", 10**9)]
+    assert not [c for c in scaling.plan([1, 2, 3], [], nproc=1, host=False, gpu_nodes=1) if c.device == "cuda"]
+    configs = scaling.plan([2], [], nproc=1, gpu_nodes=2)
+    summaries = {"host, 1 proc": [summary(1000)], "host, torchrun x2": [summary(1800)], "2 nodes": [summary(1600)],
+                 "2 GPU nodes": [summary(30000)]}
+    rows = scaling.build_rows(configs, summaries, 0.85)
+    assert scaling.ratio_rows(rows) == [(2, 1600, 1800, 1600 / 1800)]
+    assert "--nodes 2 --gpus 2" in scaling.no_gpu_nodes_note("lab", 0)
+
+
+def test_lab_rows_name_their_backend_whatever_the_env_files_say():
+    class Session:
+        def __init__(self):
+            self.argv = []
+
+        def node_env(self):
+            return {"node0": {}, "node1": {}}
+
+        def plan_run(self, argv, **_):
+            self.argv.append(argv)
+            raise StopIteration
+
+    session = Session()
+    for device in ("cpu", "cuda"):
+        with pytest.raises(StopIteration):
+            scaling_run.run_lab(session, scaling.Config("r", "lab", 2, 1, device=device), ["--steps", "1"])
+    assert [argv[-2:] for argv in session.argv] == [["--backend", "gloo"], ["--backend", "nccl"]]
+
+
 def summary(tokens, compute=10.0, allreduce=2.0, params=100_000):
     return {"tokens_per_s": tokens, "step_ms": compute + allreduce + 1, "compute_ms_per_step": compute,
             "allreduce_ms_per_step": allreduce, "comm_fraction": 0.2, "params": params}
