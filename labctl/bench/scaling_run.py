@@ -66,7 +66,7 @@ def measure(session: LabSession, *, workload: str = "gpt", nodes_list: str | Seq
     from labctl.bench.plotting import INSTALL_HINT, have_matplotlib
 
     shaped = shaped_rates(rates)
-    names, counts = _lab_for(session, nodes_list)
+    names, counts, gpu_nodes = _lab_for(session, nodes_list)
     plots = have_matplotlib()
     if not plots:  # the table is the result; the PNGs only draw it, so their absence is said, not fatal
         report(f"matplotlib is not installed: scaling.md and scaling.json only, no PNGs ({INSTALL_HINT})")
@@ -77,8 +77,7 @@ def measure(session: LabSession, *, workload: str = "gpt", nodes_list: str | Seq
         gpu = host_gpu(host_python)
         report(f"host GPU: {gpu}: the 1-GPU row runs on it (nccl, world size 1)" if gpu else NO_GPU_NOTE)
         notes = [] if gpu else [NO_GPU_NOTE]
-    gpu_nodes = leading_gpu_nodes(session)
-    if gpu_nodes < 2 and (gpu or not host):
+    if gpu_nodes < 2 and gpu:  # a GPU here, but the lab's nodes were brought up without theirs
         notes.append(no_gpu_nodes_note(session.name, gpu_nodes))
         report(notes[-1])
     configs = plan(counts, shaped, nproc or max(counts), host=host, gpu=bool(gpu), gpu_nodes=gpu_nodes)
@@ -114,18 +113,19 @@ def measure(session: LabSession, *, workload: str = "gpt", nodes_list: str | Seq
     return ScalingReport(rows, title, paths, notes)
 
 
-def leading_gpu_nodes(session: LabSession) -> int:
+def leading_gpu_nodes(nodes) -> int:
     """How many of the lab's first nodes (node0, node1, ...) have a GPU: the lab rows run on the first N."""
     count = 0
-    for node in sorted(session.running(), key=lambda n: n.rank):
-        if not node.gpus:
+    for node in sorted(nodes, key=lambda n: n.rank):
+        if not getattr(node, "gpus", ""):
             break
         count += 1
     return count
 
 
-def _lab_for(session: LabSession, nodes_list: str | Sequence[int] | None) -> tuple[list[str], list[int]]:
-    """The running lab's nodes and the node counts to run, refusing counts it lacks and shaped links."""
+def _lab_for(session: LabSession, nodes_list: str | Sequence[int] | None) -> tuple[list[str], list[int], int]:
+    """The running lab's nodes, the node counts to run and how many of its first nodes have a GPU,
+    refusing counts it lacks and shaped links."""
     from labctl.config import parse_nodes_list
 
     nodes = session.running()
@@ -141,7 +141,7 @@ def _lab_for(session: LabSession, nodes_list: str | Sequence[int] | None) -> tup
     if netshape.slowest_link(netshape.read_links(session.client, session.name, names, session.config.iface)):
         raise StateError(f"lab {session.name} has shaped links; the unshaped rows need them clear",
                          hint=f"labctl shape --lab {session.name} --clear (bench scaling shapes and clears links itself)")
-    return names, counts
+    return names, counts, leading_gpu_nodes(nodes)
 
 
 def run_rounds(session: LabSession, names: list[str], configs: list[Config], shaped: list[tuple[str, int]],

@@ -153,9 +153,24 @@ def test_allreduce_measures_the_slowest_links_wire_then_sweeps(tmp_path, events,
     assert events[-1] == ("run", ("node0", "node1", "node2"),
                           ["trainer.bench_allreduce", "--sizes", "1024,2048", "--iters", "3"])
     assert result.title == ("allreduce on gloo (cpu tensors), 3 nodes, link shaped 50mbit (slowest node node1), iperf3 wire 45 Mbit/s; "
-                            "model: ring at 85% of the link")
+                            "model: ring at 85% of the link, 50 us a hop; calibrated: the wire, 39 us a hop (from the 1024 B row)")
     written = json.loads((result.run_dir / "bench-allreduce.json").read_text())
     assert written == [r.as_dict() for r in result.rows] and [r["size"] for r in written] == [1024, 2048]
+
+
+def test_the_calibrated_model_takes_beta_from_the_wire_and_alpha_from_the_smallest_message():
+    wire = 1e8
+    # A ring of 3 whose every hop costs 200 us and whose bytes move at exactly the wire's rate.
+    timings = [{"size": s, "count": s // 4,
+                "time_us": (cost.bytes_per_rank(s, 3) * 8 / wire + 4 * 200e-6) * 1e6} for s in (1024, 2**20, 2**24)]
+    link = allreduce.calibrated_link(timings, 3, wire)
+    assert link.rate_bps == wire and abs(link.alpha_s - 200e-6) < 1e-12
+    rows = allreduce.build_rows(timings, 3, allreduce.model_link(10**8, wire, delay_s=0.01), wire, 0.85, link)
+    assert all(abs(r.meas_over_calibrated - 1) < 1e-9 for r in rows)
+    # The paper model: 85% of the link, and per hop 50 us plus the configured 10 ms delay.
+    paper = cost.collective_time_s(2**20, 3, cost.Link("shaped", 1e8, 50e-6 + 0.01), 0.85) * 1e6
+    assert abs(rows[1].model_us - paper) < 1e-6
+    assert allreduce.calibrated_link(timings, 3, None) is None and allreduce.calibrated_link([], 3, wire) is None
 
 
 def test_allreduce_says_what_it_measured_and_passes_the_nccl_debug_env(tmp_path, events, engine, monkeypatch):
@@ -199,7 +214,7 @@ def test_scaling_shapes_each_rate_for_its_rows_and_clears_it(tmp_path, events, e
     result = scaling_run.measure(lab, nodes_list="1,2", rates=("1gbit", "100mbit"), nproc=2, steps=5, repeats=2,
                                  host=False, out_dir=tmp_path / "out", report=messages.append)
     every = ("node0", "node1", "node2")
-    args = ["trainer", "--workload", "gpt", "--steps", "5", "--micro-batch", "8", "--threads", "1"]
+    args = ["trainer", "--workload", "gpt", "--steps", "5", "--micro-batch", "8", "--threads", "1", "--backend", "gloo"]
     one_round = [("run", ("node0",), args), ("run", ("node0",), args), ("run", ("node0", "node1"), args),
                  ("shape", every, 10**9), ("run", ("node0", "node1"), args), ("clear", every),
                  ("shape", every, 10**8), ("run", ("node0", "node1"), args), ("clear", every)]
@@ -283,7 +298,8 @@ def test_scaling_runs_the_1_gpu_row_on_nccl_or_says_why_not(tmp_path, events, en
         log = (tmp_path / "out" / "host-runs" / "host-1GPU" / "host.log").read_text()
         assert "torch.distributed.run --standalone --nproc-per-node 1 -m trainer" in log
         assert "--backend nccl" in log and "CVD=unset" in log
-        assert result.notes == [] and written["host_gpu"] == gpu
+        # One GPU on the host, none in the lab: the GPU-node rows are named as not measured, once.
+        assert result.notes == [scaling_run.no_gpu_nodes_note("fake", 0)] and written["host_gpu"] == gpu
     else:
         assert [r.name for r in result.rows] == ["host, 1 proc", "1 node"]
         assert "no GPU on this machine: the 1-GPU row is not measured" in messages
@@ -332,8 +348,8 @@ def test_straggler_alternates_even_and_balanced_under_the_limit(tmp_path, events
                                steps=6, repeats=2, report=messages.append)
     args = ["trainer", "--workload", "gpt", "--steps", "6", "--global-batch", "48", "--micro-batch", "16",
             "--threads", "1"]
-    even = ("run", ("node0", "node1", "node2"), args)
-    balanced = ("run", ("node0", "node1", "node2"), args + ["--rank-micro-batch", "0=21,1=21,2=6"])
+    even = ("run", ("node0", "node1", "node2"), args + ["--backend", "gloo"])
+    balanced = ("run", ("node0", "node1", "node2"), args + ["--rank-micro-batch", "0=21,1=21,2=6", "--backend", "gloo"])
     assert events == [("running",), ("check_cpus", {"--cpus": 0.25}), ("cpus", "node2", 0.25),
                       even, balanced, even, balanced, ("cpus", "node2", None)]
     assert messages[0] == "node2 limited to 0.25 CPUs" and messages[-1] == "node2 CPU limit restored to none"
