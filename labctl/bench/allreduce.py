@@ -1,5 +1,13 @@
 """`labctl bench allreduce`: an nccl-tests-style sweep across the lab, the raw wire measured with
-iperf3, and the ring cost model beside every row.
+iperf3, and the ring cost model beside every row, twice:
+
+- the paper model, as `labctl cost` computes it for links on paper: the shaped rate at
+  --efficiency (85% by default), and per hop 50 us plus the links' configured netem delay;
+- the calibrated model, from what this lab measured: the iperf3 wire as the rate (beta, at 100%:
+  iperf3 already saw what TCP gets through tbf), and per hop the latency the smallest message
+  showed (alpha: its time less its bytes at that rate, over the 2(n-1) hops). The smallest size is
+  the calibration point, so its meas/calibrated is 1 by construction; every other size tests the
+  model.
 
 Pure: `build_rows` turns the trainer's timings into the table. Side effects: `measure_wire`
 (iperf3 between two nodes), `run_sweep` (torchrun on every node through the runner), and `measure`,
@@ -14,7 +22,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable
 
-from labctl.bench.cost import DEFAULT_ALPHA_S, DEFAULT_EFFICIENCY, Link, busbw_factor, collective_time_s
+from labctl.bench.cost import DEFAULT_ALPHA_S, DEFAULT_EFFICIENCY, Link, busbw_factor, bytes_per_rank, collective_time_s
 from labctl.errors import LabError, StateError
 from labctl.lab.compose import container_name
 from labctl.lab.docker import exec_in
@@ -39,6 +47,8 @@ class Row:
     model_us: float | None
     meas_over_model: float | None
     busbw_over_wire: float | None
+    calibrated_us: float | None = None
+    meas_over_calibrated: float | None = None
     backend: str = "gloo"  # what was measured: the trainer's backend and the tensors' device
     device: str = "cpu"
 
@@ -46,18 +56,29 @@ class Row:
         return asdict(self)
 
 
-def model_link(shaped_rate_bps: int | None, wire_bps: float | None) -> Link | None:
-    """The link the model assumes: the slowest shaped rate (a ring runs at its slowest hop), else
-    the measured wire of an unshaped lab."""
+def model_link(shaped_rate_bps: int | None, wire_bps: float | None, delay_s: float = 0.0) -> Link | None:
+    """The link the paper model assumes: the slowest shaped rate (a ring runs at its slowest hop),
+    else the measured wire of an unshaped lab; per hop the typical 50 us plus the configured delay."""
     if shaped_rate_bps:
-        return Link("shaped", float(shaped_rate_bps), DEFAULT_ALPHA_S)
+        return Link("shaped", float(shaped_rate_bps), DEFAULT_ALPHA_S + delay_s)
     if wire_bps:
-        return Link("wire", float(wire_bps), DEFAULT_ALPHA_S)
+        return Link("wire", float(wire_bps), DEFAULT_ALPHA_S + delay_s)
     return None
 
 
+def calibrated_link(timings: list[dict], n: int, wire_bps: float | None) -> Link | None:
+    """The calibrated model's link: the iperf3 wire as its rate, and as its per-hop latency what
+    the smallest message took beyond its bytes at that rate, over the ring's 2(n-1) hops."""
+    if not wire_bps or not timings or n < 2:
+        return None
+    smallest = min(timings, key=lambda t: t["size"])
+    wire_s = bytes_per_rank(smallest["size"], n) * 8 / wire_bps
+    alpha_s = max(0.0, smallest["time_us"] / 1e6 - wire_s) / (2 * (n - 1))
+    return Link("calibrated", float(wire_bps), alpha_s)
+
+
 def build_rows(timings: list[dict], n: int, link: Link | None, wire_bps: float | None,
-               efficiency: float = DEFAULT_EFFICIENCY) -> list[Row]:
+               efficiency: float = DEFAULT_EFFICIENCY, calibrated: Link | None = None) -> list[Row]:
     factor = busbw_factor(n)
     rows = []
     for t in timings:
@@ -65,11 +86,13 @@ def build_rows(timings: list[dict], n: int, link: Link | None, wire_bps: float |
         algbw = t["size"] / seconds / 1e9
         busbw = algbw * factor
         model_us = collective_time_s(t["size"], n, link, efficiency) * 1e6 if link else None
+        cal_us = collective_time_s(t["size"], n, calibrated, 1.0) * 1e6 if calibrated else None
         rows.append(Row(
             size=t["size"], count=t["count"], type=t.get("type", "float"), time_us=t["time_us"],
             algbw_gbs=algbw, busbw_gbs=busbw, model_us=model_us,
             meas_over_model=t["time_us"] / model_us if model_us else None,
             busbw_over_wire=busbw * 1e9 * 8 / wire_bps if wire_bps else None,
+            calibrated_us=cal_us, meas_over_calibrated=t["time_us"] / cal_us if cal_us else None,
             backend=t.get("backend", "gloo"), device=t.get("device", "cpu"),
         ))
     return rows
@@ -148,8 +171,10 @@ def measure(session: LabSession, sizes: list[int], iters: int, efficiency: float
                          hint=f"labctl up --lab {session.name} --nodes 3")
     names = [n.name for n in nodes]
     node_env = session.node_env(names)
-    bottleneck = netshape.slowest_link(netshape.read_links(session.client, session.name, names, session.config.iface))
+    links = netshape.read_links(session.client, session.name, names, session.config.iface)
+    bottleneck = netshape.slowest_link(links)
     slowest, link_bps = bottleneck or (names[0], None)
+    delay_s = max((state.delay_us or 0 for state in links.values()), default=0) / 1e6
     neighbour = names[(names.index(slowest) + 1) % len(names)]
     ip_of = {n.name: n.ip for n in nodes}
     report(f"measuring the wire {slowest} -> {neighbour} with iperf3 ({IPERF_SECONDS} s)")
@@ -157,12 +182,15 @@ def measure(session: LabSession, sizes: list[int], iters: int, efficiency: float
     plan = sweep_plan(session, node_env, sizes, iters, env)
     report(f"allreduce sweep on {len(names)} nodes, {len(sizes)} sizes x {iters} iterations (logs: {plan.run_dir})")
     timings = run_sweep(session, plan)
-    rows = build_rows(timings, len(names), model_link(link_bps, wire_bps), wire_bps, efficiency)
+    calibrated = calibrated_link(timings, len(names), wire_bps)
+    rows = build_rows(timings, len(names), model_link(link_bps, wire_bps, delay_s), wire_bps, efficiency, calibrated)
     (plan.run_dir / "bench-allreduce.json").write_text(json.dumps([r.as_dict() for r in rows]))
     measured = f"{rows[0].backend} ({rows[0].device} tensors)" if rows else "?"
     title = (f"allreduce on {measured}, {len(names)} nodes, link {_link_text(link_bps, slowest)}, "
              f"iperf3 wire {wire_bps / 1e6:.0f} Mbit/s; model: ring at {efficiency:.0%} of "
-             f"{'the link' if link_bps else 'the wire'}")
+             f"{'the link' if link_bps else 'the wire'}, {(DEFAULT_ALPHA_S + delay_s) * 1e6:.0f} us a hop"
+             + (f"; calibrated: the wire, {calibrated.alpha_s * 1e6:.0f} us a hop (from the "
+                f"{min(r.size for r in rows)} B row)" if calibrated else ""))
     if plot_path:
         plot(rows, plot_path, link_bps, wire_bps, len(names), title.split(";")[0])
         report(f"plot written to {plot_path}")

@@ -54,12 +54,16 @@ def print_allreduce(report, as_json: bool) -> None:
         return
     table = Table(title=report.title, title_justify="left")
     for column in ("size(B)", "count", "type", "time(us)", "algbw(GB/s)", "busbw(GB/s)", "model(us)", "meas/model",
-                   "busbw/wire"):
+                   "calibrated(us)", "meas/cal", "busbw/wire"):
         table.add_column(column, justify="right")
+
+    def num(value, fmt):
+        return "-" if value is None else format(value, fmt)
+
     for r in report.rows:
         table.add_row(str(r.size), str(r.count), r.type, f"{r.time_us:.1f}", f"{r.algbw_gbs:.4f}", f"{r.busbw_gbs:.4f}",
-                      f"{r.model_us:.1f}" if r.model_us else "-", f"{r.meas_over_model:.2f}" if r.meas_over_model else "-",
-                      f"{r.busbw_over_wire:.2f}" if r.busbw_over_wire else "-")
+                      num(r.model_us, ".1f"), num(r.meas_over_model, ".2f"), num(r.calibrated_us, ".1f"),
+                      num(r.meas_over_calibrated, ".2f"), num(r.busbw_over_wire, ".2f"))
     console.print(table)
 
 
