@@ -4,10 +4,11 @@ iperf3, and the ring cost model beside every row, twice:
 - the paper model, as `labctl cost` computes it for links on paper: the shaped rate at
   --efficiency (85% by default), and per hop 50 us plus the links' configured netem delay;
 - the calibrated model, from what this lab measured: the iperf3 wire as the rate (beta, at 100%:
-  iperf3 already saw what TCP gets through tbf), and per hop the latency the smallest message
-  showed (alpha: its time less its bytes at that rate, over the 2(n-1) hops). The smallest size is
-  the calibration point, so its meas/calibrated is 1 by construction; every other size tests the
-  model.
+  iperf3 already saw what TCP gets through tbf), and per hop the latency of a 1 KiB allreduce
+  measured first in the same sweep (alpha: its time less its bytes at that rate, over the 2(n-1)
+  hops). 1 KiB fits TCP's initial window and tbf's bucket, so it measures latency and nothing
+  else, and being first it also opens the connections for the sizes asked for. It is shown as a
+  row only when asked for.
 
 Pure: `build_rows` turns the trainer's timings into the table. Side effects: `measure_wire`
 (iperf3 between two nodes), `run_sweep` (torchrun on every node through the runner), and `measure`,
@@ -34,6 +35,7 @@ if TYPE_CHECKING:
 
 IPERF_PORT = "5201"
 IPERF_SECONDS = 3
+CALIBRATION_SIZE = 1024  # bytes: the message whose time is the calibrated model's latency
 
 
 @dataclass(frozen=True)
@@ -68,7 +70,8 @@ def model_link(shaped_rate_bps: int | None, wire_bps: float | None, delay_s: flo
 
 def calibrated_link(timings: list[dict], n: int, wire_bps: float | None) -> Link | None:
     """The calibrated model's link: the iperf3 wire as its rate, and as its per-hop latency what
-    the smallest message took beyond its bytes at that rate, over the ring's 2(n-1) hops."""
+    the smallest message (the sweep's CALIBRATION_SIZE) took beyond its bytes at that rate, over the
+    ring's 2(n-1) hops."""
     if not wire_bps or not timings or n < 2:
         return None
     smallest = min(timings, key=lambda t: t["size"])
@@ -179,18 +182,19 @@ def measure(session: LabSession, sizes: list[int], iters: int, efficiency: float
     ip_of = {n.name: n.ip for n in nodes}
     report(f"measuring the wire {slowest} -> {neighbour} with iperf3 ({IPERF_SECONDS} s)")
     wire_bps = measure_wire(session.client, session.name, slowest, neighbour, ip_of[neighbour])
-    plan = sweep_plan(session, node_env, sizes, iters, env)
+    plan = sweep_plan(session, node_env, sorted({CALIBRATION_SIZE, *sizes}), iters, env)
     report(f"allreduce sweep on {len(names)} nodes, {len(sizes)} sizes x {iters} iterations (logs: {plan.run_dir})")
     timings = run_sweep(session, plan)
     calibrated = calibrated_link(timings, len(names), wire_bps)
-    rows = build_rows(timings, len(names), model_link(link_bps, wire_bps, delay_s), wire_bps, efficiency, calibrated)
+    asked = [t for t in timings if t["size"] in sizes]
+    rows = build_rows(asked, len(names), model_link(link_bps, wire_bps, delay_s), wire_bps, efficiency, calibrated)
     (plan.run_dir / "bench-allreduce.json").write_text(json.dumps([r.as_dict() for r in rows]))
     measured = f"{rows[0].backend} ({rows[0].device} tensors)" if rows else "?"
     title = (f"allreduce on {measured}, {len(names)} nodes, link {_link_text(link_bps, slowest)}, "
              f"iperf3 wire {wire_bps / 1e6:.0f} Mbit/s; model: ring at {efficiency:.0%} of "
              f"{'the link' if link_bps else 'the wire'}, {(DEFAULT_ALPHA_S + delay_s) * 1e6:.0f} us a hop"
-             + (f"; calibrated: the wire, {calibrated.alpha_s * 1e6:.0f} us a hop (from the "
-                f"{min(r.size for r in rows)} B row)" if calibrated else ""))
+             + (f"; calibrated: the wire, {calibrated.alpha_s * 1e6:.0f} us a hop (from a {CALIBRATION_SIZE} B "
+                "allreduce)" if calibrated else ""))
     if plot_path:
         plot(rows, plot_path, link_bps, wire_bps, len(names), title.split(";")[0])
         report(f"plot written to {plot_path}")

@@ -153,7 +153,7 @@ def test_allreduce_measures_the_slowest_links_wire_then_sweeps(tmp_path, events,
     assert events[-1] == ("run", ("node0", "node1", "node2"),
                           ["trainer.bench_allreduce", "--sizes", "1024,2048", "--iters", "3"])
     assert result.title == ("allreduce on gloo (cpu tensors), 3 nodes, link shaped 50mbit (slowest node node1), iperf3 wire 45 Mbit/s; "
-                            "model: ring at 85% of the link, 50 us a hop; calibrated: the wire, 39 us a hop (from the 1024 B row)")
+                            "model: ring at 85% of the link, 50 us a hop; calibrated: the wire, 39 us a hop (from a 1024 B allreduce)")
     written = json.loads((result.run_dir / "bench-allreduce.json").read_text())
     assert written == [r.as_dict() for r in result.rows] and [r["size"] for r in written] == [1024, 2048]
 
