@@ -57,7 +57,14 @@ if [ ! -s "$kdir/vmlinuz" ] || [ ! -s "$kdir/modules/.complete" ]; then
   trap 'rm -rf "$work"' EXIT
   log "downloading $package (about 70 MB, once per kernel version)"
   if ! (cd "$work" && apt-get download -q "$package" >/dev/null 2>&1); then
-    if [ "$(id -u)" = 0 ]; then apt-get update -qq >/dev/null 2>&1 || true; fi
+    # Stale package lists: the mirror may have moved on to a newer kernel, with another name.
+    if [ "$(id -u)" = 0 ]; then
+      apt-get update -qq >/dev/null 2>&1 || true
+      package=$(kernel_package || true)
+      [ -n "$package" ] || die "apt-cache finds no linux-image-amd64 after apt-get update"
+      version=${package#linux-image-}
+      kdir=$cache/$version
+    fi
     (cd "$work" && apt-get download -q "$package" >/dev/null) || die "apt-get download $package failed"
   fi
   dpkg-deb -x "$work"/"$package"_*.deb "$work/root"
