@@ -67,18 +67,20 @@ class Case:
     shape: Shape | None
     measure: tuple[str, ...]
     shaped: str = "AB"
+    rtt_ms: float | None = None  # the round trip netem should add: test_netem_kernel checks every case that has one
 
 
-# Every case shapes both ends (as labctl shapes every node): a delay D on each end's egress gives a
-# round trip of 2*D on top of the emulator's own. Add a case with one line; names are [a-z0-9-].
-# (A delay-only Shape, once Shape.rate_bps is optional: Case("delay-only", Shape(delay_us=10_000), PING).)
+# Every case shapes both ends (as labctl shapes every node): a delay D on each end's egress adds 2*D
+# to a round trip on top of the emulator's own, 4*D with --ingress. A case is one line; names are
+# [a-z0-9-]. Once Shape.rate_bps is optional, a delay-only case is:
+#     Case("delay-only", Shape(delay_us=10_000), PING, rtt_ms=20.0),
 PING = ("ping", "100", "0.02")
 CASES: tuple[Case, ...] = (
-    Case("base", None, PING),                                                       # labctl's clear
-    Case("delay", Shape(rate_bps=GBIT, delay_us=10_000), PING),                      # RTT ~20 ms
+    Case("base", None, PING),                                                           # labctl's clear
+    Case("delay", Shape(rate_bps=GBIT, delay_us=10_000), PING, rtt_ms=20.0),
     Case("jitter", Shape(rate_bps=GBIT, delay_us=10_000, jitter_us=5_000), ("ping", "400", "0.02")),
-    Case("ingress", Shape(rate_bps=GBIT, delay_us=5_000, ingress=True), PING),       # 4 x 5 ms
-    Case("loss", Shape(rate_bps=GBIT, loss_pct=1.0), ("udp", "5", "2M", "100")),     # 2,500 datagrams/s
+    Case("ingress", Shape(rate_bps=GBIT, delay_us=5_000, ingress=True), PING, rtt_ms=20.0),
+    Case("loss", Shape(rate_bps=GBIT, loss_pct=1.0), ("udp", "5", "2M", "100")),         # 2,500 datagrams/s
     Case("tcp-base", None, ("tcp", "3")),
     Case("rate", Shape(rate_bps=100_000_000, delay_us=5_000), ("tcp", "5")),
 )
