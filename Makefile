@@ -17,20 +17,20 @@ TORCH_INDEX_URL ?= https://download.pytorch.org/whl/cpu
 NODES ?= 3
 PYTEST_ARGS ?=
 
-.PHONY: demo test unit integration venv host-torch tools engine image image-cuda image-mismatch down clean
+.PHONY: demo test unit integration venv host-torch tools netem-vm engine image image-cuda image-mismatch down clean
 
 demo: image
 	$(LABCTL) up --nodes $(NODES)
 	$(LABCTL) run -- -m trainer --epochs 3
 	@echo "The lab is still up: '$(LABCTL) status' shows it, '$(LABCTL) down' removes it."
 
-test: image image-cuda image-mismatch host-torch
+test: image image-cuda image-mismatch host-torch netem-vm
 	$(BIN)/python -m pytest tests $(PYTEST_ARGS)
 
 unit: venv host-torch tools
 	$(BIN)/python -m pytest tests/unit $(PYTEST_ARGS)
 
-integration: image image-cuda image-mismatch host-torch
+integration: image image-cuda image-mismatch host-torch netem-vm
 	$(BIN)/python -m pytest tests/integration $(PYTEST_ARGS)
 
 venv: $(VENV_STAMP)
@@ -62,6 +62,14 @@ $(VENV)/.torch: $(VENV_STAMP)
 	       "to an index that has it, or use PYTHON=python3.11 here." >&2; exit 1; }
 	$(BIN)/pip install -q -e ".[trainer]"
 	touch $@
+
+# The netem VM that tests/integration/test_netem_kernel.py boots to run labctl's delay, jitter and loss
+# on a kernel with sch_netem: QEMU, cpio, busybox-static and iperf3 (installed as root on Debian where
+# missing), then Debian's stock kernel (about 70 MB through apt, once per kernel version) and an
+# initramfs, cached in .lab/netem-vm/ (or $DDPLAB_CACHE_DIR/netem-vm/). A second time: under a second.
+netem-vm: venv
+	bash tests/netem/ensure-vm-tools.sh
+	$(BIN)/python tests/netem/netem_vm.py prepare
 
 engine: venv
 	PYTHON=$(BIN)/python bash labctl/scripts/ensure-docker.sh
