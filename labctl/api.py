@@ -258,10 +258,8 @@ class Lab(LabSession):
     def shape(self, bw: str | Shape | None = None, delay: str | None = None, jitter: str | None = None,
               loss: str | None = None, ingress: bool = False, nodes: list[str] | None = None, *,
               duration: str | int | None = None) -> dict[str, LinkState]:
-        """Shape the links of `nodes` (default all): rate, delay, jitter, loss, any of them (no `bw`:
-        no rate limit); the links read back. `duration` ('30s', '2m', or seconds): undone that
-        long after, by a helper container left running (`down` removes it; a later shape or clear
-        of the node cancels it)."""
+        """Shape the links of `nodes` (default all): any of rate, delay, jitter, loss; the links read
+        back. `duration` ('30s', '2m', seconds): undone then (a later shape or clear cancels that)."""
         from labctl.net.tc import Shape, parse_shape
         from labctl.units import parse_duration_s
 
@@ -274,11 +272,11 @@ class Lab(LabSession):
         return self.shape_plan(wanted).commands
 
     def shape_plan(self, wanted: Shape | None, duration: str | int | None = None):
-        """`shape_commands`, and with `duration` those the helper left running runs then (a tc.ShapePlan)."""
+        """`shape_commands`, and with `duration` the undo run then: a tc.ShapePlan."""
         from labctl.net.tc import build_plan
         from labctl.units import parse_duration_s
 
-        return build_plan(wanted, self.config.iface, parse_duration_s(duration) if duration is not None else None)
+        return build_plan(wanted, self.config.iface, None if duration is None else parse_duration_s(duration))
 
     def _apply_shape(self, names: list[str], wanted: Shape, duration_s: int | None = None) -> dict[str, LinkState]:
         from labctl.net.apply import apply_shape
