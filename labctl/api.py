@@ -255,24 +255,33 @@ class Lab(LabSession):
             raise LabError(f"no node {', '.join(unknown)} in lab {self.name}", hint=f"nodes: {', '.join(running)}")
         return list(dict.fromkeys(nodes or ())) or running
 
-    def shape(self, bw: str | Shape, delay: str | None = None, jitter: str | None = None, loss: str | None = None,
-              ingress: bool = False, nodes: list[str] | None = None) -> dict[str, LinkState]:
-        """Shape the links of `nodes` (default all): rate, delay, jitter, loss; the links read back."""
-        from labctl.net.tc import parse_shape
+    def shape(self, bw: str | Shape | None = None, delay: str | None = None, jitter: str | None = None,
+              loss: str | None = None, ingress: bool = False, nodes: list[str] | None = None, *,
+              duration: str | int | None = None) -> dict[str, LinkState]:
+        """Shape the links of `nodes` (default all): any of rate, delay, jitter, loss; the links read
+        back. `duration` ('30s', '2m', seconds): undone then (a later shape or clear cancels that)."""
+        from labctl.net.tc import Shape, parse_shape
+        from labctl.units import parse_duration_s
 
-        wanted = parse_shape(bw, delay, jitter, loss, ingress) if isinstance(bw, str) else bw
-        return self._apply_shape(self.targets(nodes), wanted)
+        wanted = bw.validate() if isinstance(bw, Shape) else parse_shape(bw, delay, jitter, loss, ingress)
+        duration_s = parse_duration_s(duration) if duration is not None else None
+        return self._apply_shape(self.targets(nodes), wanted, duration_s)
 
     def shape_commands(self, wanted: Shape | None) -> list:
         """The tc commands `shape` (or, for None, `clear_shape`) runs in each node's namespace: a plan."""
-        from labctl.net.tc import build_apply, build_clear
+        return self.shape_plan(wanted).commands
 
-        return build_apply(wanted, self.config.iface) if wanted else build_clear(self.config.iface)
+    def shape_plan(self, wanted: Shape | None, duration: str | int | None = None):
+        """`shape_commands`, and with `duration` the undo run then: a tc.ShapePlan."""
+        from labctl.net.tc import build_plan
+        from labctl.units import parse_duration_s
 
-    def _apply_shape(self, names: list[str], wanted: Shape) -> dict[str, LinkState]:
+        return build_plan(wanted, self.config.iface, None if duration is None else parse_duration_s(duration))
+
+    def _apply_shape(self, names: list[str], wanted: Shape, duration_s: int | None = None) -> dict[str, LinkState]:
         from labctl.net.apply import apply_shape
 
-        apply_shape(self.client, self.name, names, wanted, self.config.iface)
+        apply_shape(self.client, self.name, names, wanted, self.config.iface, duration_s)
         return self.links(names)
 
     def clear_shape(self, nodes: list[str] | None = None) -> dict[str, LinkState]:

@@ -23,6 +23,9 @@ _SIZE_RE = re.compile(r"^(\d+)([kmg]?)(i?b)?$", re.IGNORECASE)
 _SI = {"": 1, "k": 1_000, "m": 1_000_000, "g": 1_000_000_000}
 _BINARY = {"": 1, "k": 1024, "m": 1024**2, "g": 1024**3}
 _TIME_US = {"us": 1, "ms": 1_000, "s": 1_000_000}
+_DURATION_RE = re.compile(r"^(\d+(?:\.\d+)?)(s|m|h)$", re.IGNORECASE)
+_DURATION_S = {"s": 1, "m": 60, "h": 3600}
+MAX_DURATION_S = 24 * 3600
 
 
 def parse_rate(text: str, key: str = "--bw") -> int:
@@ -64,6 +67,22 @@ def parse_time_us(text: str, key: str) -> int:
     if time_us > MAX_TIME_US:
         raise ConfigError(key, text, "must be from 0 to 10s")
     return round(time_us)
+
+
+def parse_duration_s(text: str | int | float, key: str = "--duration") -> int:
+    """'30s', '2m', '1h' -> whole seconds, from 1 s to 24 h; a number is taken as seconds."""
+    if isinstance(text, (int, float)) and not isinstance(text, bool):
+        seconds = float(text)
+    else:
+        raw = str(text).strip()
+        match = _DURATION_RE.match(raw)
+        if not match:
+            hint = "add a unit: 30s, 2m, 1h" if re.fullmatch(r"\d+(\.\d+)?", raw) else None
+            raise ConfigError(key, text, "must be a duration such as 30s, 2m or 1h", hint=hint)
+        seconds = float(match.group(1)) * _DURATION_S[match.group(2).lower()]
+    if not (math.isfinite(seconds) and 1 <= round(seconds) <= MAX_DURATION_S):
+        raise ConfigError(key, text, "must be from 1s to 24h")
+    return round(seconds)
 
 
 def parse_loss_pct(text: str, key: str = "--loss") -> float:

@@ -12,36 +12,41 @@ from labctl.cli.options import dry_run_option, json_option, lab_option
 @lab_option
 @click.option("--node", "node_names", multiple=True, metavar="NAME", help="Node to shape (repeatable); default every node.")
 @click.option("--bw", metavar="RATE", help="Link rate in tc's bit units: 100mbit, 1gbit (not mbps: that is bytes).")
-@click.option("--delay", metavar="TIME", help="Added one-way delay, e.g. 10ms (needs netem).")
-@click.option("--jitter", metavar="TIME", help="Variation of the delay, e.g. 2ms (needs netem and --delay).")
+@click.option("--delay", metavar="TIME", help="Added one-way delay, e.g. 10ms (needs netem); with or without --bw.")
+@click.option("--jitter", metavar="TIME", help="Variation of the delay, uniform within ±TIME, e.g. 2ms (needs --delay).")
 @click.option("--loss", metavar="PCT", help="Random packet loss in percent, e.g. 1 (needs netem).")
 @click.option("--ingress", is_flag=True, help="Also shape incoming traffic (through an ifb device).")
-@click.option("--clear", is_flag=True, help="Remove all shaping from the nodes.")
+@click.option("--duration", metavar="T", help="Undo the shape after T (30s, 2m, 1h): a helper container left "
+              "running clears the link then; `labctl down`, or a later shape or --clear of the node, cancels it.")
+@click.option("--clear", is_flag=True, help="Remove all shaping from the nodes (and any pending --duration undo).")
 @click.option("--show", is_flag=True, help="Show each node's shaping as the kernel reports it.")
 @json_option("With --show: print JSON.")
-@dry_run_option("Print the exact tc commands per node; change nothing.")
-def shape(lab, node_names, bw, delay, jitter, loss, ingress, clear, show, as_json, dry_run) -> None:
-    """Shape the links of the lab's nodes (egress by default), clear them, or show them.
+@dry_run_option("Print the exact tc commands per node (no netem needed); change nothing.")
+def shape(lab, node_names, bw, delay, jitter, loss, ingress, duration, clear, show, as_json, dry_run) -> None:
+    """Shape the links of the lab's nodes (egress by default): rate, delay, jitter and loss, any
+    of them; clear them, or show them. Applying replaces what the node had.
 
     \b
     Examples:
       labctl shape --bw 1gbit                    # every node at 1 Gbit/s
       labctl shape --node node2 --bw 100mbit     # one slow node drags the ring
-      labctl shape --bw 100mbit --delay 10ms     # needs the kernel's netem
+      labctl shape --delay 10ms --jitter 2ms     # latency alone (needs the kernel's netem)
+      labctl shape --bw 100mbit --loss 1 --ingress
+      labctl shape --delay 50ms --duration 30s   # back to unshaped after 30 s
       labctl shape --show
     """
     from labctl.cli import render
     from labctl.net.tc import parse_shape_request
 
-    wanted = parse_shape_request(bw, delay, jitter, loss, ingress, clear=clear, show=show)
+    wanted = parse_shape_request(bw, delay, jitter, loss, ingress, clear=clear, show=show, duration=duration)
     the_lab = session().lab(lab)
     targets = the_lab.targets(node_names)
     if show:
         render.print_links(the_lab.name, the_lab.links(targets), as_json)
     elif dry_run:
-        render.print_tc_plan(targets, the_lab.shape_commands(wanted))
+        render.print_tc_plan(targets, the_lab.shape_plan(wanted, duration))
     elif wanted:
-        render.print_links(the_lab.name, the_lab.shape(wanted, nodes=targets))
+        render.print_links(the_lab.name, the_lab.shape(wanted, nodes=targets, duration=duration), until=duration)
     else:
         render.print_links(the_lab.name, the_lab.clear_shape(targets))
 

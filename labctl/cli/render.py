@@ -95,24 +95,32 @@ def links_table(links: dict, title: str) -> Table:
 def link_json(node: str, state) -> dict:
     from labctl.net.tc import describe
 
+    inbound = state.inbound
     return {"node": node, "shaping": describe(state), "rate_bps": state.rate_bps, "delay_us": state.delay_us,
-            "jitter_us": state.jitter_us, "loss_pct": state.loss_pct, "ingress": state.ingress}
+            "jitter_us": state.jitter_us, "loss_pct": state.loss_pct, "ingress": state.ingress,
+            "ingress_shaping": None if inbound is None else {"rate_bps": inbound.rate_bps, "delay_us": inbound.delay_us,
+                                                              "jitter_us": inbound.jitter_us, "loss_pct": inbound.loss_pct}}
 
 
-def print_links(lab: str, links: dict, as_json: bool = False) -> None:
+def print_links(lab: str, links: dict, as_json: bool = False, until: str | None = None) -> None:
     if as_json:
         emit_json([link_json(node, state) for node, state in links.items()])
     else:
-        console.print(links_table(links, f"lab {lab}: links"))
+        console.print(links_table(links, f"lab {lab}: links" + (f" (for {until}, then unshaped)" if until else "")))
 
 
-def print_tc_plan(nodes: list[str], commands) -> None:
-    """`shape --dry-run`: the script each node's helper container would run."""
+def print_tc_plan(nodes: list[str], plan) -> None:
+    """`shape --dry-run`: the script each node's helper container would run (a tc.ShapePlan), and the
+    one a helper left running would run after --duration."""
     from labctl.net.apply import helper_script
 
     for node in nodes:
         click.echo(f"# {node} (helper container in its network namespace, NET_ADMIN)")
-        click.echo(helper_script(commands), nl=False)
+        click.echo(helper_script(plan.commands), nl=False)
+        if plan.undo:
+            click.echo(f"# {node}: undo after {plan.duration_s}s (a helper container left running; `labctl down`, "
+                       "or a later shape or --clear of the node, removes it)")
+            click.echo(helper_script(plan.undo), nl=False)
 
 
 def print_host_commands(commands: list[tuple[str, str]]) -> None:

@@ -261,7 +261,9 @@ def lab_status(client, lab: str, ready_lines: dict[str, str] | None = None) -> l
                          rank=int(labels.get(LABEL_RANK, "0")), gpus=labels.get(compose_mod.LABEL_GPUS, ""))
 
     with ThreadPoolExecutor(max_workers=8) as pool:
-        nodes = list(pool.map(describe, lab_containers(client, lab)))
+        # helper containers (a pending --duration undo) carry the lab's label but no node's: not nodes
+        containers = [c for c in lab_containers(client, lab) if (c.get("Labels") or {}).get(LABEL_NODE)]
+        nodes = list(pool.map(describe, containers))
     return sorted(nodes, key=lambda n: n.rank)
 
 

@@ -3,8 +3,13 @@ tc.py, which builds the tc commands.
 
 The nodes have no added capabilities. tc runs in a short-lived helper container that joins the
 node's network namespace (`--network container:NODE`) with NET_ADMIN, as Pumba does, and is gone
-when the commands are done. Reading the shaping back needs no capability: `tc -j qdisc show`
+when the commands are done. Reading the shaping back needs no capability: `tc qdisc show`
 inside the node.
+
+--duration T: one more helper per node is left running; it sleeps T, clears the link and removes
+itself (as Pumba's `netem --duration`, but outliving labctl, which has returned the prompt). It
+carries the lab's label, so `labctl down` removes it, and any later shape or clear of that node
+removes it first: the newer request wins, never an old timer.
 """
 
 from __future__ import annotations
@@ -16,11 +21,13 @@ from labctl.lab.compose import LABEL_LAB, container_name
 from labctl.errors import StateError
 from labctl.lab.docker import exec_in
 from labctl.net.tc import (
-    NETEM_MISSING_MESSAGE, Command, LinkState, Shape, build_apply, build_clear, build_netem_probe, netem_missing,
-    parse_link_state,
+    NETEM_MISSING_MESSAGE, Command, LinkState, Shape, build_apply, build_clear, build_netem_probe, build_undo,
+    netem_missing, parse_link_state,
 )
 
 LABEL_ROLE = "io.ddplab.role"
+LABEL_TARGET = "io.ddplab.target"  # the node an undo helper will clear (not io.ddplab.node: that marks a node)
+UNDO_ROLE = "shape-undo"
 
 
 def helper_script(commands: list[Command]) -> str:
@@ -36,13 +43,20 @@ def helper_script(commands: list[Command]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def run_helper(client, lab: str, node: str, image: str, commands: list[Command]) -> tuple[int, str]:
-    """Run commands as root with NET_ADMIN in the node's network namespace; (exit code, output)."""
-    container = client.containers.run(
+def start_helper(client, lab: str, node: str, image: str, commands: list[Command], role: str = "shaper",
+                 auto_remove: bool = False):
+    """Start commands as root with NET_ADMIN in the node's network namespace, detached: the container."""
+    return client.containers.run(
         image, ["sh", "-c", helper_script(commands)], entrypoint=[], user="0:0", detach=True,
         network_mode=f"container:{container_name(lab, node)}", cap_add=["NET_ADMIN"],
-        security_opt=["no-new-privileges"], labels={LABEL_LAB: lab, LABEL_ROLE: "shaper"},
+        security_opt=["no-new-privileges"], labels={LABEL_LAB: lab, LABEL_ROLE: role, LABEL_TARGET: node},
+        auto_remove=auto_remove,
     )
+
+
+def run_helper(client, lab: str, node: str, image: str, commands: list[Command]) -> tuple[int, str]:
+    """Run commands as root with NET_ADMIN in the node's network namespace; (exit code, output)."""
+    container = start_helper(client, lab, node, image, commands)
     try:
         code = container.wait(timeout=120)["StatusCode"]
         output = container.logs(stdout=True, stderr=True).decode(errors="replace")
@@ -63,11 +77,36 @@ def check_netem(client, lab: str, node: str) -> None:
         raise StateError(f"could not probe for netem on {node}: {output.strip()}")
 
 
-def apply_shape(client, lab: str, nodes: list[str], shape: Shape, iface: str) -> None:
-    """Shape every node in `nodes`, or none: on any failure the nodes are cleared again."""
+def pending_undos(client, lab: str) -> list[dict]:
+    """The lab's --duration helpers still waiting, as the engine lists them."""
+    return client.api.containers(all=True, filters={"label": [f"{LABEL_LAB}={lab}", f"{LABEL_ROLE}={UNDO_ROLE}"]})
+
+
+def cancel_undos(client, lab: str, nodes: list[str]) -> None:
+    """Remove the pending --duration undo of each of `nodes`: a newer shape or clear replaces it."""
+    import docker.errors
+
+    for container in pending_undos(client, lab):
+        if (container.get("Labels") or {}).get(LABEL_TARGET) in nodes:
+            try:
+                client.api.remove_container(container["Id"], force=True)
+            except docker.errors.NotFound:  # it had just finished (it removes itself)
+                pass
+
+
+def schedule_undo(client, lab: str, nodes: list[str], image: str, iface: str, duration_s: int) -> None:
+    """One helper per node, left running: it sleeps `duration_s`, clears the link, removes itself."""
+    for node in nodes:
+        start_helper(client, lab, node, image, build_undo(duration_s, iface), role=UNDO_ROLE, auto_remove=True)
+
+
+def apply_shape(client, lab: str, nodes: list[str], shape: Shape, iface: str, duration_s: int | None = None) -> None:
+    """Shape every node in `nodes`, or none: on any failure the nodes are cleared again. With
+    `duration_s`, the shape is undone that long after (see the module's docstring)."""
     if shape.needs_netem:
         check_netem(client, lab, nodes[0])  # a kernel-wide fact: one probe answers for all nodes
     image = _node_image(client, lab, nodes[0])
+    cancel_undos(client, lab, nodes)
 
     def apply(node: str) -> tuple[str, int, str]:
         return (node, *run_helper(client, lab, node, image, build_apply(shape, iface)))
@@ -81,9 +120,17 @@ def apply_shape(client, lab: str, nodes: list[str], shape: Shape, iface: str) ->
         if netem_missing(output):
             raise StateError(NETEM_MISSING_MESSAGE)
         raise StateError(f"shaping {node} failed, so every node was cleared again (unshaped): {output.strip()}")
+    if duration_s:
+        try:
+            schedule_undo(client, lab, nodes, image, iface, duration_s)
+        except Exception as exc:  # noqa: BLE001 -- an engine error: no timed shape without its undo
+            clear_shape(client, lab, nodes, iface)
+            raise StateError(f"could not start the helper that undoes the shape after {duration_s}s, so every node "
+                             f"was cleared again (unshaped): {exc}") from None
 
 
 def clear_shape(client, lab: str, nodes: list[str], iface: str) -> None:
+    cancel_undos(client, lab, nodes)
     image = _node_image(client, lab, nodes[0])
     with ThreadPoolExecutor(max_workers=8) as pool:
         list(pool.map(lambda node: run_helper(client, lab, node, image, build_clear(iface)), nodes))

@@ -3,14 +3,19 @@ and parses text; apply.py runs them.
 
 Egress: a tbf at the root shapes the rate (https://man7.org/linux/man-pages/man8/tc-tbf.8.html);
 delay, jitter and loss hang under it as a netem child (https://man7.org/linux/man-pages/man8/tc-netem.8.html).
+Without a rate, netem itself is the root qdisc. Jitter is netem's default distribution, uniform
+(each packet's delay drawn from delay ± jitter; packets overtaken by a less delayed one arrive
+reordered): no `distribution normal`, whose table file not every image ships and which a
+training link's tail does not follow any better.
 Ingress: the interface's ingress traffic is redirected to an ifb device and shaped on its egress,
 the only way to shape what arrives (tc can police ingress but not queue it).
 """
 
 from __future__ import annotations
 
+import math
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from labctl.errors import ConfigError, LabError
 from labctl.units import format_rate
@@ -21,11 +26,16 @@ NETEM_MISSING_MESSAGE = (
 )
 PROBE_DEV = "ddplab-probe"
 TBF_LATENCY = "100ms"  # how long a packet may wait in the bucket before tbf drops it
+NETEM_DEFAULT_LIMIT = 1000  # packets: netem's own default (tc-netem(8), `limit`)
+UNSHAPED_LINE_BPS = 10 * 10**9  # what a veth pair carries, roughly, when no tbf paces it
+MTU_BYTES = 1500
 
 
 @dataclass(frozen=True)
 class Shape:
-    rate_bps: int
+    """What to apply to a link. `rate_bps` None: no rate limit (netem alone)."""
+
+    rate_bps: int | None = None
     delay_us: int = 0
     jitter_us: int = 0
     loss_pct: float = 0.0
@@ -36,6 +46,9 @@ class Shape:
         return bool(self.delay_us or self.jitter_us or self.loss_pct)
 
     def validate(self) -> "Shape":
+        if self.rate_bps is None and not self.needs_netem:
+            raise LabError("nothing to shape: give a rate, a delay or a loss" + (" (--ingress says where, not what)"
+                           if self.ingress else ""), hint="labctl shape --bw 100mbit  |  labctl shape --delay 10ms")
         if self.jitter_us and not self.delay_us:
             raise ConfigError("--jitter", f"{self.jitter_us}us", "needs --delay", hint="jitter varies the delay: give --delay too")
         if self.jitter_us > self.delay_us:
@@ -69,15 +82,35 @@ def build_clear(iface: str, ifb: str = "ifb0") -> list[Command]:
     ]
 
 
+def netem_limit(shape: Shape) -> int:
+    """netem's queue, in packets. netem holds every packet for its delay, so it holds rate x (delay +
+    jitter) of traffic, and tail-drops what exceeds its limit (default 1000 packets: 1.2 ms of a
+    10 Gbit/s flow), which TCP takes for congestion. The rate is the tbf's above netem, or, with
+    none, a veth pair's 10 Gbit/s; counted in full 1500-byte packets (veth's GSO packets are larger,
+    so fewer), twice over for the backlog that waits on tbf's tokens; never below netem's default.
+    A limit only caps the queue: nothing is allocated for it."""
+    rate_bps = shape.rate_bps or UNSHAPED_LINE_BPS
+    held_s = (shape.delay_us + shape.jitter_us) / 1e6
+    return max(NETEM_DEFAULT_LIMIT, math.ceil(2 * rate_bps * held_s / (8 * MTU_BYTES)))
+
+
+def _percent(value: float) -> str:
+    return f"{value:.6f}".rstrip("0").rstrip(".") + "%"  # never 1e-05%, which tc would refuse
+
+
 def _egress(shape: Shape, dev: str) -> list[Command]:
-    commands = [_cmd("tc", "qdisc", "add", "dev", dev, "root", "handle", "1:", "tbf", "rate", format_rate(shape.rate_bps),
-                     "burst", str(burst_bytes(shape.rate_bps)), "latency", TBF_LATENCY)]
+    """tbf at the root with netem as its child (handle 10:); without a rate, netem at the root."""
+    commands = []
+    if shape.rate_bps is not None:
+        commands.append(_cmd("tc", "qdisc", "add", "dev", dev, "root", "handle", "1:", "tbf", "rate",
+                             format_rate(shape.rate_bps), "burst", str(burst_bytes(shape.rate_bps)), "latency", TBF_LATENCY))
     if shape.needs_netem:
-        netem = ["tc", "qdisc", "add", "dev", dev, "parent", "1:1", "handle", "10:", "netem"]
+        where = ["parent", "1:1"] if shape.rate_bps is not None else ["root"]
+        netem = ["tc", "qdisc", "add", "dev", dev, *where, "handle", "10:", "netem", "limit", str(netem_limit(shape))]
         if shape.delay_us:
             netem += ["delay", f"{shape.delay_us}us"] + ([f"{shape.jitter_us}us"] if shape.jitter_us else [])
         if shape.loss_pct:
-            netem += ["loss", f"{shape.loss_pct:g}%"]
+            netem += ["loss", _percent(shape.loss_pct)]
         commands.append(_cmd(*netem))
     return commands
 
@@ -94,6 +127,27 @@ def build_apply(shape: Shape, iface: str = "eth0", ifb: str = "ifb0") -> list[Co
                  "action", "mirred", "egress", "redirect", "dev", ifb),
         ] + _egress(shape, ifb)
     return commands
+
+
+def build_undo(seconds: int, iface: str = "eth0", ifb: str = "ifb0") -> list[Command]:
+    """--duration: what a helper container left running does: wait, then clear the link."""
+    return [_cmd("sleep", str(seconds))] + build_clear(iface, ifb)
+
+
+@dataclass(frozen=True)
+class ShapePlan:
+    """`shape --dry-run`: the commands run now in each node's namespace, and, with --duration, those
+    a helper container left running runs `duration_s` later."""
+
+    commands: list[Command]
+    undo: list[Command] = field(default_factory=list)
+    duration_s: int | None = None
+
+
+def build_plan(shape: Shape | None, iface: str = "eth0", duration_s: int | None = None) -> ShapePlan:
+    if shape is None:
+        return ShapePlan(build_clear(iface))
+    return ShapePlan(build_apply(shape, iface), build_undo(duration_s, iface) if duration_s else [], duration_s)
 
 
 def build_netem_probe(dev: str = PROBE_DEV) -> list[Command]:
@@ -115,33 +169,41 @@ def netem_missing(output: str) -> bool:
 # ------------------------------------------------------------------------------- reading back
 
 _RATE_UNITS = {"bit": 1, "kbit": 10**3, "mbit": 10**6, "gbit": 10**9}
-_TIME_UNITS = {"us": 1, "ms": 1_000, "s": 1_000_000}
+_TIME_UNITS = {"ns": 0.001, "us": 1, "ms": 1_000, "s": 1_000_000}
+_NUMBER = r"(\d+(?:\.\d+)?(?:e[+-]?\d+)?)"  # tc prints times with %.3g: 12.5ms, 1.23s, even 1e+03ms
 _QDISC_RE = re.compile(r"^qdisc (\S+) (\S+)(.*)$")
 _RATE_RE = re.compile(r"\brate (\d+(?:\.\d+)?)([KMG]?bit)\b", re.IGNORECASE)
-_DELAY_RE = re.compile(r"\bdelay (\d+(?:\.\d+)?)(us|ms|s)(?:\s+(\d+(?:\.\d+)?)(us|ms|s))?")
-_LOSS_RE = re.compile(r"\bloss (\d+(?:\.\d+)?)%")
+_DELAY_RE = re.compile(rf"\bdelay {_NUMBER}(ns|us|ms|s)(?:\s+{_NUMBER}(ns|us|ms|s))?")
+_LOSS_RE = re.compile(rf"\bloss {_NUMBER}%")
+_SHAPED = ("tbf", "htb", "netem")
 
 
 @dataclass(frozen=True)
 class LinkState:
-    """What `tc qdisc show dev IF` says is applied now."""
+    """What `tc qdisc show dev IF` says is applied now: the egress, and in `inbound` what the ifb
+    device that shapes the ingress carries (labctl applies the same shape both ways)."""
 
     kind: str  # "none", "tbf", "tbf+netem", "netem" or "other:<qdisc>"
     rate_bps: int | None = None
     delay_us: int | None = None
     jitter_us: int | None = None
     loss_pct: float | None = None
-    ingress: bool = False
+    ingress: bool = False  # the ingress is redirected to an ifb device that shapes it
+    inbound: LinkState | None = None
+
+    @property
+    def values(self) -> tuple:
+        return self.rate_bps, self.delay_us or 0, self.jitter_us or 0, self.loss_pct or 0.0
 
 
 def _time_us(number: str, unit: str) -> int:
     return round(float(number) * _TIME_UNITS[unit])
 
 
-def parse_link_state(qdisc_text: str, ingress_rate_text: str = "") -> LinkState:
+def parse_link_state(qdisc_text: str, ingress_text: str = "") -> LinkState:
     """Parse the plain-text output of `tc qdisc show dev IF` (stable across iproute2 releases;
-    `tc -j` prints no JSON for some qdiscs and classes). `ingress_rate_text` is the same output for
-    the ifb device, when there is one."""
+    `tc -j` prints no JSON for some qdiscs and classes): tbf at the root with a netem child, or
+    netem alone at the root. `ingress_text` is the same output for the ifb device, when there is one."""
     kinds, rate_bps, delay_us, jitter_us, loss_pct, ingress = [], None, None, None, None, False
     for line in qdisc_text.splitlines():
         match = _QDISC_RE.match(line.strip())
@@ -158,39 +220,49 @@ def parse_link_state(qdisc_text: str, ingress_rate_text: str = "") -> LinkState:
         elif kind == "netem":
             kinds.append(kind)
             delay = _DELAY_RE.search(rest)
-            if delay:
-                delay_us = _time_us(delay.group(1), delay.group(2))
-                jitter_us = _time_us(delay.group(3), delay.group(4)) if delay.group(3) else 0
+            delay_us = _time_us(delay.group(1), delay.group(2)) if delay else 0
+            jitter_us = _time_us(delay.group(3), delay.group(4)) if delay and delay.group(3) else 0
             loss = _LOSS_RE.search(rest)
             loss_pct = float(loss.group(1)) if loss else 0.0
         elif " root " in f" {match.group(2)} {rest} " and kind not in ("noqueue", "pfifo_fast", "mq", "fq_codel", "pfifo"):
             kinds.append(f"other:{kind}")
-    shaped_ingress = ingress and bool(_RATE_RE.search(ingress_rate_text))
+    inbound = parse_link_state(ingress_text) if ingress and ingress_text else None
+    shaped_ingress = inbound is not None and any(k in _SHAPED for k in inbound.kind.split("+"))
     return LinkState(kind="+".join(kinds) or "none", rate_bps=rate_bps, delay_us=delay_us, jitter_us=jitter_us,
-                     loss_pct=loss_pct, ingress=shaped_ingress)
+                     loss_pct=loss_pct, ingress=shaped_ingress, inbound=inbound if shaped_ingress else None)
 
 
-def describe(state: LinkState) -> str:
-    """A table cell: 'unshaped', '100mbit', '100mbit in+out +10ms±2ms 1% loss'."""
-    if state.kind == "none":
-        return "unshaped"
-    parts = [format_rate(state.rate_bps) if state.rate_bps else state.kind]
-    if state.ingress:
-        parts[0] += " in+out"
+def _describe_one(state: LinkState) -> list[str]:
+    parts = [format_rate(state.rate_bps)] if state.rate_bps else []
+    if state.kind != "none" and not parts and not any(k in _SHAPED for k in state.kind.split("+")):
+        parts.append(state.kind)  # someone else's qdisc: name it
     if state.delay_us:
         parts.append(f"+{state.delay_us / 1000:g}ms" + (f"±{state.jitter_us / 1000:g}ms" if state.jitter_us else ""))
     if state.loss_pct:
         parts.append(f"{state.loss_pct:g}% loss")
+    return parts
+
+
+def describe(state: LinkState) -> str:
+    """A table cell: 'unshaped', '100mbit', '100mbit in+out +10ms±2ms 1% loss', '+10ms 1% loss'; an
+    ingress that differs from the egress is named apart: '100mbit (in: 50mbit +5ms)'."""
+    if state.kind == "none" and not state.ingress:
+        return "unshaped"
+    parts = _describe_one(state) or ["unshaped"]
+    if state.ingress and state.inbound is not None and state.inbound.values != state.values:
+        return " ".join(parts) + f" (in: {' '.join(_describe_one(state.inbound)) or 'unshaped'})"
+    if state.ingress:
+        parts[0:1] = [f"{parts[0]} in+out"] if state.rate_bps else ["in+out", parts[0]]
     return " ".join(parts)
 
 
-def parse_shape(bw: str, delay: str | None = None, jitter: str | None = None, loss: str | None = None,
+def parse_shape(bw: str | None = None, delay: str | None = None, jitter: str | None = None, loss: str | None = None,
                 ingress: bool = False) -> Shape:
-    """The shape the flags ask for, every value checked before anything is changed."""
+    """The shape the flags ask for, every value checked before anything is changed; no --bw: no rate limit."""
     from labctl.units import parse_loss_pct, parse_rate, parse_time_us
 
     return Shape(
-        rate_bps=parse_rate(bw, "--bw"),
+        rate_bps=parse_rate(bw, "--bw") if bw is not None else None,
         delay_us=parse_time_us(delay, "--delay") if delay is not None else 0,
         jitter_us=parse_time_us(jitter, "--jitter") if jitter is not None else 0,
         loss_pct=parse_loss_pct(loss, "--loss") if loss is not None else 0.0,
@@ -199,12 +271,25 @@ def parse_shape(bw: str, delay: str | None = None, jitter: str | None = None, lo
 
 
 def parse_shape_request(bw: str | None, delay: str | None = None, jitter: str | None = None, loss: str | None = None,
-                        ingress: bool = False, *, clear: bool = False, show: bool = False) -> Shape | None:
-    """`labctl shape`'s flags: exactly one of --bw, --clear and --show; the shape for --bw, else None."""
-    modes = [name for name, on in (("--bw", bw is not None), ("--clear", clear), ("--show", show)) if on]
+                        ingress: bool = False, *, clear: bool = False, show: bool = False,
+                        duration: str | None = None) -> Shape | None:
+    """`labctl shape`'s flags: exactly one of a shape (any of --bw, --delay, --jitter, --loss),
+    --clear and --show; the shape, else None. --ingress and --duration go with a shape."""
+    from labctl.units import parse_duration_s
+
+    given = [flag for flag, value in (("--bw", bw), ("--delay", delay), ("--jitter", jitter), ("--loss", loss))
+             if value is not None]
+    modes = ([f"a shape ({', '.join(given)})"] if given else []) + [flag for flag, on in (("--clear", clear),
+                                                                                       ("--show", show)) if on]
     if len(modes) != 1:
-        raise LabError(f"give exactly one of --bw, --clear or --show (got {', '.join(modes) or 'none'})",
-                       hint="labctl shape --bw 100mbit  |  labctl shape --clear  |  labctl shape --show")
-    if bw is None and (delay or jitter or loss or ingress):
-        raise LabError("--delay, --jitter, --loss and --ingress go with --bw", hint="labctl shape --bw 1gbit --delay 5ms")
-    return parse_shape(bw, delay, jitter, loss, ingress) if bw is not None else None
+        alone = "--ingress says where to shape, not what: " if ingress and not modes else ""
+        raise LabError(f"{alone}give exactly one of a shape (--bw, --delay, --jitter, --loss), --clear or --show "
+                       f"(got {' and '.join(modes) or 'none'})",
+                       hint="labctl shape --bw 100mbit  |  labctl shape --delay 10ms  |  labctl shape --clear  |  "
+                            "labctl shape --show")
+    if not given and (ingress or duration is not None):
+        raise LabError(f"{'--ingress' if ingress else '--duration'} goes with a shape, not with {modes[0]}",
+                       hint="labctl shape --bw 100mbit --ingress --duration 30s")
+    if duration is not None:
+        parse_duration_s(duration)
+    return parse_shape(bw, delay, jitter, loss, ingress) if given else None

@@ -110,7 +110,8 @@ def lab_resources(client, lab: str) -> dict[str, list[str]]:
 
 
 def new_lab_name() -> str:
-    return f"it-{uuid.uuid4().hex[:8]}"
+    """it-<random>; DDPLAB_IT_LAB_PREFIX replaces "it" where several suites share one engine."""
+    return f"{os.environ.get('DDPLAB_IT_LAB_PREFIX', 'it')}-{uuid.uuid4().hex[:8]}"
 
 
 def module_lab(nodes: int):
