@@ -142,7 +142,7 @@ class LabPool:
             lab = self._bring_up(spec)
         self.busy.append(lab)
         lab.begin_test(test_file)
-        if spec.bw is not None:
+        if spec.shaped:
             try:
                 lab.shape(spec.bw, delay=spec.delay)
             except BaseException:

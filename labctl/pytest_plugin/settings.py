@@ -20,7 +20,7 @@ DEFAULT_RUN_TIMEOUT_S = 300.0  # every run through the fixture's lab; a hang fai
 NoEngine = Literal["fail", "skip"]
 MARKER = "ddplab"
 MARKER_DOC = ("ddplab(nodes=3, nproc_per_node=1, bw=None, delay=None, node_cpus=None, fresh=False): the lab the "
-              "ddp_lab fixture hands this test; bw/delay shape its links for this test alone, fresh=True gives it a "
+              "ddp_lab fixture hands this test; bw and delay (either, or both) shape its links for this test alone, fresh=True gives it a "
               "lab no other test has used")
 MARKER_KEYS = ("nodes", "nproc_per_node", "bw", "delay", "node_cpus", "fresh")
 LAB_PREFIX = "pt"  # pt-<session8>-<worker>-<n>: a pytest session's labs, told apart at a glance in `labctl ls`
@@ -62,14 +62,18 @@ class LabSpec:
         links are not part of it (set per test), nor `fresh` (a fresh lab is never pooled)."""
         return (self.nodes, self.nproc_per_node, self.node_cpus, self.image or "")
 
+    @property
+    def shaped(self) -> bool:
+        return self.bw is not None or self.delay is not None
+
     def describe(self) -> str:
         parts = [f"{self.nodes} nodes"]
         if self.nproc_per_node != 1:
             parts.append(f"{self.nproc_per_node} processes per node")
         if self.node_cpus:
             parts.append("cpus " + ",".join(f"{n}={c:g}" for n, c in self.node_cpus))
-        if self.bw:
-            parts.append(f"links {self.bw}" + (f" +{self.delay}" if self.delay else ""))
+        if self.shaped:
+            parts.append("links " + " ".join(filter(None, (self.bw, self.delay and f"+{self.delay}"))))
         return ", ".join(parts)
 
 
@@ -170,13 +174,11 @@ def lab_spec(marks: list[tuple[tuple, Mapping[str, Any]]], settings: Settings) -
         except ValueError as exc:
             raise ConfigError(f"{MARKER}(nproc_per_node=)", merged["nproc_per_node"], str(exc)) from None
     bw, delay = merged.get("bw"), merged.get("delay")
-    if delay is not None and bw is None:
-        raise LabError(f"{MARKER}(delay={delay!r}) needs bw as well: delay shapes a link, which needs a rate",
-                       hint=f"@pytest.mark.{MARKER}(bw='1gbit', delay={delay!r})")
-    if bw is not None:
+    if bw is not None or delay is not None:
         from labctl.net.tc import parse_shape
 
-        parse_shape(str(bw), None if delay is None else str(delay))  # checked now: a typo fails before any lab
+        # checked now: a typo fails before any lab (delay alone is latency shaping, netem at the root)
+        parse_shape(None if bw is None else str(bw), None if delay is None else str(delay))
     return LabSpec(nodes=nodes, nproc_per_node=nproc, node_cpus=_node_cpus(merged.get("node_cpus"), nodes),
                    image=settings.image, bw=None if bw is None else str(bw),
                    delay=None if delay is None else str(delay),

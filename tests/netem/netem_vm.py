@@ -77,10 +77,11 @@ class Case:
 PING = ("ping", "100", "0.02")
 CASES: tuple[Case, ...] = (
     Case("base", None, PING),                                                           # labctl's clear
-    Case("delay", Shape(rate_bps=GBIT, delay_us=10_000), PING, rtt_ms=20.0),
-    Case("jitter", Shape(rate_bps=GBIT, delay_us=10_000, jitter_us=5_000), ("ping", "400", "0.02")),
-    Case("ingress", Shape(rate_bps=GBIT, delay_us=5_000, ingress=True), PING, rtt_ms=20.0),
-    Case("loss", Shape(rate_bps=GBIT, loss_pct=1.0), ("udp", "5", "2M", "100")),         # 2,500 datagrams/s
+    Case("delay", Shape(delay_us=10_000), PING, rtt_ms=20.0),                            # netem at the root
+    Case("delay-under-tbf", Shape(rate_bps=GBIT, delay_us=10_000), PING, rtt_ms=20.0),   # netem under tbf
+    Case("jitter", Shape(delay_us=10_000, jitter_us=5_000), ("ping", "400", "0.02")),
+    Case("ingress", Shape(delay_us=5_000, ingress=True), PING, rtt_ms=20.0),
+    Case("loss", Shape(loss_pct=1.0), ("udp", "5", "2M", "100")),                        # 2,500 datagrams/s
     Case("tcp-base", None, ("tcp", "3")),
     Case("rate", Shape(rate_bps=100_000_000, delay_us=5_000), ("tcp", "5")),
 )

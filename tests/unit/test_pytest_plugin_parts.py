@@ -101,7 +101,7 @@ def test_fresh_comes_from_the_marker_or_the_session():
     ({"nproc_per_node": 0}, "must be from 1 to 32"),
     ({"bw": "100mbps"}, "BYTES per second"),
     ({"bw": "fast"}, "must be a rate such as 100mbit"),
-    ({"delay": "10ms"}, "needs bw as well"),
+    ({"delay": "10"}, "add a unit"),
     ({"bw": "1gbit", "delay": "10"}, "add a unit"),
     ({"node_cpus": "node3=0.5"}, "the lab has node0..node2"),
     ({"node_cpus": "node1"}, "NODE=CPUS pairs"),
@@ -237,3 +237,11 @@ def test_a_spec_describes_itself_for_an_error_message():
                     Settings())
     assert spec.describe() == "2 nodes, 2 processes per node, cpus node1=0.5, links 1gbit +5ms"
     assert lab_spec([], Settings()).describe() == "3 nodes"
+
+
+def test_a_marker_may_ask_for_latency_alone():
+    spec = lab_spec(marks({"delay": "10ms"}), Settings())
+    assert spec.shaped and spec.bw is None and spec.delay == "10ms"
+    assert spec.describe() == "3 nodes, links +10ms"
+    assert lab_spec(marks({"bw": "1gbit", "delay": "5ms"}), Settings()).describe() == "3 nodes, links 1gbit +5ms"
+    assert not lab_spec([], Settings()).shaped
