@@ -19,7 +19,10 @@ arg = sys.argv[3] if len(sys.argv) > 3 else None
 dist.init_process_group("gloo")
 rank = dist.get_rank()
 dist.barrier()
-print(f"FAIL_HOW rank={rank} world={dist.get_world_size()} ready", flush=True)
+# One write for the whole line: print() writes the text and its newline separately, and with the
+# output unbuffered a traceback on stderr (relayed by another thread) can land between the two.
+sys.stdout.write(f"FAIL_HOW rank={rank} world={dist.get_world_size()} ready\n")
+sys.stdout.flush()
 if rank == bad_rank:
     if mode == "exit":
         sys.exit(int(arg or 3))
@@ -37,4 +40,5 @@ while mode == "loop":
 dist.all_reduce(torch.ones(1))
 if mode == "hang":
     time.sleep(3600)
-print(f"FAIL_HOW rank={rank} done", flush=True)
+sys.stdout.write(f"FAIL_HOW rank={rank} done\n")
+sys.stdout.flush()
