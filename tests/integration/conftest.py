@@ -46,16 +46,20 @@ def docker_client():
     return client
 
 
+def required_image(docker_client, tag: str, what: str, build: str) -> str:
+    """`tag`, which `make test` builds before the suite: a failure, never a skip, where it is missing."""
+    try:
+        docker_client.images.get(tag)
+    except Exception:  # noqa: BLE001
+        pytest.fail(f"{what} {tag} is missing; `make test` builds it (or `{build}`)", pytrace=False)
+    return tag
+
+
 @pytest.fixture(scope="session")
 def node_image(docker_client):
     from labctl.config import resolve_config
 
-    tag = resolve_config(environ=os.environ).image_tag
-    try:
-        docker_client.images.get(tag)
-    except Exception:  # noqa: BLE001
-        pytest.fail(f"node image {tag} is missing; `make test` builds it (or `labctl build`)", pytrace=False)
-    return tag
+    return required_image(docker_client, resolve_config(environ=os.environ).image_tag, "node image", "labctl build")
 
 
 @pytest.fixture(scope="session")
@@ -64,12 +68,8 @@ def cuda_image(docker_client):
     machine, GPU or not, so that the image is exercised on every run."""
     from labctl.config import resolve_config
 
-    tag = resolve_config(environ=os.environ).cuda_image_tag
-    try:
-        docker_client.images.get(tag)
-    except Exception:  # noqa: BLE001
-        pytest.fail(f"CUDA node image {tag} is missing; `make test` builds it (or `labctl build --cuda`)", pytrace=False)
-    return tag
+    return required_image(docker_client, resolve_config(environ=os.environ).cuda_image_tag, "CUDA node image",
+                          "labctl build --cuda")
 
 
 def labctl(*args: str, timeout: float = 300, check: bool | None = None, env: dict | None = None,
