@@ -56,14 +56,19 @@ def format_rate(rate_bps: int) -> str:
     return f"{rate_bps}bit"
 
 
+def _with_unit(text, key: str, pattern: re.Pattern[str], units: dict[str, float], allowed: str, examples: str) -> float:
+    """A number and its unit (`pattern`'s two groups) scaled by `units`; a bare number is told to add one."""
+    raw = str(text).strip()
+    match = pattern.match(raw)
+    if not match:
+        hint = f"add a unit: {examples}" if re.fullmatch(r"\d+(\.\d+)?", raw) else None
+        raise ConfigError(key, text, allowed, hint=hint)
+    return float(match.group(1)) * units[match.group(2).lower()]
+
+
 def parse_time_us(text: str, key: str) -> int:
     """'10ms' -> 10_000 microseconds."""
-    raw = str(text).strip()
-    match = _TIME_RE.match(raw)
-    if not match:
-        hint = "add a unit: 10ms, 500us, 1s" if re.fullmatch(r"\d+(\.\d+)?", raw) else None
-        raise ConfigError(key, text, "must be a time such as 10ms, 500us or 1s", hint=hint)
-    time_us = float(match.group(1)) * _TIME_US[match.group(2).lower()]
+    time_us = _with_unit(text, key, _TIME_RE, _TIME_US, "must be a time such as 10ms, 500us or 1s", "10ms, 500us, 1s")
     if time_us > MAX_TIME_US:
         raise ConfigError(key, text, "must be from 0 to 10s")
     return round(time_us)
@@ -74,12 +79,8 @@ def parse_duration_s(text: str | int | float, key: str = "--duration") -> int:
     if isinstance(text, (int, float)) and not isinstance(text, bool):
         seconds = float(text)
     else:
-        raw = str(text).strip()
-        match = _DURATION_RE.match(raw)
-        if not match:
-            hint = "add a unit: 30s, 2m, 1h" if re.fullmatch(r"\d+(\.\d+)?", raw) else None
-            raise ConfigError(key, text, "must be a duration such as 30s, 2m or 1h", hint=hint)
-        seconds = float(match.group(1)) * _DURATION_S[match.group(2).lower()]
+        seconds = _with_unit(text, key, _DURATION_RE, _DURATION_S, "must be a duration such as 30s, 2m or 1h",
+                             "30s, 2m, 1h")
     if not (math.isfinite(seconds) and 1 <= round(seconds) <= MAX_DURATION_S):
         raise ConfigError(key, text, "must be from 1s to 24h")
     return round(seconds)
