@@ -82,6 +82,12 @@ def wheel_requirements(torch_version: str, cuda: bool = False) -> list[str]:
     return [torch, "numpy"]
 
 
+def cuda_wheels(names: Iterable[str]) -> list[str]:
+    """The CUDA runtime's wheels among a wheelhouse's files (nvidia_*: wheel file names use underscores):
+    what a CPU build must not have and a CUDA build must."""
+    return [n for n in names if n.startswith("nvidia_")]
+
+
 def dockerfile_name(cuda: bool) -> str:
     return "Dockerfile.cuda" if cuda else "Dockerfile"
 
@@ -138,7 +144,7 @@ def ensure_wheelhouse(config: LabConfig, target: Target, report: Report, wheelho
 
     names = fill_wheelhouse(wheelhouse, wheel_requirements(config.torch_version), target, report,
                             cpu_index_url=config.torch_index_url)
-    cuda = [n for n in names if n.startswith("nvidia_")]
+    cuda = cuda_wheels(names)
     if cuda:
         raise LabError(f"the wheelhouse got CUDA packages ({', '.join(cuda[:3])}, ...): the torch wheel is not a CPU build",
                        hint="set DDPLAB_TORCH_INDEX_URL to https://download.pytorch.org/whl/cpu")
@@ -158,7 +164,7 @@ def ensure_cuda_wheelhouse(config: LabConfig, target: Target, report: Report, wh
         raise LabError(f"could not download torch=={config.torch_version} (CUDA build) for {target.describe()}: {exc}",
                        hint="point pip at an index that has it (PIP_INDEX_URL, e.g. https://download.pytorch.org/whl/cu126)"
                        ) from None
-    if not any(n.startswith(("nvidia_", "nvidia-")) for n in names):
+    if not cuda_wheels(names):
         raise LabError(f"the wheelhouse for the CUDA image got no nvidia-* packages ({', '.join(names[:4])}, ...): "
                        "that torch wheel is not a CUDA build",
                        hint="point pip at an index with CUDA builds (PyPI, or https://download.pytorch.org/whl/cu126)")
