@@ -267,12 +267,9 @@ class Lab(LabSession):
         duration_s = parse_duration_s(duration) if duration is not None else None
         return self._apply_shape(self.targets(nodes), wanted, duration_s)
 
-    def shape_commands(self, wanted: Shape | None) -> list:
-        """The tc commands `shape` (or, for None, `clear_shape`) runs in each node's namespace: a plan."""
-        return self.shape_plan(wanted).commands
-
     def shape_plan(self, wanted: Shape | None, duration: str | int | None = None):
-        """`shape_commands`, and with `duration` the undo run then: a tc.ShapePlan."""
+        """The tc commands `shape` (or, for None, `clear_shape`) runs in each node's namespace, and with
+        `duration` the undo run then: a tc.ShapePlan."""
         from labctl.net.tc import build_plan
         from labctl.units import parse_duration_s
 
