@@ -82,7 +82,8 @@ def test_apply_clears_first_and_never_stacks():
 
 def test_burst_covers_two_ticks():
     assert burst_bytes(100_000_000) == 131072
-    assert burst_bytes(10**9) == 10**9 // 8 // 125
+    assert burst_bytes(10**9) == 131072  # 1 ms at 1gbit is 125,000 B: the floor wins
+    assert burst_bytes(10 * 10**9) == 1_250_000
 
 
 def test_parse_shape_checks_everything_first():
