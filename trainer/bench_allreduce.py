@@ -10,6 +10,11 @@ and the size's time is the median over iterations. Rank 0 prints one JSON line p
 `ALLREDUCE {...}` (with the backend and device measured), and writes them all to
 `<run_dir>/allreduce.json`.
 
+`--probe-size B --probe-iters K` first times a latency probe: an allreduce of B bytes, K times
+(small-message latency is the noisiest number here, so it gets more iterations than the sweep).
+It comes first in allreduce.json with `"probe": true`; `labctl bench allreduce` takes the
+calibrated model's base latency from it, and being first it also opens the connections.
+
 On nccl (--backend, default $DDPLAB_BACKEND, else auto: see trainer/backend.py) the tensor lives on
 the rank's GPU, and since NCCL's all_reduce returns as soon as the kernel is queued, the clock
 stops only after torch.cuda.synchronize(): the time is the collective's, not its launch's.
@@ -36,6 +41,8 @@ def parse_args(argv=None):
     p.add_argument("--sizes", required=True, help="comma-separated message sizes in bytes (multiples of 4)")
     p.add_argument("--iters", type=int, default=5, help="timed iterations per size (default 5)")
     p.add_argument("--warmup", type=int, default=2, help="untimed iterations per size first (default 2)")
+    p.add_argument("--probe-size", type=int, default=1024, help="bytes of the latency probe (default 1024)")
+    p.add_argument("--probe-iters", type=int, default=0, help="timed iterations of the latency probe (default 0: none)")
     p.add_argument("--timeout-s", type=float, default=300.0, help="process-group timeout in seconds (default 300)")
     p.add_argument("--backend", type=backend_flag, default=None,
                    help="auto, nccl or gloo (default $DDPLAB_BACKEND, else auto: nccl where CUDA is available)")
@@ -47,8 +54,10 @@ def parse_args(argv=None):
         p.error(f"--sizes must be integers (bytes), got {args.sizes!r}")
     if not args.sizes or any(s < 4 or s % 4 for s in args.sizes):
         p.error("--sizes must be positive multiples of 4 bytes (float32 elements)")
-    if args.iters < 1 or args.warmup < 0:
-        p.error("--iters must be >= 1 and --warmup >= 0")
+    if args.iters < 1 or args.warmup < 0 or args.probe_iters < 0:
+        p.error("--iters must be >= 1, --warmup and --probe-iters >= 0")
+    if args.probe_size < 4 or args.probe_size % 4:
+        p.error("--probe-size must be a positive multiple of 4 bytes (float32 elements)")
     return args
 
 
@@ -84,14 +93,17 @@ def main(argv=None):
     if rank == 0:
         println(f"bench_allreduce: backend {c.backend}, device {device}, world size {world_size} ({c.reason})")
     rows = []
-    for size in args.sizes:
-        times = time_size(size, args.iters, args.warmup, device)
+    probe = [(args.probe_size, args.probe_iters, True)] if args.probe_iters else []
+    for size, iters, is_probe in probe + [(size, args.iters, False) for size in args.sizes]:
+        times = time_size(size, iters, args.warmup, device)
         row = {"size": size, "count": size // 4, "type": "float", "world_size": world_size,
                "backend": c.backend, "device": device.type,
                "time_us": statistics.median(times) * 1e6, "times_us": [t * 1e6 for t in times]}
+        if is_probe:
+            row["probe"] = True
         rows.append(row)
         if rank == 0:
-            println("ALLREDUCE " + json.dumps(row))
+            println(("PROBE " if is_probe else "ALLREDUCE ") + json.dumps(row))
     if rank == 0:
         run_dir = Path(args.run_dir or os.environ.get("DDPLAB_RUN_DIR") or ".")
         run_dir.mkdir(parents=True, exist_ok=True)

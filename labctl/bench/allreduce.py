@@ -2,17 +2,21 @@
 iperf3, and the ring cost model beside every row, twice:
 
 - the paper model, as `labctl cost` computes it for links on paper: the shaped rate at
-  --efficiency (85% by default), and per hop 50 us plus the links' configured netem delay;
-- the calibrated model, from what this lab measured: the iperf3 wire as the rate (beta, at 100%:
-  iperf3 already saw what TCP gets through tbf), and per hop the latency of a 1 KiB allreduce
-  measured first in the same sweep (alpha: its time less its bytes at that rate, over the 2(n-1)
-  hops). 1 KiB fits TCP's initial window and tbf's bucket, so it measures latency and nothing
-  else, and being first it also opens the connections for the sizes asked for. It is shown as a
-  row only when asked for.
+  --efficiency (85% by default), and per hop 50 us plus the links' configured netem delay, added;
+- the calibrated model, from what this lab measured. Its rate (beta) is the iperf3 wire at 100%:
+  iperf3 already saw what TCP gets through tbf. Its latency has two parts. The links' configured
+  delay d is paid on each of the ring's 2(n-1) steps and never hides (a step cannot start before
+  its data has arrived). The stack's own latency b (waking processes, syscalls: 1 ms a step and
+  more on two shared cores) comes from a latency probe, a 1 KiB allreduce timed PROBE_ITERS times
+  before the sweep: its median less its bytes at the wire's rate and less 2(n-1) x d, over the
+  2(n-1) steps. A pipelined ring hides that overhead behind the transfer of a large message (its
+  processes are busy, not asleep), so it counts only while it is the longer:
 
-Pure: `build_rows` turns the trainer's timings into the table. Side effects: `measure_wire`
-(iperf3 between two nodes), `run_sweep` (torchrun on every node through the runner), and `measure`,
-which is the whole benchmark on a running lab.
+      t = 2(n-1) x d + max(2(n-1) x b, 2(n-1)/n x S x 8 / wire)
+
+Pure: `calibrate` and `build_rows` turn the trainer's timings into the table. Side effects:
+`measure_wire` (iperf3 between two nodes), `run_sweep` (torchrun on every node through the
+runner), and `measure`, which is the whole benchmark on a running lab.
 """
 
 from __future__ import annotations
@@ -35,7 +39,8 @@ if TYPE_CHECKING:
 
 IPERF_PORT = "5201"
 IPERF_SECONDS = 3
-CALIBRATION_SIZE = 1024  # bytes: the message whose time is the calibrated model's latency
+PROBE_SIZE = 1024  # bytes: the latency probe; it fits TCP's initial window and any tbf bucket
+PROBE_ITERS = 21  # its timed iterations (the sweep's --iters is for the sizes asked for)
 
 
 @dataclass(frozen=True)
@@ -68,20 +73,37 @@ def model_link(shaped_rate_bps: int | None, wire_bps: float | None, delay_s: flo
     return None
 
 
-def calibrated_link(timings: list[dict], n: int, wire_bps: float | None) -> Link | None:
-    """The calibrated model's link: the iperf3 wire as its rate, and as its per-hop latency what
-    the smallest message (the sweep's CALIBRATION_SIZE) took beyond its bytes at that rate, over the
-    ring's 2(n-1) hops."""
-    if not wire_bps or not timings or n < 2:
+@dataclass(frozen=True)
+class Calibration:
+    """The calibrated model (see the module's docstring): the wire, the stack's latency a step, and
+    the links' configured delay a step."""
+
+    wire_bps: float
+    base_s: float
+    delay_s: float = 0.0
+
+    def time_s(self, payload_bytes: float, n: int) -> float:
+        if n <= 1:
+            return 0.0
+        steps = 2 * (n - 1)
+        transfer_s = bytes_per_rank(payload_bytes, n) * 8 / self.wire_bps
+        return steps * self.delay_s + max(steps * self.base_s, transfer_s)
+
+
+def calibrate(timings: list[dict], n: int, wire_bps: float | None, delay_s: float = 0.0) -> Calibration | None:
+    """The calibrated model from the sweep's latency probe (the row marked "probe"), the iperf3 wire
+    and the configured delay; None without a probe, a wire, or a ring."""
+    probe = next((t for t in timings if t.get("probe")), None)
+    if not wire_bps or probe is None or n < 2:
         return None
-    smallest = min(timings, key=lambda t: t["size"])
-    wire_s = bytes_per_rank(smallest["size"], n) * 8 / wire_bps
-    alpha_s = max(0.0, smallest["time_us"] / 1e6 - wire_s) / (2 * (n - 1))
-    return Link("calibrated", float(wire_bps), alpha_s)
+    steps = 2 * (n - 1)
+    transfer_s = bytes_per_rank(probe["size"], n) * 8 / wire_bps
+    base_s = max(0.0, probe["time_us"] / 1e6 - transfer_s - steps * delay_s) / steps
+    return Calibration(float(wire_bps), base_s, delay_s)
 
 
 def build_rows(timings: list[dict], n: int, link: Link | None, wire_bps: float | None,
-               efficiency: float = DEFAULT_EFFICIENCY, calibrated: Link | None = None) -> list[Row]:
+               efficiency: float = DEFAULT_EFFICIENCY, calibrated: Calibration | None = None) -> list[Row]:
     factor = busbw_factor(n)
     rows = []
     for t in timings:
@@ -89,7 +111,7 @@ def build_rows(timings: list[dict], n: int, link: Link | None, wire_bps: float |
         algbw = t["size"] / seconds / 1e9
         busbw = algbw * factor
         model_us = collective_time_s(t["size"], n, link, efficiency) * 1e6 if link else None
-        cal_us = collective_time_s(t["size"], n, calibrated, 1.0) * 1e6 if calibrated else None
+        cal_us = calibrated.time_s(t["size"], n) * 1e6 if calibrated else None
         rows.append(Row(
             size=t["size"], count=t["count"], type=t.get("type", "float"), time_us=t["time_us"],
             algbw_gbs=algbw, busbw_gbs=busbw, model_us=model_us,
@@ -127,10 +149,12 @@ def measure_wire(client, lab: str, client_node: str, server_node: str, server_ip
 
 
 def sweep_plan(session: LabSession, node_env: dict, sizes: list[int], iters: int,
-               env: dict[str, str] | None = None) -> RunPlan:
-    """torchrun -m trainer.bench_allreduce on every node, one process each: the plan (its run folder is
-    known before anything starts). `env` is added to every process's (as `labctl run -e`)."""
-    args = ["-m", "trainer.bench_allreduce", "--sizes", ",".join(map(str, sizes)), "--iters", str(iters)]
+               env: dict[str, str] | None = None, probe_iters: int = PROBE_ITERS) -> RunPlan:
+    """torchrun -m trainer.bench_allreduce on every node, one process each, the latency probe first:
+    the plan (its run folder is known before anything starts). `env` is added to every process's
+    (as `labctl run -e`)."""
+    args = ["-m", "trainer.bench_allreduce", "--sizes", ",".join(map(str, sizes)), "--iters", str(iters),
+            "--probe-size", str(PROBE_SIZE), "--probe-iters", str(probe_iters)]
     return session.plan_run(args, node_env=node_env, nproc_per_node=1, env=env)
 
 
@@ -182,19 +206,19 @@ def measure(session: LabSession, sizes: list[int], iters: int, efficiency: float
     ip_of = {n.name: n.ip for n in nodes}
     report(f"measuring the wire {slowest} -> {neighbour} with iperf3 ({IPERF_SECONDS} s)")
     wire_bps = measure_wire(session.client, session.name, slowest, neighbour, ip_of[neighbour])
-    plan = sweep_plan(session, node_env, sorted({CALIBRATION_SIZE, *sizes}), iters, env)
+    plan = sweep_plan(session, node_env, sizes, iters, env)
     report(f"allreduce sweep on {len(names)} nodes, {len(sizes)} sizes x {iters} iterations (logs: {plan.run_dir})")
     timings = run_sweep(session, plan)
-    calibrated = calibrated_link(timings, len(names), wire_bps)
-    asked = [t for t in timings if t["size"] in sizes]
+    calibrated = calibrate(timings, len(names), wire_bps, delay_s)
+    asked = [t for t in timings if not t.get("probe")]
     rows = build_rows(asked, len(names), model_link(link_bps, wire_bps, delay_s), wire_bps, efficiency, calibrated)
     (plan.run_dir / "bench-allreduce.json").write_text(json.dumps([r.as_dict() for r in rows]))
     measured = f"{rows[0].backend} ({rows[0].device} tensors)" if rows else "?"
     title = (f"allreduce on {measured}, {len(names)} nodes, link {_link_text(link_bps, slowest)}, "
              f"iperf3 wire {wire_bps / 1e6:.0f} Mbit/s; model: ring at {efficiency:.0%} of "
              f"{'the link' if link_bps else 'the wire'}, {(DEFAULT_ALPHA_S + delay_s) * 1e6:.0f} us a hop"
-             + (f"; calibrated: the wire, {calibrated.alpha_s * 1e6:.0f} us a hop (from a {CALIBRATION_SIZE} B "
-                "allreduce)" if calibrated else ""))
+             + (f"; calibrated: the wire, a step {delay_s * 1e3:g} ms + max(stack {calibrated.base_s * 1e6:.0f} us, "
+                "transfer)" if calibrated else ""))
     if plot_path:
         plot(rows, plot_path, link_bps, wire_bps, len(names), title.split(";")[0])
         report(f"plot written to {plot_path}")

@@ -13,6 +13,7 @@ and reads the trainer's SUMMARY (trainer/instrument.py defines its figures):
   node0 x P             P processes in one node (torchrun --nproc-per-node P)
   N nodes               N nodes x 1 process, unshaped
   N nodes @ RATE        the same, every node's link shaped to RATE (tc tbf)
+  N nodes @ RATE + T    with --delay T, every shaped link also delays by T one way (netem)
   N GPU nodes (@ RATE)  N nodes with a GPU each (`labctl up --gpus`), nccl over the lab's network,
                         unshaped and shaped, where the lab's first N nodes have GPUs
 
@@ -44,9 +45,10 @@ class Config:
     place: str  # "host" or "lab"
     nodes: int
     nproc_per_node: int
-    bw: str | None = None  # the shaped rate as given, e.g. "1gbit"; None = unshaped
+    bw: str | None = None  # the shaped link as given, e.g. "1gbit" or "1gbit + 10ms"; None = unshaped
     rate_bps: int | None = None
     device: str = "cpu"  # "cuda": the host's GPU row
+    delay_s: float = 0.0  # the shaped link's one-way netem delay
 
     @property
     def world_size(self) -> int:
@@ -86,10 +88,10 @@ def no_gpu_nodes_note(lab: str, gpu_nodes: int) -> str:
 
 
 def plan(nodes_list: list[int], rates: list[tuple[str, int]], nproc: int, host: bool = True,
-         gpu: bool = False, gpu_nodes: int = 0) -> list[Config]:
+         gpu: bool = False, gpu_nodes: int = 0, delay: tuple[str, float] | None = None) -> list[Config]:
     """Every row, in the order of the table; `gpu` (the host has one) adds the host's 1-GPU row,
     `gpu_nodes` (how many of the lab's first nodes have a GPU) the GPU-node rows for the counts of
-    `nodes_list` from 2 up to it."""
+    `nodes_list` from 2 up to it; `delay` (as given, seconds) delays every shaped row's links."""
     rows = []
     if host:
         rows.append(Config("host, 1 proc", "host", 1, 1))
@@ -101,19 +103,24 @@ def plan(nodes_list: list[int], rates: list[tuple[str, int]], nproc: int, host: 
     rows += [Config(f"{n} node{'s' if n > 1 else ''}", "lab", n, 1) for n in nodes_list]
     on_gpus = [n for n in nodes_list if 2 <= n <= gpu_nodes]
     rows += [Config(f"{n} GPU nodes", "lab", n, 1, device="cuda") for n in on_gpus]
+    delay_text, delay_s = delay or ("", 0.0)
     for bw, rate in rates:
-        rows += [Config(f"{n} nodes @ {bw}", "lab", n, 1, bw, rate) for n in nodes_list if n > 1]
-        rows += [Config(f"{n} GPU nodes @ {bw}", "lab", n, 1, bw, rate, device="cuda") for n in on_gpus]
+        link = f"{bw} + {delay_text}" if delay_text else bw
+        rows += [Config(f"{n} nodes @ {link}", "lab", n, 1, link, rate, delay_s=delay_s) for n in nodes_list if n > 1]
+        rows += [Config(f"{n} GPU nodes @ {link}", "lab", n, 1, link, rate, device="cuda", delay_s=delay_s)
+                 for n in on_gpus]
     return rows
 
 
-def model_ms(params: int, world_size: int, rate_bps: int | None, efficiency: float) -> float | None:
-    """The ring all-reduce of fp32 gradients at the shaped rate; None when no link rate applies."""
+def model_ms(params: int, world_size: int, rate_bps: int | None, efficiency: float, delay_s: float = 0.0) -> float | None:
+    """The ring all-reduce of fp32 gradients at the shaped rate, 50 us plus the delay a hop; None
+    when no link rate applies."""
     if world_size < 2:
         return 0.0
     if not rate_bps:
         return None
-    return collective_time_s(params * 4, world_size, Link("shaped", rate_bps, DEFAULT_ALPHA_S), efficiency) * 1e3
+    link = Link("shaped", rate_bps, DEFAULT_ALPHA_S + delay_s)
+    return collective_time_s(params * 4, world_size, link, efficiency) * 1e3
 
 
 def median_run(summaries: list[dict]) -> dict:
@@ -152,7 +159,8 @@ def build_rows(configs: list[Config], summaries: dict[str, list[dict]], efficien
             bw=config.bw or ("loopback" if config.nodes == 1 else "unshaped"), world_size=config.world_size,
             tokens_per_s=statistics.median(tokens), step_ms=pick["step_ms"], compute_ms_per_step=compute,
             allreduce_ms_per_step=allreduce,
-            model_ms_per_step=model_ms(pick.get("params", 0), config.world_size, config.rate_bps, efficiency),
+            model_ms_per_step=model_ms(pick.get("params", 0), config.world_size, config.rate_bps, efficiency,
+                                       config.delay_s),
             comm_fraction=pick["comm_fraction"],
             comm_over_compute=round(allreduce / compute, 3) if compute else None,
             efficiency=round(statistics.median(tokens) / (config.world_size * baseline), 3) if baseline else None,

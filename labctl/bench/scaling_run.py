@@ -54,19 +54,38 @@ def shaped_rates(rates: Sequence[str]) -> list[tuple[str, int]]:
     return [(r, parse_rate(r, "--bw")) for r in (rates or DEFAULT_RATES)]
 
 
+def shaped_delay(delay: str | None, shaped: list[tuple[str, int]]) -> tuple[str, float] | None:
+    """(delay as given, seconds) for the shaped rows' links, or None; refused with no shaped rows."""
+    from labctl.units import parse_time_us
+
+    if delay is None:
+        return None
+    delay_us = parse_time_us(delay, "--delay")
+    if not shaped:
+        raise ConfigError("--delay", delay, "delays the shaped rows' links, and --bw none leaves no shaped row",
+                          hint="labctl bench scaling --bw 1gbit --delay 10ms")
+    return str(delay).strip(), delay_us / 1e6
+
+
 def measure(session: LabSession, *, workload: str = "gpt", nodes_list: str | Sequence[int] | None = None,
             rates: Sequence[str] = (), nproc: int | None = None, steps: int = 40, micro_batch: int = 8,
             threads: int = 1, repeats: int = 1, efficiency: float = DEFAULT_EFFICIENCY, host: bool = True,
-            out_dir: Path | None = None, report: Callable[[str], None] = _quiet) -> ScalingReport:
+            out_dir: Path | None = None, report: Callable[[str], None] = _quiet,
+            delay: str | None = None) -> ScalingReport:
     """Every row, `repeats` rounds of them (each row's median reported), written to `out_dir`
     (default .lab/<lab>/bench-scaling). The lab must be up with the largest node count in
     `nodes_list` (default: 1 up to its size), and unshaped: the shaped rows shape and clear here.
     `rates` are as --bw takes them (see shaped_rates); `nproc` processes in one node (default the
-    largest node count; 1 leaves that row out); `host` adds the rows run on this machine."""
+    largest node count; 1 leaves that row out); `host` adds the rows run on this machine; `delay`
+    (e.g. "10ms") adds that one-way delay to every shaped row's links, which needs the kernel's
+    netem: probed before anything runs."""
     from labctl.bench.plotting import INSTALL_HINT, have_matplotlib
 
     shaped = shaped_rates(rates)
+    delayed = shaped_delay(delay, shaped)
     names, counts, gpu_nodes = _lab_for(session, nodes_list)
+    if delayed:  # refused now, not after the unshaped rows' minutes
+        netshape.check_netem(session.client, session.name, names[0])
     plots = have_matplotlib()
     if not plots:  # the table is the result; the PNGs only draw it, so their absence is said, not fatal
         report(f"matplotlib is not installed: scaling.md and scaling.json only, no PNGs ({INSTALL_HINT})")
@@ -80,7 +99,8 @@ def measure(session: LabSession, *, workload: str = "gpt", nodes_list: str | Seq
     if gpu_nodes < 2 and gpu:  # a GPU here, but the lab's nodes were brought up without theirs
         notes.append(no_gpu_nodes_note(session.name, gpu_nodes))
         report(notes[-1])
-    configs = plan(counts, shaped, nproc or max(counts), host=host, gpu=bool(gpu), gpu_nodes=gpu_nodes)
+    configs = plan(counts, shaped, nproc or max(counts), host=host, gpu=bool(gpu), gpu_nodes=gpu_nodes,
+                   delay=delayed)
     trainer_args = ["--workload", workload, "--steps", str(steps), "--micro-batch", str(micro_batch),
                     "--threads", str(threads)]
     node_env = session.node_env(names)
@@ -100,7 +120,7 @@ def measure(session: LabSession, *, workload: str = "gpt", nodes_list: str | Seq
                f"compute {summary['compute_ms_per_step']:.1f} ms, all-reduce {summary['allreduce_ms_per_step']:.1f} ms "
                "per step")
 
-    run_rounds(session, names, configs, shaped, repeats, run)
+    run_rounds(session, names, configs, shaped, repeats, run, round(delayed[1] * 1e6) if delayed else 0)
     rows = build_rows(configs, summaries, efficiency)
     first = next(iter(summaries.values()))[0]
     size = f"{first.get('params', 0):,} parameters, " if first.get("params") else ""
@@ -145,9 +165,10 @@ def _lab_for(session: LabSession, nodes_list: str | Sequence[int] | None) -> tup
 
 
 def run_rounds(session: LabSession, names: list[str], configs: list[Config], shaped: list[tuple[str, int]],
-               repeats: int, run: Callable[[Config], None]) -> None:
+               repeats: int, run: Callable[[Config], None], delay_us: int = 0) -> None:
     """`repeats` rounds over the rows: in each, the unshaped rows, then for each rate every node's
-    link shaped to it, its rows, and the links cleared. Cleared again at the end, whatever happened."""
+    link shaped to it (and delayed by `delay_us`), its rows, and the links cleared. Cleared again at
+    the end, whatever happened."""
     from labctl.net.tc import Shape
 
     iface = session.config.iface
@@ -157,7 +178,7 @@ def run_rounds(session: LabSession, names: list[str], configs: list[Config], sha
                 if c.rate_bps is None:
                     run(c)
             for _bw, rate in shaped:
-                netshape.apply_shape(session.client, session.name, names, Shape(rate), iface)
+                netshape.apply_shape(session.client, session.name, names, Shape(rate, delay_us=delay_us), iface)
                 for c in configs:
                     if c.rate_bps == rate:
                         run(c)

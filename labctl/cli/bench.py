@@ -105,6 +105,8 @@ def bench_allreduce_cmd(lab, sizes, iters, efficiency, as_json, plot_path, nccl_
 @click.option("--nodes-list", metavar="N,N,...", help="Node counts to run [default: 1 up to the lab's size].")
 @click.option("--bw", "rates", multiple=True, metavar="RATE",
               help="Link rate for the shaped rows (repeatable) [default: 1gbit and 100mbit]; 'none' for no shaped rows.")
+@click.option("--delay", metavar="TIME",
+              help="One-way delay added to the shaped rows' links, e.g. 10ms (needs the kernel's netem).")
 @click.option("--nproc", type=click.IntRange(1, 32), default=None, metavar="P",
               help="Processes for the one-node row [default: the largest node count; 1 = no such row].")
 @click.option("--steps", type=click.IntRange(2, 10_000), default=40, show_default=True,
@@ -121,8 +123,8 @@ def bench_allreduce_cmd(lab, sizes, iters, efficiency, as_json, plot_path, nccl_
               help="Where to write scaling.md, scaling.json and the plots [default: .lab/<lab>/bench-scaling].")
 @click.option("--json", "as_json", is_flag=True,
               help='Print {"rows": [{"name", "nodes", "nproc_per_node", "bw", "tokens_per_s", ...}]}.')
-def bench_scaling_cmd(lab, workload, nodes_list, rates, nproc, steps, micro_batch, threads, repeats, efficiency,
-                      no_host, out_dir, as_json) -> None:
+def bench_scaling_cmd(lab, workload, nodes_list, rates, delay, nproc, steps, micro_batch, threads, repeats,
+                      efficiency, no_host, out_dir, as_json) -> None:
     """Tokens/s for 1 process, P processes on one node, N nodes, and N nodes on shaped links.
 
     Each row gives the measured all-reduce ms per step beside the ring cost model's, the ratio of
@@ -135,7 +137,7 @@ def bench_scaling_cmd(lab, workload, nodes_list, rates, nproc, steps, micro_batc
 
     report = measure(session().lab(lab), workload=workload, nodes_list=nodes_list, rates=rates, nproc=nproc,
                      steps=steps, micro_batch=micro_batch, threads=threads, repeats=repeats, efficiency=efficiency,
-                     host=not no_host, out_dir=out_dir, report=info)
+                     host=not no_host, out_dir=out_dir, report=info, delay=delay)
     render_bench.print_scaling(report, as_json)
 
 

@@ -40,6 +40,19 @@ def test_delay_alone_applies_where_netem_exists_and_changes_nothing_where_not(la
     labctl("shape", "--lab", lab, "--clear", check=True)
 
 
+def test_bench_scaling_with_a_delay_refuses_before_measuring_where_netem_is_missing(lab):
+    result = labctl("bench", "scaling", "--lab", lab, "--nodes-list", "2", "--nproc", "1", "--no-host", "--bw", "1gbit",
+                    "--delay", "5ms", "--workload", "toy", "--steps", "4", "--json", timeout=600)
+    if result.returncode == 0:  # a netem kernel: the delayed row pays 2 hops x 5 ms an allreduce, at least
+        [row] = [r for r in json.loads(result.stdout)["rows"] if r["bw"] == "1gbit + 5ms"]
+        assert row["allreduce_ms_per_step"] >= 10.0 and row["model_ms_per_step"] >= 10.0, row
+    else:
+        assert result.returncode == 1, result.stderr
+        assert result.stderr.count("has no netem qdisc") == 1 and "Traceback" not in result.stderr
+        assert "tokens/s" not in result.stderr  # refused before the first row ran
+    assert set(links(lab).values()) == {"unshaped"}
+
+
 def test_dry_run_prints_the_netem_program_without_needing_netem(lab):
     result = labctl("shape", "--lab", lab, "--delay", "10ms", "--jitter", "2ms", "--loss", "1", "--ingress",
                     "--duration", "30s", "--dry-run", check=True)

@@ -136,7 +136,8 @@ def test_allreduce_measures_the_slowest_links_wire_then_sweeps(tmp_path, events,
     engine["links"] = {"node0": 10**8, "node1": 5 * 10**7, "node2": 10**8}
     wires = []
     monkeypatch.setattr(allreduce, "measure_wire", lambda client, lab, a, b, ip: wires.append((a, b, ip)) or 4.5e7)
-    timings = [{"size": 1024, "count": 256, "time_us": 400.0}, {"size": 2048, "count": 512, "time_us": 700.0}]
+    timings = [{"size": 1024, "count": 256, "time_us": 400.0, "probe": True},
+               {"size": 1024, "count": 256, "time_us": 410.0}, {"size": 2048, "count": 512, "time_us": 700.0}]
 
     def answer(plan):
         plan.run_dir.mkdir(parents=True)
@@ -151,26 +152,43 @@ def test_allreduce_measures_the_slowest_links_wire_then_sweeps(tmp_path, events,
     assert messages == ["measuring the wire node1 -> node2 with iperf3 (3 s)", sweep]
     assert events.index(sweep) < next(i for i, e in enumerate(events) if e[0] == "run")  # the logs named first
     assert events[-1] == ("run", ("node0", "node1", "node2"),
-                          ["trainer.bench_allreduce", "--sizes", "1024,2048", "--iters", "3"])
+                          ["trainer.bench_allreduce", "--sizes", "1024,2048", "--iters", "3",
+                           "--probe-size", "1024", "--probe-iters", str(allreduce.PROBE_ITERS)])
     assert result.title == ("allreduce on gloo (cpu tensors), 3 nodes, link shaped 50mbit (slowest node node1), iperf3 wire 45 Mbit/s; "
-                            "model: ring at 85% of the link, 50 us a hop; calibrated: the wire, 39 us a hop (from a 1024 B allreduce)")
+                            "model: ring at 85% of the link, 50 us a hop; calibrated: the wire, a step 0 ms + max(stack 39 us, transfer)")
     written = json.loads((result.run_dir / "bench-allreduce.json").read_text())
     assert written == [r.as_dict() for r in result.rows] and [r["size"] for r in written] == [1024, 2048]
 
 
-def test_the_calibrated_model_takes_beta_from_the_wire_and_alpha_from_the_smallest_message():
-    wire = 1e8
-    # A ring of 3 whose every hop costs 200 us and whose bytes move at exactly the wire's rate.
-    timings = [{"size": s, "count": s // 4,
-                "time_us": (cost.bytes_per_rank(s, 3) * 8 / wire + 4 * 200e-6) * 1e6} for s in (1024, 2**20, 2**24)]
-    link = allreduce.calibrated_link(timings, 3, wire)
-    assert link.rate_bps == wire and abs(link.alpha_s - 200e-6) < 1e-12
-    rows = allreduce.build_rows(timings, 3, allreduce.model_link(10**8, wire, delay_s=0.01), wire, 0.85, link)
+def test_the_calibrated_model_adds_the_delay_and_hides_the_stacks_latency_behind_large_transfers():
+    wire, delay, base = 1e8, 0.01, 1e-3
+    steps = 4  # a ring of 3
+
+    def truth(size):  # a ring whose steps pay the delay, and the stack's latency only while it is the longer
+        return (steps * delay + max(steps * base, cost.bytes_per_rank(size, 3) * 8 / wire)) * 1e6
+
+    probe = {"size": 1024, "count": 256, "probe": True,
+             "time_us": (steps * delay + steps * base + cost.bytes_per_rank(1024, 3) * 8 / wire) * 1e6}
+    timings = [probe] + [{"size": s, "count": s // 4, "time_us": truth(s)} for s in (2**16, 2**20, 2**24)]
+    cal = allreduce.calibrate(timings, 3, wire, delay)
+    assert cal.wire_bps == wire and cal.delay_s == delay and abs(cal.base_s - base) < 1e-12
+    rows = allreduce.build_rows(timings[1:], 3, allreduce.model_link(10**8, wire, delay_s=delay), wire, 0.85, cal)
     assert all(abs(r.meas_over_calibrated - 1) < 1e-9 for r in rows)
-    # The paper model: 85% of the link, and per hop 50 us plus the configured 10 ms delay.
+    # 64 KiB: its 7 ms of bytes outlast the stack's 4 ms, so the transfer counts, not the stack.
+    assert abs(rows[0].calibrated_us - (steps * delay + cost.bytes_per_rank(2**16, 3) * 8 / wire) * 1e6) < 1e-6
+    # The paper model: 85% of the link, and per hop 50 us plus the configured 10 ms delay, added.
     paper = cost.collective_time_s(2**20, 3, cost.Link("shaped", 1e8, 50e-6 + 0.01), 0.85) * 1e6
     assert abs(rows[1].model_us - paper) < 1e-6
-    assert allreduce.calibrated_link(timings, 3, None) is None and allreduce.calibrated_link([], 3, wire) is None
+    # A small message is all latency: the stack's, measured, on top of the delay.
+    assert abs(cal.time_s(4, 3) - steps * (delay + base)) < 1e-12 and cal.time_s(2**20, 1) == 0.0
+    # No probe (an old trainer, or none asked), no wire, or no ring: no calibrated model.
+    assert allreduce.calibrate(timings[1:], 3, wire) is None and allreduce.calibrate(timings, 3, None) is None
+    assert allreduce.calibrate(timings, 1, wire) is None
+
+
+def test_a_probe_faster_than_the_delay_allows_gives_no_negative_latency():
+    probe = {"size": 1024, "count": 256, "probe": True, "time_us": 1000.0}
+    assert allreduce.calibrate([probe], 3, 1e9, delay_s=0.01).base_s == 0.0
 
 
 def test_allreduce_says_what_it_measured_and_passes_the_nccl_debug_env(tmp_path, events, engine, monkeypatch):

@@ -7,6 +7,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from labctl.bench import scaling, scaling_run, straggler
+from labctl.errors import ConfigError
 
 
 def test_plan_has_every_row_the_table_needs():
@@ -16,6 +17,24 @@ def test_plan_has_every_row_the_table_needs():
                      "2 nodes @ 100mbit", "3 nodes @ 100mbit"]
     lab_only = scaling.plan([2], [], nproc=1, host=False)
     assert [(c.name, c.world_size) for c in lab_only] == [("2 nodes", 2)]
+
+
+def test_delay_goes_on_every_shaped_row_and_into_its_model():
+    configs = scaling.plan([1, 2], [("1gbit", 10**9)], nproc=1, host=False, delay=("5ms", 0.005))
+    assert [(c.name, c.bw, c.delay_s) for c in configs] == [
+        ("1 node", None, 0.0), ("2 nodes", None, 0.0), ("2 nodes @ 1gbit + 5ms", "1gbit + 5ms", 0.005)]
+    # 2 ranks: 2 hops, each 50 us plus the 5 ms delay, on top of the bytes
+    plain = scaling.model_ms(100_000, 2, 10**9, 0.85)
+    assert scaling.model_ms(100_000, 2, 10**9, 0.85, delay_s=0.005) == pytest.approx(plain + 2 * 5.0)
+
+
+def test_a_delay_needs_shaped_rows_and_a_time():
+    assert scaling_run.shaped_delay(None, []) is None
+    assert scaling_run.shaped_delay("10ms", [("1gbit", 10**9)]) == ("10ms", 0.01)
+    with pytest.raises(ConfigError, match="--bw none leaves no shaped row"):
+        scaling_run.shaped_delay("10ms", [])
+    with pytest.raises(ConfigError, match="must be a time such as 10ms"):
+        scaling_run.shaped_delay("ten", [("1gbit", 10**9)])
 
 
 @pytest.mark.parametrize("has_gpu", [True, False])
