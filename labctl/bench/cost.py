@@ -174,20 +174,31 @@ def rank_count(given: str | None, lab_world: int | None) -> int:
     return n
 
 
-def links_to_price(texts: list[str] | tuple[str, ...], shaped: tuple[str, int] | None) -> list[Link]:
-    """The links named (presets or rates); none named: the lab's shaped link, if any, and every preset."""
+def links_to_price(texts: list[str] | tuple[str, ...], shaped: tuple[str, int] | None,
+                   delay: str | None = None) -> list[Link]:
+    """The links named (presets or rates); none named: the lab's shaped link, if any, and every preset.
+    `delay` (e.g. "10ms", one way) is added to every link's per-hop latency and to its name."""
+    from dataclasses import replace
+
+    from labctl.units import parse_time_us
+
+    delay_s = parse_time_us(delay, "--delay") / 1e6 if delay is not None else 0.0
     chosen = [resolve_link(text) for text in texts]
-    if chosen:
+    if not chosen:
+        chosen = ([Link(f"lab ({shaped[0]})", float(shaped[1]), DEFAULT_ALPHA_S)] if shaped else []) + list(PRESETS.values())
+    if not delay_s:
         return chosen
-    return ([Link(f"lab ({shaped[0]})", float(shaped[1]), DEFAULT_ALPHA_S)] if shaped else []) + list(PRESETS.values())
+    return [replace(link, name=f"{link.name} + {str(delay).strip()}", alpha_s=link.alpha_s + delay_s) for link in chosen]
 
 
 def estimate(params: float, dtype: str = "bf16", ranks: str | None = None, links: list[str] | tuple[str, ...] = (),
              compute_s: float | None = None, grad_accum: int = 1, efficiency: float = DEFAULT_EFFICIENCY,
-             collective: str = "allreduce", lab: LabSession | None = None) -> CostReport:
+             collective: str = "allreduce", lab: LabSession | None = None, delay: str | None = None) -> CostReport:
     """What one gradient synchronisation costs on each link. `lab`, when up, gives the world size
-    and the shaped link (it is asked even when `ranks` and `links` are given, as the CLI does)."""
+    and the shaped link (it is asked even when `ranks` and `links` are given, as the CLI does);
+    `delay` adds a one-way delay to every link's per-hop latency."""
     shaped, world = lab_link(lab) if lab is not None else (None, None)
     n = rank_count(ranks, world)
-    rows = step_report(params, dtype, n, links_to_price(links, shaped), compute_s, grad_accum, efficiency, collective)
+    rows = step_report(params, dtype, n, links_to_price(links, shaped, delay), compute_s, grad_accum, efficiency,
+                       collective)
     return CostReport(params, dtype, n, collective, efficiency, compute_s, grad_accum, rows)

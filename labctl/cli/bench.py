@@ -20,6 +20,7 @@ from labctl.cli.options import lab_option, nccl_debug_option
 @click.option("--nodes", "ranks", metavar="N", help="Ranks in the collective [default: the lab's world size].")
 @click.option("--link", "links", multiple=True, metavar="RATE",
               help="Preset (1GbE, 2.5GbE, 10GbE, 100G-RoCE, 400G-RoCE, NVLink) or a rate; repeatable [default: the lab's shaped link and every preset].")
+@click.option("--delay", metavar="TIME", help="One-way delay added to every link's per-hop latency, e.g. 10ms.")
 @click.option("--compute-s", type=float, metavar="T", help="Compute (forward+backward) seconds per micro-step.")
 @click.option("--collective", type=click.Choice(["allreduce", "reduce_scatter", "allgather"]), default="allreduce",
               show_default=True)
@@ -27,18 +28,19 @@ from labctl.cli.options import lab_option, nccl_debug_option
 @click.option("--efficiency", type=float, default=0.85, show_default=True, help="Fraction of the link rate the stack reaches.")
 @lab_option
 @click.option("--json", "as_json", is_flag=True, help="Print the rows as JSON.")
-def cost(params, dtype, ranks, links, compute_s, collective, grad_accum, efficiency, lab, as_json) -> None:
+def cost(params, dtype, ranks, links, delay, compute_s, collective, grad_accum, efficiency, lab, as_json) -> None:
     """What one gradient synchronisation costs on each link, from first principles.
 
     Bytes through each rank's NIC: 2(n-1)/n x S for a ring allreduce, (n-1)/n x S for
     reduce-scatter or all-gather (S = params x dtype bytes); time = bytes / (rate x efficiency)
-    + 2(n-1) x alpha.
+    + 2(n-1) x alpha, where alpha is the link's typical latency plus --delay.
     """
     from labctl.bench.cost import estimate, parse_params
     from labctl.cli import render_bench
 
     count = parse_params(params)
-    report = estimate(count, dtype, ranks, links, compute_s, grad_accum, efficiency, collective, lab=session().lab(lab))
+    report = estimate(count, dtype, ranks, links, compute_s, grad_accum, efficiency, collective, lab=session().lab(lab),
+                      delay=delay)
     render_bench.print_cost(report, as_json)
 
 
