@@ -10,10 +10,12 @@ FROM ${BASE_IMAGE} AS base
 # iproute2 (tc, ss) shapes and inspects links, iperf3 measures the raw wire, procps and
 # util-linux (pkill, setsid) let labctl stop a run; openssh-server, rsync and libnss-wrapper make
 # a node an SSH host for `labctl up --ssh` (nss_wrapper gives sshd a user entry for whatever uid
-# the node runs as). The debootstrapped base already has them all.
+# the node runs as); slurmd, slurmctld, slurm-client and munge make the nodes a Slurm cluster for
+# `labctl up --scheduler slurm` (idle otherwise: nothing starts them). The debootstrapped base
+# already has them all.
 # No host key stays in the image: each node makes its own when it starts, as a machine does.
 RUN set -eu; missing=""; \
-    for package in iproute2 iperf3 procps util-linux openssh-server rsync libnss-wrapper; do \
+    for package in iproute2 iperf3 procps util-linux openssh-server rsync libnss-wrapper slurmd slurmctld slurm-client munge; do \
       dpkg -s "$package" >/dev/null 2>&1 || missing="$missing $package"; \
     done; \
     if [ -n "$missing" ]; then \
@@ -48,7 +50,7 @@ RUN python -c "import torch, torch.distributed as dist; \
 assert torch.__version__.split('+')[0] == '${TORCH_VERSION}', torch.__version__; \
 assert dist.is_available() and dist.is_gloo_available(), 'torch without gloo'; \
 print('torch', torch.__version__, 'gloo ok')"
-COPY compose/node-entrypoint.sh /opt/ddplab/node-entrypoint.sh
+COPY compose/node-entrypoint.sh compose/slurm-node.sh /opt/ddplab/
 # The trainer, for `python -m trainer` from any workspace. Run from a checkout of this repository,
 # the workspace's trainer/ comes first on sys.path, so edits there need no rebuild.
 COPY trainer /opt/ddplab/trainer

@@ -59,6 +59,11 @@ if [ -n "${DDPLAB_SSH_AUTHORIZED_KEY:-}" ]; then
   start_sshd || { echo "DDPLAB_NOT_READY: sshd did not start: $(tail -n 3 "${dir:-/tmp}/sshd.log" 2>/dev/null)"; exit 1; }
 fi
 
+# With DDPLAB_SLURM_DIR set (`labctl up --scheduler slurm`), the node is also a Slurm node.
+if [ -n "${DDPLAB_SLURM_DIR:-}" ]; then
+  /opt/ddplab/slurm-node.sh || exit 1
+fi
+
 python - <<'PY' || exit 1
 import importlib.util, platform, re, sys
 spec = importlib.util.find_spec("torch")

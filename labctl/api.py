@@ -88,17 +88,18 @@ class Lab(LabSession):
                  node_cpus: str | Mapping[str, float] | None = None, ssh: bool | None = None,
                  gpus: str | int | Sequence[int] | None = None, gpus_per_node: int | None = None,
                  cuda: str | int | Sequence[str] | None = None, nccl_transport: str | None = None,
-                 workspace: str | Path | None = None, client=None, connect: Callable | None = None,
+                 scheduler: str | None = None, workspace: str | Path | None = None, client=None, connect: Callable | None = None,
                  report: Report | None = None, build_progress=None, environ: Mapping[str, str] | None = None):
         """`gpus`: 'all', a count, or the machine's GPU indices (a list); `gpus_per_node` each, in order.
         `cuda`: the nodes on the CUDA image ('all', a count, or node names; default the GPU nodes).
-        `nccl_transport`: 'socket' (default: NCCL over the lab's shaped network) or 'auto'."""
+        `nccl_transport`: 'socket' (default: NCCL over the lab's shaped network) or 'auto'.
+        `scheduler`: 'slurm' makes the nodes a Slurm cluster (see `Lab.slurm`)."""
         from labctl.lab.gpus import as_setting
 
         workspace = Path(workspace or Path.cwd()).resolve()
         given = dict(lab=name, nodes=nodes, nproc_per_node=nproc_per_node, cpus=cpus, memory=memory, subnet=subnet,
                      master_port=master_port, image=image, gpus=as_setting(gpus), gpus_per_node=gpus_per_node,
-                     cuda=as_setting(cuda), nccl_transport=nccl_transport)
+                     cuda=as_setting(cuda), nccl_transport=nccl_transport, scheduler=scheduler)
         flags = {key: str(value) for key, value in given.items() if value is not None}
         config = load_config(workspace, os.environ if environ is None else environ, flags)
         super().__init__(config, workspace, client, **({"connect": connect} if connect else {}))
@@ -110,6 +111,13 @@ class Lab(LabSession):
         self._environ = os.environ if environ is None else environ
         self._owner_pid: int | None = None  # set by `with`: the lab lives and dies with this process
         self.owner_session = "api"  # `labctl up` says "cli"
+
+    @property
+    def slurm(self):
+        """The lab's Slurm cluster (`scheduler='slurm'`): run, submit, status, cancel, export (labctl.slurm.jobs)."""
+        from labctl.slurm.jobs import Slurm
+
+        return Slurm(self)
 
     # ------------------------------------------------------------------------------ lifecycle
 

@@ -32,7 +32,8 @@ CHECKOUT_DIR = PACKAGE_DIR.parent  # the repository's top, when labctl is import
 DATA_DIR = PACKAGE_DIR / "_data"  # the copies a wheel carries (setup.py puts them there)
 # What a wheel carries, relative to the repository's top; setup.py copies exactly these (a unit test
 # checks that the two lists agree).
-SHIPPED = ("Dockerfile", "Dockerfile.cuda", ".dockerignore", "compose/lab.yaml", "compose/node-entrypoint.sh", "trainer")
+SHIPPED = ("Dockerfile", "Dockerfile.cuda", ".dockerignore", "compose/lab.yaml", "compose/node-entrypoint.sh",
+           "compose/slurm-node.sh", "trainer")
 # A checkout has all of these at its top; site-packages, the parent of an installed labctl, has none.
 CHECKOUT_MARKERS = ("pyproject.toml", "Dockerfile", "compose/lab.yaml")
 STATE_DIR = ".lab"  # where a checkout keeps its caches, and where the Dockerfile reads the wheelhouse from

@@ -87,11 +87,14 @@ def build(torch_version, cuda, base_image, image, force, verbose_build, mismatch
               help="socket: NCCL between GPU nodes goes over the lab network, where `labctl shape` acts on it; auto: "
                    "NCCL may use P2P or shared memory between GPUs of this machine, faster but unshaped "
                    "[env DDPLAB_NCCL_TRANSPORT; default socket].")
+@click.option("--scheduler", type=click.Choice(["none", "slurm"], case_sensitive=False), default=None,
+              help="slurm: the nodes also form a Slurm cluster for `labctl slurm` [env DDPLAB_SCHEDULER; default none; "
+                   "a running lab keeps its own].")
 @dry_run_option("Print each node's GPUs and image, and the Compose file and env files that would be used; "
                 "change nothing (refused as `up` is where the machine cannot give the GPUs).")
 @json_option("Print the node table as JSON (as `status --json`).")
 def up(lab, nodes, nproc_per_node, cpus, memory, subnet, master_port, image, bw, node_cpus, ssh, gpus, gpus_per_node,
-       cuda, nccl_transport, dry_run, as_json) -> None:
+       cuda, nccl_transport, scheduler, dry_run, as_json) -> None:
     """Start (or reconcile) the lab: nodes node0..node{N-1} on their own bridge network.
 
     On a running lab, `up` reconciles instead of failing: `--nodes 5` on a 3-node lab adds two
@@ -109,7 +112,8 @@ def up(lab, nodes, nproc_per_node, cpus, memory, subnet, master_port, image, bw,
     """
     the_lab = session().lab(lab, nodes=nodes, nproc_per_node=nproc_per_node, cpus=cpus, memory=memory,
                             subnet=subnet, master_port=master_port, image=image, bw=bw, node_cpus=node_cpus, ssh=ssh,
-                            gpus=gpus, gpus_per_node=gpus_per_node, cuda=cuda, nccl_transport=nccl_transport)
+                            gpus=gpus, gpus_per_node=gpus_per_node, cuda=cuda, nccl_transport=nccl_transport,
+                            scheduler=scheduler)
     if dry_run:
         from labctl.cli import render
 

@@ -79,6 +79,8 @@ def print_up_plan(plan, directory) -> None:
     console.print(render_compose(plan.document), markup=False)
     for name, text in plan.env_files.items():
         console.print(f"# --- {directory / name}\n{text}", markup=False)
+    if plan.slurm_conf:  # the munge key beside it is made on the real `up`, and never printed
+        console.print(f"# --- {directory / 'slurm' / 'slurm.conf'}\n{plan.slurm_conf}", markup=False)
 
 
 def links_table(links: dict, title: str) -> Table:

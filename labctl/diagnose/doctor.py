@@ -369,6 +369,10 @@ def diagnose(client, lab: str, nodes: list, subnet: str | None, cheap: bool = Fa
         master = (master_node, first.get("MASTER_ADDR", ""), master_port)
         port, results = probe_reach(docker_nodes, {n.name: n.ip for n in nodes}, master)
         findings += check_reach(results, master, port)
+    from labctl.slurm import setup as slurm
+
+    if slurm.is_slurm_lab(client, lab):
+        findings += slurm.check(lab, *slurm.gather(client, lab, names), names)
     for node in names:
         info[node]["ip"] = next(n.ip for n in nodes if n.name == node)
         info[node]["iface"] = envs[node].get("GLOO_SOCKET_IFNAME")

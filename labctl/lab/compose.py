@@ -21,6 +21,8 @@ LABEL_RANK = "io.ddplab.node-rank"
 LABEL_WORKSPACE = "io.ddplab.workspace"
 LABEL_SSH = "io.ddplab.ssh"  # "true" on the nodes of a lab brought up with --ssh
 LABEL_GPUS = "io.ddplab.gpus"  # the machine's GPU indices a node has ("0,1"), on GPU nodes
+LABEL_SCHEDULER = "io.ddplab.scheduler"  # "slurm" on the nodes of a lab brought up with --scheduler slurm
+LABEL_EXEC_USER = "io.ddplab.exec-user"  # uid:gid that labctl's execs run as, where the node itself runs as root
 SSH_KEY_VAR = "DDPLAB_SSH_AUTHORIZED_KEY"  # the lab's public key; the node's entry point starts sshd for it
 
 
@@ -36,6 +38,7 @@ class ComposePlan:
     limits: bool = True  # False on an engine that ignores them: the file then claims none
     owner: Mapping[str, str] = field(default_factory=dict)  # labctl.lab.owner's labels, on everything
     gpus: GpuPlan | None = None  # each node's GPUs and image (labctl.lab.gpus); None: every node the CPU image
+    slurm_dir: Path | None = None  # `--scheduler slurm`: the lab's slurm.conf and munge key, in the workspace
 
 
 def network_name(lab: str) -> str:
@@ -79,6 +82,8 @@ def build_compose(config: LabConfig, plan: ComposePlan, template: dict[str, Any]
             *node["volumes"],
         ]
         node["working_dir"] = str(plan.workspace)
+        if plan.slurm_dir:
+            node.update(slurm_settings(node, plan))
         if gpus and gpus.gpus:
             node["labels"][LABEL_GPUS] = ",".join(map(str, gpus.gpus))
             node.update(gpu_settings(template["x-gpu"], gpus.gpus))
@@ -104,6 +109,18 @@ def build_compose(config: LabConfig, plan: ComposePlan, template: dict[str, Any]
         "services": services,
         "networks": {"lab": network},
         "volumes": {"shared": volume},
+    }
+
+
+def slurm_settings(node: dict[str, Any], plan: ComposePlan) -> dict[str, Any]:
+    """A Slurm node: root in the container, since slurmd and munged must be (they start job steps as
+    the job's user); labctl's own execs still run as the invoking user (the exec-user label). The
+    entry point starts the daemons from the lab's Slurm folder, which the workspace mount carries."""
+    return {
+        "user": "0:0",
+        "labels": {**node["labels"], LABEL_SCHEDULER: "slurm", LABEL_EXEC_USER: plan.user},
+        "environment": {**node["environment"], "DDPLAB_SLURM_DIR": str(plan.slurm_dir),
+                        "DDPLAB_SLURM_CONTROLLER": "node0", "DDPLAB_RUN_AS": plan.user},
     }
 
 

@@ -46,6 +46,18 @@ def name_of(container: dict) -> str:
     return container["Names"][0].lstrip("/")
 
 
+def exec_user(client, lab: str) -> str | None:
+    """The uid:gid labctl's execs run as in a lab whose nodes run as root (a Slurm lab: the daemons
+    need root), from its nodes' label; None where the nodes run as the user already."""
+    from labctl.lab.compose import LABEL_EXEC_USER
+
+    for container in lab_containers(client, lab):
+        user = (container.get("Labels") or {}).get(LABEL_EXEC_USER)
+        if user:
+            return user
+    return None
+
+
 def exec_in(client, container: str, argv: list[str], env: dict[str, str] | None = None) -> tuple[int, str]:
     """Run argv in a container and wait: (exit code, stdout and stderr together)."""
     exec_id = client.api.exec_create(container, argv, environment=env or {})["Id"]
@@ -53,10 +65,11 @@ def exec_in(client, container: str, argv: list[str], env: dict[str, str] | None 
     return client.api.exec_inspect(exec_id)["ExitCode"], output
 
 
-def docker_exec_argv(container: str, argv: list[str], tty: bool = False) -> list[str]:
+def docker_exec_argv(container: str, argv: list[str], tty: bool = False, user: str | None = None) -> list[str]:
     """`docker exec` of argv in the container, as a person types it: stdin attached (a pipe reaches
-    the command), and a terminal (-t) when labctl has one, so a shell or top behaves as at a prompt."""
-    return ["docker", "exec", "-i", *(["-t"] if tty else []), container, *argv]
+    the command), and a terminal (-t) when labctl has one, so a shell or top behaves as at a prompt;
+    as `user` where the node itself runs as another (see exec_user)."""
+    return ["docker", "exec", "-i", *(["-t"] if tty else []), *(["-u", user] if user else []), container, *argv]
 
 
 class DockerNodes:
@@ -69,6 +82,7 @@ class DockerNodes:
     def __init__(self, client, lab: str):
         self.client = client
         self.lab = lab
+        self.user = exec_user(client, lab) or ""  # "": as the node runs
         self.port_hint = f"move the lab to another port with `labctl up --lab {lab} --master-port PORT`"
 
     def address(self, node: str) -> str:
@@ -78,12 +92,15 @@ class DockerNodes:
         return f"docker exec {container_name(self.lab, node)}"
 
     def run(self, node: str, argv: list[str]) -> tuple[int, str]:
-        return exec_in(self.client, container_name(self.lab, node), argv)
+        api = self.client.api
+        exec_id = api.exec_create(container_name(self.lab, node), argv, user=self.user)["Id"]
+        output = api.exec_start(exec_id).decode(errors="replace")
+        return api.exec_inspect(exec_id)["ExitCode"], output
 
     def execute(self, launch, on_output: Callable[[bytes], None]) -> int:
         api = self.client.api
         exec_id = api.exec_create(container_name(self.lab, launch.node), launch.argv, environment=launch.env,
-                                  workdir=launch.workdir)["Id"]
+                                  workdir=launch.workdir, user=self.user)["Id"]
         for chunk in api.exec_start(exec_id, stream=True):
             on_output(chunk)
         return api.exec_inspect(exec_id)["ExitCode"]

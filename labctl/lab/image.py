@@ -44,7 +44,7 @@ LABEL_BUILD_HASH = "io.ddplab.build-hash"
 TARGET_CACHE = "node-python.json"  # in the cache folder: the base image's Python, by base image id
 TARGET_PROBE = Path(__file__).resolve().parents[1] / "remote" / "python_target.py"
 BASE_PACKAGES = ("python3,python3-venv,python3-pip,iproute2,iperf3,procps,util-linux,ca-certificates,"
-                 "openssh-server,rsync,libnss-wrapper")
+                 "openssh-server,rsync,libnss-wrapper,slurmd,slurmctld,slurm-client,munge")
 # The local base's tag names its package list, so a base made before the list changed is not reused.
 LOCAL_BASE = f"ddplab-base:bookworm-{hashlib.sha256(BASE_PACKAGES.encode()).hexdigest()[:8]}"
 _STEP_RE = re.compile(r"^Step (\d+)/(\d+) : (.*)$")
@@ -108,7 +108,7 @@ def build_hash(files: Iterable[Path], wheel_names: Iterable[str], build_args: di
 
 def image_inputs(root: Path, dockerfile: str = "Dockerfile") -> list[Path]:
     """The files of build context `root` that the Dockerfile copies into the image (and itself)."""
-    files = [root / dockerfile, root / "compose" / "node-entrypoint.sh"]
+    files = [root / dockerfile, root / "compose" / "node-entrypoint.sh", root / "compose" / "slurm-node.sh"]
     files += [p for p in (root / "trainer").rglob("*.py") if "__pycache__" not in p.parts]
     return files
 

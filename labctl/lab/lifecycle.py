@@ -108,7 +108,8 @@ def plan_up(client, config: LabConfig, workspace: Path, node_cpus: dict[str, flo
     check_host_limits(client, config, node_cpus)
     plan = ComposePlan(subnet=subnet, workspace=workspace, user=engine_mod.node_user(engine, invoking_user()),
                        node_cpus=node_cpus or {}, ssh_public_key=ssh_public_key, limits=engine.limits,
-                       owner=owner or {}, gpus=gpus)
+                       owner=owner or {}, gpus=gpus,
+                       slurm_dir=lab_dir(workspace, config.lab) / "slurm" if config.scheduler == "slurm" else None)
     document = compose_mod.build_compose(config, plan, compose_mod.load_template())
     ips = [node_ip(subnet, i) for i in range(config.nodes)]
     env_files = build_env_files(topology_for_lab(config, ips), config.node_names, gpus.env if gpus else None)

@@ -95,7 +95,7 @@ class LabSession:
         execs it; from Python, `subprocess.run(lab.exec_argv(...))`. `tty`: give it a terminal."""
         import shutil
 
-        from labctl.lab.docker import docker_exec_argv
+        from labctl.lab.docker import docker_exec_argv, exec_user
 
         argv = list(argv[1:] if argv[:1] == ["--"] else argv)
         if not argv:
@@ -108,7 +108,7 @@ class LabSession:
         if shutil.which("docker") is None:
             raise StateError("no docker CLI on PATH (`labctl exec` runs `docker exec`)",
                              hint="install the Docker CLI (`make engine` does, as root on Debian)")
-        return docker_exec_argv(container_name(self.name, node), argv, tty)
+        return docker_exec_argv(container_name(self.name, node), argv, tty, exec_user(self.client, self.name))
 
     def subnet(self) -> str | None:
         subnets = [s for net in lab_networks(self.client, self.name) for s in network_subnets(net)]

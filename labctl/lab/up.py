@@ -17,7 +17,7 @@ from labctl.config import AUTO, LabConfig, parse_node_cpus
 from labctl.errors import CommandError, LabError
 from labctl.lab import engine as engine_mod
 from labctl.lab import gpus as gpus_mod
-from labctl.lab.compose import LABEL_GPUS, LABEL_NODE, LABEL_RANK, LABEL_SSH
+from labctl.lab.compose import LABEL_GPUS, LABEL_NODE, LABEL_RANK, LABEL_SCHEDULER, LABEL_SSH
 from labctl.lab.docker import lab_containers
 from labctl.lab.engine import Engine
 from labctl.lab.lifecycle import NodeState, apply_up, lab_dir, plan_up
@@ -41,6 +41,7 @@ class UpPlan:
     ssh: bool
     public_key: str | None
     gpus: gpus_mod.GpuPlan  # each node's GPUs and image
+    slurm_conf: str | None = None  # `--scheduler slurm`: the slurm.conf written before the nodes start
 
 
 def build_up_plan(client, config: LabConfig, workspace: Path, *, node_cpus: str | dict[str, float] | None = None,
@@ -53,6 +54,9 @@ def build_up_plan(client, config: LabConfig, workspace: Path, *, node_cpus: str 
     if existing and config.sources.get("nodes") == "default":
         config = replace(config, nodes=len(existing))
     config = kept_gpus(config, existing)
+    if existing and config.sources.get("scheduler") == "default":  # a running lab keeps its scheduler
+        if any((c.get("Labels") or {}).get(LABEL_SCHEDULER) == "slurm" for c in existing):
+            config = replace(config, scheduler="slurm")
     # Checked against the lab's final size (a running lab keeps its count), before anything changes.
     per_node = parse_node_cpus(node_cpus, config.nodes) if isinstance(node_cpus, str) else node_cpus
     if ssh is None:  # a running lab keeps what it was brought up with
@@ -70,7 +74,24 @@ def build_up_plan(client, config: LabConfig, workspace: Path, *, node_cpus: str 
     kept = owner_labels(existing[0].get("Labels") or {}) if existing else {}
     labels = kept if existing else (owner.labels() if owner else {})
     document, env_files, subnet = plan_up(client, config, workspace, per_node, public_key, engine, labels, gpu_plan)
-    return UpPlan(config, engine, bool(existing), document, env_files, subnet, per_node, ssh, public_key, gpu_plan)
+    return UpPlan(config, engine, bool(existing), document, env_files, subnet, per_node, ssh, public_key, gpu_plan,
+                  lab_slurm_conf(config, subnet, engine))
+
+
+def lab_slurm_conf(config: LabConfig, subnet: str, engine: Engine) -> str | None:
+    """slurm.conf for a lab with `--scheduler slurm` (None for a plain lab); refused (exit 1) where
+    the engine cannot host Slurm's daemons (labctl.slurm.setup.refusal)."""
+    if config.scheduler != "slurm":
+        return None
+    from labctl.config import node_ip
+    from labctl.slurm import setup
+    from labctl.slurm.conf import SlurmNode, build_slurm_conf
+
+    refused = setup.refusal(engine)
+    if refused:
+        raise refused
+    nodes = [SlurmNode(name, node_ip(subnet, rank)) for rank, name in enumerate(config.node_names)]
+    return build_slurm_conf(config.lab, nodes, engine.cpus)
 
 
 def kept_gpus(config: LabConfig, existing: list[dict]) -> LabConfig:
@@ -109,6 +130,22 @@ def plan_gpus(config: LabConfig, engine: Engine) -> gpus_mod.GpuPlan:
     return gpus_mod.build_gpu_plan(config, machine)
 
 
+def wait_for_slurm(client, plan: UpPlan, report: Report) -> None:
+    """Every node IDLE in Slurm; a lab this call created is removed when its cluster does not come up."""
+    from labctl.lab.lifecycle import apply_down
+    from labctl.slurm import setup
+
+    try:
+        if plan.existing:  # nodes that were not recreated keep their daemons, on the old slurm.conf
+            setup.restart(client, plan.config.lab, plan.config.node_names)
+        setup.wait_ready(client, plan.config.lab, plan.config.node_names)
+    except LabError:
+        if not plan.existing:
+            apply_down(client, plan.config.lab, volumes=True)
+        raise
+    report(f"slurm: {len(plan.config.node_names)} nodes idle, controller {setup.CONTROLLER}")
+
+
 def apply_up_plan(client, plan: UpPlan, workspace: Path, report: Report) -> tuple[UpPlan, list[NodeState]]:
     """Bring the lab to the plan; returns the plan that was applied (another subnet after a race)
     and the nodes, all running and reporting torch. A lab this call created is removed again when
@@ -117,9 +154,16 @@ def apply_up_plan(client, plan: UpPlan, workspace: Path, report: Report) -> tupl
     config = plan.config
     for attempt in range(1, SUBNET_ATTEMPTS + 1):
         started = f"{verb} lab {config.lab}: {config.nodes} nodes on {plan.subnet}"
+        if plan.slurm_conf:  # before the nodes start: their entry point starts Slurm from these files
+            from labctl.slurm import setup
+
+            setup.write_files(lab_dir(workspace, config.lab), plan.slurm_conf)
         try:
-            return plan, apply_up(client, config, workspace, plan.document, plan.env_files, report, plan.engine,
-                                  started=started)
+            nodes = apply_up(client, config, workspace, plan.document, plan.env_files, report, plan.engine,
+                             started=started)
+            if plan.slurm_conf:
+                wait_for_slurm(client, plan, report)
+            return plan, nodes
         except (CommandError, LabError) as exc:
             # Another lab (or anything else) took the same free subnet between our pick and Compose
             # creating the network: the failed attempt was removed, so pick again.
@@ -129,5 +173,6 @@ def apply_up_plan(client, plan: UpPlan, workspace: Path, report: Report) -> tupl
             report(f"{plan.subnet} was taken meanwhile; picking another subnet")
             document, env_files, subnet = plan_up(client, config, workspace, plan.node_cpus, plan.public_key,
                                                   plan.engine, gpus=plan.gpus)
-            plan = replace(plan, document=document, env_files=env_files, subnet=subnet)
+            plan = replace(plan, document=document, env_files=env_files, subnet=subnet,
+                           slurm_conf=lab_slurm_conf(config, subnet, plan.engine))
     raise AssertionError("unreachable")

@@ -203,7 +203,7 @@ def run_all(nodes: Nodes, launches: list[Launch], run_dir: Path, run_id: str, *,
             timeout_s: float | None = None, echo: bool | str = True, min_nodes: int | None = None) -> RunResult:
     """Start every launch at once (with the run's own rendezvous store on the first node, for torchrun)."""
     run_dir.mkdir(parents=True, exist_ok=True)
-    _link_latest(run_dir)
+    link_latest(run_dir)
     logs = _NodeLogs(run_dir)
     names = list(dict.fromkeys(launch.node for launch in launches))
     colours = {node: node_colour(i) for i, node in enumerate(names)}
@@ -309,7 +309,8 @@ def _stop_remaining(nodes: Nodes, names, run_id, outcomes) -> dict[str, list[int
     return {node: ranks for node, (ranks, _) in stop_run(nodes, names, run_id).items() if ranks}
 
 
-def _link_latest(run_dir: Path) -> None:
+def link_latest(run_dir: Path) -> None:
+    """runs/latest -> this run's folder (`labctl logs` reads the latest by default)."""
     latest = run_dir.parent / "latest"
     try:
         if latest.is_symlink() or latest.exists():

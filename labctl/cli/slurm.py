@@ -1,0 +1,130 @@
+"""The lab as a Slurm cluster: `labctl slurm run|submit|status|logs|cancel|export`."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import click
+
+from labctl.cli.app import CONTEXT, main, session
+from labctl.cli.options import SCRIPT_CONTEXT, json_option, lab_option, script_argument
+from labctl.run.launch import job_args
+
+
+def job_options(f):
+    """What a job asks Slurm for: the options `run`, `submit` and `export` share."""
+    f = click.option("--time", "time_limit", metavar="T", help="Time limit, as sbatch takes it: 30, 00:30:00, 1-00:00:00 "
+                                                               "[default 00:30:00].")(f)
+    f = click.option("--ntasks-per-node", "nproc_per_node", type=click.IntRange(1, 32), metavar="P",
+                     help="Processes per node, one per GPU on GPU nodes (torchrun's --nproc-per-node: Slurm runs one "
+                          "task per node, torchrun starts the P processes) [default: the lab's].")(f)
+    return click.option("-N", "--nodes", type=click.IntRange(1, 64), metavar="N",
+                        help="Nodes for the job [default: all of the lab's].")(f)
+
+
+@main.group(context_settings=CONTEXT)
+def slurm() -> None:
+    """Jobs on the lab as a Slurm cluster (`labctl up --scheduler slurm`), and the script for a real one.
+
+    \b
+    Examples:
+      labctl up --nodes 3 --scheduler slurm
+      labctl slurm run -N 3 -- -m trainer --workload gpt --steps 50
+      labctl slurm submit -- -m trainer && labctl slurm status && labctl slurm logs -f
+      labctl slurm export -o train.sbatch -- -m trainer --workload gpt   # take it to your cluster
+    """
+
+
+@slurm.command("run", context_settings=SCRIPT_CONTEXT)
+@lab_option
+@job_options
+@json_option("Print the result as JSON (job, exit status, failed node, the trainer's SUMMARY).")
+@script_argument
+def slurm_run(lab, nodes, nproc_per_node, time_limit, as_json, script) -> None:
+    """Run SCRIPT [ARGS...] (or `-m module [ARGS...]`) as a Slurm job, and stream it.
+
+    salloc holds the nodes and runs the job script that `slurm export` writes; its srun starts
+    torchrun on each node. Output is prefixed with the node's name and saved under
+    .lab/<lab>/runs/. A failing rank ends the job on every node, and the node is named; Ctrl-C
+    cancels the job.
+    """
+    from labctl.cli import render_slurm
+
+    where = session()
+    the_lab = where.lab(lab)
+    spec = the_lab.slurm.spec(job_args(script, the_lab.workspace, where.cwd), nodes, nproc_per_node, time_limit)
+    result = the_lab.slurm.run(spec, on_line=None if as_json else render_slurm.print_line)
+    sys.exit(render_slurm.finish_run(result, as_json))
+
+
+@slurm.command("submit", context_settings=SCRIPT_CONTEXT)
+@lab_option
+@job_options
+@json_option('Print {"job_id", "run_dir", "output"}.')
+@script_argument
+def slurm_submit(lab, nodes, nproc_per_node, time_limit, as_json, script) -> None:
+    """Queue SCRIPT [ARGS...] as a batch job (sbatch of the script `slurm export` writes)."""
+    from labctl.cli import render_slurm
+
+    where = session()
+    the_lab = where.lab(lab)
+    spec = the_lab.slurm.spec(job_args(script, the_lab.workspace, where.cwd), nodes, nproc_per_node, time_limit)
+    render_slurm.print_submitted(the_lab.slurm.submit(spec), the_lab.name, as_json)
+
+
+@slurm.command("status", context_settings=CONTEXT)
+@lab_option
+@click.argument("job", required=False)
+@json_option("Print Slurm's fields as JSON.")
+def slurm_status(lab, job, as_json) -> None:
+    """The state of JOB (default: the latest submitted) as Slurm's controller has it."""
+    from labctl.cli import render_slurm
+
+    render_slurm.print_status(session().lab(lab).slurm.status(job), as_json)
+
+
+@slurm.command("logs", context_settings=CONTEXT)
+@lab_option
+@click.argument("job", required=False)
+@click.option("-f", "--follow", is_flag=True, help="Follow the output until the job has ended.")
+def slurm_logs(lab, job, follow) -> None:
+    """The output of JOB (default: the latest submitted): every node's lines, labelled with srun's task."""
+    for text in session().lab(lab).slurm.output(job, follow=follow):
+        sys.stdout.write(text)
+        sys.stdout.flush()
+
+
+@slurm.command("cancel", context_settings=CONTEXT)
+@lab_option
+@click.argument("job", required=False)
+def slurm_cancel(lab, job) -> None:
+    """Cancel JOB (default: the latest submitted) and wait until Slurm has ended it."""
+    from labctl.ui import info
+
+    state = session().lab(lab).slurm.cancel(job)
+    info(f"job {state['JobId']}: {state['JobState']}")
+
+
+@slurm.command("export", context_settings=SCRIPT_CONTEXT)
+@lab_option
+@job_options
+@click.option("--partition", metavar="NAME", help="Your cluster's partition (#SBATCH --partition).")
+@click.option("--account", metavar="NAME", help="Your cluster's account (#SBATCH --account).")
+@click.option("-o", "--out", "out", type=click.Path(dir_okay=False, path_type=Path), default=Path("job.sbatch"),
+              show_default=True, help="Where to write the script.")
+@script_argument
+def slurm_export(lab, nodes, nproc_per_node, time_limit, partition, account, out, script) -> None:
+    """Write the sbatch script for SCRIPT [ARGS...] to take to a real Slurm cluster.
+
+    It is the script `slurm submit` and `slurm run` run in the lab: the nodes, the rendezvous and
+    the node that hosts it all come from Slurm's variables; comments say what to change.
+    """
+    from labctl.ui import info
+
+    where = session()
+    the_lab = where.lab(lab)
+    spec = the_lab.slurm.spec(job_args(script, the_lab.workspace, where.cwd), nodes, nproc_per_node, time_limit,
+                              partition, account)
+    path = the_lab.slurm.export(spec, out)
+    info(f"wrote {path}: `sbatch {path.name}` on the cluster's login node, from your project's folder")

@@ -1,0 +1,366 @@
+"""Jobs on the lab's Slurm cluster (side effects): `labctl slurm run|submit|status|logs|cancel|export`.
+
+Every Slurm command runs on the controller node (node0) through the engine, as the person running
+labctl (the node itself runs as root, for the daemons), in the workspace, which every node has at
+the same path: a job's output lands in .lab/<lab>/runs/<run id>/ as `labctl run`'s does.
+
+- run: `salloc` holds the nodes and runs the job script (labctl.slurm.script) there, whose `srun`
+  starts torchrun on each node. Output streams back with srun's task labels turned into node names,
+  is saved per node (nodeN.log), and srun's own verdict names a failed node. Ctrl-C cancels the
+  job (`scancel`) and waits for it to go, so nothing keeps running.
+- submit: `sbatch` of the same script; status reads `scontrol show job` (no accounting database:
+  a finished job stays visible for MinJobAge), logs reads the job's output file, cancel `scancel`s.
+"""
+
+from __future__ import annotations
+
+import json
+import queue
+import re
+import shlex
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Callable, Iterator
+
+from labctl.errors import ConfigError, LabError, StateError
+from labctl.lab.compose import LABEL_SCHEDULER, container_name
+from labctl.lab.docker import exec_user, lab_containers
+from labctl.run.launch import run_env, threads_per_process
+from labctl.run.plan import new_run
+from labctl.run.result import RESULT_FILE, find_summary
+from labctl.slurm.script import JobSpec, build_job_script
+from labctl.slurm.setup import CONTROLLER
+
+if TYPE_CHECKING:
+    from labctl.lab.session import LabSession
+
+SCRIPT_FILE = "job.sbatch"  # in the run folder: the script the job ran, as `slurm export` writes it
+JOB_FILE = "job.json"  # in the run folder: the job id and how it was started
+LABEL_RE = re.compile(r"^(\d+): (.*)$")  # srun --label: "<task>: <line>"
+GRANTED_RE = re.compile(r"Granted job allocation (\d+)")
+SRUN_ERROR_RE = re.compile(r"srun: error: (\S+): tasks? ([\d,-]+): (.+)")
+SRUN_EXIT_RE = re.compile(r"Exited with exit code (\d+)")
+NODE_FAILURE_RE = re.compile(r"(?:srun|salloc): error: Node failure on (\S+)")
+ACTIVE = ("PENDING", "CONFIGURING", "RUNNING", "COMPLETING", "SUSPENDED")
+CANCEL_WAIT_S = 20.0
+
+
+@dataclass
+class SlurmRun:
+    """What `slurm run` left: the job, its run folder, how it ended, and the trainer's SUMMARY."""
+
+    job_id: str | None
+    run_dir: Path
+    exit_code: int
+    nodes: list[str]
+    failed_node: str | None = None  # where the root cause ran (labctl.run.failures decides, as for `labctl run`)
+    failure: str | None = None  # what happened there: the rank's error, its exit status, or srun's line
+    summary: dict | None = None
+    interrupted: bool = False
+    lines: dict[str, list[str]] = field(default_factory=dict)  # each node's output
+
+    @property
+    def ok(self) -> bool:
+        return self.exit_code == 0 and not self.interrupted
+
+
+@dataclass(frozen=True)
+class SubmittedJob:
+    job_id: str
+    run_dir: Path
+    output: Path  # the job's output file (srun's labelled lines from every node)
+
+
+class Slurm:
+    """The Slurm side of a running lab brought up with `--scheduler slurm`."""
+
+    def __init__(self, session: LabSession):
+        self.session = session
+
+    # ------------------------------------------------------------------------------ helpers
+
+    def spec(self, args: list[str] | tuple[str, ...], nodes: int | None = None, nproc_per_node: int | None = None,
+             time_limit: str | None = None, partition: str | None = None, account: str | None = None) -> JobSpec:
+        """The job as the script states it; defaults from the lab (its nodes, its processes per node)."""
+        from labctl.slurm.script import DEFAULT_TIME, check_time
+
+        config = self.session.config
+        count = nodes if nodes is not None else config.nodes
+        if not 1 <= count <= 64:
+            raise LabError(f"-N {count}: a job needs 1 to 64 nodes", hint="labctl slurm run -N 3 -- -m trainer")
+        return JobSpec(tuple(args), nodes=count, nproc_per_node=nproc_per_node or config.nproc_per_node,
+                       time=check_time(DEFAULT_TIME if time_limit is None else time_limit), partition=partition,
+                       account=account,
+                       iface=config.iface, port=config.master_port)
+
+    def _require(self) -> list[str]:
+        """The lab's node names; a StateError unless it is up as a Slurm cluster with the nodes asked for."""
+        names = self.session.node_names()
+        labels = [(c.get("Labels") or {}) for c in lab_containers(self.session.client, self.session.name)]
+        if not any(label.get(LABEL_SCHEDULER) == "slurm" for label in labels):
+            raise StateError(f"lab {self.session.name} is not a Slurm cluster",
+                             hint=f"labctl up --lab {self.session.name} --scheduler slurm (it recreates the nodes)")
+        return names
+
+    def _exec(self, argv: list[str], env: dict[str, str] | None = None) -> tuple[int, str]:
+        client = self.session.client
+        api = client.api
+        exec_id = api.exec_create(container_name(self.session.name, CONTROLLER), argv, environment=env or {},
+                                  workdir=str(self.session.workspace),
+                                  user=exec_user(client, self.session.name) or "")["Id"]
+        output = api.exec_start(exec_id).decode(errors="replace")
+        return api.exec_inspect(exec_id)["ExitCode"], output
+
+    def _stream(self, argv: list[str], env: dict[str, str], lines: queue.Queue) -> threading.Thread:
+        """Run argv on the controller in a thread, putting each output line on `lines`, then the exit code."""
+        client = self.session.client
+        api = client.api
+        exec_id = api.exec_create(container_name(self.session.name, CONTROLLER), argv, environment=env,
+                                  workdir=str(self.session.workspace),
+                                  user=exec_user(client, self.session.name) or "")["Id"]
+
+        def pump() -> None:
+            pending = b""
+            try:
+                for chunk in api.exec_start(exec_id, stream=True):
+                    pending += chunk
+                    *complete, pending = pending.split(b"\n")
+                    for line in complete:
+                        lines.put(line.decode(errors="replace"))
+                if pending:
+                    lines.put(pending.decode(errors="replace"))
+            finally:
+                lines.put(api.exec_inspect(exec_id)["ExitCode"])
+
+        thread = threading.Thread(target=pump, daemon=True)
+        thread.start()
+        return thread
+
+    def _write_script(self, spec: JobSpec) -> tuple[str, Path, Path]:
+        run_id, run_dir = new_run(self.session.directory)
+        run_dir.mkdir(parents=True)
+        script = run_dir / SCRIPT_FILE
+        script.write_text(build_job_script(spec))
+        return run_id, run_dir, script
+
+    def _job_env(self, spec: JobSpec, run_id: str, run_dir: Path) -> dict[str, str]:
+        """What the job's processes get besides the script's own: the run's folder, and threads that
+        share the machine's CPUs out as `labctl run` does (srun passes the environment on)."""
+        threads = threads_per_process(self.session.cpus, spec.nodes, spec.nproc_per_node)
+        return {**run_env(run_id, run_dir), "OMP_NUM_THREADS": str(threads)}
+
+    # ------------------------------------------------------------------------------ commands
+
+    def export(self, spec: JobSpec, path: Path) -> Path:
+        """Write the job script for a real cluster; needs no lab."""
+        text = build_job_script(spec)
+        try:
+            path.write_text(text)
+            path.chmod(0o755)
+        except OSError as exc:
+            raise ConfigError("--out", str(path), f"must be a file that can be written ({exc.strerror})",
+                              hint="labctl slurm export -o train.sbatch -- -m trainer") from None
+        return path
+
+    def run(self, spec: JobSpec, on_line: Callable[[str, str], None] | None = None) -> SlurmRun:
+        """salloc + the job script, streamed; see the module's docstring."""
+        names = self._require()
+        if spec.nodes > len(names):
+            raise LabError(f"-N {spec.nodes}: lab {self.session.name} has {len(names)} nodes",
+                           hint=f"labctl up --lab {self.session.name} --nodes {spec.nodes}, or a smaller -N")
+        run_id, run_dir, script = self._write_script(spec)
+        argv = ["salloc", f"--nodes={spec.nodes}", "--ntasks-per-node=1", f"--time={spec.time}",
+                f"--job-name={spec.job_name}", "bash", str(script)]
+        (run_dir / JOB_FILE).write_text(json.dumps({"how": "salloc", "argv": shlex.join(argv)}))
+        lines: queue.Queue = queue.Queue()
+        self._stream(argv, self._job_env(spec, run_id, run_dir), lines)
+        result = SlurmRun(None, run_dir, 1, names[:spec.nodes])
+        reader = _Reader(result, on_line or (lambda node, line: None))
+        try:
+            code = reader.drain(lines)
+        except KeyboardInterrupt:
+            result.interrupted = True
+            self._cancel_quietly(result.job_id)
+            code = reader.drain(lines, timeout_s=CANCEL_WAIT_S)
+        result.exit_code = code if isinstance(code, int) else 130
+        reader.judge()
+        reader.save()
+        return result
+
+    def submit(self, spec: JobSpec) -> SubmittedJob:
+        names = self._require()
+        if spec.nodes > len(names):
+            raise LabError(f"-N {spec.nodes}: lab {self.session.name} has {len(names)} nodes",
+                           hint=f"labctl up --lab {self.session.name} --nodes {spec.nodes}, or a smaller -N")
+        run_id, run_dir, script = self._write_script(spec)
+        output = run_dir / "slurm-%j.out"
+        argv = ["sbatch", "--parsable", f"--output={output}", f"--nodes={spec.nodes}", f"--time={spec.time}",
+                str(script)]
+        env = {"SBATCH_EXPORT": "ALL", **self._job_env(spec, run_id, run_dir)}
+        code, text = self._exec(argv, env)
+        job_id = text.strip().split(";")[0]
+        if code != 0 or not job_id.isdigit():
+            raise StateError(f"sbatch refused the job: {text.strip()[-300:]}",
+                             hint=f"labctl doctor --lab {self.session.name} checks the Slurm cluster")
+        (run_dir / JOB_FILE).write_text(json.dumps({"how": "sbatch", "job_id": job_id, "argv": shlex.join(argv)}))
+        _link_latest(run_dir)
+        return SubmittedJob(job_id, run_dir, run_dir / f"slurm-{job_id}.out")
+
+    def status(self, job_id: str | None = None) -> dict[str, str]:
+        """scontrol's view of the job (default: the latest submitted): JobState, ExitCode, NodeList, ..."""
+        self._require()
+        job = job_id or self.latest_job()[0]
+        code, text = self._exec(["scontrol", "show", "job", "--oneliner", job])
+        if code != 0:
+            raise StateError(f"Slurm knows no job {job} ({text.strip()[-200:]})",
+                             hint="a finished job is forgotten after an hour; `labctl slurm logs JOB` still reads its output")
+        fields = dict(item.split("=", 1) for item in shlex.split(text) if "=" in item)
+        return {k: fields.get(k, "") for k in ("JobId", "JobName", "JobState", "Reason", "ExitCode", "RunTime",
+                                               "NumNodes", "NodeList", "StdOut")}
+
+    def latest_job(self) -> tuple[str, Path]:
+        """(job id, run folder) of the latest `slurm submit` in this lab's folder."""
+        runs = sorted((p for p in (self.session.directory / "runs").glob(f"*/{JOB_FILE}")), key=lambda p: p.stat().st_mtime)
+        for path in reversed(runs):
+            job = json.loads(path.read_text()).get("job_id")
+            if job:
+                return job, path.parent
+        raise LabError(f"no job submitted in lab {self.session.name} yet",
+                       hint="labctl slurm submit -- -m trainer")
+
+    def output_of(self, job_id: str | None = None) -> Path:
+        """The output file of a submitted job (default: the latest)."""
+        if job_id is None:
+            job_id, run_dir = self.latest_job()
+        else:
+            found = [p.parent for p in (self.session.directory / "runs").glob(f"*/{JOB_FILE}")
+                     if json.loads(p.read_text()).get("job_id") == str(job_id)]
+            if not found:
+                raise LabError(f"no job {job_id} was submitted from lab {self.session.name}",
+                               hint="`labctl slurm status` shows the latest")
+            run_dir = found[0]
+        return run_dir / f"slurm-{job_id}.out"
+
+    def output(self, job_id: str | None = None, follow: bool = False, poll_s: float = 0.5) -> Iterator[str]:
+        """The job's output so far; with `follow`, then what it adds, until Slurm has ended the job."""
+        path = self.output_of(job_id)
+        job = job_id or self.latest_job()[0]
+        shown = 0
+        while True:
+            active = follow and self.status(job)["JobState"] in ACTIVE  # asked before reading: nothing is missed
+            text = path.read_text(errors="replace") if path.exists() else ""
+            if text[shown:]:
+                yield text[shown:]
+            shown = len(text)
+            if not active:
+                return
+            time.sleep(poll_s)
+
+    def cancel(self, job_id: str | None = None) -> dict[str, str]:
+        """scancel the job (default: the latest submitted) and wait until Slurm has ended it."""
+        self._require()
+        job = job_id or self.latest_job()[0]
+        code, text = self._exec(["scancel", job])
+        if code != 0:
+            raise StateError(f"scancel {job} failed: {text.strip()[-200:]}")
+        return self.wait(job, CANCEL_WAIT_S)
+
+    def wait(self, job_id: str, timeout_s: float, poll_s: float = 0.5) -> dict[str, str]:
+        """Poll scontrol (not `sbatch --wait`, which polls every few tens of seconds) until the job ends."""
+        deadline = time.monotonic() + timeout_s
+        state = self.status(job_id)
+        while state["JobState"] in ACTIVE and time.monotonic() < deadline:
+            time.sleep(poll_s)
+            state = self.status(job_id)
+        return state
+
+    def _cancel_quietly(self, job_id: str | None) -> None:
+        if job_id:
+            try:
+                self._exec(["scancel", job_id])
+            except Exception:  # noqa: BLE001 - Ctrl-C clean-up: salloc ending also releases the job
+                pass
+
+
+class _Reader:
+    """Turns salloc's output into node lines and the verdict, as they come."""
+
+    def __init__(self, result: SlurmRun, on_line: Callable[[str, str], None]):
+        self.result = result
+        self.on_line = on_line
+        self.result.lines = {node: [] for node in result.nodes}
+        self.other: list[str] = []  # salloc's and srun's own lines, and the script's echo
+        self.srun: dict[str, tuple[int | None, bool]] = {}  # node -> (its task's exit code, terminated by srun)
+
+    def drain(self, lines: queue.Queue, timeout_s: float | None = None) -> int | None:
+        deadline = time.monotonic() + timeout_s if timeout_s else None
+        while True:
+            wait = 0.2 if deadline is None else max(0.0, min(0.2, deadline - time.monotonic()))
+            try:
+                item = lines.get(timeout=wait)
+            except queue.Empty:
+                if deadline is not None and time.monotonic() >= deadline:
+                    return None
+                continue
+            if isinstance(item, int):
+                return item
+            self.feed(item)
+
+    def feed(self, line: str) -> None:
+        result = self.result
+        labelled = LABEL_RE.match(line)
+        task = int(labelled.group(1)) if labelled else None
+        if labelled and task is not None and task < len(result.nodes):  # one task per node, in node order
+            node, text = result.nodes[task], labelled.group(2)
+            result.lines[node].append(text)
+            if result.summary is None and "SUMMARY {" in text:
+                result.summary = find_summary([text])
+            self.on_line(node, text)
+            return
+        self.other.append(line)
+        granted = GRANTED_RE.search(line)
+        if granted and result.job_id is None:
+            result.job_id = granted.group(1)
+        failed = SRUN_ERROR_RE.search(line)
+        if failed and failed.group(1) not in self.srun:
+            code = SRUN_EXIT_RE.search(failed.group(3))
+            self.srun[failed.group(1)] = (int(code.group(1)) if code else None, "Terminated" in failed.group(3))
+        lost = NODE_FAILURE_RE.search(line)
+        if lost and result.failed_node is None:
+            result.failed_node, result.failure = lost.group(1), f"{lost.group(1)} went down (Slurm: Node failure)"
+        self.on_line("slurm", line)
+
+    def judge(self) -> None:
+        """The root cause of a failed job, decided from the workers' own lines as `labctl run` does
+        (srun names the first task to end, which is often a peer of the rank that failed)."""
+        from labctl.run.failures import Stream, judge, what_happened
+
+        result = self.result
+        if result.ok or result.interrupted or result.failed_node:
+            return
+        streams = [Stream(node, result.lines[node], *self.srun.get(node, (0 if result.lines[node] else None, False)))
+                   for node in result.nodes]
+        root = judge(streams, ok=False).root
+        if root is not None:
+            result.failed_node, result.failure = root.node, f"{root.who}: {what_happened(root)}"
+
+    def save(self) -> None:
+        result = self.result
+        for node, lines in result.lines.items():
+            (result.run_dir / f"{node}.log").write_text("".join(line + "\n" for line in lines))
+        (result.run_dir / "slurm.log").write_text("".join(line + "\n" for line in self.other))
+        job = json.loads((result.run_dir / JOB_FILE).read_text())
+        (result.run_dir / JOB_FILE).write_text(json.dumps({**job, "job_id": result.job_id}))
+        (result.run_dir / RESULT_FILE).write_text(json.dumps({
+            "ok": result.ok, "exit_status": result.exit_code, "job_id": result.job_id,
+            "failed_node": result.failed_node, "failure": result.failure, "interrupted": result.interrupted,
+            "summary": result.summary}))
+        _link_latest(result.run_dir)
+
+
+def _link_latest(run_dir: Path) -> None:
+    from labctl.run.executor import link_latest
+
+    link_latest(run_dir)

@@ -1,0 +1,110 @@
+"""The batch script of a training job under Slurm: what `labctl slurm export` writes for a real
+cluster, and what `labctl slurm submit` (sbatch) and `labctl slurm run` (salloc) run in the lab,
+byte for byte, so what was tested is what is taken away.
+
+Everything cluster-specific comes from Slurm's variables at run time: the nodes from
+SLURM_JOB_NODELIST, their count from SLURM_JOB_NUM_NODES, the rendezvous id from SLURM_JOB_ID, and
+which node hosts the c10d store from SLURM_NODEID. One `srun` task per node starts torchrun, which
+starts the node's processes (as torchrun's own docs run it under Slurm).
+
+Pure: `build_job_script` returns the text; nothing here touches a node.
+"""
+
+from __future__ import annotations
+
+import shlex
+from dataclasses import dataclass
+
+from labctl.errors import ConfigError
+
+DEFAULT_TIME = "00:30:00"
+DEFAULT_PORT = 29500
+
+
+@dataclass(frozen=True)
+class JobSpec:
+    """What the job runs and asks for; `args` is what follows torchrun's options (SCRIPT ARGS...,
+    or -m MODULE ARGS...)."""
+
+    args: tuple[str, ...]
+    nodes: int = 2
+    nproc_per_node: int = 1
+    time: str = DEFAULT_TIME
+    job_name: str = "ddplab"
+    partition: str | None = None
+    account: str | None = None
+    iface: str = "eth0"
+    port: int = DEFAULT_PORT
+
+
+def check_time(text: str) -> str:
+    """Slurm's --time forms this accepts: MM, MM:SS, HH:MM:SS, D-HH, D-HH:MM, D-HH:MM:SS."""
+    import re
+
+    if not re.fullmatch(r"(\d+-)?\d+(:\d{1,2}){0,2}", str(text).strip()):
+        raise ConfigError("--time", text, "must be a Slurm time limit such as 30, 00:30:00 or 1-00:00:00",
+                          hint="minutes, or [D-]HH:MM:SS as sbatch takes it")
+    return str(text).strip()
+
+
+def _sbatch(option: str, value: object | None, comment: str = "") -> str:
+    line = f"#SBATCH --{option}={value}" if value is not None else f"##SBATCH --{option}=CHANGE-ME"
+    return f"{line:<40} # {comment}" if comment else line
+
+
+def build_job_script(spec: JobSpec) -> str:
+    if not spec.args:
+        raise ConfigError("SCRIPT", "", "is missing: give the training script and its arguments after --",
+                          hint="labctl slurm export -- -m trainer --workload gpt --steps 50")
+    train = shlex.join(spec.args)
+    return "\n".join([
+        "#!/bin/bash",
+        "# Multi-node PyTorch training under Slurm, written by `labctl slurm export` (ddplab).",
+        "# The lab ran this same script (`labctl slurm submit` with sbatch, `labctl slurm run` with salloc).",
+        "#",
+        "# On your cluster, change:",
+        "#   - the #SBATCH lines: nodes and time, and the partition and account your site gives you",
+        "#     (uncomment them: a line starting ##SBATCH is a comment to sbatch);",
+        "#   - the environment block below: your module loads or virtual environment;",
+        "#   - NET_IFNAME: the interface that joins the nodes (`ip -br addr` on a node: eth0, ib0, bond0...);",
+        "#   - NPROC_PER_NODE: the processes per node, one per GPU on GPU nodes.",
+        _sbatch("job-name", spec.job_name),
+        _sbatch("nodes", spec.nodes),
+        _sbatch("ntasks-per-node", 1, "one torchrun per node; it starts the processes"),
+        _sbatch("time", spec.time),
+        _sbatch("output", "%x-%j.out"),
+        _sbatch("partition", spec.partition),
+        _sbatch("account", spec.account),
+        "set -euo pipefail",
+        "",
+        "# --- environment: what your cluster needs before python runs (examples) ---",
+        "# module load python/3.11 cuda/12.4",
+        "# source \"$HOME/venvs/train/bin/activate\"",
+        "",
+        f"export NPROC_PER_NODE=${{NPROC_PER_NODE:-{spec.nproc_per_node}}}",
+        f"NET_IFNAME=${{NET_IFNAME:-{spec.iface}}}",
+        "export GLOO_SOCKET_IFNAME=\"$NET_IFNAME\" NCCL_SOCKET_IFNAME=\"$NET_IFNAME\"",
+        "",
+        "# torchrun takes PET_* variables as defaults for its flags: none may leak in from the",
+        "# environment that submitted the job, so that this script alone decides.",
+        "for var in $(compgen -v PET_ || true); do unset \"$var\"; done",
+        "",
+        "# The c10d rendezvous store runs on the first node of the allocation, in torchrun's agent there.",
+        "HEAD_NODE=$(scontrol show hostnames \"$SLURM_JOB_NODELIST\" | head -n 1)",
+        f"export RDZV_ENDPOINT=\"$HEAD_NODE:${{RDZV_PORT:-{spec.port}}}\"",
+        "echo \"job $SLURM_JOB_ID: $SLURM_JOB_NUM_NODES nodes ($SLURM_JOB_NODELIST) x $NPROC_PER_NODE processes, rendezvous $RDZV_ENDPOINT\"",
+        "",
+        "# One task per node; --kill-on-bad-exit ends every node's task when one fails, and srun then",
+        "# names the node. The single quotes matter: each node expands SLURM_NODEID for itself.",
+        "# shellcheck disable=SC2016",
+        "srun --kill-on-bad-exit=1 --label bash -c '",
+        "  exec torchrun \\",
+        "    --nnodes=\"$SLURM_JOB_NUM_NODES\" \\",
+        "    --nproc-per-node=\"$NPROC_PER_NODE\" \\",
+        "    --rdzv-backend=c10d \\",
+        "    --rdzv-endpoint=\"$RDZV_ENDPOINT\" \\",
+        "    --rdzv-id=\"$SLURM_JOB_ID\" \\",
+        "    --rdzv-conf=\"is_host=$([ \"$SLURM_NODEID\" = 0 ] && echo true || echo false)\" \\",
+        f"    \"$@\"' torchrun-on-node {train}",
+        "",
+    ])

@@ -1,0 +1,149 @@
+"""The lab as a Slurm cluster (issue 17), for real: slurmctld, slurmd and munged in the nodes, jobs
+through salloc and sbatch, torch.distributed across them.
+
+One 3-node lab for the module. It checks that `slurm run` trains to the same loss as `labctl run`
+on the same lab, that the exported script is the one `submit` ran, that a batch job can be followed
+and cancelled with nothing left running, that a failing rank and a killed node are named, and
+that `down` leaves nothing."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+
+from conftest import REPO, drop_lab, labctl, lab_resources, new_lab_name
+
+TRAIN = ["-m", "trainer", "--workload", "gpt", "--steps", "50"]
+
+
+@pytest.fixture(scope="module")
+def lab(docker_client, node_image):
+    name = new_lab_name()
+    up = labctl("up", "--lab", name, "--nodes", "3", "--scheduler", "slurm", timeout=300)
+    assert up.returncode == 0, up.stderr
+    assert "slurm: 3 nodes idle, controller node0" in up.stderr
+    yield name
+    drop_lab(name)
+    assert lab_resources(docker_client, name) == {"containers": [], "networks": [], "volumes": []}
+
+
+def slurm(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
+    return labctl("slurm", *args, timeout=timeout)
+
+
+def test_slurm_run_trains_to_the_same_loss_as_labctl_run(lab):
+    done = slurm("run", "--lab", lab, "-N", "3", "--json", "--", *TRAIN)
+    assert done.returncode == 0, done.stdout + done.stderr
+    result = json.loads(done.stdout)
+    summary = result["summary"]
+    assert result["ok"] and result["job_id"] and summary["world_size"] == 3 and summary["replicas_consistent"]
+    plain = labctl("run", "--lab", lab, "--json", "--", *TRAIN, timeout=300)
+    assert plain.returncode == 0, plain.stderr
+    reference = json.loads(plain.stdout)["summary"]
+    assert (summary["final_loss"], summary["param_checksum"]) == (reference["final_loss"], reference["param_checksum"])
+    # Saved as `labctl run` saves a run: a log per node, readable with `labctl logs`.
+    run_id = result["run_dir"].rsplit("/", 1)[-1]
+    logs = labctl("logs", "--lab", lab, "--run", run_id, "node2", check=True).stdout
+    assert "[rank" in logs and "node2" in logs
+
+
+def test_the_exported_script_is_the_one_submit_ran_and_a_batch_job_is_followed(lab, tmp_path):
+    submitted = slurm("submit", "--lab", lab, "--json", "--", "-m", "trainer", "--workload", "toy")
+    assert submitted.returncode == 0, submitted.stderr
+    job = json.loads(submitted.stdout)
+    exported = tmp_path / "job.sbatch"
+    slurm("export", "--lab", lab, "-o", str(exported), "--", "-m", "trainer", "--workload", "toy").check_returncode()
+    ran = (REPO / job["run_dir"] / "job.sbatch").read_text()
+    assert exported.read_text() == ran
+    deadline = time.monotonic() + 120
+    state = {}
+    while time.monotonic() < deadline:
+        state = json.loads(slurm("status", "--lab", lab, job["job_id"], "--json").stdout)
+        if state["JobState"] not in ("PENDING", "CONFIGURING", "RUNNING", "COMPLETING"):
+            break
+        time.sleep(0.5)
+    assert state["JobState"] == "COMPLETED" and state["ExitCode"] == "0:0", state
+    assert state["NodeList"] == "node[0-2]"
+    output = slurm("logs", "--lab", lab, job["job_id"]).stdout
+    assert '"replicas_consistent": true' in output and output.count("SUMMARY") == 1
+
+
+def test_a_cancelled_job_leaves_nothing_running(lab):
+    submitted = slurm("submit", "--lab", lab, "--json", "--", "tests/integration/scripts/fail_how.py", "hang", "0")
+    job = json.loads(submitted.stdout)["job_id"]
+    deadline = time.monotonic() + 60
+    while json.loads(slurm("status", "--lab", lab, job, "--json").stdout)["JobState"] != "RUNNING":
+        assert time.monotonic() < deadline, "the job never ran"
+        time.sleep(0.5)
+    cancelled = slurm("cancel", "--lab", lab, job)
+    assert cancelled.returncode == 0 and "CANCELLED" in cancelled.stderr, cancelled.stderr
+    for node in ("node0", "node1", "node2"):
+        ps = labctl("exec", "--lab", lab, node, "--", "pgrep", "-f", "fail_how|torchrun")
+        assert ps.returncode == 1, f"{node} still runs: {ps.stdout}"
+
+
+def test_a_failing_rank_is_named_with_its_node(lab):
+    failed = slurm("run", "--lab", lab, "-N", "3", "--json", "--", "tests/integration/scripts/fail_how.py", "exit", "2")
+    assert failed.returncode == 1, failed.stderr
+    result = json.loads(failed.stdout)
+    logs = {node: labctl("logs", "--lab", lab, node).stdout for node in ("node0", "node1", "node2")}
+    where = next(node for node, text in logs.items() if "FAIL_HOW rank=2 " in text)
+    assert result["failed_node"] == where and "rank 2" in result["failure"], result
+    assert "exited with status 3" in result["failure"] and "Traceback" not in failed.stderr
+
+
+def test_execs_run_as_the_user_and_the_daemons_as_root(lab):
+    who = labctl("exec", "--lab", lab, "node1", "--", "id", "-u", check=True).stdout.strip()
+    assert who == str(int(os.environ.get("SUDO_UID", os.getuid())))
+    daemons = labctl("exec", "--lab", lab, "node0", "--", "ps", "-o", "user=,comm=", "-C", "slurmctld,slurmd,munged",
+                     check=True).stdout.split()
+    assert sorted(zip(daemons[::2], daemons[1::2])) == [("munge", "munged"), ("root", "slurmctld"),
+                                                         ("root", "slurmd")], daemons
+
+
+def test_a_plain_lab_is_not_a_slurm_cluster(lab3):
+    name, _ = lab3
+    refused = slurm("run", "--lab", name, "--", "-m", "trainer")
+    assert refused.returncode == 1 and "is not a Slurm cluster" in refused.stderr
+    assert "--scheduler slurm" in refused.stderr and "Traceback" not in refused.stderr
+
+
+def test_doctor_names_a_node_whose_slurmd_died_and_up_restarts_it(lab, docker_client):
+    docker_client.containers.get(f"{lab}-node1").exec_run(["pkill", "-x", "slurmd"])  # as the node's root
+    deadline = time.monotonic() + 90
+    while True:  # Slurm marks it DOWN once it misses SlurmdTimeout (10 s) of pings
+        doctor = labctl("doctor", "--lab", lab, "--json")
+        found = [f for f in json.loads(doctor.stdout)["findings"] if f["check"] == "slurm"]
+        if not found[0]["ok"] or time.monotonic() > deadline:
+            break
+        time.sleep(2)
+    assert doctor.returncode == 1 and [(f["node"], f["ok"]) for f in found] == [("node1", False)], found
+    assert "node1 down" in found[0]["message"] and "labctl up" in found[0]["fix"]
+    up = labctl("up", "--lab", lab, timeout=300)
+    assert up.returncode == 0 and "slurm: 3 nodes idle" in up.stderr, up.stderr
+    healthy = json.loads(labctl("doctor", "--lab", lab, "--json", check=True).stdout)["findings"]
+    assert [f["ok"] for f in healthy if f["check"] == "slurm"] == [True]
+
+
+def test_a_killed_node_is_named_and_comes_back(lab):
+    """Last: it kills node2. Slurm sets it DOWN (SlurmdTimeout 10 s), the job fails naming it, and
+    `labctl up` brings it back IDLE (ReturnToService=2)."""
+    job = subprocess.Popen([sys.executable, "-m", "labctl", "slurm", "run", "--lab", lab, "-N", "3", "--json", "--",
+                            "tests/integration/scripts/fail_how.py", "loop", "-1"], cwd=REPO, stdout=subprocess.PIPE,
+                           stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 60
+    while labctl("exec", "--lab", lab, "node2", "--", "pgrep", "-f", "fail_how.py loop").returncode != 0:
+        assert time.monotonic() < deadline and job.poll() is None, "the job never reached node2"
+        time.sleep(0.5)
+    labctl("fault", "kill", "node2", "--lab", lab, check=True)
+    out, err = job.communicate(timeout=120)
+    assert job.returncode == 1, err
+    result = json.loads(out)
+    assert result["failed_node"] == "node2" and "went down" in result["failure"], result
+    up = labctl("up", "--lab", lab, timeout=300)
+    assert up.returncode == 0 and "slurm: 3 nodes idle" in up.stderr, up.stderr
