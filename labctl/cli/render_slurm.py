@@ -30,7 +30,8 @@ def finish_run(result, as_json: bool) -> int:
     job = f"job {result.job_id}" if result.job_id else "the job"
     if result.ok:
         loss = f", final_loss {result.summary['final_loss']}" if result.summary and "final_loss" in result.summary else ""
-        info(f"{job} completed on {', '.join(result.nodes)}{loss}; logs: {result.run_dir}")
+        survived = f" (elastic: it went on without {result.failed_node}: {result.failure})" if result.failed_node else ""
+        info(f"{job} completed{survived}{loss}; logs: {result.run_dir}")
     elif result.interrupted:
         error(f"{job} cancelled (Ctrl-C): scancel sent, nothing of it runs", hint=f"logs: {result.run_dir}")
     elif result.failed_node:

@@ -14,6 +14,10 @@ from labctl.run.launch import job_args
 
 def job_options(f):
     """What a job asks Slurm for: the options `run`, `submit` and `export` share."""
+    f = click.option("--max-restarts", type=click.IntRange(0, 100), default=0, show_default=True, metavar="K",
+                     help="torchrun restarts every worker up to K times after a failure (resuming from a checkpoint).")(f)
+    f = click.option("--nnodes", metavar="MIN:MAX", help="Elastic: MAX = the job's nodes; it goes on with MIN "
+                                                         "survivors (the job and its step survive a lost node).")(f)
     f = click.option("--time", "time_limit", metavar="T", help="Time limit, as sbatch takes it: 30, 00:30:00, 1-00:00:00 "
                                                                "[default 00:30:00].")(f)
     f = click.option("--ntasks-per-node", "nproc_per_node", type=click.IntRange(1, 32), metavar="P",
@@ -41,7 +45,7 @@ def slurm() -> None:
 @job_options
 @json_option("Print the result as JSON (job, exit status, failed node, the trainer's SUMMARY).")
 @script_argument
-def slurm_run(lab, nodes, nproc_per_node, time_limit, as_json, script) -> None:
+def slurm_run(lab, nodes, nproc_per_node, time_limit, nnodes, max_restarts, as_json, script) -> None:
     """Run SCRIPT [ARGS...] (or `-m module [ARGS...]`) as a Slurm job, and stream it.
 
     salloc holds the nodes and runs the job script that `slurm export` writes; its srun starts
@@ -53,7 +57,8 @@ def slurm_run(lab, nodes, nproc_per_node, time_limit, as_json, script) -> None:
 
     where = session()
     the_lab = where.lab(lab)
-    spec = the_lab.slurm.spec(job_args(script, the_lab.workspace, where.cwd), nodes, nproc_per_node, time_limit)
+    spec = the_lab.slurm.spec(job_args(script, the_lab.workspace, where.cwd), nodes, nproc_per_node, time_limit,
+                              nnodes=nnodes, max_restarts=max_restarts)
     result = the_lab.slurm.run(spec, on_line=None if as_json else render_slurm.print_line)
     sys.exit(render_slurm.finish_run(result, as_json))
 
@@ -63,13 +68,14 @@ def slurm_run(lab, nodes, nproc_per_node, time_limit, as_json, script) -> None:
 @job_options
 @json_option('Print {"job_id", "run_dir", "output"}.')
 @script_argument
-def slurm_submit(lab, nodes, nproc_per_node, time_limit, as_json, script) -> None:
+def slurm_submit(lab, nodes, nproc_per_node, time_limit, nnodes, max_restarts, as_json, script) -> None:
     """Queue SCRIPT [ARGS...] as a batch job (sbatch of the script `slurm export` writes)."""
     from labctl.cli import render_slurm
 
     where = session()
     the_lab = where.lab(lab)
-    spec = the_lab.slurm.spec(job_args(script, the_lab.workspace, where.cwd), nodes, nproc_per_node, time_limit)
+    spec = the_lab.slurm.spec(job_args(script, the_lab.workspace, where.cwd), nodes, nproc_per_node, time_limit,
+                              nnodes=nnodes, max_restarts=max_restarts)
     render_slurm.print_submitted(the_lab.slurm.submit(spec), the_lab.name, as_json)
 
 
@@ -114,7 +120,7 @@ def slurm_cancel(lab, job) -> None:
 @click.option("-o", "--out", "out", type=click.Path(dir_okay=False, path_type=Path), default=Path("job.sbatch"),
               show_default=True, help="Where to write the script.")
 @script_argument
-def slurm_export(lab, nodes, nproc_per_node, time_limit, partition, account, out, script) -> None:
+def slurm_export(lab, nodes, nproc_per_node, time_limit, nnodes, max_restarts, partition, account, out, script) -> None:
     """Write the sbatch script for SCRIPT [ARGS...] to take to a real Slurm cluster.
 
     It is the script `slurm submit` and `slurm run` run in the lab: the nodes, the rendezvous and
@@ -125,6 +131,6 @@ def slurm_export(lab, nodes, nproc_per_node, time_limit, partition, account, out
     where = session()
     the_lab = where.lab(lab)
     spec = the_lab.slurm.spec(job_args(script, the_lab.workspace, where.cwd), nodes, nproc_per_node, time_limit,
-                              partition, account)
+                              partition, account, nnodes=nnodes, max_restarts=max_restarts)
     path = the_lab.slurm.export(spec, out)
     info(f"wrote {path}: `sbatch {path.name}` on the cluster's login node, from your project's folder")

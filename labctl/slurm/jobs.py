@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Callable, Iterator
 from labctl.errors import ConfigError, LabError, StateError
 from labctl.lab.compose import LABEL_SCHEDULER, container_name
 from labctl.lab.docker import exec_user, lab_containers
-from labctl.run.launch import run_env, threads_per_process
+from labctl.run.launch import PG_TIMEOUT_VAR, run_env, threads_per_process
 from labctl.run.plan import new_run
 from labctl.run.result import RESULT_FILE, find_summary
 from labctl.slurm.script import JobSpec, build_job_script
@@ -45,6 +45,7 @@ SRUN_EXIT_RE = re.compile(r"Exited with exit code (\d+)")
 NODE_FAILURE_RE = re.compile(r"(?:srun|salloc): error: Node failure on (\S+)")
 ACTIVE = ("PENDING", "CONFIGURING", "RUNNING", "COMPLETING", "SUSPENDED")
 CANCEL_WAIT_S = 20.0
+PG_TIMEOUT_S = 30.0  # the trainer's collectives give up after this, as in `labctl run` (a lost peer never answers)
 
 
 @dataclass
@@ -82,18 +83,22 @@ class Slurm:
     # ------------------------------------------------------------------------------ helpers
 
     def spec(self, args: list[str] | tuple[str, ...], nodes: int | None = None, nproc_per_node: int | None = None,
-             time_limit: str | None = None, partition: str | None = None, account: str | None = None) -> JobSpec:
-        """The job as the script states it; defaults from the lab (its nodes, its processes per node)."""
+             time_limit: str | None = None, partition: str | None = None, account: str | None = None,
+             nnodes: str | None = None, max_restarts: int = 0) -> JobSpec:
+        """The job as the script states it; defaults from the lab (its nodes, its processes per node).
+        `nnodes` MIN:MAX (MAX = the job's nodes) and `max_restarts` make it elastic."""
+        from labctl.run.launch import parse_nnodes
         from labctl.slurm.script import DEFAULT_TIME, check_time
 
         config = self.session.config
         count = nodes if nodes is not None else config.nodes
         if not 1 <= count <= 64:
             raise LabError(f"-N {count}: a job needs 1 to 64 nodes", hint="labctl slurm run -N 3 -- -m trainer")
+        min_nodes = parse_nnodes(nnodes, count)[0] if nnodes is not None else None
         return JobSpec(tuple(args), nodes=count, nproc_per_node=nproc_per_node or config.nproc_per_node,
                        time=check_time(DEFAULT_TIME if time_limit is None else time_limit), partition=partition,
-                       account=account,
-                       iface=config.iface, port=config.master_port)
+                       account=account, iface=config.iface, port=config.master_port, min_nodes=min_nodes,
+                       max_restarts=max_restarts)
 
     def _require(self) -> list[str]:
         """The lab's node names; a StateError unless it is up as a Slurm cluster with the nodes asked for."""
@@ -149,7 +154,7 @@ class Slurm:
         """What the job's processes get besides the script's own: the run's folder, and threads that
         share the machine's CPUs out as `labctl run` does (srun passes the environment on)."""
         threads = threads_per_process(self.session.cpus, spec.nodes, spec.nproc_per_node)
-        return {**run_env(run_id, run_dir), "OMP_NUM_THREADS": str(threads)}
+        return {**run_env(run_id, run_dir), "OMP_NUM_THREADS": str(threads), PG_TIMEOUT_VAR: f"{PG_TIMEOUT_S:g}"}
 
     # ------------------------------------------------------------------------------ commands
 
@@ -172,7 +177,7 @@ class Slurm:
                            hint=f"labctl up --lab {self.session.name} --nodes {spec.nodes}, or a smaller -N")
         run_id, run_dir, script = self._write_script(spec)
         argv = ["salloc", f"--nodes={spec.nodes}", "--ntasks-per-node=1", f"--time={spec.time}",
-                f"--job-name={spec.job_name}", "bash", str(script)]
+                f"--job-name={spec.job_name}", *(["--no-kill"] if spec.elastic else []), "bash", str(script)]
         (run_dir / JOB_FILE).write_text(json.dumps({"how": "salloc", "argv": shlex.join(argv)}))
         lines: queue.Queue = queue.Queue()
         self._stream(argv, self._job_env(spec, run_id, run_dir), lines)

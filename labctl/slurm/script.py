@@ -19,6 +19,11 @@ from labctl.errors import ConfigError
 
 DEFAULT_TIME = "00:30:00"
 DEFAULT_PORT = 29500
+# Elastic rendezvous under Slurm: a lost node's heartbeat is stale after 10 s; once the minimum has
+# joined a round, the others get 10 s more (torch's default is 30). 10, not `labctl run`'s 3: srun
+# starts every node's torchrun at once, but on a busy machine one may import torch seconds after the
+# others, and a first round closed without it leaves the job a node short from the start.
+SLURM_ELASTIC_RDZV_CONF = "last_call_timeout=10,heartbeat_timeout=10,keep_alive_interval=2"
 
 
 @dataclass(frozen=True)
@@ -35,6 +40,12 @@ class JobSpec:
     account: str | None = None
     iface: str = "eth0"
     port: int = DEFAULT_PORT
+    min_nodes: int | None = None  # elastic: the job goes on with this many nodes (torchrun --nnodes MIN:MAX)
+    max_restarts: int = 0  # torchrun restarts every worker up to this many times after a failure
+
+    @property
+    def elastic(self) -> bool:
+        return self.min_nodes is not None or self.max_restarts > 0
 
 
 def check_time(text: str) -> str:
@@ -57,6 +68,26 @@ def build_job_script(spec: JobSpec) -> str:
         raise ConfigError("SCRIPT", "", "is missing: give the training script and its arguments after --",
                           hint="labctl slurm export -- -m trainer --workload gpt --steps 50")
     train = shlex.join(spec.args)
+    if spec.elastic:  # a lost node must not end the job: the survivors' torchrun agents go on without it
+        nnodes = f"{spec.min_nodes or spec.nodes}:$SLURM_JOB_NUM_NODES"
+        srun = ["# torchrun shares one worker store across restarts by default: restarted gloo workers then read",
+                "# their predecessors' addresses and fail (Gloo connectFullMesh ... Connection refused). Unshared,",
+                "# each attempt's rank 0 hosts a fresh store.",
+                "export TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1",
+                "",
+                "# Elastic: --no-kill keeps the job (and this step) when a node fails; torchrun's agents on the",
+                "# survivors form a new rendezvous round of at least the minimum and resume from the checkpoint.",
+                "# shellcheck disable=SC2016",
+                "srun --no-kill --label bash -c '"]
+        conf = f",{SLURM_ELASTIC_RDZV_CONF}"
+        restarts = [f"    --max-restarts={spec.max_restarts} \\"]
+    else:
+        nnodes = "$SLURM_JOB_NUM_NODES"
+        srun = ["# One task per node; --kill-on-bad-exit ends every node's task when one fails, and srun then",
+                "# names the node. The single quotes matter: each node expands SLURM_NODEID for itself.",
+                "# shellcheck disable=SC2016",
+                "srun --kill-on-bad-exit=1 --label bash -c '"]
+        conf, restarts = "", []
     return "\n".join([
         "#!/bin/bash",
         "# Multi-node PyTorch training under Slurm, written by `labctl slurm export` (ddplab).",
@@ -75,6 +106,7 @@ def build_job_script(spec: JobSpec) -> str:
         _sbatch("output", "%x-%j.out"),
         _sbatch("partition", spec.partition),
         _sbatch("account", spec.account),
+        *(["#SBATCH --no-kill                        # elastic: a failed node does not end the job"] if spec.elastic else []),
         "set -euo pipefail",
         "",
         "# --- environment: what your cluster needs before python runs (examples) ---",
@@ -94,17 +126,15 @@ def build_job_script(spec: JobSpec) -> str:
         f"export RDZV_ENDPOINT=\"$HEAD_NODE:${{RDZV_PORT:-{spec.port}}}\"",
         "echo \"job $SLURM_JOB_ID: $SLURM_JOB_NUM_NODES nodes ($SLURM_JOB_NODELIST) x $NPROC_PER_NODE processes, rendezvous $RDZV_ENDPOINT\"",
         "",
-        "# One task per node; --kill-on-bad-exit ends every node's task when one fails, and srun then",
-        "# names the node. The single quotes matter: each node expands SLURM_NODEID for itself.",
-        "# shellcheck disable=SC2016",
-        "srun --kill-on-bad-exit=1 --label bash -c '",
+        *srun,
         "  exec torchrun \\",
-        "    --nnodes=\"$SLURM_JOB_NUM_NODES\" \\",
+        f"    --nnodes=\"{nnodes}\" \\",
         "    --nproc-per-node=\"$NPROC_PER_NODE\" \\",
         "    --rdzv-backend=c10d \\",
         "    --rdzv-endpoint=\"$RDZV_ENDPOINT\" \\",
         "    --rdzv-id=\"$SLURM_JOB_ID\" \\",
-        "    --rdzv-conf=\"is_host=$([ \"$SLURM_NODEID\" = 0 ] && echo true || echo false)\" \\",
+        f"    --rdzv-conf=\"is_host=$([ \"$SLURM_NODEID\" = 0 ] && echo true || echo false){conf}\" \\",
+        *restarts,
         f"    \"$@\"' torchrun-on-node {train}",
         "",
     ])

@@ -130,20 +130,46 @@ def test_doctor_names_a_node_whose_slurmd_died_and_up_restarts_it(lab, docker_cl
     assert [f["ok"] for f in healthy if f["check"] == "slurm"] == [True]
 
 
-def test_a_killed_node_is_named_and_comes_back(lab):
-    """Last: it kills node2. Slurm sets it DOWN (SlurmdTimeout 10 s), the job fails naming it, and
-    `labctl up` brings it back IDLE (ReturnToService=2)."""
-    job = subprocess.Popen([sys.executable, "-m", "labctl", "slurm", "run", "--lab", lab, "-N", "3", "--json", "--",
-                            "tests/integration/scripts/fail_how.py", "loop", "-1"], cwd=REPO, stdout=subprocess.PIPE,
-                           stderr=subprocess.PIPE, text=True)
-    deadline = time.monotonic() + 60
-    while labctl("exec", "--lab", lab, "node2", "--", "pgrep", "-f", "fail_how.py loop").returncode != 0:
-        assert time.monotonic() < deadline and job.poll() is None, "the job never reached node2"
+def kill_during(lab: str, args: list[str], ready: tuple[str, ...] = ()) -> dict:
+    """`slurm run ARGS` with node2 killed once the job's run folder has files matching every pattern
+    of `ready` (none: once node2 runs the job's script): the JSON result. `labctl up` then brings
+    node2 back, IDLE again (ReturnToService=2)."""
+    runs = REPO / ".lab" / lab / "runs"
+    before = set(runs.iterdir()) if runs.is_dir() else set()
+    job = subprocess.Popen([sys.executable, "-m", "labctl", "slurm", "run", "--lab", lab, "--json", *args], cwd=REPO,
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 90
+    def started() -> bool:
+        if not ready:
+            return labctl("exec", "--lab", lab, "node2", "--", "pgrep", "-f", "fail_how.py").returncode == 0
+        new = set(runs.iterdir()) - before if runs.is_dir() else set()
+        return any(all(any(run.glob(pattern)) for pattern in ready) for run in new if run.is_dir())
+
+    while not started():
+        assert time.monotonic() < deadline and job.poll() is None, f"the job never wrote {ready}"
         time.sleep(0.5)
     labctl("fault", "kill", "node2", "--lab", lab, check=True)
-    out, err = job.communicate(timeout=120)
-    assert job.returncode == 1, err
+    out, err = job.communicate(timeout=180)
     result = json.loads(out)
-    assert result["failed_node"] == "node2" and "went down" in result["failure"], result
+    result["returncode"] = job.returncode
     up = labctl("up", "--lab", lab, timeout=300)
     assert up.returncode == 0 and "slurm: 3 nodes idle" in up.stderr, up.stderr
+    return result
+
+
+def test_an_elastic_job_goes_on_without_a_killed_node(lab):
+    result = kill_during(lab, ["-N", "3", "--nnodes", "2:3", "--max-restarts", "2", "--", "-m", "trainer",
+                               "--workload", "gpt", "--threads", "1", "--ckpt-every", "10", "--steps", "300",
+                               "--global-batch", "48"], ready=("metrics-rank2.jsonl", "checkpoints/step-*.pt"))
+    assert result["returncode"] == 0 and result["ok"], result
+    summary = result["summary"]
+    assert summary["world_size"] == 2 and summary["steps"] == 300 and summary["resumed_from_step"] >= 10, summary
+    assert summary["accum_steps"] == 3 and summary["replicas_consistent"]  # the same global batch over 2 ranks
+    assert result["failed_node"] == "node2"
+
+
+def test_a_killed_node_is_named_and_comes_back(lab):
+    """Slurm sets it DOWN (SlurmdTimeout 10 s), the job fails naming it, and `labctl up` brings it back."""
+    result = kill_during(lab, ["-N", "3", "--", "tests/integration/scripts/fail_how.py", "loop", "-1"])
+    assert result["returncode"] == 1 and not result["ok"], result
+    assert result["failed_node"] == "node2" and "went down" in result["failure"], result

@@ -170,3 +170,15 @@ def test_a_node_failure_is_named_and_a_success_has_its_summary(tmp_path):
     done = read(["salloc: Granted job allocation 3", '0: SUMMARY {"final_loss": 2.5, "world_size": 3}',
                  "salloc: Relinquishing job allocation 3"], 0, tmp_path)
     assert done.ok and done.summary == {"final_loss": 2.5, "world_size": 3} and done.failed_node is None
+
+
+def test_an_elastic_job_survives_a_lost_node_in_slurm_and_in_torchrun(tmp_path):
+    text = build_job_script(JobSpec(TRAIN, nodes=3, min_nodes=2, max_restarts=2))
+    assert "#SBATCH --no-kill" in text and "srun --no-kill --label" in text and "--kill-on-bad-exit" not in text
+    assert '--nnodes="2:$SLURM_JOB_NUM_NODES"' in text and "--max-restarts=2" in text
+    assert "export TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1" in text and "last_call_timeout=10" in text
+    script = tmp_path / "elastic.sbatch"
+    script.write_text(text)
+    assert subprocess.run(["bash", "-n", str(script)]).returncode == 0
+    plain = build_job_script(JobSpec(TRAIN, nodes=3))
+    assert "--no-kill" not in plain and "--max-restarts" not in plain and "TORCH_DISABLE" not in plain
