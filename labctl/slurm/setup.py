@@ -29,10 +29,22 @@ def slurm_dir(lab_directory: Path) -> Path:
 
 
 def refusal(engine: Engine) -> StateError | None:
-    """Why this engine cannot host the lab's Slurm daemons, or None."""
+    """Why this engine cannot host the lab's Slurm daemons, or None.
+
+    cgroup v2: slurmd 22.05 always loads a cgroup plugin (CgroupPlugin takes cgroup/v1, cgroup/v2 or
+    autodetect; `disabled` came with a later release), and on a cgroup v2 host its cgroup/v2 plugin
+    either asks systemd over dbus, which a node has not, or with IgnoreSystemd=yes builds its cgroup
+    tree itself, which needs /sys/fs/cgroup writable (cgroup.conf(5) as Debian ships it with 22.05.8).
+    Docker mounts it read-only in an unprivileged container; writable means a privileged node or the
+    host's cgroup tree mounted into it, which the lab's security baseline rules out."""
     if engine.kind == "podman":
         return StateError("--scheduler slurm runs slurmd and munged as root inside the nodes, which is tried "
                           "on Docker only", hint="use Docker Engine, or leave --scheduler out")
+    if engine.cgroup_version == "2":
+        return StateError("--scheduler slurm needs a cgroup v1 host: this engine runs on cgroup v2, where slurmd "
+                          "22.05 must write its own cgroup tree, and unprivileged nodes see /sys/fs/cgroup read-only",
+                          hint="use a machine booted with cgroup v1 (systemd.unified_cgroup_hierarchy=0), or take "
+                               "`labctl slurm export`'s script to a real cluster; nodes are never made privileged")
     return None
 
 

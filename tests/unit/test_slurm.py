@@ -182,3 +182,22 @@ def test_an_elastic_job_survives_a_lost_node_in_slurm_and_in_torchrun(tmp_path):
     assert subprocess.run(["bash", "-n", str(script)]).returncode == 0
     plain = build_job_script(JobSpec(TRAIN, nodes=3))
     assert "--no-kill" not in plain and "--max-restarts" not in plain and "TORCH_DISABLE" not in plain
+
+
+def engine(**changes):
+    from dataclasses import replace
+
+    from labctl.lab.engine import Engine
+
+    base = Engine(kind="docker", product="Docker Engine", version="27", endpoint="unix:///var/run/docker.sock",
+                  context=None, os="Debian", arch="x86_64", cpus=2, engine_id="x")
+    return replace(base, **changes)
+
+
+def test_slurm_is_refused_where_its_daemons_cannot_start():
+    from labctl.slurm.setup import refusal
+
+    assert refusal(engine()) is None  # cgroup v1, as on this machine
+    v2 = refusal(engine(cgroup_version="2"))
+    assert v2.exit_code == 1 and "needs a cgroup v1 host" in str(v2) and "never made privileged" in v2.hint
+    assert "Docker only" in str(refusal(engine(kind="podman")))
