@@ -22,8 +22,8 @@ fail() {
 }
 
 [ "$(id -u)" = 0 ] || fail "the node must run as root for slurmd and munged (it runs as uid $(id -u))"
-if [ ! -r "$dir/slurm.conf" ] || [ ! -r "$dir/munge.key" ]; then
-  fail "no slurm.conf or munge.key in $dir"
+if [ ! -r "$dir/slurm.conf" ] || [ ! -r "$dir/cgroup.conf" ] || [ ! -r "$dir/munge.key" ]; then
+  fail "no slurm.conf, cgroup.conf or munge.key in $dir"
 fi
 
 # The job's user, as the cluster's directory service would provide it.
@@ -35,8 +35,11 @@ install -o munge -g munge -m 0400 "$dir/munge.key" /etc/munge/munge.key
 install -d -o munge -g munge -m 0755 /run/munge
 pgrep -x munged >/dev/null || runuser -u munge -- /usr/sbin/munged || fail "munged did not start"
 
-# Debian's Slurm reads /etc/slurm/slurm.conf: the lab's, linked, so `labctl up` rewriting it is seen.
+# Debian's Slurm reads /etc/slurm/slurm.conf and cgroup.conf beside it: the lab's, linked, so
+# `labctl up` rewriting them is seen. cgroup.conf names the cgroup/v1 plugin, the one slurmd 22.05
+# can start with read-only cgroups, on a cgroup v1 or v2 host (labctl/slurm/conf.py).
 ln -sf "$dir/slurm.conf" /etc/slurm/slurm.conf
+ln -sf "$dir/cgroup.conf" /etc/slurm/cgroup.conf
 install -d -m 0755 /var/spool/slurmctld /var/spool/slurmd /var/log/slurm
 if [ "$node" = "${DDPLAB_SLURM_CONTROLLER:?}" ] && ! pgrep -x slurmctld >/dev/null; then
   /usr/sbin/slurmctld || fail "slurmctld did not start: $(tail -n 3 /var/log/slurm/slurmctld.log 2>/dev/null)"

@@ -6,9 +6,9 @@ entry point links it where Debian's Slurm reads it (compose/node-entrypoint.sh).
 
 The choices, each for a reason:
 - SlurmUser=root: slurmctld and slurmd must run as root to start job steps as the job's user.
-- ProctrackType=proctrack/linuxproc and TaskPlugin=task/none: no cgroup plugin, since an
-  unprivileged container cannot write a cgroup tree (slurmd 22.05 still needs /sys/fs/cgroup
-  mounted, which Docker does read-only).
+- ProctrackType=proctrack/linuxproc and TaskPlugin=task/none: nothing that needs cgroups, since
+  an unprivileged container cannot write a cgroup tree; and cgroup.conf (build_cgroup_conf) names
+  the one plugin slurmd 22.05 can initialise read-only, on cgroup v1 and v2 hosts alike.
 - SelectType=select/linear: a job gets whole nodes, as a multi-node training job wants.
 - No accounting (AccountingStorageType=accounting_storage/none): jobs are followed with scontrol,
   which keeps a finished job for MinJobAge seconds.
@@ -34,6 +34,19 @@ class SlurmNode:
 def cluster_name(lab: str) -> str:
     """Slurm's ClusterName: lowercase letters, digits and '_' only, as it keeps state under it."""
     return "ddplab_" + "".join(c if c.isalnum() else "_" for c in lab.lower())
+
+
+def build_cgroup_conf() -> str:
+    """cgroup.conf: the cgroup/v1 plugin, on cgroup v1 and v2 hosts alike.
+
+    slurmd 22.05 always initialises a cgroup plugin (slurmd.c calls cgroup_g_init whatever the
+    other plugins are; CgroupPlugin=disabled came in 24.05). Autodetect picks cgroup/v2 on a v2
+    host, whose init needs a writable, systemd-delegated tree (container support came in 23.02.1),
+    which an unprivileged node has not. The v1 plugin's init opens no file, and with
+    proctrack/linuxproc, task/none and no CoreSpec/MemSpecLimit nothing calls into it later: slurmd
+    starts with /sys/fs/cgroup read-only (cgroup v1 or v2) or not mounted at all."""
+    return ("# cgroup.conf of a ddplab Slurm lab, written by `labctl up --scheduler slurm`: see labctl/slurm/conf.py.\n"
+            "CgroupPlugin=cgroup/v1\n")
 
 
 def build_slurm_conf(lab: str, nodes: list[SlurmNode], cpus: int) -> str:

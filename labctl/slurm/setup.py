@@ -29,30 +29,23 @@ def slurm_dir(lab_directory: Path) -> Path:
 
 
 def refusal(engine: Engine) -> StateError | None:
-    """Why this engine cannot host the lab's Slurm daemons, or None.
-
-    cgroup v2: slurmd 22.05 always loads a cgroup plugin (CgroupPlugin takes cgroup/v1, cgroup/v2 or
-    autodetect; `disabled` came with a later release), and on a cgroup v2 host its cgroup/v2 plugin
-    either asks systemd over dbus, which a node has not, or with IgnoreSystemd=yes builds its cgroup
-    tree itself, which needs /sys/fs/cgroup writable (cgroup.conf(5) as Debian ships it with 22.05.8).
-    Docker mounts it read-only in an unprivileged container; writable means a privileged node or the
-    host's cgroup tree mounted into it, which the lab's security baseline rules out."""
+    """Why this engine cannot host the lab's Slurm daemons, or None. A cgroup v2 host is not one of
+    them: see labctl.slurm.conf.build_cgroup_conf."""
     if engine.kind == "podman":
         return StateError("--scheduler slurm runs slurmd and munged as root inside the nodes, which is tried "
                           "on Docker only", hint="use Docker Engine, or leave --scheduler out")
-    if engine.cgroup_version == "2":
-        return StateError("--scheduler slurm needs a cgroup v1 host: this engine runs on cgroup v2, where slurmd "
-                          "22.05 must write its own cgroup tree, and unprivileged nodes see /sys/fs/cgroup read-only",
-                          hint="use a machine booted with cgroup v1 (systemd.unified_cgroup_hierarchy=0), or take "
-                               "`labctl slurm export`'s script to a real cluster; nodes are never made privileged")
     return None
 
 
 def write_files(lab_directory: Path, conf: str) -> Path:
-    """slurm.conf (rewritten every `up`), and the munge key (made once: a running cluster keeps it)."""
+    """slurm.conf and cgroup.conf (rewritten every `up`), and the munge key (made once: a running
+    cluster keeps it)."""
+    from labctl.slurm.conf import build_cgroup_conf
+
     directory = slurm_dir(lab_directory)
     directory.mkdir(parents=True, exist_ok=True)
     (directory / "slurm.conf").write_text(conf)
+    (directory / "cgroup.conf").write_text(build_cgroup_conf())
     key = directory / "munge.key"
     if not key.exists():
         fd = os.open(key, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
