@@ -27,6 +27,15 @@ def job_options(f):
                         help="Nodes for the job [default: all of the lab's].")(f)
 
 
+def lab_and_spec(lab, script, nodes, nproc_per_node, time_limit, nnodes, max_restarts, partition=None, account=None):
+    """The lab's Slurm side and the job the options describe, SCRIPT taken from where you stand."""
+    where = session()
+    jobs = where.lab(lab).slurm
+    spec = jobs.spec(job_args(script, jobs.session.workspace, where.cwd), nodes, nproc_per_node, time_limit,
+                     partition, account, nnodes=nnodes, max_restarts=max_restarts)
+    return jobs, spec
+
+
 @main.group(context_settings=CONTEXT)
 def slurm() -> None:
     """Jobs on the lab as a Slurm cluster (`labctl up --scheduler slurm`), and the script for a real one.
@@ -55,11 +64,8 @@ def slurm_run(lab, nodes, nproc_per_node, time_limit, nnodes, max_restarts, as_j
     """
     from labctl.cli import render_slurm
 
-    where = session()
-    the_lab = where.lab(lab)
-    spec = the_lab.slurm.spec(job_args(script, the_lab.workspace, where.cwd), nodes, nproc_per_node, time_limit,
-                              nnodes=nnodes, max_restarts=max_restarts)
-    result = the_lab.slurm.run(spec, on_line=None if as_json else render_slurm.print_line)
+    jobs, spec = lab_and_spec(lab, script, nodes, nproc_per_node, time_limit, nnodes, max_restarts)
+    result = jobs.run(spec, on_line=None if as_json else render_slurm.print_line)
     sys.exit(render_slurm.finish_run(result, as_json))
 
 
@@ -72,11 +78,8 @@ def slurm_submit(lab, nodes, nproc_per_node, time_limit, nnodes, max_restarts, a
     """Queue SCRIPT [ARGS...] as a batch job (sbatch of the script `slurm export` writes)."""
     from labctl.cli import render_slurm
 
-    where = session()
-    the_lab = where.lab(lab)
-    spec = the_lab.slurm.spec(job_args(script, the_lab.workspace, where.cwd), nodes, nproc_per_node, time_limit,
-                              nnodes=nnodes, max_restarts=max_restarts)
-    render_slurm.print_submitted(the_lab.slurm.submit(spec), the_lab.name, as_json)
+    jobs, spec = lab_and_spec(lab, script, nodes, nproc_per_node, time_limit, nnodes, max_restarts)
+    render_slurm.print_submitted(jobs.submit(spec), jobs.session.name, as_json)
 
 
 @slurm.command("status", context_settings=CONTEXT)
@@ -128,9 +131,7 @@ def slurm_export(lab, nodes, nproc_per_node, time_limit, nnodes, max_restarts, p
     """
     from labctl.ui import info
 
-    where = session()
-    the_lab = where.lab(lab)
-    spec = the_lab.slurm.spec(job_args(script, the_lab.workspace, where.cwd), nodes, nproc_per_node, time_limit,
-                              partition, account, nnodes=nnodes, max_restarts=max_restarts)
-    path = the_lab.slurm.export(spec, out)
+    jobs, spec = lab_and_spec(lab, script, nodes, nproc_per_node, time_limit, nnodes, max_restarts, partition,
+                              account)
+    path = jobs.export(spec, out)
     info(f"wrote {path}: `sbatch {path.name}` on the cluster's login node, from your project's folder")

@@ -109,22 +109,23 @@ class Slurm:
                              hint=f"labctl up --lab {self.session.name} --scheduler slurm (it recreates the nodes)")
         return names
 
-    def _exec(self, argv: list[str], env: dict[str, str] | None = None) -> tuple[int, str]:
+    def _create(self, argv: list[str], env: dict[str, str] | None) -> str:
+        """An exec of argv on the controller, as the user, in the workspace: its id."""
         client = self.session.client
-        api = client.api
-        exec_id = api.exec_create(container_name(self.session.name, CONTROLLER), argv, environment=env or {},
-                                  workdir=str(self.session.workspace),
-                                  user=exec_user(client, self.session.name) or "")["Id"]
+        return client.api.exec_create(container_name(self.session.name, CONTROLLER), argv, environment=env or {},
+                                      workdir=str(self.session.workspace),
+                                      user=exec_user(client, self.session.name) or "")["Id"]
+
+    def _exec(self, argv: list[str], env: dict[str, str] | None = None) -> tuple[int, str]:
+        api = self.session.client.api
+        exec_id = self._create(argv, env)
         output = api.exec_start(exec_id).decode(errors="replace")
         return api.exec_inspect(exec_id)["ExitCode"], output
 
     def _stream(self, argv: list[str], env: dict[str, str], lines: queue.Queue) -> threading.Thread:
         """Run argv on the controller in a thread, putting each output line on `lines`, then the exit code."""
-        client = self.session.client
-        api = client.api
-        exec_id = api.exec_create(container_name(self.session.name, CONTROLLER), argv, environment=env,
-                                  workdir=str(self.session.workspace),
-                                  user=exec_user(client, self.session.name) or "")["Id"]
+        api = self.session.client.api
+        exec_id = self._create(argv, env)
 
         def pump() -> None:
             pending = b""
