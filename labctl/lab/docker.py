@@ -58,9 +58,11 @@ def exec_user(client, lab: str) -> str | None:
     return None
 
 
-def exec_in(client, container: str, argv: list[str], env: dict[str, str] | None = None) -> tuple[int, str]:
-    """Run argv in a container and wait: (exit code, stdout and stderr together)."""
-    exec_id = client.api.exec_create(container, argv, environment=env or {})["Id"]
+def exec_in(client, container: str, argv: list[str], env: dict[str, str] | None = None, user: str = "",
+            workdir: str | None = None) -> tuple[int, str]:
+    """Run argv in a container and wait: (exit code, stdout and stderr together). `user` "" runs it
+    as the container runs; `workdir` None in its working directory."""
+    exec_id = client.api.exec_create(container, argv, environment=env or {}, user=user, workdir=workdir)["Id"]
     output = client.api.exec_start(exec_id).decode(errors="replace")
     return client.api.exec_inspect(exec_id)["ExitCode"], output
 
@@ -92,10 +94,7 @@ class DockerNodes:
         return f"docker exec {container_name(self.lab, node)}"
 
     def run(self, node: str, argv: list[str]) -> tuple[int, str]:
-        api = self.client.api
-        exec_id = api.exec_create(container_name(self.lab, node), argv, user=self.user)["Id"]
-        output = api.exec_start(exec_id).decode(errors="replace")
-        return api.exec_inspect(exec_id)["ExitCode"], output
+        return exec_in(self.client, container_name(self.lab, node), argv, user=self.user)
 
     def execute(self, launch, on_output: Callable[[bytes], None]) -> int:
         api = self.client.api

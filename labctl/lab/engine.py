@@ -52,7 +52,6 @@ class Engine:
     userns_remap: bool = False
     limits: bool = True  # it enforces CPU, memory and process limits (rootless Docker on cgroup v1 does not)
     runtimes: tuple[str, ...] = ()  # the container runtimes it offers (runc, nvidia, ...)
-    cgroup_version: str = "1"  # the host's cgroup hierarchy as the engine reports it: "1" or "2"
 
     @property
     def local(self) -> bool:
@@ -111,8 +110,7 @@ def classify(info: Mapping, version: Mapping, endpoint: str, context: str | None
                   # and accepts --cpus, --memory and --pids-limit silently, enforcing none of them.
                   limits=info.get("CgroupDriver") != "none"
                   and all(info.get(flag, True) for flag in ("CpuCfsQuota", "MemoryLimit", "PidsLimit")),
-                  runtimes=tuple(sorted(info.get("Runtimes") or {})),
-                  cgroup_version=str(info.get("CgroupVersion") or "1"))
+                  runtimes=tuple(sorted(info.get("Runtimes") or {})))
 
 
 def refusal(engine: Engine) -> StateError | None:

@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Callable, Iterator
 
 from labctl.errors import ConfigError, LabError, StateError
 from labctl.lab.compose import LABEL_SCHEDULER, container_name
-from labctl.lab.docker import exec_user, lab_containers
+from labctl.lab.docker import exec_in, exec_user, lab_containers
 from labctl.run.launch import PG_TIMEOUT_VAR, run_env, threads_per_process
 from labctl.run.plan import new_run
 from labctl.run.result import RESULT_FILE, find_summary
@@ -109,23 +109,19 @@ class Slurm:
                              hint=f"labctl up --lab {self.session.name} --scheduler slurm (it recreates the nodes)")
         return names
 
-    def _create(self, argv: list[str], env: dict[str, str] | None) -> str:
-        """An exec of argv on the controller, as the user, in the workspace: its id."""
-        client = self.session.client
-        return client.api.exec_create(container_name(self.session.name, CONTROLLER), argv, environment=env or {},
-                                      workdir=str(self.session.workspace),
-                                      user=exec_user(client, self.session.name) or "")["Id"]
-
     def _exec(self, argv: list[str], env: dict[str, str] | None = None) -> tuple[int, str]:
-        api = self.session.client.api
-        exec_id = self._create(argv, env)
-        output = api.exec_start(exec_id).decode(errors="replace")
-        return api.exec_inspect(exec_id)["ExitCode"], output
+        """argv on the controller, as the user, in the workspace: (exit code, output)."""
+        client = self.session.client
+        return exec_in(client, container_name(self.session.name, CONTROLLER), argv, env,
+                       user=exec_user(client, self.session.name) or "", workdir=str(self.session.workspace))
 
     def _stream(self, argv: list[str], env: dict[str, str], lines: queue.Queue) -> threading.Thread:
         """Run argv on the controller in a thread, putting each output line on `lines`, then the exit code."""
-        api = self.session.client.api
-        exec_id = self._create(argv, env)
+        client = self.session.client
+        api = client.api
+        exec_id = api.exec_create(container_name(self.session.name, CONTROLLER), argv, environment=env,
+                                  workdir=str(self.session.workspace),
+                                  user=exec_user(client, self.session.name) or "")["Id"]
 
         def pump() -> None:
             pending = b""
