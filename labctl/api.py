@@ -89,18 +89,19 @@ class Lab(LabSession):
                  node_cpus: str | Mapping[str, float] | None = None, ssh: bool | None = None,
                  gpus: str | int | Sequence[int] | None = None, gpus_per_node: int | None = None,
                  cuda: str | int | Sequence[str] | None = None, nccl_transport: str | None = None,
-                 scheduler: str | None = None, workspace: str | Path | None = None, client=None, connect: Callable | None = None,
+                 tcp_cc: str | None = None, scheduler: str | None = None, workspace: str | Path | None = None, client=None, connect: Callable | None = None,
                  report: Report | None = None, build_progress=None, environ: Mapping[str, str] | None = None):
         """`gpus`: 'all', a count, or the machine's GPU indices (a list); `gpus_per_node` each, in order.
         `cuda`: the nodes on the CUDA image ('all', a count, or node names; default the GPU nodes).
         `nccl_transport`: 'socket' (default: NCCL over the lab's shaped network) or 'auto'.
+        `tcp_cc`: the nodes' TCP congestion control ('cubic' by default, 'host' for the host's).
         `scheduler`: 'slurm' makes the nodes a Slurm cluster (see `Lab.slurm`)."""
         from labctl.lab.gpus import as_setting
 
         workspace = Path(workspace or Path.cwd()).resolve()
         given = dict(lab=name, nodes=nodes, nproc_per_node=nproc_per_node, cpus=cpus, memory=memory, subnet=subnet,
                      master_port=master_port, image=image, gpus=as_setting(gpus), gpus_per_node=gpus_per_node,
-                     cuda=as_setting(cuda), nccl_transport=nccl_transport, scheduler=scheduler)
+                     cuda=as_setting(cuda), nccl_transport=nccl_transport, tcp_cc=tcp_cc, scheduler=scheduler)
         flags = {key: str(value) for key, value in given.items() if value is not None}
         config = load_config(workspace, os.environ if environ is None else environ, flags)
         super().__init__(config, workspace, client, **({"connect": connect} if connect else {}))
@@ -160,9 +161,10 @@ class Lab(LabSession):
         started = time.monotonic()
         image_mod.build_missing(self.client, self.config, {n.image for n in plan.gpus.nodes}, self.report,
                                 self.build_progress)
-        warning = engine_mod.limits_warning(plan.engine, self.config.memory, self.config.pids_limit)
-        if warning:
-            self.report(warning)
+        for warning in (engine_mod.limits_warning(plan.engine, self.config.memory, self.config.pids_limit),
+                        plan.tcp_note):
+            if warning:
+                self.report(warning)
         plan, nodes = apply_up_plan(self.client, plan, self.workspace, self.report)
         names = [n.name for n in nodes]
         links = None

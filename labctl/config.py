@@ -57,6 +57,9 @@ class LabConfig:
     """'socket': NCCL between GPU nodes goes over the lab's bridge, where `labctl shape` acts on it (P2P, shared
     memory and InfiniBand off); 'auto': NCCL may pick P2P or shared memory between GPUs of this one machine
     (faster, but unshaped)."""
+    tcp_cc: str = "cubic"
+    """TCP congestion control of the nodes' sockets (cubic, Linux's default, so a lab measures the same on every
+    host), or 'host' to keep the host's (labctl.lab.tcp)."""
     scheduler: str = "none"
     """'slurm': the nodes are also a Slurm cluster (node0 runs slurmctld, every node slurmd and munged, as root
     in the node; `labctl slurm`); 'none': a plain lab."""
@@ -234,6 +237,8 @@ SETTINGS: dict[str, tuple[str, Callable[[str], Any]]] = {
     "gpus_per_node": ("DDPLAB_GPUS_PER_NODE", _int_in(1, 16)),
     "cuda": ("DDPLAB_CUDA", _cuda),
     "nccl_transport": ("DDPLAB_NCCL_TRANSPORT", _choice("socket", "auto")),
+    "tcp_cc": ("DDPLAB_TCP_CC", _regex(re.compile(r"^[a-z][a-z0-9_]{0,15}$"),
+                                       "must be a congestion control such as cubic, bbr or reno, or 'host'")),
     "scheduler": ("DDPLAB_SCHEDULER", _choice("none", "slurm")),
     "torch_index_url": ("DDPLAB_TORCH_INDEX_URL", _regex(re.compile(r"^(https?|file)://\S+$"), "must be an http(s):// or file:// URL")),
     "debian_mirror": ("DDPLAB_DEBIAN_MIRROR", _regex(re.compile(r"^((https?|file)://\S+)?$"), "must be an http(s):// URL or empty")),

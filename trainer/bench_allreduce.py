@@ -3,7 +3,11 @@
     torchrun --standalone --nproc_per_node=2 -m trainer.bench_allreduce --sizes 1024,1048576
     labctl bench allreduce --sizes 1K:64M      # across the lab's nodes, with the cost model beside
 
-For each message size S (bytes of float32): a few warm-up allreduces, then `--iters` timed ones.
+For each message size S (bytes of float32): a few warm-up allreduces, then `--iters` timed ones, and
+with `--max-iters K --budget-s T` more while the timed ones together took less than T seconds, up to
+K: a small message's time is mostly the machine's noise (1 to 11 ms for the same 1 KiB allreduce on
+two shared cores), so it gets as many samples as the probe's, while a large one keeps `--iters`.
+Every rank stops after the same iteration, since each decides from the times reduced to their maximum.
 Each iteration is timed on every rank between a barrier and the allreduce's completion; the
 iteration's time is the maximum over ranks (the collective is done when the slowest rank is),
 and the size's time is the median over iterations. Rank 0 prints one JSON line per size,
@@ -41,6 +45,10 @@ def parse_args(argv=None):
     p.add_argument("--sizes", required=True, help="comma-separated message sizes in bytes (multiples of 4)")
     p.add_argument("--iters", type=int, default=5, help="timed iterations per size (default 5)")
     p.add_argument("--warmup", type=int, default=2, help="untimed iterations per size first (default 2)")
+    p.add_argument("--max-iters", type=int, default=0,
+                   help="timed iterations at most, while within --budget-s (default 0: exactly --iters)")
+    p.add_argument("--budget-s", type=float, default=0.0,
+                   help="seconds of timed iterations per size before stopping at --iters (default 0)")
     p.add_argument("--probe-size", type=int, default=1024, help="bytes of the latency probe (default 1024)")
     p.add_argument("--probe-iters", type=int, default=0, help="timed iterations of the latency probe (default 0: none)")
     p.add_argument("--timeout-s", type=float, default=300.0, help="process-group timeout in seconds (default 300)")
@@ -54,21 +62,27 @@ def parse_args(argv=None):
         p.error(f"--sizes must be integers (bytes), got {args.sizes!r}")
     if not args.sizes or any(s < 4 or s % 4 for s in args.sizes):
         p.error("--sizes must be positive multiples of 4 bytes (float32 elements)")
-    if args.iters < 1 or args.warmup < 0 or args.probe_iters < 0:
-        p.error("--iters must be >= 1, --warmup and --probe-iters >= 0")
+    if args.iters < 1 or args.warmup < 0 or args.probe_iters < 0 or args.max_iters < 0 or args.budget_s < 0:
+        p.error("--iters must be >= 1, --warmup, --probe-iters, --max-iters and --budget-s >= 0")
     if args.probe_size < 4 or args.probe_size % 4:
         p.error("--probe-size must be a positive multiple of 4 bytes (float32 elements)")
     return args
 
 
-def time_size(size_bytes: int, iters: int, warmup: int, device: torch.device) -> list[float]:
-    """Per-iteration times in seconds, each the maximum over ranks."""
+def more(times: list[float], iters: int, max_iters: int, budget_s: float) -> bool:
+    """Time another iteration: fewer than `iters` so far, or fewer than `max_iters` within `budget_s`."""
+    return len(times) < iters or (len(times) < max_iters and sum(times) < budget_s)
+
+
+def time_size(size_bytes: int, iters: int, warmup: int, device: torch.device, max_iters: int = 0,
+              budget_s: float = 0.0) -> list[float]:
+    """Per-iteration times in seconds, each the maximum over ranks (so all ranks agree on `more`)."""
     tensor = torch.ones(size_bytes // 4, dtype=torch.float32, device=device)
     cuda = device.type == "cuda"
     for _ in range(warmup):
         dist.all_reduce(tensor)
-    times = []
-    for _ in range(iters):
+    times: list[float] = []
+    while more(times, iters, max_iters, budget_s):
         dist.barrier()
         if cuda:  # nothing of the warm-up or the barrier still queued on the GPU when the clock starts
             torch.cuda.synchronize(device)
@@ -95,7 +109,7 @@ def main(argv=None):
     rows = []
     probe = [(args.probe_size, args.probe_iters, True)] if args.probe_iters else []
     for size, iters, is_probe in probe + [(size, args.iters, False) for size in args.sizes]:
-        times = time_size(size, iters, args.warmup, device)
+        times = time_size(size, iters, args.warmup, device, 0 if is_probe else args.max_iters, args.budget_s)
         row = {"size": size, "count": size // 4, "type": "float", "world_size": world_size,
                "backend": c.backend, "device": device.type,
                "time_us": statistics.median(times) * 1e6, "times_us": [t * 1e6 for t in times]}

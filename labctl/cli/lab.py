@@ -87,6 +87,9 @@ def build(torch_version, cuda, base_image, image, force, verbose_build, mismatch
               help="socket: NCCL between GPU nodes goes over the lab network, where `labctl shape` acts on it; auto: "
                    "NCCL may use P2P or shared memory between GPUs of this machine, faster but unshaped "
                    "[env DDPLAB_NCCL_TRANSPORT; default socket].")
+@click.option("--tcp-cc", metavar="NAME|host",
+              help="TCP congestion control of the nodes' sockets, e.g. cubic or bbr; host keeps the host's "
+                   "[env DDPLAB_TCP_CC; default cubic, so shaped links measure the same on every host].")
 @click.option("--scheduler", type=click.Choice(["none", "slurm"], case_sensitive=False), default=None,
               help="slurm: the nodes also form a Slurm cluster for `labctl slurm` [env DDPLAB_SCHEDULER; default none; "
                    "a running lab keeps its own].")
@@ -94,7 +97,7 @@ def build(torch_version, cuda, base_image, image, force, verbose_build, mismatch
                 "change nothing (refused as `up` is where the machine cannot give the GPUs).")
 @json_option("Print the node table as JSON (as `status --json`).")
 def up(lab, nodes, nproc_per_node, cpus, memory, subnet, master_port, image, bw, node_cpus, ssh, gpus, gpus_per_node,
-       cuda, nccl_transport, scheduler, dry_run, as_json) -> None:
+       cuda, nccl_transport, tcp_cc, scheduler, dry_run, as_json) -> None:
     """Start (or reconcile) the lab: nodes node0..node{N-1} on their own bridge network.
 
     On a running lab, `up` reconciles instead of failing: `--nodes 5` on a 3-node lab adds two
@@ -113,7 +116,7 @@ def up(lab, nodes, nproc_per_node, cpus, memory, subnet, master_port, image, bw,
     the_lab = session().lab(lab, nodes=nodes, nproc_per_node=nproc_per_node, cpus=cpus, memory=memory,
                             subnet=subnet, master_port=master_port, image=image, bw=bw, node_cpus=node_cpus, ssh=ssh,
                             gpus=gpus, gpus_per_node=gpus_per_node, cuda=cuda, nccl_transport=nccl_transport,
-                            scheduler=scheduler)
+                            tcp_cc=tcp_cc, scheduler=scheduler)
     if dry_run:
         from labctl.cli import render
 

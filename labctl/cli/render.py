@@ -76,6 +76,8 @@ def print_up_plan(plan, directory) -> None:
 
     if plan.gpus.cuda_nodes:  # which node has which GPUs, and runs which image, before the files that say it
         console.print("\n".join(f"# {line}" for line in plan.gpus.describe()), markup=False)
+    if plan.tcp_note:
+        console.print(f"# {plan.tcp_note}", markup=False, soft_wrap=True)
     console.print(render_compose(plan.document), markup=False)
     for name, text in plan.env_files.items():
         console.print(f"# --- {directory / name}\n{text}", markup=False)

@@ -12,6 +12,7 @@ import yaml
 
 from labctl import assets
 from labctl.config import LabConfig, node_ip
+from labctl.lab import tcp
 from labctl.lab.gpus import GpuPlan
 
 # Labels on every container, network and volume of a lab: `down` finds what to remove by these.
@@ -39,6 +40,7 @@ class ComposePlan:
     owner: Mapping[str, str] = field(default_factory=dict)  # labctl.lab.owner's labels, on everything
     gpus: GpuPlan | None = None  # each node's GPUs and image (labctl.lab.gpus); None: every node the CPU image
     slurm_dir: Path | None = None  # `--scheduler slurm`: the lab's slurm.conf and munge key, in the workspace
+    tcp_cc: str | None = None  # every node's TCP congestion control (labctl.lab.tcp); None: the host's
 
 
 def network_name(lab: str) -> str:
@@ -87,6 +89,8 @@ def build_compose(config: LabConfig, plan: ComposePlan, template: dict[str, Any]
         if gpus and gpus.gpus:
             node["labels"][LABEL_GPUS] = ",".join(map(str, gpus.gpus))
             node.update(gpu_settings(template["x-gpu"], gpus.gpus))
+        if plan.tcp_cc:
+            node["sysctls"] = {tcp.SYSCTL: plan.tcp_cc}
         node["networks"] = {"lab": {"ipv4_address": node_ip(plan.subnet, rank)}}
         if plan.limits:
             node["pids_limit"] = config.pids_limit

@@ -94,9 +94,11 @@ def check_host_limits(client, config: LabConfig, node_cpus: dict[str, float] | N
 
 def plan_up(client, config: LabConfig, workspace: Path, node_cpus: dict[str, float] | None = None,
             ssh_public_key: str | None = None, engine: Engine | None = None,
-            owner: Mapping[str, str] | None = None, gpus: GpuPlan | None = None) -> tuple[dict, dict[str, str], str]:
+            owner: Mapping[str, str] | None = None, gpus: GpuPlan | None = None,
+            tcp_cc: str | None = None) -> tuple[dict, dict[str, str], str]:
     """Validate against the engine and render everything; creates nothing. `gpus`: each node's GPUs
-    and image (labctl.lab.up.plan_gpus), None for CPU nodes all."""
+    and image (labctl.lab.up.plan_gpus), None for CPU nodes all; `tcp_cc`: the nodes' TCP congestion
+    control (labctl.lab.up.plan_tcp), None for the host's."""
     engine = engine or engine_mod.usable_engine(client)
     if config.cpus is not None or node_cpus:
         given = shown_key(config, "cpus") if config.cpus is not None else "--node-cpus"
@@ -108,7 +110,7 @@ def plan_up(client, config: LabConfig, workspace: Path, node_cpus: dict[str, flo
     check_host_limits(client, config, node_cpus)
     plan = ComposePlan(subnet=subnet, workspace=workspace, user=engine_mod.node_user(engine, invoking_user()),
                        node_cpus=node_cpus or {}, ssh_public_key=ssh_public_key, limits=engine.limits,
-                       owner=owner or {}, gpus=gpus,
+                       owner=owner or {}, gpus=gpus, tcp_cc=tcp_cc,
                        slurm_dir=lab_dir(workspace, config.lab) / "slurm" if config.scheduler == "slurm" else None)
     document = compose_mod.build_compose(config, plan, compose_mod.load_template())
     ips = [node_ip(subnet, i) for i in range(config.nodes)]

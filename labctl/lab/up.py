@@ -9,6 +9,7 @@ with labctl.net and labctl.hosts.
 from __future__ import annotations
 
 import shutil
+import sys
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Callable
@@ -17,6 +18,7 @@ from labctl.config import AUTO, LabConfig, parse_node_cpus
 from labctl.errors import CommandError, LabError
 from labctl.lab import engine as engine_mod
 from labctl.lab import gpus as gpus_mod
+from labctl.lab import tcp
 from labctl.lab.compose import LABEL_GPUS, LABEL_NODE, LABEL_RANK, LABEL_SCHEDULER, LABEL_SSH
 from labctl.lab.docker import lab_containers
 from labctl.lab.engine import Engine
@@ -42,6 +44,8 @@ class UpPlan:
     public_key: str | None
     gpus: gpus_mod.GpuPlan  # each node's GPUs and image
     slurm_conf: str | None = None  # `--scheduler slurm`: the slurm.conf written before the nodes start
+    tcp_cc: str | None = None  # the nodes' TCP congestion control (labctl.lab.tcp); None: the host's
+    tcp_note: str | None = None  # why the nodes keep the host's, where the default could not be had
 
 
 def build_up_plan(client, config: LabConfig, workspace: Path, *, node_cpus: str | dict[str, float] | None = None,
@@ -73,9 +77,18 @@ def build_up_plan(client, config: LabConfig, workspace: Path, *, node_cpus: str 
         public_key = labnodes.lab_public_key(directory, config.lab, make=not dry_run)
     kept = owner_labels(existing[0].get("Labels") or {}) if existing else {}
     labels = kept if existing else (owner.labels() if owner else {})
-    document, env_files, subnet = plan_up(client, config, workspace, per_node, public_key, engine, labels, gpu_plan)
+    tcp_cc, tcp_note = plan_tcp(config, engine)
+    document, env_files, subnet = plan_up(client, config, workspace, per_node, public_key, engine, labels, gpu_plan,
+                                          tcp_cc)
     return UpPlan(config, engine, bool(existing), document, env_files, subnet, per_node, ssh, public_key, gpu_plan,
-                  lab_slurm_conf(config, subnet, engine))
+                  lab_slurm_conf(config, subnet, engine), tcp_cc, tcp_note)
+
+
+def plan_tcp(config: LabConfig, engine: Engine) -> tuple[str | None, str | None]:
+    """The nodes' TCP congestion control and a note when they keep the host's (labctl.lab.tcp)."""
+    # The engine shares this machine's kernel: a local socket, on Linux, and not Docker Desktop's VM.
+    host = tcp.read_host_tcp(engine.local and engine.kind != "docker-desktop" and sys.platform.startswith("linux"))
+    return tcp.plan_tcp_cc(config.tcp_cc, config.sources.get("tcp_cc", "default") != "default", host)
 
 
 def lab_slurm_conf(config: LabConfig, subnet: str, engine: Engine) -> str | None:
@@ -172,7 +185,7 @@ def apply_up_plan(client, plan: UpPlan, workspace: Path, report: Report) -> tupl
                 raise
             report(f"{plan.subnet} was taken meanwhile; picking another subnet")
             document, env_files, subnet = plan_up(client, config, workspace, plan.node_cpus, plan.public_key,
-                                                  plan.engine, gpus=plan.gpus)
+                                                  plan.engine, gpus=plan.gpus, tcp_cc=plan.tcp_cc)
             plan = replace(plan, document=document, env_files=env_files, subnet=subnet,
                            slurm_conf=lab_slurm_conf(config, subnet, plan.engine))
     raise AssertionError("unreachable")

@@ -69,6 +69,21 @@ ensure_compose() {
   say "Compose: $(docker compose version --short) (installed to $plugin_dir)"
 }
 
+# The nodes use cubic, Linux's default congestion control (labctl/lab/tcp.py). A host whose own
+# default is another (BBR here) lets containers choose only reno and that one: as root, add cubic to
+# what they may choose. It changes nothing for the host's own sockets.
+allow_cubic() {
+  local allowed=/proc/sys/net/ipv4/tcp_allowed_congestion_control
+  [ -r "$allowed" ] || return 0
+  case " $(cat "$allowed") " in *" cubic "*) return ;; esac
+  grep -qw cubic /proc/sys/net/ipv4/tcp_available_congestion_control 2>/dev/null || return 0
+  if [ "$(id -u)" = 0 ] && printf '%s cubic\n' "$(cat "$allowed")" > "$allowed" 2>/dev/null; then
+    say "containers may now choose TCP cubic ($allowed: $(cat "$allowed"))"
+  else
+    say "note: containers may not choose TCP cubic here ($allowed: $(cat "$allowed")); the lab's nodes keep the host's"
+  fi
+}
+
 command -v docker >/dev/null 2>&1 || {
   [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1 || die "no docker CLI; install Docker first"
   say "no docker CLI: installing Debian's docker.io"
@@ -76,3 +91,4 @@ command -v docker >/dev/null 2>&1 || {
 }
 ensure_engine
 ensure_compose
+allow_cubic

@@ -9,6 +9,8 @@ import subprocess
 import sys
 import time
 
+from labctl.lab import tcp
+
 from conftest import REPO, SCRIPTS, interruptible, lab_resources, labctl, summary_of
 
 
@@ -27,6 +29,13 @@ def test_up_reports_every_node(lab3, docker_client):
     assert len(images) == 1
     env1 = (REPO / ".lab" / name / "node1.env").read_text()
     assert "PET_RDZV_CONF=is_host=false" in env1 and "NODE_RANK=1" in env1
+    # Every node's sockets run cubic, Linux's default, whatever the host's own default (BBR on this
+    # project's machines, where `make test`'s engine set-up allows containers to choose cubic).
+    host = tcp.read_host_tcp(True)
+    want = "cubic" if host is None or "cubic" in host.allowed else host.default
+    ccs = {c.name: c.exec_run(["cat", "/proc/sys/net/ipv4/tcp_congestion_control"]).output.decode().strip()
+           for c in docker_client.containers.list(filters={"label": f"io.ddplab.lab={name}"})}
+    assert set(ccs.values()) == {want}, ccs
 
 
 def test_trainer_runs_on_all_nodes(lab3):

@@ -148,12 +148,13 @@ def test_allreduce_measures_the_slowest_links_wire_then_sweeps(tmp_path, events,
     messages = []
     result = allreduce.measure(lab, [1024, 2048], 3, 0.85, lambda m: messages.append(m) or events.append(m))
     assert wires == [("node1", "node2", "10.9.0.12")]
-    sweep = f"allreduce sweep on 3 nodes, 2 sizes x 3 iterations (logs: {result.run_dir})"
+    sweep = f"allreduce sweep on 3 nodes, 2 sizes x 3 iterations, up to 21 where they take under 0.25 s (logs: {result.run_dir})"
     assert messages == ["measuring the wire node1 -> node2 with iperf3 (3 s)", sweep]
     assert events.index(sweep) < next(i for i, e in enumerate(events) if e[0] == "run")  # the logs named first
     assert events[-1] == ("run", ("node0", "node1", "node2"),
                           ["trainer.bench_allreduce", "--sizes", "1024,2048", "--iters", "3",
-                           "--probe-size", "1024", "--probe-iters", str(allreduce.PROBE_ITERS)])
+                           "--probe-size", "1024", "--probe-iters", str(allreduce.PROBE_ITERS),
+                           "--max-iters", "21", "--budget-s", "0.25"])
     assert result.title == ("allreduce on gloo (cpu tensors), 3 nodes, link shaped 50mbit (slowest node node1), iperf3 wire 45 Mbit/s; "
                             "model: ring at 85% of the link, 50 us a hop; calibrated: the wire, a step 0 ms + max(stack 39 us, transfer)")
     written = json.loads((result.run_dir / "bench-allreduce.json").read_text())
@@ -468,3 +469,12 @@ def test_cost_with_a_delay_adds_it_to_every_links_latency():
     assert 0.020 < row["comm_s"] < 0.022
     with pytest.raises(ConfigError, match="--delay='soon': must be a time"):
         cost.links_to_price(["1gbit"], None, delay="soon")
+
+
+def test_small_sizes_get_more_iterations_within_the_budget_and_large_ones_keep_iters():
+    from trainer.bench_allreduce import more
+
+    assert more([0.001] * 4, 5, 21, 0.25)  # fewer than --iters: always
+    assert more([0.001] * 5, 5, 21, 0.25) and not more([0.001] * 21, 5, 21, 0.25)  # small: up to --max-iters
+    assert not more([0.1, 0.1, 0.1, 0.1, 0.1], 5, 21, 0.25)  # past the budget: --iters is enough
+    assert not more([0.001] * 5, 5, 0, 0.25)  # no --max-iters: exactly --iters, as before

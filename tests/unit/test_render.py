@@ -67,7 +67,7 @@ def test_hosts_that_differ_keep_their_own_interface_and_process_count():
 
 def test_compose_golden():
     config = LabConfig(lab="demo", nodes=3, cpus=0.5, memory="2g")
-    plan = ComposePlan(subnet="172.28.5.0/24", workspace=Path("/work/space"), user="1000:1000")
+    plan = ComposePlan(subnet="172.28.5.0/24", workspace=Path("/work/space"), user="1000:1000", tcp_cc="cubic")
     check_golden("compose-demo.yaml", render_compose(build_compose(config, plan, load_template())))
 
 
