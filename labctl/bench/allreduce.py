@@ -40,10 +40,12 @@ if TYPE_CHECKING:
 IPERF_PORT = "5201"
 IPERF_SECONDS = 3
 PROBE_SIZE = 1024  # bytes: the latency probe; it fits TCP's initial window and any tbf bucket
-PROBE_ITERS = 21  # its timed iterations (the sweep's --iters is for the sizes asked for)
+PROBE_ITERS = 101  # its timed iterations (the sweep's --iters is for the sizes asked for)
 # A size whose --iters took less than this gets more, up to PROBE_ITERS: a small message's time is
-# mostly the machine's noise, and 5 samples of it gave medians from 1.4 to 4.1 ms at 64 KiB.
-SMALL_BUDGET_S = 0.25
+# mostly the machine's noise (single 1 KiB allreduces took 1 to 15 ms on two shared cores). With 5
+# samples, 64 KiB gave medians from 1.4 to 4.1 ms; with 21, the probe's median gave b from 0.85 to
+# 1.27 ms; with 101 in 0.5 s, 0.83 and 0.84 ms in two runs side by side.
+SMALL_BUDGET_S = 0.5
 
 
 @dataclass(frozen=True)
