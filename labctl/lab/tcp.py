@@ -36,10 +36,15 @@ class HostTcp:
 
     default: str  # tcp_congestion_control
     allowed: tuple[str, ...]  # tcp_allowed_congestion_control: what a container may choose
+    available: tuple[str, ...] = ()  # tcp_available_congestion_control: what the kernel has loaded
+
+    def allow_command(self, name: str) -> str:
+        """The sysctl that lets containers choose `name` too (run as root on the engine's host)."""
+        allowed = " ".join(dict.fromkeys((*self.allowed, name)))
+        return f'sysctl -w net.ipv4.tcp_allowed_congestion_control="{allowed}"'
 
     def allow_hint(self, name: str) -> str:
-        allowed = " ".join(dict.fromkeys((*self.allowed, name)))
-        return f'allow it, as root on the engine\'s host: sysctl -w net.ipv4.tcp_allowed_congestion_control="{allowed}"'
+        return f"allow it, as root on the engine's host: {self.allow_command(name)}"
 
 
 def read_host_tcp(local_linux: bool, proc: Path = PROC) -> HostTcp | None:
@@ -53,7 +58,11 @@ def read_host_tcp(local_linux: bool, proc: Path = PROC) -> HostTcp | None:
         allowed = tuple((proc / "tcp_allowed_congestion_control").read_text().split())
     except OSError:
         return None
-    return HostTcp(default, allowed)
+    try:
+        available = tuple((proc / "tcp_available_congestion_control").read_text().split())
+    except OSError:
+        available = ()
+    return HostTcp(default, allowed, available)
 
 
 def plan_tcp_cc(requested: str, explicit: bool, host: HostTcp | None) -> tuple[str | None, str | None]:
@@ -63,6 +72,13 @@ def plan_tcp_cc(requested: str, explicit: bool, host: HostTcp | None) -> tuple[s
         return (None if requested == HOST else requested), None
     if requested == host.default or requested in host.allowed:
         return requested, None
+    if explicit and host.available and requested not in host.available:
+        # The kernel cannot allow what it has not loaded (the sysctl answers ENOENT): load it first.
+        raise StateError(f"the engine's host kernel has no TCP congestion control {requested} loaded "
+                         f"(it has: {', '.join(host.available)}; tcp_available_congestion_control)",
+                         hint=f"where the kernel has it as a module, as root on the engine's host: modprobe "
+                              f"tcp_{requested}, then {host.allow_command(requested)}; or choose one it has, or "
+                              f"keep the host's {host.default} with --tcp-cc host")
     if explicit:
         raise StateError(f"the nodes cannot use TCP congestion control {requested}: the engine's host lets containers "
                          f"choose only {', '.join(host.allowed)} (net.ipv4.tcp_allowed_congestion_control)",

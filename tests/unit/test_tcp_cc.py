@@ -37,6 +37,20 @@ def test_asked_for_by_name_and_not_allowed_is_refused_with_the_sysctl_that_allow
     assert "--tcp-cc host" in refused.value.hint
 
 
+def test_asked_for_by_name_and_not_in_the_kernel_is_refused_with_the_module_to_load_first():
+    host = tcp.HostTcp("bbr", ("reno", "bbr"), available=("reno", "bbr", "cubic"))
+    with pytest.raises(StateError) as refused:
+        tcp.plan_tcp_cc("vegas", True, host)
+    assert refused.value.exit_code == 1
+    assert "no TCP congestion control vegas loaded (it has: reno, bbr, cubic" in str(refused.value)
+    assert "modprobe tcp_vegas, then sysctl -w net.ipv4.tcp_allowed_congestion_control=\"reno bbr vegas\"" in refused.value.hint
+    # loaded but not allowed is the other refusal, and an unread list refuses as not allowed
+    with pytest.raises(StateError, match="choose only reno, bbr"):
+        tcp.plan_tcp_cc("cubic", True, host)
+    with pytest.raises(StateError, match="choose only reno, bbr"):
+        tcp.plan_tcp_cc("vegas", True, BBR_HOST)
+
+
 def test_host_keeps_the_hosts_and_an_unknown_host_leaves_the_choice_to_the_engine():
     assert tcp.plan_tcp_cc("host", True, BBR_HOST) == (None, None)
     assert tcp.plan_tcp_cc("bbr", True, BBR_HOST) == ("bbr", None)
@@ -47,7 +61,9 @@ def test_host_keeps_the_hosts_and_an_unknown_host_leaves_the_choice_to_the_engin
 def test_read_host_tcp_reads_proc_and_gives_up_quietly(tmp_path):
     (tmp_path / "tcp_congestion_control").write_text("bbr\n")
     (tmp_path / "tcp_allowed_congestion_control").write_text("reno bbr\n")
-    assert tcp.read_host_tcp(True, tmp_path) == BBR_HOST
+    assert tcp.read_host_tcp(True, tmp_path) == BBR_HOST  # without the available list: not known
+    (tmp_path / "tcp_available_congestion_control").write_text("reno bbr cubic\n")
+    assert tcp.read_host_tcp(True, tmp_path) == tcp.HostTcp("bbr", ("reno", "bbr"), ("reno", "bbr", "cubic"))
     assert tcp.read_host_tcp(False, tmp_path) is None
     assert tcp.read_host_tcp(True, tmp_path / "missing") is None
 
