@@ -22,6 +22,7 @@ runner), and `measure`, which is the whole benchmark on a running lab.
 from __future__ import annotations
 
 import json
+import textwrap
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -245,9 +246,11 @@ def plot(rows: list[Row], path: Path, link_bps: float | None, wire_bps: float | 
     sizes = [r.size for r in rows]
     fig, ax = plt.subplots(figsize=(7, 4.2), dpi=120)
     ax.plot(sizes, [r.busbw_gbs * 1000 for r in rows], "o-", label="measured busbw")
-    if rows and rows[0].model_us is not None:
-        factor = busbw_factor(n)
-        ax.plot(sizes, [r.size / (r.model_us / 1e6) * factor / 1e6 for r in rows], "--", label="cost model (busbw)")
+    factor = busbw_factor(n)
+    for key, style, label in (("model_us", "--", "paper model"), ("calibrated_us", ":", "calibrated model")):
+        if rows and getattr(rows[0], key) is not None:  # a model's busbw: the bytes over its predicted time
+            ax.plot(sizes, [r.size / (getattr(r, key) / 1e6) * factor / 1e6 for r in rows], style, label=label,
+                    zorder=3)  # over the wire line, which the calibrated model follows
     if link_bps:
         ax.axhline(link_bps / 8e6, color="red", linestyle=":", label=f"link rate {link_bps / 1e6:g} Mbit/s")
     if wire_bps:
@@ -256,7 +259,7 @@ def plot(rows: list[Row], path: Path, link_bps: float | None, wire_bps: float | 
     ax.set_xlabel("message size (bytes)")
     ax.set_ylabel("bus bandwidth (MB/s)")
     ax.set_ylim(bottom=0)
-    ax.set_title(title, fontsize=9)
+    ax.set_title(textwrap.fill(title, 85), fontsize=9)
     ax.grid(True, which="both", alpha=0.3)
     ax.legend()
     fig.tight_layout()

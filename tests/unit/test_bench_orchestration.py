@@ -161,37 +161,6 @@ def test_allreduce_measures_the_slowest_links_wire_then_sweeps(tmp_path, events,
     assert written == [r.as_dict() for r in result.rows] and [r["size"] for r in written] == [1024, 2048]
 
 
-def test_the_calibrated_model_adds_the_delay_and_hides_the_stacks_latency_behind_large_transfers():
-    wire, delay, base = 1e8, 0.01, 1e-3
-    steps = 4  # a ring of 3
-
-    def truth(size):  # a ring whose steps pay the delay, and the stack's latency only while it is the longer
-        return (steps * delay + max(steps * base, cost.bytes_per_rank(size, 3) * 8 / wire)) * 1e6
-
-    probe = {"size": 1024, "count": 256, "probe": True,
-             "time_us": (steps * delay + steps * base + cost.bytes_per_rank(1024, 3) * 8 / wire) * 1e6}
-    timings = [probe] + [{"size": s, "count": s // 4, "time_us": truth(s)} for s in (2**16, 2**20, 2**24)]
-    cal = allreduce.calibrate(timings, 3, wire, delay)
-    assert cal.wire_bps == wire and cal.delay_s == delay and abs(cal.base_s - base) < 1e-12
-    rows = allreduce.build_rows(timings[1:], 3, allreduce.model_link(10**8, wire, delay_s=delay), wire, 0.85, cal)
-    assert all(abs(r.meas_over_calibrated - 1) < 1e-9 for r in rows)
-    # 64 KiB: its 7 ms of bytes outlast the stack's 4 ms, so the transfer counts, not the stack.
-    assert abs(rows[0].calibrated_us - (steps * delay + cost.bytes_per_rank(2**16, 3) * 8 / wire) * 1e6) < 1e-6
-    # The paper model: 85% of the link, and per hop 50 us plus the configured 10 ms delay, added.
-    paper = cost.collective_time_s(2**20, 3, cost.Link("shaped", 1e8, 50e-6 + 0.01), 0.85) * 1e6
-    assert abs(rows[1].model_us - paper) < 1e-6
-    # A small message is all latency: the stack's, measured, on top of the delay.
-    assert abs(cal.time_s(4, 3) - steps * (delay + base)) < 1e-12 and cal.time_s(2**20, 1) == 0.0
-    # No probe (an old trainer, or none asked), no wire, or no ring: no calibrated model.
-    assert allreduce.calibrate(timings[1:], 3, wire) is None and allreduce.calibrate(timings, 3, None) is None
-    assert allreduce.calibrate(timings, 1, wire) is None
-
-
-def test_a_probe_faster_than_the_delay_allows_gives_no_negative_latency():
-    probe = {"size": 1024, "count": 256, "probe": True, "time_us": 1000.0}
-    assert allreduce.calibrate([probe], 3, 1e9, delay_s=0.01).base_s == 0.0
-
-
 def test_allreduce_says_what_it_measured_and_passes_the_nccl_debug_env(tmp_path, events, engine, monkeypatch):
     from labctl.run.userenv import NCCL_DEBUG_ENV
 
@@ -457,24 +426,3 @@ def test_scaling_without_matplotlib_writes_the_table_and_says_so(tmp_path, event
     assert messages[0].startswith("matplotlib is not installed: scaling.md and scaling.json only, no PNGs")
     assert [p.name for p in result.paths] == ["scaling.md", "scaling.json"]
     assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["scaling.json", "scaling.md"]
-
-
-def test_cost_with_a_delay_adds_it_to_every_links_latency():
-    [plain] = cost.links_to_price(["1gbit"], None)
-    [delayed] = cost.links_to_price(["1gbit"], None, delay="5ms")
-    assert delayed.name == "1gbit + 5ms" and delayed.alpha_s == pytest.approx(plain.alpha_s + 0.005)
-    assert all(link.name.endswith(" + 5ms") for link in cost.links_to_price([], ("100mbit", 10**8), delay="5ms"))
-    # 64 KiB of gradients across 3 ranks: 4 steps x 5 ms dwarf the bytes
-    [row] = cost.estimate(16 * 1024, "fp32", "3", ["1gbit"], delay="5ms").rows
-    assert 0.020 < row["comm_s"] < 0.022
-    with pytest.raises(ConfigError, match="--delay='soon': must be a time"):
-        cost.links_to_price(["1gbit"], None, delay="soon")
-
-
-def test_small_sizes_get_more_iterations_within_the_budget_and_large_ones_keep_iters():
-    from trainer.bench_allreduce import more
-
-    assert more([0.001] * 4, 5, 21, 0.25)  # fewer than --iters: always
-    assert more([0.001] * 5, 5, 21, 0.25) and not more([0.001] * 21, 5, 21, 0.25)  # small: up to --max-iters
-    assert not more([0.1, 0.1, 0.1, 0.1, 0.1], 5, 21, 0.25)  # past the budget: --iters is enough
-    assert not more([0.001] * 5, 5, 0, 0.25)  # no --max-iters: exactly --iters, as before

@@ -2,6 +2,7 @@
 
 import pytest
 
+from labctl.bench import cost
 from labctl.bench.cost import (
     PRESETS, Link, busbw_factor, bytes_per_rank, collective_time_s, parse_params, resolve_link, step_report,
 )
@@ -65,3 +66,15 @@ def test_errors(call, fragment):
 def test_resolve_link_presets_and_rates():
     assert resolve_link("nvlink").rate_bps == 3.6e12
     assert resolve_link("250mbit") == Link("250mbit", 250e6, 50e-6)
+
+
+def test_cost_with_a_delay_adds_it_to_every_links_latency():
+    [plain] = cost.links_to_price(["1gbit"], None)
+    [delayed] = cost.links_to_price(["1gbit"], None, delay="5ms")
+    assert delayed.name == "1gbit + 5ms" and delayed.alpha_s == pytest.approx(plain.alpha_s + 0.005)
+    assert all(link.name.endswith(" + 5ms") for link in cost.links_to_price([], ("100mbit", 10**8), delay="5ms"))
+    # 64 KiB of gradients across 3 ranks: 4 steps x 5 ms dwarf the bytes
+    [row] = cost.estimate(16 * 1024, "fp32", "3", ["1gbit"], delay="5ms").rows
+    assert 0.020 < row["comm_s"] < 0.022
+    with pytest.raises(ConfigError, match="--delay='soon': must be a time"):
+        cost.links_to_price(["1gbit"], None, delay="soon")
