@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import shutil
 import sys
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Mapping
 
 from labctl.config import AUTO, LabConfig, parse_node_cpus
 from labctl.errors import CommandError, LabError
@@ -46,6 +46,7 @@ class UpPlan:
     slurm_conf: str | None = None  # `--scheduler slurm`: the slurm.conf written before the nodes start
     tcp_cc: str | None = None  # the nodes' TCP congestion control (labctl.lab.tcp); None: the host's
     tcp_note: str | None = None  # why the nodes keep the host's, where the default could not be had
+    owner: Mapping[str, str] = field(default_factory=dict)  # the owner labels every resource gets
 
 
 def build_up_plan(client, config: LabConfig, workspace: Path, *, node_cpus: str | dict[str, float] | None = None,
@@ -81,7 +82,7 @@ def build_up_plan(client, config: LabConfig, workspace: Path, *, node_cpus: str 
     document, env_files, subnet = plan_up(client, config, workspace, per_node, public_key, engine, labels, gpu_plan,
                                           tcp_cc)
     return UpPlan(config, engine, bool(existing), document, env_files, subnet, per_node, ssh, public_key, gpu_plan,
-                  lab_slurm_conf(config, subnet, engine), tcp_cc, tcp_note)
+                  lab_slurm_conf(config, subnet, engine), tcp_cc, tcp_note, labels)
 
 
 def plan_tcp(config: LabConfig, engine: Engine) -> tuple[str | None, str | None]:
@@ -185,7 +186,7 @@ def apply_up_plan(client, plan: UpPlan, workspace: Path, report: Report) -> tupl
                 raise
             report(f"{plan.subnet} was taken meanwhile; picking another subnet")
             document, env_files, subnet = plan_up(client, config, workspace, plan.node_cpus, plan.public_key,
-                                                  plan.engine, gpus=plan.gpus, tcp_cc=plan.tcp_cc)
+                                                  plan.engine, plan.owner, plan.gpus, plan.tcp_cc)
             plan = replace(plan, document=document, env_files=env_files, subnet=subnet,
                            slurm_conf=lab_slurm_conf(config, subnet, plan.engine))
     raise AssertionError("unreachable")

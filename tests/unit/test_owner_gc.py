@@ -73,3 +73,33 @@ def test_gc_removes_only_labs_whose_owner_is_gone_and_all_with_everything():
     assert "has exited" in verdicts["crashed"].why and "is alive" in verdicts["mine"].why
     assert "no owner process (from cli)" in verdicts["cli"].why and "no owner labels" in verdicts["old"].why
     assert all(v.remove for v in plan_gc(labs, everything=True))
+
+
+def test_a_subnet_race_keeps_the_owner_labels_on_the_next_attempt(tmp_path, monkeypatch):
+    # Another lab took the picked subnet between the pick and Compose creating the network: `up`
+    # plans again on a new subnet, and that plan must still carry the owner (gc judges labs by it).
+    from labctl.config import load_config
+    from labctl.errors import CommandError
+    from labctl.lab import up
+
+    config = load_config(tmp_path, {}, {"lab": "race"})
+    owner = {LABEL_USER: "someone", LABEL_PID: "4242"}
+    planned, attempts = [], []
+
+    def plan_up(client, config, workspace, node_cpus, public_key, engine, owner=None, gpus=None, tcp_cc=None):
+        planned.append((dict(owner or {}), tcp_cc))
+        return {"services": {}}, {}, "172.28.1.0/24"
+
+    def apply_up(client, config, workspace, document, env_files, report, engine, started):
+        attempts.append(started)
+        if len(attempts) == 1:
+            raise CommandError(["docker", "compose", "up"], 1, "", "Pool overlaps with other one on this address space")
+        return []
+
+    monkeypatch.setattr(up, "plan_up", plan_up)
+    monkeypatch.setattr(up, "apply_up", apply_up)
+    plan = up.UpPlan(config, engine=None, existing=False, document={}, env_files={}, subnet="172.28.0.0/24",
+                     node_cpus=None, ssh=False, public_key=None, gpus=None, tcp_cc="cubic", owner=owner)
+    applied, _ = up.apply_up_plan(None, plan, tmp_path, lambda message: None)
+    assert planned == [(owner, "cubic")] and applied.owner == owner and applied.subnet == "172.28.1.0/24"
+    assert [a.rsplit(" ", 1)[-1] for a in attempts] == ["172.28.0.0/24", "172.28.1.0/24"]
