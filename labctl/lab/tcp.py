@@ -86,4 +86,4 @@ def plan_tcp_cc(requested: str, explicit: bool, host: HostTcp | None) -> tuple[s
                          hint=f"{host.allow_hint(requested)}; or keep the host's {host.default} with --tcp-cc host")
     return None, (f"note: the nodes use the host's TCP congestion control, {host.default}, not {requested}: the host "
                   f"lets containers choose only {', '.join(host.allowed)}. Shaped links measure differently under "
-                  f"{host.default} (README: The calibrated model); {host.allow_hint(requested)}, then `labctl up` again")
+                  f"{host.default} (README: Why the nodes run TCP cubic); {host.allow_hint(requested)}, then `labctl up` again")
