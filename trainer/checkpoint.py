@@ -9,6 +9,9 @@ oldest are pruned, keeping `keep`.
 With global-batch semantics (trainer/batching.py) the samples of step N depend only on the seed,
 the global batch and N, so model and optimizer state are all a resumed run needs to continue
 exactly where the lost one was, even on a different number of ranks.
+
+The bottom half is the trainer's use of them: which directory, what goes in, and resuming, which
+needs every rank to agree on the checkpoint it starts from.
 """
 
 from __future__ import annotations
@@ -18,6 +21,8 @@ import re
 from pathlib import Path
 
 import torch
+
+from trainer.dist import all_gather, print0, println
 
 _NAME = re.compile(r"^step-(\d+)\.pt$")
 
@@ -64,3 +69,45 @@ def load_latest(directory: Path) -> tuple[dict | None, Path | None, list[str]]:
 
 def load(path: str | Path) -> dict:
     return torch.load(path, weights_only=True)
+
+
+# --- the trainer's checkpoints --------------------------------------------------------------------
+
+def directory(run) -> Path:
+    """--ckpt-dir, else <run dir>/checkpoints."""
+    return Path(run.args.ckpt_dir) if run.args.ckpt_dir else Path(run.run_dir) / "checkpoints"
+
+
+def save_step(run, step: int, global_batch: int) -> None:
+    """Rank 0 saves model and optimizer after `step`, with what a resumed run must match."""
+    if run.c.rank == 0:
+        save(directory(run), step, {
+            "model": run.workload.model.state_dict(), "optimizer": run.optimizer.state_dict(),
+            "workload": run.workload.name, "global_batch": global_batch, "seed": run.args.seed})
+
+
+def resume(run, global_batch: int) -> int:
+    """The step to start from: 1, or one past the newest checkpoint rank 0 can load."""
+    args, c, workload = run.args, run.c, run.workload
+    chosen = None
+    if c.rank == 0:
+        state, path, problems = load_latest(directory(run))
+        for problem in problems:
+            println(f"{run.tag} skipping a damaged checkpoint: {problem}")
+        chosen = str(path) if path else None
+    chosen = all_gather(chosen)[0]  # every rank resumes from the checkpoint rank 0 chose
+    if chosen is None:
+        return 1
+    state = load(chosen)
+    if (state.get("workload"), state.get("global_batch"), state.get("seed")) != (workload.name, global_batch, args.seed):
+        raise SystemExit(f"error: checkpoint {chosen} is of workload {state.get('workload')}, global batch "
+                         f"{state.get('global_batch')}, seed {state.get('seed')}; this run is {workload.name}, "
+                         f"{global_batch}, {args.seed}. Use another --ckpt-dir or remove it")
+    if state["step"] >= args.steps:
+        raise SystemExit(f"error: checkpoint {chosen} is at step {state['step']}, not before --steps {args.steps}: "
+                         "nothing left to train")
+    workload.model.load_state_dict(state["model"])
+    run.optimizer.load_state_dict(state["optimizer"])
+    print0(f"{run.tag} resuming from step {state['step']} ({chosen}), restart "
+           f"{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}, world size {c.world_size}")
+    return state["step"] + 1

@@ -114,9 +114,20 @@ def compute_cleanup():
     and that peer occasionally aborts at exit ("terminate called without an active exception",
     exit code -6) after training succeeded: seen here about once in 20 three-node runs.
     """
-    if dist.is_available() and dist.is_initialized():
+    if is_group():
         dist.barrier()
         dist.destroy_process_group()
+
+
+def is_group():
+    """True iff this process has joined a process group."""
+    return dist.is_available() and dist.is_initialized()
+
+
+def barrier():
+    """dist.barrier() in a process group; nothing to wait for without one."""
+    if is_group():
+        dist.barrier()
 
 
 def exit_done():
@@ -162,7 +173,7 @@ def rank_tag(rank, world_size):
 
 def all_reduce_sum(value, device):
     """Sum a Python number over all ranks (identity without a process group)."""
-    if not (dist.is_available() and dist.is_initialized()):
+    if not is_group():
         return value
     # float64 so summing sample counts stays exact; NCCL needs a GPU tensor.
     t = torch.tensor(float(value), dtype=torch.float64, device=device)
@@ -172,7 +183,7 @@ def all_reduce_sum(value, device):
 
 def all_gather(obj):
     """List of every rank's obj, in rank order ([obj] without a process group)."""
-    if not (dist.is_available() and dist.is_initialized()):
+    if not is_group():
         return [obj]
     out = [None] * dist.get_world_size()
     dist.all_gather_object(out, obj)

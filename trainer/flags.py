@@ -108,7 +108,9 @@ def parse_args(argv=None):
         help="directory for metrics-rank<RANK>.jsonl; default $DDPLAB_RUN_DIR, "
              "else runs/<TORCHELASTIC_RUN_ID or 'local'> under the cwd")
     add("--log-every", type=at_least(0), default=0,
-        help="also write a metrics record every N optimizer steps; 0 = per epoch only (default 0)")
+        help="epoch mode: also write a step record to the metrics every N optimizer steps (0 = epoch records "
+             "only); global-batch mode, where every step has a record: print the global loss every N steps "
+             "as well as after the last (default 0)")
     add("--no-metrics", action="store_true",
         help="write no metrics files (e.g. on a read-only filesystem)")
     add("--profile", action="store_true",

@@ -137,3 +137,31 @@ def straggler_line(summary: dict, threshold: float = 1.2) -> str | None:
     return (f"straggler: rank {summary['slowest_rank']} on {summary['slowest_node']} computes {ratio:.1f}x the median "
             f"rank's time per step; the others waited {summary['waited_for_slowest_s']:.2f} s for it over "
             f"{summary['measured_steps']} steps")
+
+
+class NoProfiler:
+    """Stands in for torch.profiler when --profile is off: the loop calls step() either way."""
+
+    def step(self):
+        pass
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        pass
+
+
+def profiler_for(enabled: bool, device_type: str, path):
+    """torch.profiler over steps 3-5 (after warm-up), written as a Chrome trace to `path`, or a no-op."""
+    if not enabled:
+        return NoProfiler()
+    from pathlib import Path
+
+    from torch.profiler import ProfilerActivity, profile, schedule
+
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device_type == "cuda" else [])
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    return profile(activities=activities, schedule=schedule(wait=1, warmup=1, active=3, repeat=1),
+                   on_trace_ready=lambda prof: prof.export_chrome_trace(str(path)))

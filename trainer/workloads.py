@@ -1,34 +1,39 @@
-"""The two workloads the loops train: an MLP on synthetic classes (toy), a character-level GPT (gpt).
+"""The two workloads the loop trains: an MLP on synthetic classes (toy), a character-level GPT (gpt).
 
-A Workload is all the loops in train.py see of them: samples by index, the model and the loss, so
+A Workload is all the loop in train.py sees of them: samples by index, the model and the loss, so
 epoch mode, global-batch mode, checkpoints and the SUMMARY work the same for both.
 """
 
+from __future__ import annotations
+
 import os
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Callable
 
 import torch
 import torch.nn.functional as F
 
 from trainer import gpt
 from trainer.data import make_dataset
-from trainer.dist import all_gather, print0, println
+from trainer.dist import all_gather, barrier, print0, println
 from trainer.model import MLP
 
 
+@dataclass
 class Workload:
-    """What the loops need to know of a workload: samples by index, the model, the loss."""
+    """What the loop needs to know of a workload: samples by index, the model, the loss."""
 
-    def __init__(self, name, model, batch, n_samples, tokens_per_sample, extra):
-        self.name = name
-        self.model = model  # the raw module, before DDP
-        self.batch = batch  # indices -> (x, y) on the CPU
-        self.n_samples = n_samples
-        self.tokens_per_sample = tokens_per_sample
-        self.extra = extra  # for the SUMMARY
+    name: str  # "toy" or "gpt"
+    model: torch.nn.Module  # the raw module, before DDP
+    batch: Callable  # a tensor of sample indices -> (x, y) on the CPU
+    n_samples: int
+    tokens_per_sample: int  # 1 for toy, --block-size for gpt
+    extra: dict = field(default_factory=dict)  # for the SUMMARY
+    dataset: torch.utils.data.Dataset | None = None  # toy: what epoch mode's DistributedSampler walks
 
     def loss_sum(self, logits, y):
-        """Summed (not averaged) over samples and tokens: the loops scale it to a mean."""
+        """Summed (not averaged) over samples and tokens: the loop scales it to a mean."""
         return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), y.reshape(-1), reduction="sum")
 
 
@@ -36,7 +41,7 @@ def toy_workload(args, c):
     dataset = make_dataset(args.samples, args.features, args.classes, args.seed)
     x_all, y_all = dataset.tensors
     model = MLP(args.features, args.hidden, args.classes).to(c.device)
-    return Workload("toy", model, lambda idx: (x_all[idx], y_all[idx]), len(y_all), 1, {}), dataset
+    return Workload("toy", model, lambda idx: (x_all[idx], y_all[idx]), len(y_all), 1, dataset=dataset)
 
 
 def resolve_data_dir(data_dir_arg):
@@ -81,10 +86,3 @@ def gpt_workload(args, c, tag):
     print0(f"{tag} gpt: {extra['params']:,} parameters, vocab {extra['vocab']}, "
            f"{extra['corpus_chars']:,} characters from {path}")
     return Workload("gpt", model, windows.batch, windows.n_samples, args.block_size, extra)
-
-
-def barrier():
-    import torch.distributed as dist
-
-    if dist.is_available() and dist.is_initialized():
-        dist.barrier()
