@@ -17,6 +17,14 @@ over and when its result comes back. Per step that gives:
 
 A rank that computes slower arrives last at every all-reduce, so the others' comm_wait_ms holds
 the time they waited for it; summarize() names that rank and how long the others waited.
+
+For a timeline across ranks every step also carries absolute times (t_start, t_comm_start,
+t_comm_end, t_backward_end, t_end) in unix seconds, from one clock per process: time.time() and
+time.perf_counter() sampled once, at import, then wall(p) = WALL0 + (p - PERF0). I want both
+properties at once: perf_counter's resolution and steadiness within a process (time.time() can
+step when NTP adjusts it mid-run), and a shared origin across processes and machines, which only
+the wall clock has. How far two machines' wall clocks disagree is for the reader to correct, from
+the "clock" records that every rank writes just after a barrier (trainer/metrics.py).
 """
 
 from __future__ import annotations
@@ -25,6 +33,22 @@ import statistics
 import threading
 import time
 from dataclasses import asdict, dataclass
+
+# Sampled once, when the trainer starts (train.py imports this module first thing).
+WALL0, PERF0 = time.time(), time.perf_counter()
+
+
+def wall(perf: float | None) -> float | None:
+    """A time.perf_counter() value on this process's one clock, in unix seconds; None stays None
+    (a step without communication has no comm times)."""
+    if perf is None:
+        return None
+    return WALL0 + (perf - PERF0)
+
+
+def wall_now() -> float:
+    """Now, on this process's one clock, in unix seconds."""
+    return wall(time.perf_counter())
 
 
 class CommTimer:
@@ -77,10 +101,20 @@ class StepTiming:
     step_ms: float
     tokens: int  # over all ranks
     wall_ms: float = 0.0
+    # unix seconds on the process's one clock (see wall()); the comm pair is None without communication
+    t_start: float | None = None  # before zero_grad
+    t_comm_start: float | None = None  # the first gradient bucket handed to the collective
+    t_comm_end: float | None = None  # the last all-reduce finished
+    t_backward_end: float | None = None  # backward() returned (after the device sync)
+    t_end: float | None = None  # after the optimizer step
 
     def record(self) -> dict:
-        """The timing fields for a metrics line (the caller writes the step number)."""
-        out = {k: round(v, 3) if isinstance(v, float) else v for k, v in asdict(self).items() if k != "step"}
+        """The timing fields for a metrics line (the caller writes the step number): durations to
+        the microsecond (3 decimals of ms), absolute times to the microsecond (6 decimals of s)."""
+        out = {}
+        for k, v in asdict(self).items():
+            if k != "step":
+                out[k] = round(v, 6 if k.startswith("t_") else 3) if isinstance(v, float) else v
         out["tokens_per_s"] = round(self.tokens / (self.wall_ms / 1e3), 1) if self.wall_ms else None
         return out
 

@@ -1,9 +1,48 @@
 """Per-rank metrics as JSON lines: <run_dir>/metrics-rank<RANK>.jsonl.
 
-One JSON object per line. Every record has: kind ("epoch" or "step"), rank,
-epoch, step (optimizer steps so far on this rank), loss, samples (samples
-seen so far by this rank), elapsed_s (since training began), time (unix
-seconds). Each rank owns its file, so no locking is needed.
+One JSON object per line, flushed as it is written; each rank owns its file, so no locking is
+needed. Every record has `kind`, `rank` (the global rank) and `time` (unix seconds from
+time.time() when the line was written). Times named `t` or `t_*` are unix seconds too, but from the
+process's one clock (trainer/instrument.py: time.time() and time.perf_counter() sampled once at
+start, then WALL0 + (perf_counter() - PERF0)), so they are as fine and as steady as the durations
+and line up across a rank's records; rounded to the microsecond.
+
+kind "step", one optimizer step. Global-batch mode writes one for every step; epoch mode one every
+--log-every steps (none with 0).
+  step            the step's number, from 1 (a resumed run goes on from the checkpoint's)
+  samples         samples this rank has trained on so far in this run
+  elapsed_s       seconds since the loop began on this rank
+  epoch           epoch mode only: the epoch this step belongs to, from 1
+  loss            epoch mode: this rank's mean loss per sample in the step's batch. Global-batch
+                  mode: the mean loss per sample (gpt: per token) over the whole global batch, a
+                  collective, so only on the steps that print it (every --log-every, and the last)
+  rank_loss       global-batch mode only: this rank's mean loss per sample (gpt: per token) over
+                  its share of the global batch
+  compute_ms, comm_ms, comm_wait_ms, step_ms, wall_ms
+                  milliseconds: where the step's time went (trainer/instrument.py says how each is
+                  measured); comm_* are 0 without communication (world size 1)
+  tokens          tokens (samples, for toy) in the step over all ranks
+  tokens_per_s    tokens / wall_ms, in tokens per second (null if wall_ms is 0)
+  t_start         the step began (before zero_grad)
+  t_comm_start    the first gradient bucket was handed to the collective, null without communication
+  t_comm_end      the last all-reduce finished, null without communication
+  t_backward_end  backward() returned (after the device sync): the gradients are synchronised
+  t_end           the optimizer step finished: the step's end
+
+kind "epoch", epoch mode only, at every epoch's end.
+  epoch           the epoch's number, from 1
+  step            optimizer steps so far on this rank
+  loss            this rank's mean loss per sample over the epoch (what the rank prints)
+  samples         samples this rank has trained on so far
+  elapsed_s       seconds since the loop began on this rank
+
+kind "clock", twice per run, to line up the ranks' timelines: moments every rank shares.
+  event           "start": just after a barrier all ranks pass once set up, before the first step;
+                  "end": just after the barrier in dist.compute_cleanup, after the last collective.
+                  Without a process group (world size 1) there is no barrier to wait for.
+  t               unix seconds, on the same clock as the steps' t_* fields. Ranks leave a barrier
+                  within about one message's latency of each other, so differences between their
+                  `t` at one event are mostly differences between their clocks.
 """
 
 import json

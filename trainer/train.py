@@ -23,9 +23,9 @@ import torch
 
 from trainer import checkpoint
 from trainer.ddp import param_checksum, wrap_ddp
-from trainer.dist import all_gather, all_reduce_sum, compute_cleanup, compute_init, get_dist_info, print0, rank_tag
+from trainer.dist import all_gather, all_reduce_sum, barrier, compute_cleanup, compute_init, get_dist_info, print0, rank_tag
 from trainer.flags import parse_args  # the tests import parse_args and wrap_ddp from here too
-from trainer.instrument import CommTimer, StepTiming, profiler_for, straggler_line, summarize
+from trainer.instrument import CommTimer, StepTiming, profiler_for, straggler_line, summarize, wall, wall_now
 from trainer.metrics import open_metrics
 from trainer.schedule import schedule_for
 from trainer.state import Result, Run
@@ -43,6 +43,11 @@ def main(argv=None):
     with open_metrics(run_dir, rank, enabled=not args.no_metrics) as metrics:
         run = setup(args, run_dir, metrics)
         schedule = schedule_for(run)  # epochs or global batches; may resume from a checkpoint
+
+        # Every rank leaves this barrier at almost the same moment, which makes it the mark that lines
+        # up the ranks' clocks in the metrics; the end of the run has its twin, in compute_cleanup.
+        barrier()
+        log_clock(run, "start")
         with run.prof:
             result = train(run, schedule)
         return finish(run, result)
@@ -124,7 +129,9 @@ def train_step(run, batch):
     step_end = time.perf_counter()
     wait_ms = timer.wait_ms(backward_end)
     timing = StepTiming(step=0, compute_ms=(backward_end - t0) * 1e3 - wait_ms, comm_ms=timer.comm_ms(),
-                        comm_wait_ms=wait_ms, step_ms=(step_end - t0) * 1e3, tokens=batch.tokens)
+                        comm_wait_ms=wait_ms, step_ms=(step_end - t0) * 1e3, tokens=batch.tokens,
+                        t_start=wall(t0), t_comm_start=wall(timer.first_launch), t_comm_end=wall(timer.last_done),
+                        t_backward_end=wall(backward_end), t_end=wall(step_end))
     return loss_sum, timing
 
 
@@ -158,7 +165,7 @@ def finish(run, result):
     if line:
         print0(f"{run.tag} {line}")
     print0("SUMMARY " + json.dumps(summary))
-    compute_cleanup()
+    compute_cleanup(after_barrier=lambda: log_clock(run, "end"))  # after the last collective
     return summary
 
 
@@ -171,6 +178,11 @@ def resolve_run_dir(run_dir_arg):
         return Path(os.environ["DDPLAB_RUN_DIR"])
     # torchrun gives all ranks of one job the same run id, so they share a dir.
     return Path("runs") / os.environ.get("TORCHELASTIC_RUN_ID", "local")
+
+
+def log_clock(run, event):
+    """A "clock" record: this rank's time, on the clock of its step records, as it leaves a barrier."""
+    run.metrics.log(kind="clock", event=event, rank=run.c.rank, t=round(wall_now(), 6))
 
 
 def sync_device(device):

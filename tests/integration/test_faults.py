@@ -37,7 +37,7 @@ def run_with_fault(lab: str, run_args: list[str], fault: str, node: str, after_s
     while time.monotonic() < deadline and proc.poll() is None:
         run_dir = latest.resolve() if latest.exists() else None
         metrics = run_dir / "metrics-rank0.jsonl" if run_dir and run_dir != before else None
-        if metrics and metrics.exists() and len(metrics.read_text().splitlines()) >= after_steps:
+        if metrics and metrics.exists() and metrics.read_text().count('"kind": "step"') >= after_steps:
             break
         time.sleep(0.2)
     assert proc.poll() is None, "the run ended before the fault could be injected"

@@ -108,9 +108,13 @@ def test_single_process_run_writes_metrics_and_learns(tmp_path, no_launcher_env,
     steps = [r for r in records if r["kind"] == "step"]
     assert [r["epoch"] for r in epochs] == [1, 2, 3, 4]
     assert [r["step"] for r in steps] == list(range(5, summary["steps"] + 1, 5))
-    for r in records:
+    for r in epochs + steps:
         assert {"rank", "epoch", "step", "loss", "samples", "elapsed_s", "time"} <= r.keys()
         assert r["rank"] == 0
+    # the clock records open and close the file; without a process group there is no comm time
+    assert [(r["kind"], r.get("event")) for r in (records[0], records[-1])] == [("clock", "start"), ("clock", "end")]
+    assert records[0]["t"] <= steps[0]["t_start"] < steps[0]["t_backward_end"] <= steps[0]["t_end"] <= records[-1]["t"]
+    assert steps[0]["t_comm_start"] is None and steps[0]["t_comm_end"] is None
     losses = [r["loss"] for r in epochs]
     assert losses[-1] < 0.7 * losses[0], losses
     assert summary["final_loss"] == pytest.approx(losses[-1], abs=1e-5)
@@ -167,7 +171,8 @@ def test_torchrun_two_processes(tmp_path):
     assert files == ["metrics-rank0.jsonl", "metrics-rank1.jsonl"]
     for rank in (0, 1):
         records = read_jsonl(tmp_path / f"metrics-rank{rank}.jsonl")
-        assert [(r["rank"], r["epoch"]) for r in records] == [(rank, 1), (rank, 2)]
+        assert [(r["kind"], r["rank"], r.get("epoch"), r.get("event")) for r in records] == [
+            ("clock", rank, None, "start"), ("epoch", rank, 1, None), ("epoch", rank, 2, None), ("clock", rank, None, "end")]
 
 
 # --- DDP levers: hooks wired on a real (world size 1, gloo) process group, in this process -----

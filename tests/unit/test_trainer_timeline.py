@@ -1,0 +1,63 @@
+"""The metrics a cross-rank timeline is built from: absolute step times on one clock per process,
+and the "clock" records at the start and end barriers."""
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from trainer.instrument import StepTiming, wall, wall_now
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+LAUNCH_VARS = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_RUN_ID",
+               "DDPLAB_RUN_DIR", "DDPLAB_CPU_KERNELS")
+SMALL = ["--samples", "512", "--features", "8", "--classes", "3", "--hidden", "16", "--lr", "0.01"]
+
+
+def read_jsonl(path):
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def test_the_clock_is_unix_seconds_read_through_perf_counter():
+    before = time.time()
+    now = wall_now()
+    assert before - 0.5 < now < time.time() + 0.5  # unix seconds, near the wall clock
+    assert wall(None) is None  # a step without communication has no comm times
+    p = time.perf_counter()
+    assert wall(p + 2.5) - wall(p) == pytest.approx(2.5)
+
+
+def test_step_records_keep_durations_and_times_to_the_microsecond():
+    t = StepTiming(1, 1.23456789, 0.0, 0.0, 2.0, 64, 4.0, t_start=1795600000.123456789, t_end=1795600000.1271)
+    r = t.record()
+    assert r["compute_ms"] == 1.235 and r["t_start"] == 1795600000.123457 and r["t_comm_start"] is None
+    assert r["tokens_per_s"] == 16000.0 and "step" not in r
+
+
+def test_two_ranks_leave_a_timeline(tmp_path):
+    env = {k: v for k, v in os.environ.items() if k not in LAUNCH_VARS}
+    env["OMP_NUM_THREADS"] = "1"
+    env["CUDA_VISIBLE_DEVICES"] = ""
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "-m", "trainer",
+           *SMALL, "--global-batch", "32", "--micro-batch", "8", "--steps", "4", "--run-dir", str(tmp_path),
+           "--timeout-s", "60"]
+    proc = subprocess.run(cmd, cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    for rank in (0, 1):
+        records = read_jsonl(tmp_path / f"metrics-rank{rank}.jsonl")
+        assert [(r["kind"], r.get("event", r.get("step"))) for r in records] == [
+            ("clock", "start"), ("step", 1), ("step", 2), ("step", 3), ("step", 4), ("clock", "end")]
+        start, *steps, end = records
+        assert all(r["rank"] == rank for r in records)
+        previous_end = start["t"]
+        for s in steps:
+            # two micro-steps a rank, the first under no_sync: one all-reduce, inside backward
+            times = [s["t_start"], s["t_comm_start"], s["t_comm_end"], s["t_backward_end"], s["t_end"]]
+            assert previous_end <= times[0] and times == sorted(times), s
+            assert s["t_comm_end"] - s["t_comm_start"] == pytest.approx(s["comm_ms"] / 1e3, abs=5e-6)  # both rounded to the microsecond
+            previous_end = s["t_end"]
+        assert previous_end <= end["t"]
