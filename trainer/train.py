@@ -153,6 +153,11 @@ def finish(run, result):
         "backend": c.backend,
         "device": c.device.type,
         "threads": torch.get_num_threads(),
+        # Which kernels did the arithmetic: the same sums in other kernels (AVX512 or AVX2, or torch
+        # told by labctl's DDPLAB_CPU_KERNELS=avx2 to use AVX2) end on other last digits, so two
+        # final losses compare to the last digit only when these agree.
+        "cpu_kernels": os.environ.get("DDPLAB_CPU_KERNELS", "native"),
+        "cpu_capability": torch.backends.cpu.get_cpu_capability(),
         **result.extra,
         **run.workload.extra,
         "elapsed_s": round(result.elapsed_s, 3),

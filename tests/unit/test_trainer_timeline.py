@@ -1,5 +1,5 @@
 """The metrics a cross-rank timeline is built from: absolute step times on one clock per process,
-and the "clock" records at the start and end barriers."""
+the "clock" records at the start and end barriers, and the SUMMARY's kernel fields."""
 
 import json
 import os
@@ -9,8 +9,10 @@ import time
 from pathlib import Path
 
 import pytest
+import torch
 
 from trainer.instrument import StepTiming, wall, wall_now
+from trainer.train import main
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 LAUNCH_VARS = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_RUN_ID",
@@ -36,6 +38,17 @@ def test_step_records_keep_durations_and_times_to_the_microsecond():
     r = t.record()
     assert r["compute_ms"] == 1.235 and r["t_start"] == 1795600000.123457 and r["t_comm_start"] is None
     assert r["tokens_per_s"] == 16000.0 and "step" not in r
+
+
+def test_summary_says_which_cpu_kernels_ran(tmp_path, monkeypatch):
+    for var in LAUNCH_VARS:
+        monkeypatch.delenv(var, raising=False)
+    s = main(SMALL + ["--epochs", "1", "--no-metrics"])
+    assert s["cpu_kernels"] == "native" and s["cpu_capability"] == torch.backends.cpu.get_cpu_capability()
+    keys = list(s)
+    assert keys[keys.index("threads") + 1: keys.index("threads") + 3] == ["cpu_kernels", "cpu_capability"]
+    monkeypatch.setenv("DDPLAB_CPU_KERNELS", "avx2")  # what labctl writes for a lab pinned to AVX2 kernels
+    assert main(SMALL + ["--epochs", "1", "--no-metrics"])["cpu_kernels"] == "avx2"
 
 
 def test_two_ranks_leave_a_timeline(tmp_path):
