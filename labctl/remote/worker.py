@@ -1,0 +1,258 @@
+"""Run one script as a fresh `python` would, then leave with its status without interpreter teardown.
+
+  python -c TEXT SCRIPT ARGS...       as `python SCRIPT ARGS...`
+  python -c TEXT -m MODULE ARGS...    as `python -m MODULE ARGS...`
+
+How a run's workers start: `torchrun --no-python python -c TEXT SCRIPT ARGS`, the static launcher's
+`python -c TEXT SCRIPT ARGS`, and every worker the fork server (forkserver.py) forks: the server is
+given this text, takes snapshot() before its preload, and in each child calls refresh() (the world
+a new interpreter would make of the run's environment) and then run_and_exit(). One implementation.
+
+The script sees what `python SCRIPT` shows it: sys.argv[0] the path as given, __file__ the absolute
+path, sys.path[0] the script's real directory (the cwd for -m), a fresh `__main__` module. -m and a
+directory or zip go through runpy._run_module_as_main, as CPython itself does, so even a traceback
+reads the same. An uncaught exception is printed by sys.excepthook with this file's frames left out.
+
+Why not let the interpreter finalize: a script whose rank calls sys.exit(3) sometimes exited 134,
+not 3. torch's gloo threads are still alive when the interpreter tears down, and their C++ static
+destructors race with it: "terminate called without an active exception", SIGABRT (as in
+pytorch/pytorch#179291; trainer/dist.py exit_done does the same for the trainer's own success).
+So after the script we do the part of CPython's shutdown a script can observe (join non-daemon
+threads, run atexit handlers, flush stdout and stderr) and then os._exit(status): the status is
+the script's every time. A real abort or a signal is still the process's death by that signal, and
+an uncaught KeyboardInterrupt ends in SIGINT, as CPython does (a shell says 130).
+"""
+
+import atexit
+import builtins
+import importlib.machinery
+import os
+import signal
+import sys
+import types
+
+
+def fresh_main():
+    """A `__main__` module as a new interpreter has one; the caller's own stays the caller's."""
+    main = types.ModuleType("__main__")
+    main.__builtins__ = builtins
+    main.__annotations__ = {}
+    sys.modules["__main__"] = main
+    return main
+
+
+def script_path0(script):
+    """sys.path[0] for `python SCRIPT`: the directory of the script with symlinks resolved."""
+    return os.path.dirname(os.path.realpath(script))
+
+
+def is_importer(path):
+    """`python DIR` and `python ZIPFILE` run its __main__ module: CPython asks the path hooks."""
+    if os.path.isdir(path):
+        return True
+    import zipimport
+    try:
+        zipimport.zipimporter(path)
+        return True
+    except Exception:
+        return False
+
+
+def run_script(argv):
+    """Run argv (`SCRIPT ARGS` or `-m MODULE ARGS`) in a fresh __main__; exceptions propagate."""
+    import runpy
+    safe_path = getattr(sys.flags, "safe_path", False)  # -P / PYTHONSAFEPATH (3.11): no path[0]
+    if hasattr(sys, "orig_argv"):
+        sys.orig_argv = sys.orig_argv[:1] + list(argv)
+    main = fresh_main()
+    if argv[0] in ("-m", "--module"):
+        sys.argv = ["-m"] + list(argv[2:])  # runpy puts the module's full path in argv[0]
+        if not safe_path:
+            sys.path[0] = os.getcwd()
+        runpy._run_module_as_main(argv[1], alter_argv=True)  # what `python -m` calls
+        return
+    script = argv[0]
+    sys.argv = list(argv)
+    path = os.path.abspath(script)
+    if is_importer(path):
+        sys.path[0] = path
+        runpy._run_module_as_main("__main__", alter_argv=False)
+        return
+    if not safe_path:
+        sys.path[0] = script_path0(script)
+    try:
+        with open(path, "rb") as f:
+            source = f.read()
+    except OSError as exc:
+        prog = getattr(sys, "orig_argv", [sys.executable])[0]
+        sys.stderr.write("%s: can't open file %r: [Errno %d] %s\n" % (prog, path, exc.errno, exc.strerror))
+        raise SystemExit(2)
+    main.__file__, main.__cached__ = path, None
+    main.__loader__ = importlib.machinery.SourceFileLoader("__main__", path)
+    exec(compile(source, path, "exec", dont_inherit=True), main.__dict__)
+
+
+def exit_status(code):
+    """The status CPython exits with for SystemExit(code); prints a non-int message as it does."""
+    if code is None:
+        return 0
+    if isinstance(code, int):
+        return (code if -2 ** 63 <= code < 2 ** 63 else -1) & 0xFF  # C exit((int)long)
+    try:
+        sys.stderr.write(str(code) + "\n")
+    except Exception:
+        pass
+    return 1
+
+
+def print_uncaught(exc):
+    """sys.excepthook(type, value, tb) as CPython calls it, from the script's first frame on."""
+    tb = exc.__traceback__
+    while tb is not None and tb.tb_frame.f_globals is globals():
+        tb = tb.tb_next  # this file's frames: `python SCRIPT` has none
+    exc.__traceback__ = tb
+    sys.last_type, sys.last_value, sys.last_traceback = type(exc), exc, tb
+    try:
+        sys.excepthook(type(exc), exc, tb)
+    except BaseException as hook_exc:
+        sys.stderr.write("Error in sys.excepthook:\n")
+        sys.__excepthook__(type(hook_exc), hook_exc, hook_exc.__traceback__)
+        sys.stderr.write("\nOriginal exception was:\n")
+        sys.__excepthook__(type(exc), exc, tb)
+
+
+def run(argv):
+    """Run the script; (status, interrupted): interrupted when a KeyboardInterrupt ended it."""
+    try:
+        run_script(argv)
+    except SystemExit as exc:
+        return exit_status(exc.code), False
+    except BaseException as exc:
+        print_uncaught(exc)
+        return 1, isinstance(exc, KeyboardInterrupt)
+    return 0, False
+
+
+def leave(status, interrupted=False):
+    """CPython's exit, less what aborts: threads joined, atexit run, streams flushed, os._exit."""
+    threading = sys.modules.get("threading")  # CPython waits only if the script imported it
+    if threading is not None:
+        try:
+            threading._shutdown()
+        except BaseException:  # e.g. Ctrl-C while waiting: CPython reports it and goes on
+            import traceback
+            sys.stderr.write("Exception ignored in: %r\n" % threading)
+            traceback.print_exc()
+    atexit._run_exitfuncs()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except Exception:  # a closed pipe, or None
+            pass
+    if interrupted:
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+        os.kill(os.getpid(), signal.SIGINT)
+        status = 128 + signal.SIGINT  # only where the signal did not end us, as CPython
+    os._exit(status)
+
+
+def run_and_exit(argv):
+    leave(*run(argv))
+
+
+# ------------------------------------------------ a forked worker: the fork server's child (forkserver.py)
+
+
+def first_int(value):
+    """A thread count as atoi and stoi read it ("4", "4,2"); None unless positive."""
+    digits = (value or "").strip().split(",")[0]
+    return int(digits) if digits.isdigit() and int(digits) > 0 else None
+
+
+def pythonpath(env):
+    """The entries PYTHONPATH adds, as getpath makes them: absolute, '' meaning the cwd."""
+    return [os.path.abspath(p) for p in env["PYTHONPATH"].split(os.pathsep)] if env.get("PYTHONPATH") else []
+
+
+def snapshot():
+    """The fork server's start, before its preload: what refresh() takes out of a worker's world."""
+    import warnings
+    ours = set(pythonpath(os.environ))
+    base = [p for p in sys.path[0 if getattr(sys.flags, "safe_path", False) else 1:] if p not in ours]
+    saved = warnings.filters[:]
+    del warnings.filters[:]
+    warnings._processoptions(sys.warnoptions)  # the filters the server's own PYTHONWARNINGS made
+    options = warnings.filters[:]
+    warnings.filters[:] = saved
+    return {"base_path": base, "option_filters": options, "default_filters": [f for f in saved if f not in options]}
+
+
+def refresh(env, start):
+    """In a forked child whose os.environ is now env: what a new interpreter would have made of env
+    (sys.path, stdio, warnings, seeds), and what torch and OpenBLAS read at the server's import."""
+    import io
+    import warnings
+    seen, rest = set(), []
+    for p in pythonpath(env) + start["base_path"]:  # as getpath and site.removeduppaths make it
+        key = os.path.normcase(os.path.abspath(p))
+        if key not in seen:
+            seen.add(key)
+            rest.append(p)
+    sys.path[:] = ([] if getattr(sys.flags, "safe_path", False) else [""]) + rest  # run_script sets [0]
+    sys.dont_write_bytecode = bool(env.get("PYTHONDONTWRITEBYTECODE"))
+    unbuffered = bool(env.get("PYTHONUNBUFFERED"))
+    streams = []
+    for fd, old in enumerate((sys.stdin, sys.stdout, sys.stderr)):  # as CPython's create_stdio
+        raw_only = unbuffered and fd > 0
+        buf = io.open(fd, "rb" if fd == 0 else "wb", buffering=0 if raw_only else -1, closefd=False)
+        raw = buf if raw_only else buf.raw
+        raw.name = ("<stdin>", "<stdout>", "<stderr>")[fd]
+        streams.append(io.TextIOWrapper(buf, old.encoding, old.errors, "\n", write_through=unbuffered,
+                                        line_buffering=not unbuffered and (fd == 2 or raw.isatty())))
+        streams[-1].mode = "r" if fd == 0 else "w"
+    sys.stdin, sys.stdout, sys.stderr = sys.__stdin__, sys.__stdout__, sys.__stderr__ = streams
+    options = [o for o in env.get("PYTHONWARNINGS", "").split(",") if o]
+    kept = [f for f in warnings.filters if f not in start["option_filters"]]
+    at = next((i for i, f in enumerate(kept) if f in start["default_filters"]), len(kept))
+    del warnings.filters[:]
+    sys.warnoptions[:] = options
+    warnings._processoptions(options)  # behind what imports added, ahead of the defaults: as if at start
+    warnings.filters[:] = kept[:at] + warnings.filters + kept[at:]
+    getattr(warnings, "_filters_mutated", lambda: None)()
+    if env.get("PYTHONFAULTHANDLER"):
+        import faulthandler
+        faulthandler.enable()
+    for name in ("random", "numpy.random"):  # a new process seeds them from the OS
+        if name in sys.modules:
+            sys.modules[name].seed()
+    torch = sys.modules.get("torch")
+    if torch is not None:
+        torch.default_generator.seed()  # so does torch, at import: each worker its own
+    want = first_int(env.get("MKL_NUM_THREADS")) or first_int(env.get("OMP_NUM_THREADS"))
+    if torch is not None and want:  # as MKL decides at torch's import: capped at the cores
+        torch.set_num_threads(min(want, start["torch_threads"]))
+    blas_threads(env)
+
+
+def blas_threads(env):
+    """Size OpenBLAS's pool as a new process would (the server imported it with one thread)."""
+    import ctypes
+    with open("/proc/self/maps") as f:
+        paths = [line.split()[-1] for line in f if "openblas" in line.rsplit("/", 1)[-1]]
+    if not paths:
+        return
+    lib = ctypes.CDLL(paths[0])
+    cpus = len(os.sched_getaffinity(0))
+    want = min(cpus, first_int(env.get("OPENBLAS_NUM_THREADS")) or first_int(env.get("GOTO_NUM_THREADS"))
+               or first_int(env.get("OMP_NUM_THREADS")) or cpus)
+    for name in ("openblas_set_num_threads", "scipy_openblas_set_num_threads64_", "openblas_set_num_threads64_",
+                 "scipy_openblas_set_num_threads"):
+        if hasattr(lib, name):
+            getattr(lib, name)(want)
+            return
+
+
+if __name__ == "__main__":
+    if len(sys.argv) < 2 or (sys.argv[1] in ("-m", "--module") and len(sys.argv) < 3):
+        sys.exit("usage: python -c TEXT [-m MODULE | SCRIPT] ARGS...")
+    run_and_exit(sys.argv[1:])
