@@ -1,8 +1,8 @@
 """Stop one run's processes on this node or host. Linux only (/proc), like the hosts a DDP job runs on.
 
-  python -c TEXT stop RUN_ID GRACE_S        stop the run now (labctl.run.executor)
-  python -c TEXT watch GRACE_S ARGV...      run ARGV as a child, and stop its run when stdin closes
-                                            (labctl.hosts.ssh: every launch on a real host)
+  python -c TEXT stop RUN_ID GRACE_S [REGISTRY_DIR]   stop the run now (labctl.run.executor)
+  python -c TEXT watch GRACE_S ARGV...                run ARGV as a child, and stop its run when stdin
+                                                      closes (labctl.hosts.ssh: every launch on a real host)
 
 Before stopping anything, `stop` prints one line for labctl's report of the run:
 `DDPLAB_STOP ranks=R,... oom_kills=N`: the RANK of each worker of the run still alive (a timeout
@@ -13,6 +13,12 @@ Every process of a run carries DDPLAB_RUN_ID=RUN_ID in its environment, torchrun
 included, which torchrun starts in sessions of their own (so a process-group kill would miss
 them). Stopping sends SIGTERM first, so torchrun can stop its workers, and SIGKILL to whatever is
 left after GRACE_S seconds.
+
+A worker the node's fork server forked (forkserver.py) shows the server's environment in
+/proc/PID/environ, not the run's: the server lists each live one in its registry, REGISTRY_DIR/PID
+with lines KEY=VALUE (DDPLAB_RUN_ID, RANK, START: its start time, so a reused pid is not taken for
+it). Those count as the run's too, and stopping one signals its process group (it has a session of
+its own: its children go with it). `stop RUN_ID GRACE_S REGISTRY_DIR` reads another registry.
 
 watch is a dead man's switch. labctl holds the SSH session's stdin open for the whole run and never
 writes to it; when this reads end-of-file, labctl or the connection is gone (Ctrl-C, kill -9, a
@@ -32,6 +38,7 @@ RUN_ID_VAR = "DDPLAB_RUN_ID"  # = labctl.run.launch.RUN_ID_VAR
 REPORT = "DDPLAB_STOP"  # = labctl.run.executor.STOP_REPORT
 # Where the memory cgroup counts its OOM kills: cgroup v2 (memory.events), v1 (memory.oom_control).
 OOM_COUNTERS = ("/sys/fs/cgroup/memory.events", "/sys/fs/cgroup/memory/memory.oom_control")
+REGISTRY_DIR = "/tmp/ddplab/workers"  # = forkserver.py's SOCKET_PATH's folder + REGISTRY
 
 
 def environs(run_id):
@@ -50,15 +57,37 @@ def environs(run_id):
     return found
 
 
-def members(run_id):
-    """Pids of the run's processes, other than init and this one."""
-    return list(environs(run_id))
+def registered(run_id, registry=REGISTRY_DIR):
+    """{pid: entries} of the fork server's live workers of the run, as environs() gives them."""
+    marker = (RUN_ID_VAR + "=" + run_id).encode()
+    found = {}
+    try:
+        names = os.listdir(registry)
+    except OSError:
+        return found
+    for name in names:
+        try:
+            with open(os.path.join(registry, name), "rb") as f:
+                entries = f.read().splitlines()
+            with open("/proc/%s/stat" % name, "rb") as f:
+                state = f.read().rpartition(b")")[2].split()
+        except OSError:
+            continue  # gone, or a half-written entry (name.new)
+        start = [e[6:] for e in entries if e.startswith(b"START=")]
+        if marker in entries and state[0] != b"Z" and start in ([], [state[19]]):
+            found[int(name)] = entries
+    return found
 
 
-def live_ranks(run_id):
+def members(run_id, registry=REGISTRY_DIR):
+    """Pids of the run's processes, other than init and this one; forked workers included."""
+    return list(environs(run_id)) + [pid for pid in registered(run_id, registry) if pid != os.getpid()]
+
+
+def live_ranks(run_id, registry=REGISTRY_DIR):
     """The RANK of each of the run's processes that has one (torchrun's workers, static ranks)."""
     ranks = set()
-    for env in environs(run_id).values():
+    for env in list(environs(run_id).values()) + list(registered(run_id, registry).values()):
         for entry in env:
             if entry.startswith(b"RANK=") and entry[5:].isdigit():
                 ranks.add(int(entry[5:]))
@@ -79,26 +108,31 @@ def oom_kills():
     return None
 
 
-def report(run_id):
+def report(run_id, registry=REGISTRY_DIR):
     kills = oom_kills()
-    return "%s ranks=%s oom_kills=%s" % (REPORT, ",".join(map(str, live_ranks(run_id))),
+    return "%s ranks=%s oom_kills=%s" % (REPORT, ",".join(map(str, live_ranks(run_id, registry))),
                                           "-" if kills is None else kills)
 
 
-def signal_all(run_id, sig):
-    for pid in members(run_id):
+def signal_all(run_id, sig, registry=REGISTRY_DIR):
+    for pid in environs(run_id):
         try:
             os.kill(pid, sig)
         except OSError:
             pass
+    for pid in registered(run_id, registry):
+        try:
+            os.killpg(pid, sig)  # the forked worker leads its own process group
+        except OSError:
+            pass
 
 
-def stop_run(run_id, grace_s):
-    signal_all(run_id, signal.SIGTERM)
+def stop_run(run_id, grace_s, registry=REGISTRY_DIR):
+    signal_all(run_id, signal.SIGTERM, registry)
     deadline = time.monotonic() + grace_s
-    while members(run_id) and time.monotonic() < deadline:
+    while members(run_id, registry) and time.monotonic() < deadline:
         time.sleep(0.1)
-    signal_all(run_id, signal.SIGKILL)
+    signal_all(run_id, signal.SIGKILL, registry)
 
 
 def watch(grace_s, argv):
@@ -122,11 +156,12 @@ def watch(grace_s, argv):
 if __name__ == "__main__":
     mode = sys.argv[1]
     if mode == "stop":
-        print(report(sys.argv[2]), flush=True)
-        stop_run(sys.argv[2], float(sys.argv[3]))
+        registry = sys.argv[4] if len(sys.argv) > 4 else REGISTRY_DIR
+        print(report(sys.argv[2], registry), flush=True)
+        stop_run(sys.argv[2], float(sys.argv[3]), registry)
     elif mode == "watch":
         status = watch(float(sys.argv[2]), sys.argv[3:])
         sys.stdout.flush()
         os._exit(status)  # not sys.exit: the watcher may still be blocked in its read
     else:
-        sys.exit("usage: stop RUN_ID GRACE_S | watch GRACE_S ARGV...")
+        sys.exit("usage: stop RUN_ID GRACE_S [REGISTRY_DIR] | watch GRACE_S ARGV...")
