@@ -131,16 +131,18 @@ def test_python_scripts_need_only_the_standard_library(path):
     assert imported <= allowed, imported - allowed
 
 
-@pytest.mark.parametrize("name", ["store", "port_check", "stop", "crash", "node_info", "probe"])
+@pytest.mark.parametrize("name", ["store", "port_check", "stop", "crash", "node_info", "probe", "worker", "forkserver"])
 def test_a_script_imported_as_a_module_runs_nothing(name, capsys):
     importlib.import_module(f"labctl.remote.{name}")
     assert capsys.readouterr() == ("", "")
 
 
 def test_the_constants_the_scripts_write_out_are_labctls():
-    from labctl.remote import crash, stop, store
+    from labctl.remote import crash, forkserver, stop, store
 
-    assert stop.RUN_ID_VAR == crash.RUN_ID_VAR == launch.RUN_ID_VAR
+    assert stop.RUN_ID_VAR == crash.RUN_ID_VAR == forkserver.RUN_ID_VAR == launch.RUN_ID_VAR
+    # stop finds forked workers in the registry the fork server keeps next to its socket.
+    assert stop.REGISTRY_DIR == os.path.join(os.path.dirname(forkserver.SOCKET_PATH), forkserver.REGISTRY)
     assert stop.REPORT == executor.STOP_REPORT
     assert (store.STORE_READY, store.STORE_FAILED) == (launch.STORE_READY, launch.STORE_FAILED)
     assert re.findall(r"^marker=(\S+)", remote.load("prepare-workspace.sh"), re.M) == [ssh.MARKER]

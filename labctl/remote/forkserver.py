@@ -1,0 +1,423 @@
+"""A node's fork server: one process that has imported torch, forking a run's workers. Linux only.
+
+  python -c TEXT serve SOCKET_PATH WORKER_TEXT [PRELOAD...]    (`labctl up`, once per node)
+  python -c TEXT request SOCKET_PATH -- [-m MODULE | SCRIPT] ARGS...    (a run, for each worker)
+
+Why: a cold `python` spends seconds importing torch, twice per node under torchrun, on every run.
+serve imports it once (PRELOAD, default DEFAULT_PRELOAD; `trainer.*` means the package and its
+modules), prints `READY pid=N threads=T preloaded=A,B missing=C|-`, and then forks each request's
+worker: copy-on-write pages, no import. WORKER_TEXT is worker.py's text: the child runs a script
+with it, as `python -c WORKER_TEXT SCRIPT` would. One request at a time in one loop: no threads.
+
+request sends {"argv", "env", "cwd", "umask", "ignored", "blocked"} as one JSON line with its own
+fds 0, 1, 2 (SCM_RIGHTS): the worker writes straight to the request's stdout and stderr (the
+`docker exec` stream labctl reads). The server answers {"pid": N}, then {"exit": S} or {"signal": N},
+or {"error": WHY} and nothing started. request exits with S, or dies by signal N (a shell says
+128+N); SIGTERM, SIGINT and SIGHUP it forwards to the worker's process group. Exits COLD_START,
+with ABSENT or REFUSED and why on stderr, when nothing of the run started: labctl starts it cold.
+If the request goes (SIGKILL, `docker exec` gone), the server SIGKILLs the worker's process group:
+a dead man's switch, so nothing is left holding a port.
+
+Forking is only safe from a quiet parent: before each fork the server counts its threads and refuses
+if there is more than one (or a process group is initialised); the preload must leave it so. A few
+settings are read once, when a library or the interpreter starts (LOAD_TIME): a request whose value
+differs from the server's is refused rather than run in a world it did not ask for.
+
+A forked worker's /proc/PID/environ shows the server's environment, so `stop` (stop.py) finds it
+in the registry: REGISTRY under SOCKET_PATH's folder, one file per live worker named by its pid,
+lines KEY=VALUE: the request's DDPLAB_RUN_ID, RANK and LOCAL_RANK where set, and START (the
+worker's start time, field 22 of /proc/PID/stat), removed when the worker is reaped.
+"""
+
+import json
+import os
+import select
+import signal
+import socket
+import sys
+
+READY = "DDPLAB_FORKSERVER_READY"
+ABSENT = "DDPLAB_FORKSERVER_ABSENT"  # request: no server answers at SOCKET_PATH
+REFUSED = "DDPLAB_FORKSERVER_REFUSED"  # request: the server would not fork this one; why follows
+LOST = "DDPLAB_FORKSERVER_LOST"  # request: the server went away while the worker ran
+RUNNING = "DDPLAB_FORKSERVER_RUNNING"  # serve: another server answers at SOCKET_PATH
+COLD_START = 75  # EX_TEMPFAIL: nothing of the run started here; start it the cold way
+LOST_STATUS = 70  # EX_SOFTWARE: the worker was killed with its server connection
+RUN_ID_VAR = "DDPLAB_RUN_ID"  # = labctl.run.launch.RUN_ID_VAR
+SOCKET_PATH = "/tmp/ddplab/fork.sock"  # in a node
+REGISTRY = "workers"  # next to the socket: /tmp/ddplab/workers = stop.py's REGISTRY_DIR
+DEFAULT_PRELOAD = ("torch", "torch.distributed", "numpy", "trainer.*")
+FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+# Read once at start-up by the interpreter, libgomp (all but OMP_NUM_THREADS, applied per worker),
+# MKL or torch's logging: only a process started with them has them.
+LOAD_TIME = ("PYTHONHASHSEED", "PYTHONOPTIMIZE", "PYTHONMALLOC", "PYTHONUTF8", "PYTHONHOME", "PYTHONIOENCODING",
+             "PYTHONNOUSERSITE", "PYTHONDEVMODE", "PYTHONSAFEPATH", "PYTHONINTMAXSTRDIGITS", "PYTHONTRACEMALLOC",
+             "LANG", "LC_ALL", "LC_CTYPE", "LD_PRELOAD", "LD_LIBRARY_PATH", "MKL_DYNAMIC", "TORCH_LOGS",
+             "TORCH_CPP_LOG_LEVEL")
+LOAD_TIME_PREFIXES = ("OMP_", "GOMP_", "KMP_")
+THREAD_VARS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS", "GOTO_NUM_THREADS")
+
+
+def ignored_signals():
+    """Signals this process was started with ignored (Python itself ignores SIGPIPE and SIGXFSZ)."""
+    return [int(s) for s in signal.valid_signals() if s not in (signal.SIGPIPE, signal.SIGXFSZ)
+            and signal.getsignal(s) == signal.SIG_IGN]
+
+
+def open_stdio():
+    """A closed fd 0, 1 or 2 becomes /dev/null, so no socket or received fd takes its number."""
+    for fd in (0, 1, 2):
+        try:
+            os.fstat(fd)
+        except OSError:
+            os.open(os.devnull, os.O_RDWR)
+
+
+def send(conn, message):
+    conn.sendall((json.dumps(message) + "\n").encode())
+
+
+# ------------------------------------------------------------------------------------ request
+
+
+def request(path, argv):
+    """The client: the worker's exit status to leave with (or die by its signal)."""
+    open_stdio()
+    ignored = ignored_signals()
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        sock.connect(path)
+    except OSError as exc:
+        sys.stderr.write("%s no fork server at %s (%s)\n" % (ABSENT, path, exc.strerror))
+        return COLD_START
+    state = {"pid": None, "pending": []}
+
+    def forward(sig, frame):
+        if state["pid"] is None:
+            state["pending"].append(sig)
+        else:
+            try:
+                os.killpg(state["pid"], sig)
+            except OSError:
+                pass
+
+    for sig in FORWARDED:
+        if sig not in ignored:
+            signal.signal(sig, forward)
+    umask = os.umask(0o22)
+    os.umask(umask)
+    data = (json.dumps({"argv": argv, "env": dict(os.environ), "cwd": os.getcwd(), "umask": umask,
+                        "ignored": ignored, "blocked": [int(s) for s in signal.pthread_sigmask(signal.SIG_BLOCK, [])]})
+            + "\n").encode()
+    try:
+        sent = socket.send_fds(sock, [data], [0, 1, 2])
+        if sent < len(data):
+            sock.sendall(data[sent:])
+    except OSError:
+        pass  # the server hung up: its reply, if any, says why
+    for line in sock.makefile("rb"):
+        reply = json.loads(line)
+        if "pid" in reply:
+            state["pid"] = reply["pid"]
+            for sig in state["pending"]:
+                forward(sig, None)
+        elif "exit" in reply:
+            return reply["exit"]
+        elif "signal" in reply:
+            die_by(reply["signal"])
+        elif "error" in reply:
+            sys.stderr.write("%s %s\n" % (REFUSED, reply["error"]))
+            return COLD_START
+    if state["pid"] is None:
+        sys.stderr.write("%s the fork server at %s closed before starting anything\n" % (ABSENT, path))
+        return COLD_START
+    try:
+        os.killpg(state["pid"], signal.SIGKILL)
+    except OSError:
+        pass
+    sys.stderr.write("%s the fork server went away while pid %d ran; it was killed\n" % (LOST, state["pid"]))
+    return LOST_STATUS
+
+
+def die_by(sig):
+    """End as the worker did: by its signal, default action, no core dump of our own."""
+    import resource
+    sys.stderr.flush()
+    resource.setrlimit(resource.RLIMIT_CORE, (0, resource.getrlimit(resource.RLIMIT_CORE)[1]))
+    if sig not in (signal.SIGKILL, signal.SIGSTOP):
+        signal.signal(sig, signal.SIG_DFL)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, [sig])
+    os.kill(os.getpid(), sig)
+    os._exit(128 + sig)  # a signal whose default is to be ignored (SIGCHLD, SIGWINCH)
+
+
+# -------------------------------------------------------------------------------------- serve
+
+
+class Server:
+    def __init__(self, path, worker_text, preload):
+        import types
+        open_stdio()
+        self.path, self.env = path, dict(os.environ)
+        self.ignored = ignored_signals()  # e.g. SIGINT and SIGQUIT under `sh -c 'serve &'`
+        self.worker = types.ModuleType("ddplab_worker")  # worker.py: one implementation, both ways
+        exec(compile(worker_text, "worker.py", "exec"), self.worker.__dict__)
+        self.start = self.worker.snapshot()  # before the preload adds to sys.path or the filters
+        self.workers = {}  # pid -> its request's connection, or None once the request has gone
+        self.registry = os.path.join(os.path.dirname(os.path.abspath(path)), REGISTRY)
+        self.listen()
+        self.preloaded, self.missing = self.preload(preload)
+        torch = sys.modules.get("torch")  # its thread count, as at import with no *_NUM_THREADS: no kernel
+        self.start["torch_threads"] = torch.get_num_threads() if torch else None
+
+    def listen(self):
+        folder = os.path.dirname(os.path.abspath(self.path))
+        os.makedirs(os.path.join(folder, REGISTRY), mode=0o700, exist_ok=True)
+        os.chmod(folder, 0o700)
+        probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            probe.connect(self.path)
+            print("%s a fork server already answers at %s" % (RUNNING, self.path), flush=True)
+            sys.exit(3)
+        except OSError:
+            pass  # none: a stale socket of one that died, or nothing
+        finally:
+            probe.close()
+        if os.path.exists(self.path):
+            os.unlink(self.path)
+        for name in os.listdir(os.path.join(folder, REGISTRY)):  # entries of workers long gone
+            if not alive(os.path.join(folder, REGISTRY, name)):
+                os.unlink(os.path.join(folder, REGISTRY, name))
+        self.listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.listener.bind(self.path)  # requests wait in the backlog while we preload
+        self.listener.listen(64)
+
+    def preload(self, names):
+        """Import them here, in the main thread, starting no thread pool: numpy's OpenBLAS would start one
+        at import, and libgomp and MKL read their thread counts now (a worker is given the run's)."""
+        import importlib
+        import pkgutil
+        held = {var: os.environ.pop(var, None) for var in THREAD_VARS}
+        os.environ["OPENBLAS_NUM_THREADS"] = "1"
+        done, missing = [], []
+        try:
+            for name in names:
+                todo = [name[:-2] if name.endswith(".*") else name]  # "pkg.*": pkg, then its modules
+                while todo:
+                    try:
+                        module = importlib.import_module(todo[0])
+                    except Exception as exc:
+                        missing.append(todo[0])
+                        log("no %s (%s: %s)" % (todo[0], type(exc).__name__, exc))
+                        continue
+                    finally:
+                        del todo[0]
+                    if module.__name__ == name[:-2]:
+                        done.append(name)
+                        todo += [name[:-1] + m.name for m in pkgutil.iter_modules(module.__path__)
+                                 if m.name != "__main__"]
+                    elif module.__name__ == name:
+                        done.append(name)
+        finally:
+            del os.environ["OPENBLAS_NUM_THREADS"]
+            os.environ.update({var: value for var, value in held.items() if value is not None})
+        return done, missing
+
+    def serve(self):
+        wake_r, wake_w = os.pipe()
+        os.set_blocking(wake_r, False)
+        os.set_blocking(wake_w, False)
+        signal.set_wakeup_fd(wake_w, warn_on_full_buffer=False)  # SIGCHLD wakes the select
+        signal.signal(signal.SIGCHLD, lambda sig, frame: None)
+        self.own_fds = [wake_r, wake_w]
+        print("%s pid=%d threads=%d preloaded=%s missing=%s" % (
+            READY, os.getpid(), threads(), ",".join(self.preloaded) or "-", ",".join(self.missing) or "-"), flush=True)
+        while True:
+            self.reap()
+            conns = [c for c in self.workers.values() if c is not None]
+            readable = select.select([self.listener, wake_r] + conns, [], [])[0]
+            if wake_r in readable:
+                os.read(wake_r, 4096)
+            for pid, conn in list(self.workers.items()):
+                if conn in readable and not recv_some(conn):  # the request went: kill its worker
+                    kill_group(pid)
+                    conn.close()
+                    self.workers[pid] = None
+            if self.listener in readable:
+                self.accept()
+
+    def reap(self):
+        while True:
+            try:
+                pid, status = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                return
+            if pid == 0:
+                return
+            conn = self.workers.pop(pid, None)
+            try:
+                os.unlink(os.path.join(self.registry, str(pid)))
+            except OSError:
+                pass
+            if conn is not None:
+                code = os.waitstatus_to_exitcode(status)
+                try:
+                    send(conn, {"exit": code} if code >= 0 else {"signal": -code})
+                except OSError:
+                    pass
+                conn.close()
+
+    def accept(self):
+        conn = self.listener.accept()[0]
+        fds = []
+        try:
+            conn.settimeout(10)  # a request is one line, sent at once
+            data, fds = socket.recv_fds(conn, 1 << 16, 3)[:2]
+            while data and not data.endswith(b"\n"):
+                more = conn.recv(1 << 16)
+                data += more
+                if not more:
+                    break
+            req = json.loads(data) if data.endswith(b"\n") else None
+            why = self.refusal(req, fds)
+            if why:
+                log("refused: %s" % why)
+                send(conn, {"error": why})
+                conn.close()
+                return
+            for stream in (sys.stdout, sys.stderr):  # nothing of ours to be written twice
+                try:
+                    stream.flush()
+                except (OSError, ValueError):
+                    pass
+            pid = os.fork()
+            if pid == 0:
+                self.child(conn, req, fds)  # never returns
+        except Exception as exc:  # a bad request must not end the server
+            log("request failed: %s: %s" % (type(exc).__name__, exc))
+            conn.close()
+            return
+        finally:
+            for fd in fds:
+                os.close(fd)
+        self.workers[pid] = conn
+        try:
+            self.register(pid, req["env"])
+            send(conn, {"pid": pid})
+        except OSError as exc:  # the request went already, or no registry: no worker stop cannot find
+            log("worker %d killed: %s" % (pid, exc))
+            kill_group(pid)
+
+    def refusal(self, req, fds):
+        """Why this request must not be forked now, or None."""
+        if not isinstance(req, dict) or not req.get("argv") or not isinstance(req.get("env"), dict) \
+                or not isinstance(req.get("cwd"), str) or len(fds) != 3:
+            return "a request is one JSON line with argv, env and cwd, sent with fds 0, 1 and 2"
+        if threads() != 1:
+            return ("the fork server has %d threads, and a child forked now could hang on a lock one of them "
+                    "held; restart it" % threads())
+        dist = sys.modules.get("torch.distributed")
+        if dist is not None and dist.is_available() and dist.is_initialized():
+            return "the fork server has a torch process group; restart it"
+        env = req["env"]
+        for var in sorted(set(env) | set(self.env)):
+            if (var in LOAD_TIME or var.startswith(LOAD_TIME_PREFIXES) and var not in THREAD_VARS) \
+                    and env.get(var) != self.env.get(var):
+                return "%s=%r, and the fork server started with %r: it is read once at start-up" % (
+                    var, env.get(var), self.env.get(var))
+        if not os.path.isdir(req["cwd"]):
+            return "no directory %s" % req["cwd"]
+        return None
+
+    def register(self, pid, env):
+        lines = ["%s=%s" % (k, env[k]) for k in (RUN_ID_VAR, "RANK", "LOCAL_RANK") if k in env]
+        try:
+            with open("/proc/%d/stat" % pid) as f:
+                lines.append("START=" + f.read().rpartition(")")[2].split()[19])
+        except OSError:
+            pass
+        entry = os.path.join(self.registry, str(pid))
+        with open(entry + ".new", "w") as f:
+            f.write("\n".join(lines) + "\n")
+        os.rename(entry + ".new", entry)  # stop never reads half an entry
+
+    def child(self, conn, req, fds):
+        """In the forked worker: become what `python` started by the request would be, and run."""
+        try:
+            signal.set_wakeup_fd(-1)
+            signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+            for sig in set(self.ignored) - set(req.get("ignored", [])):
+                signal.signal(sig, signal.default_int_handler if sig == signal.SIGINT else signal.SIG_DFL)
+            for sig in req.get("ignored", []):
+                signal.signal(sig, signal.SIG_IGN)
+            signal.pthread_sigmask(signal.SIG_SETMASK, req.get("blocked", []))
+            for sock in [self.listener, conn] + [c for c in self.workers.values() if c is not None]:
+                sock.close()
+            for fd in self.own_fds:
+                os.close(fd)
+            for target, fd in enumerate(fds):
+                os.dup2(fd, target)
+            for fd in fds:
+                os.close(fd)
+            os.setsid()  # its own process group: signals and the dead man's switch reach all of it
+            os.umask(req.get("umask", 0o22))
+            os.chdir(req["cwd"])
+            os.environ.clear()
+            os.environ.update(req["env"])
+            self.worker.refresh(req["env"], self.start)
+            self.worker.run_and_exit(req["argv"])
+        except BaseException:
+            import traceback
+            traceback.print_exc()
+        os._exit(LOST_STATUS)
+
+
+def threads():
+    return len(os.listdir("/proc/self/task"))
+
+
+def log(text):
+    """The server's own notes, on its stderr; one that nobody reads any more must not end it."""
+    try:
+        sys.stderr.write("fork server: %s\n" % text)
+        sys.stderr.flush()
+    except (OSError, ValueError):
+        pass
+
+
+def recv_some(conn):
+    try:
+        return conn.recv(4096)
+    except OSError:
+        return b""
+
+
+def kill_group(pid):
+    try:
+        os.killpg(pid, signal.SIGKILL)
+    except OSError:
+        pass
+
+
+def alive(entry):
+    """Is the worker of this registry entry still running (the same process, not a reused pid)?"""
+    try:
+        with open(entry) as f:
+            start = dict(line.split("=", 1) for line in f.read().splitlines() if "=" in line).get("START")
+        with open("/proc/%s/stat" % os.path.basename(entry)) as f:
+            fields = f.read().rpartition(")")[2].split()
+        return fields[0] != "Z" and start in (None, fields[19])
+    except (OSError, ValueError):
+        return False
+
+
+if __name__ == "__main__":
+    args = sys.argv[1:]
+    if len(args) >= 3 and args[0] == "serve":
+        Server(args[1], args[2], args[3:] or DEFAULT_PRELOAD).serve()
+    elif len(args) >= 4 and args[0] == "request" and args[2] == "--":
+        status = request(args[1], args[3:])
+        sys.stderr.flush()
+        os._exit(status)
+    else:
+        sys.exit("usage: serve SOCKET_PATH WORKER_TEXT [PRELOAD...] | request SOCKET_PATH -- [-m MODULE | SCRIPT] ARGS...")
