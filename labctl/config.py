@@ -1,7 +1,10 @@
-"""Lab configuration: defaults < .env < environment < CLI flags, resolved once into a frozen dataclass.
+"""The lab spec: everything `labctl up`, `Lab(...)` and the pytest marker say a lab is, resolved once
+through one precedence (defaults < .env < DDPLAB_* in the environment < arguments: flags or keyword
+arguments) into a frozen dataclass, `LabConfig`, that the layers below receive.
 
 Pure: `resolve_config` takes the three sources as plain mappings; only `load_config` reads `.env`.
-Every setting has one environment key (DDPLAB_*), listed with a comment in `.env.example`.
+Every setting has one environment key (DDPLAB_*), listed with a comment in `.env.example`; the
+syntax of each is in labctl.parsers.
 """
 
 from __future__ import annotations
@@ -12,12 +15,37 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
-from labctl.errors import ConfigError
+from dotenv import dotenv_values
 
-MAX_NODES = 64  # beyond this a laptop or a 2-core CI runner is the bottleneck, not the lab
+from labctl.errors import ConfigError, LabError
+from labctl.parsers import (
+    AUTO,
+    MAX_NODES,
+    choice,
+    int_in,
+    matching,
+    parse_cpus,
+    parse_cuda,
+    parse_flag,
+    parse_gpus,
+    parse_memory,
+    parse_memory_limit,
+    parse_subnet,
+)
+from labctl.parsers import (
+    parse_node_cpus as parse_node_cpus_syntax,
+)
+from labctl.units import format_rate, parse_rate
+
 MAX_NPROC_PER_NODE = 32
 NODE_IP_OFFSET = 10  # node i gets the subnet's address number 10 + i; .1 is Docker's gateway
-AUTO = "auto"
+# What DDPLAB_CPU_KERNELS=avx2 puts in every node's environment: torch's own kernels (ATen), MKL's
+# BLAS (in conditional numerical reproducibility mode) and oneDNN held to AVX2, which every x86-64
+# CPU since 2013 has, so a run ends at the same loss and checksum on a host with AVX-512 as on one
+# without (the numbers are in docs/explanation/measurements.md). `native` lets each pick the
+# host's best, as a plain torch does.
+CPU_KERNEL_ENV = {"avx2": {"ATEN_CPU_CAPABILITY": "avx2", "MKL_CBWR": "AVX2", "ONEDNN_MAX_CPU_ISA": "AVX2"},
+                  "native": {}}
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -40,12 +68,18 @@ class LabConfig:
     """Node image tag; empty means ddplab-node:torch<TORCH_VERSION>-cpu."""
     cpus: float | None = None
     """CPU limit per node (docker --cpus), None for no limit."""
+    node_cpus: tuple[tuple[str, float], ...] = ()
+    """Per-node CPU limits over `cpus`, as (node, cpus) sorted by node: `up --node-cpus node2=0.25` (a straggler)."""
     memory: str | None = "4g"
     """Memory limit per node (docker --memory, e.g. 512m, 4g), None for no limit."""
     pids_limit: int = 4096
     """Process/thread limit per node (torch starts a thread pool per process)."""
     iface: str = "eth0"
     """Socket interface of the lab network inside a node (GLOO/NCCL_SOCKET_IFNAME)."""
+    bw: str | None = None
+    """Every node's link rate, shaped at bring-up (`labctl shape --bw` later changes it), e.g. '1gbit'; None: unshaped."""
+    ssh: bool | None = None
+    """Every node is also an SSH host for `labctl hosts` (`up --ssh`); None: as the running lab is, off for a new one."""
     gpus: str | None = None
     """The machine's GPUs the lab gets: 'all', a count 'N' (the first N) or indices '0,2' ('1,' names GPU 1
     alone); None for none. Nodes take them in order, `gpus_per_node` each (labctl.lab.gpus)."""
@@ -60,6 +94,10 @@ class LabConfig:
     tcp_cc: str = "cubic"
     """TCP congestion control of the nodes' sockets (cubic, Linux's default, so a lab measures the same on every
     host), or 'host' to keep the host's (labctl.lab.tcp)."""
+    cpu_kernels: str = "avx2"
+    """'avx2': the nodes' CPU kernels (torch's, MKL's, oneDNN's) held to AVX2, so results are the same on every x86
+    host (labctl.config.CPU_KERNEL_ENV); 'native': each host's best, results differ between hosts with and without
+    AVX-512."""
     scheduler: str = "none"
     """'slurm': the nodes are also a Slurm cluster (node0 runs slurmctld, every node slurmd and munged, as root
     in the node; `labctl slurm`); 'none': a plain lab."""
@@ -98,153 +136,69 @@ class LabConfig:
     def memory_bytes(self) -> int | None:
         return None if self.memory is None else parse_memory(self.memory)
 
+    @property
+    def node_cpu_limits(self) -> dict[str, float]:
+        return dict(self.node_cpus)
+
+    @property
+    def node_env(self) -> dict[str, str]:
+        """What every node's env file carries from these settings alone (the CPU kernel level)."""
+        return {"DDPLAB_CPU_KERNELS": self.cpu_kernels, **CPU_KERNEL_ENV[self.cpu_kernels]}
+
 
 def cuda_tag(torch_version: str) -> str:
     return f"ddplab-node:torch{torch_version}-cuda"
 
 
-# ---------------------------------------------------------------------------------------------
-# parsers: each takes the raw string and returns the typed value or raises ValueError(allowed)
+def _rate(raw: str) -> str:
+    """A link rate, in tc's short form ('1gbit'); refusals as `labctl shape --bw` says them."""
+    try:
+        return format_rate(parse_rate(str(raw).strip()))
+    except ConfigError as exc:
+        raise ValueError(exc.message.split(": ", 1)[-1] + (f" ({exc.hint})" if exc.hint else "")) from None
+
+
+def _optional(parse: Callable[[str], Any]) -> Callable[[str], Any]:
+    """`parse`, or None for an empty value (a setting that may be left unset in .env)."""
+    return lambda raw: None if str(raw).strip() == "" else parse(raw)
+
 
 _LAB_RE = re.compile(r"^[a-z0-9][a-z0-9_-]{0,30}$")
 _IFACE_RE = re.compile(r"^[A-Za-z0-9_.:-]{1,15}$")
 _VERSION_RE = re.compile(r"^\d+\.\d+\.\d+$")
-_MEMORY_RE = re.compile(r"^(\d+)([bkmg]?)$", re.IGNORECASE)
-_MEMORY_UNITS = {"": 1, "b": 1, "k": 1024, "m": 1024**2, "g": 1024**3}
-MIN_MEMORY_BYTES = 256 * 1024**2  # torch alone needs this much to import and run a tiny model
-
-
-def _int_in(lo: int, hi: int) -> Callable[[str], int]:
-    def parse(raw: str) -> int:
-        try:
-            value = int(str(raw).strip())
-        except ValueError:
-            raise ValueError(f"must be a whole number from {lo} to {hi}") from None
-        if not lo <= value <= hi:
-            raise ValueError(f"must be from {lo} to {hi}")
-        return value
-
-    return parse
-
-
-def _regex(pattern: re.Pattern[str], allowed: str) -> Callable[[str], str]:
-    def parse(raw: str) -> str:
-        value = str(raw).strip()
-        if not pattern.match(value):
-            raise ValueError(allowed)
-        return value
-
-    return parse
-
-
-def parse_subnet(raw: str) -> str:
-    value = str(raw).strip()
-    if value.lower() == AUTO:
-        return AUTO
-    try:
-        net = ipaddress.ip_network(value, strict=False)
-    except ValueError:
-        raise ValueError("must be an IPv4 network in CIDR form such as 172.28.0.0/24, or 'auto'") from None
-    if net.version != 4:
-        raise ValueError("must be an IPv4 network (the lab network is IPv4 only)")
-    if str(net) != value:
-        raise ValueError(f"has host bits set; did you mean {net}?")
-    if net.prefixlen > 28:
-        raise ValueError("must be a /28 or larger (prefix length at most 28)")
-    if net.is_loopback or net.is_multicast or net.is_link_local:
-        raise ValueError("must be an ordinary private range, not loopback, multicast or link-local")
-    return value
-
-
-def parse_cpus(raw: str) -> float | None:
-    value = str(raw).strip()
-    if value in ("", "0", "none"):
-        return None
-    try:
-        cpus = float(value)
-    except ValueError:
-        raise ValueError("must be a number of CPUs such as 0.5 or 2 (empty for no limit)") from None
-    if not 0.01 <= cpus <= 1024:
-        raise ValueError("must be from 0.01 to the host's CPU count (empty for no limit)")
-    return cpus
-
-
-def parse_cpu_limit(raw: str, key: str, hint: str | None = None) -> float:
-    """A CPU limit a flag sets (`slow --cpus`, `bench straggler --cpus`): a number, never "none"."""
-    try:
-        limit = parse_cpus(raw)
-    except ValueError as exc:
-        raise ConfigError(key, raw, str(exc)) from None
-    if limit is None:
-        raise ConfigError(key, raw, "must be a CPU count such as 0.25", hint=hint)
-    return limit
-
-
-def parse_memory(raw: str) -> int:
-    match = _MEMORY_RE.match(str(raw).strip())
-    if not match:
-        raise ValueError("must be a size such as 512m or 4g (units b, k, m, g)")
-    return int(match.group(1)) * _MEMORY_UNITS[match.group(2).lower()]
-
-
-def _memory(raw: str) -> str | None:
-    value = str(raw).strip().lower()
-    if value in ("", "none", "0"):
-        return None
-    if parse_memory(value) < MIN_MEMORY_BYTES:
-        raise ValueError("must be at least 256m: a node needs that much to run torch")
-    return value
-
-
-def _gpus(raw: str) -> str | None:
-    from labctl.lab.gpus import parse_gpus  # the GPU syntax lives with the GPU plan
-
-    return parse_gpus(raw)
-
-
-def _cuda(raw: str) -> str:
-    from labctl.lab.gpus import parse_cuda
-
-    return parse_cuda(raw)
-
-
-def _choice(*allowed: str) -> Callable[[str], str]:
-    def parse(raw: str) -> str:
-        value = str(raw).strip().lower()
-        if value not in allowed:
-            raise ValueError(f"must be one of {', '.join(allowed)}")
-        return value
-
-    return parse
-
+_PATH = re.compile(r"^[^\x00]*$")
 
 # setting -> (environment key, parser). The order is the order of .env.example.
 SETTINGS: dict[str, tuple[str, Callable[[str], Any]]] = {
-    "lab": ("DDPLAB_LAB", _regex(_LAB_RE, "must be 1-31 lowercase letters, digits, '-' or '_', starting with a letter or digit")),
-    "nodes": ("DDPLAB_NODES", _int_in(1, MAX_NODES)),
-    "nproc_per_node": ("DDPLAB_NPROC_PER_NODE", _int_in(1, MAX_NPROC_PER_NODE)),
+    "lab": ("DDPLAB_LAB", matching(_LAB_RE, "must be 1-31 lowercase letters, digits, '-' or '_', starting with a letter or digit")),
+    "nodes": ("DDPLAB_NODES", int_in(1, MAX_NODES)),
+    "nproc_per_node": ("DDPLAB_NPROC_PER_NODE", int_in(1, MAX_NPROC_PER_NODE)),
     "subnet": ("DDPLAB_SUBNET", parse_subnet),
     # Nodes run as the invoking user, who cannot bind ports below 1024.
-    "master_port": ("DDPLAB_MASTER_PORT", _int_in(1024, 65535)),
-    "torch_version": ("DDPLAB_TORCH_VERSION", _regex(_VERSION_RE, "must be a release such as 2.13.0")),
-    "base_image": ("DDPLAB_BASE_IMAGE", _regex(re.compile(r"^\S+$"), "must be an image reference such as python:3.11-slim-bookworm")),
-    "image": ("DDPLAB_IMAGE", _regex(re.compile(r"^\S*$"), "must be an image tag without spaces, or empty")),
+    "master_port": ("DDPLAB_MASTER_PORT", int_in(1024, 65535)),
+    "torch_version": ("DDPLAB_TORCH_VERSION", matching(_VERSION_RE, "must be a release such as 2.13.0")),
+    "base_image": ("DDPLAB_BASE_IMAGE", matching(re.compile(r"^\S+$"), "must be an image reference such as python:3.11-slim-bookworm")),
+    "image": ("DDPLAB_IMAGE", matching(re.compile(r"^\S*$"), "must be an image tag without spaces, or empty")),
     "cpus": ("DDPLAB_CPUS", parse_cpus),
-    "memory": ("DDPLAB_MEMORY", _memory),
-    "pids_limit": ("DDPLAB_PIDS_LIMIT", _int_in(64, 1_000_000)),
-    "iface": ("DDPLAB_IFACE", _regex(_IFACE_RE, "must be a network interface name such as eth0 (1-15 characters)")),
-    "gpus": ("DDPLAB_GPUS", _gpus),
-    "gpus_per_node": ("DDPLAB_GPUS_PER_NODE", _int_in(1, 16)),
-    "cuda": ("DDPLAB_CUDA", _cuda),
-    "nccl_transport": ("DDPLAB_NCCL_TRANSPORT", _choice("socket", "auto")),
-    "tcp_cc": ("DDPLAB_TCP_CC", _regex(re.compile(r"^[a-z][a-z0-9_]{0,15}$"),
-                                       "must be a congestion control such as cubic, bbr or reno, or 'host'")),
-    "scheduler": ("DDPLAB_SCHEDULER", _choice("none", "slurm")),
-    "torch_index_url": ("DDPLAB_TORCH_INDEX_URL", _regex(re.compile(r"^(https?|file)://\S+$"), "must be an http(s):// or file:// URL")),
-    "debian_mirror": ("DDPLAB_DEBIAN_MIRROR", _regex(re.compile(r"^((https?|file)://\S+)?$"), "must be an http(s):// URL or empty")),
-    "inventory": ("DDPLAB_INVENTORY", _regex(re.compile(r"^[^\x00]*$"), "must be a file path, or empty")),
-    "host_python": ("DDPLAB_HOST_PYTHON", _regex(re.compile(r"^[^\x00]*$"), "must be the path of a Python interpreter, or empty")),
-    "cache_dir": ("DDPLAB_CACHE_DIR", _regex(re.compile(r"^[^\x00]*$"), "must be a folder path, or empty")),
+    "node_cpus": ("DDPLAB_NODE_CPUS", lambda raw: () if str(raw).strip() == "" else parse_node_cpus_syntax(raw)),
+    "memory": ("DDPLAB_MEMORY", parse_memory_limit),
+    "pids_limit": ("DDPLAB_PIDS_LIMIT", int_in(64, 1_000_000)),
+    "iface": ("DDPLAB_IFACE", matching(_IFACE_RE, "must be a network interface name such as eth0 (1-15 characters)")),
+    "bw": ("DDPLAB_BW", _optional(_rate)),
+    "ssh": ("DDPLAB_SSH", _optional(parse_flag)),
+    "gpus": ("DDPLAB_GPUS", parse_gpus),
+    "gpus_per_node": ("DDPLAB_GPUS_PER_NODE", int_in(1, 16)),
+    "cuda": ("DDPLAB_CUDA", parse_cuda),
+    "nccl_transport": ("DDPLAB_NCCL_TRANSPORT", choice("socket", "auto")),
+    "tcp_cc": ("DDPLAB_TCP_CC", matching(re.compile(r"^[a-z][a-z0-9_]{0,15}$"),
+                                         "must be a congestion control such as cubic, bbr or reno, or 'host'")),
+    "cpu_kernels": ("DDPLAB_CPU_KERNELS", choice("avx2", "native")),
+    "scheduler": ("DDPLAB_SCHEDULER", choice("none", "slurm")),
+    "torch_index_url": ("DDPLAB_TORCH_INDEX_URL", matching(re.compile(r"^(https?|file)://\S+$"), "must be an http(s):// or file:// URL")),
+    "debian_mirror": ("DDPLAB_DEBIAN_MIRROR", matching(re.compile(r"^((https?|file)://\S+)?$"), "must be an http(s):// URL or empty")),
+    "inventory": ("DDPLAB_INVENTORY", matching(_PATH, "must be a file path, or empty")),
+    "host_python": ("DDPLAB_HOST_PYTHON", matching(_PATH, "must be the path of a Python interpreter, or empty")),
+    "cache_dir": ("DDPLAB_CACHE_DIR", matching(_PATH, "must be a folder path, or empty")),
 }
 
 FLAG_NAMES = {name: "--" + name.replace("_", "-") for name in SETTINGS}
@@ -259,10 +213,13 @@ def resolve_config(
     dotenv_name: str = ".env",
 ) -> LabConfig:
     """Merge the sources (later wins) and validate every value. Raises ConfigError naming the key."""
+    unknown = sorted(set(flags or {}) - set(SETTINGS))
+    if unknown:
+        raise LabError(f"no setting {unknown[0]!r}", hint=f"the settings: {', '.join(SETTINGS)}")
     layers: list[tuple[str, Mapping[str, Any], bool]] = [
         (dotenv_name, dotenv or {}, False),
         ("environment", environ or {}, False),
-        ("flag", flags or {}, True),
+        ("flag", {k: setting_text(k, v) for k, v in (flags or {}).items()}, True),
     ]
     values: dict[str, Any] = {}
     sources: dict[str, str] = {}
@@ -286,8 +243,6 @@ def resolve_config(
 
 def load_config(workspace: Path, environ: Mapping[str, str], flags: Mapping[str, Any]) -> LabConfig:
     """Read `<workspace>/.env` (if any) with python-dotenv and resolve. The only I/O in this module."""
-    from dotenv import dotenv_values
-
     env_path = workspace / ".env"
     dotenv = dotenv_values(env_path) if env_path.is_file() else {}
     return resolve_config(dotenv=dotenv, environ=environ, flags=flags, dotenv_name=str(env_path))
@@ -356,31 +311,46 @@ def pick_free_subnet(used: list[str], pool: str = AUTO_POOL, prefix: int = 24) -
     raise ConfigError("DDPLAB_SUBNET", AUTO, f"no free /{prefix} left in {pool}", hint="set DDPLAB_SUBNET to a free range")
 
 
+def parse_cpu_limit(raw: str, key: str, hint: str | None = None) -> float:
+    """A CPU limit a flag sets (`slow --cpus`, `bench straggler --cpus`): a number, never "none"."""
+    try:
+        limit = parse_cpus(raw)
+    except ValueError as exc:
+        raise ConfigError(key, raw, str(exc)) from None
+    if limit is None:
+        raise ConfigError(key, raw, "must be a CPU count such as 0.25", hint=hint)
+    return limit
+
+
 def parse_node_cpus(text: str, nodes: int, key: str = "--node-cpus") -> dict[str, float]:
-    """'node2=0.25,node0=1' -> {'node2': 0.25, 'node0': 1.0}: per-node CPU limits for stragglers."""
-    limits: dict[str, float] = {}
-    for part in (p.strip() for p in str(text).split(",")):
-        if not part:
-            continue
-        name, sep, value = part.partition("=")
-        name = name.strip()
-        match = re.fullmatch(r"node(\d+)", name)
-        if not sep or not match:
-            raise ConfigError(key, text, "must be NODE=CPUS pairs, comma-separated, e.g. node2=0.25")
-        if int(match.group(1)) >= nodes:
-            raise ConfigError(key, text, f"names {name}, but the lab has node0..node{nodes - 1}")
-        try:
-            cpus = parse_cpus(value)
-        except ValueError as exc:
-            raise ConfigError(key, text, f"{name}: {exc}") from None
-        if cpus is None:
-            raise ConfigError(key, text, f"{name}: give a CPU count such as 0.25")
-        if name in limits:
-            raise ConfigError(key, text, f"names {name} twice")
-        limits[name] = cpus
-    if not limits:
-        raise ConfigError(key, text, "must name at least one node, e.g. node2=0.25")
+    """'node2=0.25,node0=1' -> {'node0': 1.0, 'node2': 0.25}: per-node CPU limits for stragglers, on
+    a lab of `nodes` nodes."""
+    try:
+        limits = parse_node_cpus_syntax(text)
+    except ValueError as exc:
+        raise ConfigError(key, text, str(exc)) from None
+    return check_node_cpus(limits, nodes, key, text)
+
+
+def check_node_cpus(limits: tuple[tuple[str, float], ...] | Mapping[str, float], nodes: int,
+                    key: str = "--node-cpus", given: object = None) -> dict[str, float]:
+    """Per-node CPU limits that name only nodes a lab of `nodes` nodes has."""
+    limits = dict(limits)
+    beyond = [name for name in limits if int(name[4:]) >= nodes]
+    if beyond:
+        shown = given if given is not None else ",".join(f"{n}={c:g}" for n, c in limits.items())
+        raise ConfigError(key, shown, f"names {beyond[0]}, but the lab has node0..node{nodes - 1}")
     return limits
+
+
+def setting_text(name: str, value: Any) -> Any:
+    """A keyword argument as its setting spells it, for the parsers: {'node2': 0.25} is 'node2=0.25',
+    GPU indices [1] are '1,' (GPU 1, not one GPU), node names ['node0'] 'node0', 3 is '3'."""
+    if isinstance(value, Mapping):
+        return ",".join(f"{k}={v}" for k, v in value.items())
+    if isinstance(value, (list, tuple)):
+        return ",".join(map(str, value)) + ("," if name == "gpus" and len(value) == 1 else "")
+    return str(value)
 
 
 def parse_nodes_list(raw: str, key: str = "--nodes-list") -> list[int]:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import shlex
+
 
 class LabError(Exception):
     """Something the user can fix: bad input or a state of the machine. Exit status 2.
@@ -43,8 +45,6 @@ class CommandError(Exception):
     exit_code = 1
 
     def __init__(self, argv: list[str], returncode: int, stdout: str = "", stderr: str = ""):
-        import shlex
-
         self.argv = argv
         self.returncode = returncode
         self.stdout = stdout

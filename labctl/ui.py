@@ -1,15 +1,36 @@
-"""Terminal output: tables, progress and per-node colours, all through rich."""
+"""Terminal output: tables, progress and per-node colours, all through rich, which is imported
+when the first line is printed (importing labctl's modules stays cheap: `labctl.api` in a notebook,
+the pytest plugin in any test session)."""
 
 from __future__ import annotations
 
-from rich.console import Console
-
 import sys
+from functools import cache
 
-# Piped or captured output (CI logs, tests) gets wide lines instead of rich's 80-column default,
-# so tables are not cut to "…".
-console = Console(highlight=False, width=None if sys.stdout.isatty() else 200)
-err_console = Console(stderr=True, highlight=False, width=None if sys.stderr.isatty() else 200)
+
+@cache
+def stdout_console():
+    """rich's Console on stdout. Piped or captured output (CI logs, tests) gets wide lines instead
+    of rich's 80-column default, so tables are not cut to "…"."""
+    from rich.console import Console
+
+    return Console(highlight=False, width=None if sys.stdout.isatty() else 200)
+
+
+@cache
+def stderr_console():
+    from rich.console import Console
+
+    return Console(stderr=True, highlight=False, width=None if sys.stderr.isatty() else 200)
+
+
+def __getattr__(name: str):
+    """`from labctl.ui import console, err_console`, for the renderers, which import rich anyway."""
+    if name == "console":
+        return stdout_console()
+    if name == "err_console":
+        return stderr_console()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 NODE_COLOURS = ["cyan", "magenta", "green", "yellow", "blue", "red", "bright_cyan", "bright_magenta",
                 "bright_green", "bright_yellow", "bright_blue", "bright_red"]
@@ -20,7 +41,7 @@ def node_colour(index: int) -> str:
 
 
 def info(message: str) -> None:
-    err_console.print(f"[dim]•[/dim] {message}", markup=True)
+    stderr_console().print(f"[dim]•[/dim] {message}", markup=True)
 
 
 def error(message: str, hint: str | None = None) -> None:
@@ -28,6 +49,7 @@ def error(message: str, hint: str | None = None) -> None:
     Messages quote torch and gloo, whose [file:line] tags rich would read as markup: escaped."""
     from rich.markup import escape
 
+    err_console = stderr_console()
     headline, *details = message.splitlines() or [""]
     err_console.print(f"[bold red]{escape(headline)}[/bold red]", markup=True, soft_wrap=True)
     for line in details:
@@ -40,11 +62,17 @@ class BuildProgress:
     """A progress bar over the Dockerfile's steps; the current step's text as its description."""
 
     def __init__(self, verbose: bool = False):
-        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+        from rich.progress import (
+            BarColumn,
+            MofNCompleteColumn,
+            Progress,
+            TextColumn,
+            TimeElapsedColumn,
+        )
 
         self.verbose = verbose
         self.progress = Progress(TextColumn("[bold]build[/bold]"), BarColumn(), MofNCompleteColumn(),
-                                 TextColumn("{task.description}"), TimeElapsedColumn(), console=err_console,
+                                 TextColumn("{task.description}"), TimeElapsedColumn(), console=stderr_console(),
                                  transient=False)
         self.task = None
 

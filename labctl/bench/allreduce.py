@@ -26,17 +26,25 @@ import textwrap
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable
+from typing import Callable
 
-from labctl.bench.cost import DEFAULT_ALPHA_S, DEFAULT_EFFICIENCY, Link, busbw_factor, bytes_per_rank, collective_time_s
+from labctl.bench.cost import (
+    DEFAULT_ALPHA_S,
+    DEFAULT_EFFICIENCY,
+    Link,
+    busbw_factor,
+    bytes_per_rank,
+    collective_time_s,
+)
+from labctl.bench.plotting import pyplot, require_matplotlib
 from labctl.errors import LabError, StateError
+from labctl.outfile import is_stdout, save_figure
 from labctl.lab.compose import container_name
 from labctl.lab.docker import exec_in
 from labctl.net import apply as netshape
-
-if TYPE_CHECKING:
-    from labctl.lab.session import LabSession
-    from labctl.run.plan import RunPlan
+from labctl.run.plan import RunPlan
+from labctl.session import LabSession
+from labctl.units import format_rate
 
 IPERF_PORT = "5201"
 IPERF_SECONDS = 3
@@ -197,7 +205,6 @@ def measure(session: LabSession, sizes: list[int], iters: int, efficiency: float
     the rows are also written to bench-allreduce.json in the run's folder, and with `plot_path`
     drawn there."""
     if plot_path:  # refused before the minutes of measuring, not after
-        from labctl.bench.plotting import require_matplotlib
 
         require_matplotlib("bench allreduce --plot")
     nodes = session.running()
@@ -230,19 +237,15 @@ def measure(session: LabSession, sizes: list[int], iters: int, efficiency: float
                 "transfer)" if calibrated else ""))
     if plot_path:
         plot(rows, plot_path, link_bps, wire_bps, len(names), title.split(";")[0])
-        report(f"plot written to {plot_path}")
+        report(f"plot written to {'standard output' if is_stdout(plot_path) else plot_path}")
     return AllreduceReport(rows, title, plan.run_dir, len(names), slowest, link_bps, wire_bps)
 
 
 def _link_text(link_bps: int | None, slowest: str) -> str:
-    from labctl.units import format_rate
-
     return f"shaped {format_rate(link_bps)} (slowest node {slowest})" if link_bps else "unshaped"
 
 
 def plot(rows: list[Row], path: Path, link_bps: float | None, wire_bps: float | None, n: int, title: str) -> None:
-    from labctl.bench.plotting import pyplot
-
     plt = pyplot()
     sizes = [r.size for r in rows]
     fig, ax = plt.subplots(figsize=(7, 4.2), dpi=120)
@@ -265,5 +268,5 @@ def plot(rows: list[Row], path: Path, link_bps: float | None, wire_bps: float | 
     ax.legend()
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path)
+    save_figure(fig, path)
     plt.close(fig)

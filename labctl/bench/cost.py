@@ -11,14 +11,12 @@ shaped link and every preset, over the ranks given or the lab's world size.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from dataclasses import dataclass, replace
 
 from labctl.errors import ConfigError, LabError
-from labctl.units import parse_rate
-
-if TYPE_CHECKING:
-    from labctl.lab.session import LabSession
+from labctl.net import apply as netshape
+from labctl.session import LabSession
+from labctl.units import format_rate, parse_rate, parse_time_us
 
 DTYPE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
 COLLECTIVES = ("allreduce", "reduce_scatter", "allgather")
@@ -148,9 +146,6 @@ class CostReport:
 def lab_link(session: LabSession) -> tuple[tuple[str, int] | None, int | None]:
     """((rate as tc writes it, rate) of the running lab's slowest shaped link, or None when no link is
     shaped; the lab's world size). (None, None) when the lab is not up or no engine answers."""
-    from labctl.net import apply as netshape
-    from labctl.units import format_rate
-
     try:
         nodes = session.node_names()
     except LabError:
@@ -178,10 +173,6 @@ def links_to_price(texts: list[str] | tuple[str, ...], shaped: tuple[str, int] |
                    delay: str | None = None) -> list[Link]:
     """The links named (presets or rates); none named: the lab's shaped link, if any, and every preset.
     `delay` (e.g. "10ms", one way) is added to every link's per-hop latency and to its name."""
-    from dataclasses import replace
-
-    from labctl.units import parse_time_us
-
     delay_s = parse_time_us(delay, "--delay") / 1e6 if delay is not None else 0.0
     chosen = [resolve_link(text) for text in texts]
     if not chosen:

@@ -34,6 +34,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from labctl.bench.cost import DEFAULT_ALPHA_S, Link, collective_time_s
+from labctl.bench.plotting import pyplot
 from labctl.errors import RunFailed
 
 
@@ -204,8 +205,6 @@ def markdown(rows: list[Row], title: str, notes: list[str] = ()) -> str:
 
 def plot(rows: list[Row], out: Path, title: str) -> list[Path]:
     """scaling.png (tokens/s against nodes per link) and breakdown.png (compute vs communication)."""
-    from labctl.bench.plotting import pyplot
-
     plt = pyplot()
     paths = [out / "scaling.png", out / "breakdown.png"]
     fig, ax = plt.subplots(figsize=(7, 4.2), dpi=120)

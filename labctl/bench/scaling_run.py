@@ -12,17 +12,28 @@ import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable, Sequence
+from typing import Callable, Mapping, Sequence
 
-from labctl.bench.cost import DEFAULT_EFFICIENCY
-from labctl.bench.scaling import NO_GPU_NOTE, Config, Row, build_rows, no_gpu_nodes_note, plan, write_outputs
-from labctl.errors import CommandError, ConfigError, LabError, RunFailed, StateError
 from labctl import assets
+from labctl.bench.cost import DEFAULT_EFFICIENCY
+from labctl.bench.plotting import INSTALL_HINT, have_matplotlib
+from labctl.bench.scaling import (
+    NO_GPU_NOTE,
+    Config,
+    Row,
+    build_rows,
+    no_gpu_nodes_note,
+    plan,
+    write_outputs,
+)
+from labctl.config import parse_nodes_list
+from labctl.errors import CommandError, ConfigError, LabError, RunFailed, StateError
 from labctl.net import apply as netshape
+from labctl.net.tc import Shape
+from labctl.proc import run
 from labctl.run.result import find_summary
-
-if TYPE_CHECKING:
-    from labctl.lab.session import LabSession
+from labctl.session import LabSession
+from labctl.units import parse_rate, parse_time_us
 
 LAUNCH_VARS = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_RUN_ID",
                "LOCAL_WORLD_SIZE", "GROUP_RANK")
@@ -47,8 +58,6 @@ def _quiet(_message: str) -> None:
 def shaped_rates(rates: Sequence[str]) -> list[tuple[str, int]]:
     """(rate as given, bits/s) of each shaped row's link: `rates`, or 1gbit and 100mbit when none are
     given; none at all for ['none']."""
-    from labctl.units import parse_rate
-
     if list(rates) == ["none"]:
         return []
     return [(r, parse_rate(r, "--bw")) for r in (rates or DEFAULT_RATES)]
@@ -56,8 +65,6 @@ def shaped_rates(rates: Sequence[str]) -> list[tuple[str, int]]:
 
 def shaped_delay(delay: str | None, shaped: list[tuple[str, int]]) -> tuple[str, float] | None:
     """(delay as given, seconds) for the shaped rows' links, or None; refused with no shaped rows."""
-    from labctl.units import parse_time_us
-
     if delay is None:
         return None
     delay_us = parse_time_us(delay, "--delay")
@@ -79,8 +86,6 @@ def measure(session: LabSession, *, workload: str = "gpt", nodes_list: str | Seq
     largest node count; 1 leaves that row out); `host` adds the rows run on this machine; `delay`
     (e.g. "10ms") adds that one-way delay to every shaped row's links, which needs the kernel's
     netem: probed before anything runs."""
-    from labctl.bench.plotting import INSTALL_HINT, have_matplotlib
-
     shaped = shaped_rates(rates)
     delayed = shaped_delay(delay, shaped)
     names, counts, gpu_nodes = _lab_for(session, nodes_list)
@@ -111,7 +116,7 @@ def measure(session: LabSession, *, workload: str = "gpt", nodes_list: str | Seq
     def run(c: Config) -> None:
         if c.place == "host":
             runs = out / "host-runs" / c.name.replace(", ", "-").replace(" ", "")
-            summary = run_host(c, trainer_args, runs, threads, host_python)
+            summary = run_host(c, trainer_args, runs, threads, host_python, session.config.node_env)
         else:
             summary = run_lab(session, c, trainer_args, node_env)
         summaries[c.name].append(summary)
@@ -146,8 +151,6 @@ def leading_gpu_nodes(nodes) -> int:
 def _lab_for(session: LabSession, nodes_list: str | Sequence[int] | None) -> tuple[list[str], list[int], int]:
     """The running lab's nodes, the node counts to run and how many of its first nodes have a GPU,
     refusing counts it lacks and shaped links."""
-    from labctl.config import parse_nodes_list
-
     nodes = session.running()
     if not nodes_list:
         counts = list(range(1, len(nodes) + 1))
@@ -169,8 +172,6 @@ def run_rounds(session: LabSession, names: list[str], configs: list[Config], sha
     """`repeats` rounds over the rows: in each, the unshaped rows, then for each rate every node's
     link shaped to it (and delayed by `delay_us`), its rows, and the links cleared. Cleared again at
     the end, whatever happened."""
-    from labctl.net.tc import Shape
-
     iface = session.config.iface
     try:
         for _ in range(repeats):
@@ -201,8 +202,6 @@ def parse_summary(lines: list[str]) -> dict:
 def host_torch(python: str) -> str:
     """The torch release of the Python that runs the host rows, or a clear error saying how to get one.
     Asked of that interpreter in a subprocess: labctl's own environment needs no torch."""
-    from labctl.proc import run
-
     try:
         probe = run([python, "-c", "import torch; print(torch.__version__)"], check=False, timeout_s=120)
     except CommandError as exc:  # the interpreter itself is missing or hangs
@@ -219,8 +218,6 @@ def host_torch(python: str) -> str:
 def host_gpu(python: str) -> str | None:
     """The name of the GPU the host rows' Python would train on (its torch has CUDA and sees a device),
     or None. Asked of that interpreter, as host_torch is; any failure is no GPU."""
-    from labctl.proc import run
-
     code = ("import torch; ok = torch.cuda.is_available() and torch.cuda.device_count() > 0; "
             "print('gpu=' + (torch.cuda.get_device_name(0) if ok else ''))")
     try:
@@ -231,11 +228,14 @@ def host_gpu(python: str) -> str | None:
     return (found[-1].strip() or None) if probe.returncode == 0 and found else None
 
 
-def run_host(config: Config, trainer_args: list[str], run_dir: Path, threads: int, python: str = sys.executable) -> dict:
+def run_host(config: Config, trainer_args: list[str], run_dir: Path, threads: int, python: str = sys.executable,
+             kernels: Mapping[str, str] | None = None) -> dict:
     """The trainer on the host: one plain process, or torchrun --standalone with N; the 1-GPU row
-    (config.device "cuda") as torchrun --standalone with 1, on nccl. The CPU rows see no GPU."""
+    (config.device "cuda") as torchrun --standalone with 1, on nccl. The CPU rows see no GPU.
+    `kernels`: the lab's CPU kernel settings (LabConfig.node_env), so host and lab rows compute alike."""
     cuda = config.device == "cuda"
     env = {k: v for k, v in os.environ.items() if k not in LAUNCH_VARS}
+    env.update(kernels or {})
     env.update(OMP_NUM_THREADS=str(threads), PYTHONUNBUFFERED="1")
     if not cuda:
         env["CUDA_VISIBLE_DEVICES"] = ""

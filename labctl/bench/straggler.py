@@ -13,15 +13,13 @@ import json
 import statistics
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable
+from typing import Callable
 
 from labctl.bench.scaling import Config, median_run
 from labctl.bench.scaling_run import run_lab
 from labctl.errors import RunFailed, StateError
 from labctl.lab import docker as lab_docker
-
-if TYPE_CHECKING:
-    from labctl.lab.session import LabSession
+from labctl.session import LabSession
 
 SPLITS = ("even", "balanced")
 # The median run's figures reported for each split.

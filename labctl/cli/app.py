@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import atexit
 import gc
+import importlib
 import logging
 import os
 import sys
@@ -13,7 +14,15 @@ from pathlib import Path
 import click
 
 from labctl import __version__
+from labctl.api import Hosts, Lab
+from labctl.config import load_config
 from labctl.errors import CommandError, LabError, RunFailed
+from labctl.hosts.inventory import load_inventory
+from labctl.hosts.labnodes import INVENTORY_FILE
+from labctl.lab.docker import docker_client
+from labctl.lab.lifecycle import lab_dir
+from labctl.ui import BuildProgress, error, info
+from labctl.workspace import find_workspace
 
 CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
 
@@ -24,8 +33,6 @@ class Session:
     environment, and the Docker client, made at most once and only here."""
 
     def __init__(self, workspace: Path | None = None, environ=None, cwd: Path | None = None):
-        from labctl.workspace import find_workspace
-
         self.cwd = (cwd or Path.cwd()).resolve()
         self.workspace = workspace.resolve() if workspace else find_workspace(self.cwd)
         self.environ = os.environ if environ is None else environ
@@ -34,50 +41,26 @@ class Session:
     @property
     def client(self):
         if self._client is None:
-            from labctl.lab.docker import docker_client
-
             self._client = docker_client()
         return self._client
 
     def config(self, **flags):
         """The configuration: defaults < .env < environment < the flags given (None: not given)."""
-        from labctl.config import load_config
-
         return load_config(self.workspace, self.environ, {k: v for k, v in flags.items() if v is not None})
 
     def lab(self, name: str | None = None, **settings):
         """The labctl.api.Lab a command works on, reporting progress on stderr."""
-        from labctl.api import Lab
-
-        lab = Lab(name, workspace=self.workspace, environ=self.environ, report=_info, build_progress=_build_progress,
+        lab = Lab(name, workspace=self.workspace, environ=self.environ, report=info, build_progress=BuildProgress,
                   connect=lambda: self.client, **settings)
         lab.owner_session = "cli"
         return lab
 
     def hosts(self, lab: str | None, inventory: str | None, accept_new: bool = False):
         """The labctl.api.Hosts of the inventory given, or of the one `labctl up --ssh` wrote for the lab."""
-        from labctl.api import Hosts
-        from labctl.hosts.labnodes import INVENTORY_FILE
-        from labctl.lab.lifecycle import lab_dir
-
-        from labctl.hosts.inventory import load_inventory
-
         config = self.config(lab=lab, inventory=inventory)
         path = Path(config.inventory) if config.inventory else lab_dir(self.workspace, config.lab) / INVENTORY_FILE
         return Hosts(load_inventory(path, given=bool(config.inventory)), accept_new=accept_new,
-                     workspace=self.workspace, report=_info)
-
-
-def _info(message: str) -> None:
-    from labctl.ui import info  # rich, imported on the first message: `up` has Compose running by then
-
-    info(message)
-
-
-def _build_progress():
-    from labctl.ui import BuildProgress
-
-    return BuildProgress()
+                     workspace=self.workspace, report=info)
 
 
 def session() -> Session:
@@ -95,8 +78,6 @@ COMMAND_MODULES = {
 
 
 def load_all_commands() -> None:
-    import importlib
-
     for module in sorted(set(COMMAND_MODULES.values())):
         importlib.import_module(f"labctl.cli.{module}")
 
@@ -110,8 +91,6 @@ class LabGroup(click.Group):
 
     def get_command(self, ctx: click.Context, name: str):
         if name in COMMAND_MODULES and name not in self.commands:
-            import importlib
-
             importlib.import_module(f"labctl.cli.{COMMAND_MODULES[name]}")
         return super().get_command(ctx, name)
 
@@ -135,8 +114,6 @@ class LabGroup(click.Group):
 
 
 def _fail(message: str, hint: str | None, code: int):
-    from labctl.ui import error
-
     error(message, hint)
     sys.exit(code)
 

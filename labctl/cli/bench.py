@@ -6,9 +6,16 @@ from pathlib import Path
 
 import click
 
+from labctl.bench import allreduce, scaling_run, straggler
+from labctl.bench.bringup import bench_up
+from labctl.bench.cost import estimate, parse_params
 from labctl.cli.app import CONTEXT, main, session
 from labctl.cli.options import lab_option, nccl_debug_option
-
+from labctl.config import parse_cpu_limit, parse_nodes_list
+from labctl.run.userenv import NCCL_DEBUG_ENV
+from labctl.outfile import is_stdout
+from labctl.ui import info
+from labctl.units import parse_size_range
 
 # ------------------------------------------------------------------------------------------ cost
 
@@ -35,7 +42,6 @@ def cost(params, dtype, ranks, links, delay, compute_s, collective, grad_accum, 
     reduce-scatter or all-gather (S = params x dtype bytes); time = bytes / (rate x efficiency)
     + 2(n-1) x alpha, where alpha is the link's typical latency plus --delay.
     """
-    from labctl.bench.cost import estimate, parse_params
     from labctl.cli import render_bench
 
     count = parse_params(params)
@@ -62,10 +68,7 @@ def bench_up_cmd(nodes_list, repeats, as_json) -> None:
     Uses a lab named bench-up (image must be built), removed at the end. Reports medians and
     their ratio; the two are alternated so a change in the machine's load hits both alike.
     """
-    from labctl.bench.up import bench_up
     from labctl.cli import render_bench
-    from labctl.config import parse_nodes_list
-    from labctl.ui import info
 
     counts = parse_nodes_list(nodes_list)
     results = bench_up(session().client, session().workspace, counts, repeats, info)
@@ -80,7 +83,8 @@ def bench_up_cmd(nodes_list, repeats, as_json) -> None:
 @click.option("--efficiency", type=click.FloatRange(0.01, 1.0), default=0.85, show_default=True,
               help="Efficiency the cost model assumes.")
 @click.option("--json", "as_json", is_flag=True, help="Print the rows as a JSON list.")
-@click.option("--plot", "plot_path", type=click.Path(dir_okay=False, path_type=Path), help="Write a PNG of busbw against size.")
+@click.option("--plot", "plot_path", type=click.Path(dir_okay=False, path_type=Path),
+              help="Write a PNG of busbw against size; - for standard output (the table then goes to stderr).")
 @nccl_debug_option
 def bench_allreduce_cmd(lab, sizes, iters, efficiency, as_json, plot_path, nccl_debug) -> None:
     """An nccl-tests-style allreduce sweep across the lab's nodes, beside the cost model and the wire.
@@ -89,16 +93,14 @@ def bench_allreduce_cmd(lab, sizes, iters, efficiency, as_json, plot_path, nccl_
     busbw = algbw x 2(n-1)/n; model = the ring cost model at the slowest shaped link (or the
     iperf3-measured wire when unshaped); busbw/wire = the collective stack's efficiency.
     """
-    from labctl.bench.allreduce import measure
     from labctl.cli import render_bench
-    from labctl.run.userenv import NCCL_DEBUG_ENV
-    from labctl.ui import info
-    from labctl.units import parse_size_range
 
+    if as_json and is_stdout(plot_path):
+        raise click.UsageError("--json and --plot - both want standard output; give --plot a file name")
     size_list = parse_size_range(sizes)
     env = NCCL_DEBUG_ENV if nccl_debug else None
-    report = measure(session().lab(lab), size_list, iters, efficiency, info, plot_path, env)
-    render_bench.print_allreduce(report, as_json)
+    report = allreduce.measure(session().lab(lab), size_list, iters, efficiency, info, plot_path, env)
+    render_bench.print_allreduce(report, as_json, to_stderr=is_stdout(plot_path))
 
 
 @bench.command("scaling", context_settings=CONTEXT)
@@ -133,11 +135,9 @@ def bench_scaling_cmd(lab, workload, nodes_list, rates, delay, nproc, steps, mic
     communication to compute, and the scaling efficiency against 1 process. The lab must be up
     with at least the largest node count, and unshaped: rows are shaped and cleared here.
     """
-    from labctl.bench.scaling_run import measure
     from labctl.cli import render_bench
-    from labctl.ui import info
 
-    report = measure(session().lab(lab), workload=workload, nodes_list=nodes_list, rates=rates, nproc=nproc,
+    report = scaling_run.measure(session().lab(lab), workload=workload, nodes_list=nodes_list, rates=rates, nproc=nproc,
                      steps=steps, micro_batch=micro_batch, threads=threads, repeats=repeats, efficiency=efficiency,
                      host=not no_host, out_dir=out_dir, report=info, delay=delay)
     render_bench.print_scaling(report, as_json)
@@ -162,12 +162,9 @@ def bench_straggler_cmd(lab, node, cpus, workload, micro_batch, steps, repeats, 
     its speed, and trains again: same samples per step, same gradient, less waiting. The node's
     CPU limit is put back at the end.
     """
-    from labctl.bench.straggler import measure
     from labctl.cli import render_bench
-    from labctl.config import parse_cpu_limit
-    from labctl.ui import info
 
     limit = parse_cpu_limit(cpus, "--cpus")
-    result = measure(session().lab(lab), node=node, cpus=limit, workload=workload, micro_batch=micro_batch,
+    result = straggler.measure(session().lab(lab), node=node, cpus=limit, workload=workload, micro_batch=micro_batch,
                      steps=steps, repeats=repeats, report=info)
     render_bench.print_straggler(result, as_json)

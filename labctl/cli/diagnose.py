@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import sys
+from dataclasses import asdict
 
 import click
 
 from labctl.cli.app import CONTEXT, main, session
 from labctl.cli.options import json_option, lab_option
+from labctl.diagnose.scenarios import SCENARIOS, run_scenarios, select_scenarios
+from labctl.ui import info, stdout_console
 
 
 @main.command(context_settings=CONTEXT)
@@ -33,10 +36,8 @@ def scenario() -> None:
 def scenario_list() -> None:
     """The scenarios, what each teaches, and its time bound."""
     from labctl.cli.render import scenarios_table
-    from labctl.diagnose.scenarios import SCENARIOS
-    from labctl.ui import console
 
-    console.print(scenarios_table(SCENARIOS.values()))
+    stdout_console().print(scenarios_table(SCENARIOS.values()))
 
 
 @scenario.command("run", context_settings=CONTEXT)
@@ -46,11 +47,7 @@ def scenario_run(names, as_json) -> None:
     """Reproduce each trap on a fresh 2-node lab (scn-NAME), show torch's symptom and how long it
     took to show, doctor's diagnosis, then the fix and a run that succeeds. The lab is removed at
     the end. Exit status 0 when every fix worked within its bound."""
-    from dataclasses import asdict
-
     from labctl.cli import render
-    from labctl.diagnose.scenarios import SCENARIOS, run_scenarios, select_scenarios
-    from labctl.ui import info
 
     chosen = select_scenarios(names)
     show = None if as_json else (lambda outcome: render.print_scenario(outcome, SCENARIOS[outcome.name].title))

@@ -21,6 +21,7 @@ from labctl.cli.options import (
     run_options,
     script_argument,
 )
+from labctl.run.userenv import build_user_env
 
 
 @main.group(context_settings=CONTEXT)
@@ -49,9 +50,7 @@ def hosts_check(lab, inventory, accept_new, as_json) -> None:
     socket interface, and the rendezvous and back-connect ports between every pair of hosts. Exit
     status 1 when something is wrong; each problem names the host and the fix."""
     from labctl.cli import render
-    from labctl.hosts.ssh import require_tools
 
-    require_tools("ssh")
     if not render.report_check(session().hosts(lab, inventory, accept_new).check(), as_json):
         sys.exit(1)
 
@@ -68,9 +67,7 @@ def hosts_sync(lab, inventory, accept_new, excludes, dry_run) -> None:
     host's env file there (under .lab/<name>/). Only a folder that is empty or was made by an
     earlier sync is mirrored into: --delete never empties a folder of yours."""
     from labctl.cli import render
-    from labctl.hosts.ssh import require_tools
 
-    require_tools("ssh", "rsync")
     the_hosts = session().hosts(lab, inventory, accept_new)
     if dry_run:
         render.print_host_commands(the_hosts.sync_commands(excludes))
@@ -106,24 +103,18 @@ def hosts_run(lab, inventory, accept_new, nproc_per_node, launcher, timeout_s, p
       labctl hosts run --inventory cluster.toml -- -m trainer --epochs 3
       labctl hosts run -e NCCL_DEBUG=INFO -- my_ddp_script.py --lr 0.1   # the lab's nodes, after `labctl up --ssh`
     """
-    from labctl.api import check_nproc, check_timeout
     from labctl.cli import render
-    from labctl.hosts.ssh import require_tools
-    from labctl.run.userenv import build_user_env
 
-    check_nproc(nproc_per_node)
-    check_timeout(timeout_s)
     where = session()
     env = build_user_env(env_pairs, env_files, where.environ, nccl_debug)
-    require_tools("ssh", *([] if no_sync else ["rsync"]))
     the_hosts = where.hosts(lab, inventory, accept_new)
     plan = the_hosts.run_plan(*script, launcher=launcher, nproc_per_node=nproc_per_node, pg_timeout_s=pg_timeout_s,
-                              env=env, cwd=where.cwd)
+                              env=env, cwd=where.cwd, timeout_s=timeout_s)
     if dry_run:
         render.print_launches(plan.job, plan.hosts.address)
         return
     if not no_preflight:
         render.print_preflight(the_hosts.preflight(plan, nproc_per_node), the_hosts.full_check)
-    result = the_hosts.execute(plan, timeout_s=timeout_s, sync=not no_sync, excludes=excludes,
+    result = the_hosts.execute(plan, sync=not no_sync, excludes=excludes,
                                echo="stderr" if as_json else True, check=not as_json)
     render.finish_run(result, as_json)

@@ -3,13 +3,28 @@
 from __future__ import annotations
 
 import functools
+import logging
+import os
+import shlex
+import sys
 import time
 from pathlib import Path
 
 import click
 
+from labctl import api
 from labctl.cli.app import CONTEXT, main, session
-from labctl.cli.options import SCRIPT_CONTEXT, dry_run_option, json_option, lab_option, nproc_option, torchrun_option
+from labctl.cli.options import (
+    SCRIPT_CONTEXT,
+    dry_run_option,
+    json_option,
+    lab_option,
+    nproc_option,
+    torchrun_option,
+)
+from labctl.lab import image as image_mod
+from labctl.lab.envfiles import check_rdzv_id, parse_hosts, write_host_env_files
+from labctl.ui import BuildProgress, info, stdout_console
 
 
 @main.command(context_settings=CONTEXT)
@@ -35,9 +50,6 @@ def build(torch_version, cuda, base_image, image, force, verbose_build, mismatch
     Works without a registry: when the base image cannot be pulled, a local Debian base is built
     with debootstrap, and Python packages come from a wheelhouse the host fills with pip.
     """
-    from labctl.lab import image as image_mod
-    from labctl.ui import BuildProgress, info
-
     if as_json and not print_hash:
         raise click.UsageError("--json goes with --print-hash (a build reports on stderr)")
     if print_hash and (force or mismatch_image):
@@ -70,11 +82,13 @@ def build(torch_version, cuda, base_image, image, force, verbose_build, mismatch
 @click.option("--subnet", metavar="CIDR", help="Lab network, e.g. 172.28.5.0/24, or auto [env DDPLAB_SUBNET; default auto].")
 @torchrun_option("--master-port", metavar="PORT", help="Rendezvous port on node0, 1024-65535 [env DDPLAB_MASTER_PORT; default 29500].")
 @click.option("--image", metavar="TAG", help="Node image [env DDPLAB_IMAGE].")
-@click.option("--bw", metavar="RATE", help="Shape every node's link at bring-up, e.g. 1gbit (as `labctl shape --bw`).")
-@click.option("--node-cpus", metavar="NODE=C,...", help="Per-node CPU limits over --cpus, e.g. node2=0.25 (a straggler).")
+@click.option("--bw", metavar="RATE", help="Shape every node's link at bring-up, e.g. 1gbit (as `labctl shape --bw`) "
+                                           "[env DDPLAB_BW].")
+@click.option("--node-cpus", metavar="NODE=C,...", help="Per-node CPU limits over --cpus, e.g. node2=0.25 (a straggler) "
+                                                        "[env DDPLAB_NODE_CPUS].")
 @click.option("--ssh/--no-ssh", default=None,
               help="Make every node an SSH host and write .lab/<lab>/hosts.toml for `labctl hosts` "
-                   "[default: as the running lab is; off for a new one].")
+                   "[env DDPLAB_SSH; default: as the running lab is; off for a new one].")
 @click.option("--gpus", metavar="all|N|LIST",
               help="The machine's GPUs the lab gets: all, the first N, or indices such as 0,2 (GPU 1 alone: 1,); "
                    "nodes take them in order, --gpus-per-node each [env DDPLAB_GPUS; default none].")
@@ -90,14 +104,17 @@ def build(torch_version, cuda, base_image, image, force, verbose_build, mismatch
 @click.option("--tcp-cc", metavar="NAME|host",
               help="TCP congestion control of the nodes' sockets, e.g. cubic or bbr; host keeps the host's "
                    "[env DDPLAB_TCP_CC; default cubic, so shaped links measure the same on every host].")
+@click.option("--cpu-kernels", type=click.Choice(["avx2", "native"], case_sensitive=False),
+              help="avx2: the nodes' CPU kernels (torch, MKL, oneDNN) held to AVX2, so runs end at the same loss and "
+                   "checksum on every x86 host; native: each host's best, faster where it has AVX-512, but its "
+                   "numbers differ [env DDPLAB_CPU_KERNELS; default avx2].")
 @click.option("--scheduler", type=click.Choice(["none", "slurm"], case_sensitive=False), default=None,
               help="slurm: the nodes also form a Slurm cluster for `labctl slurm` [env DDPLAB_SCHEDULER; default none; "
                    "a running lab keeps its own].")
 @dry_run_option("Print each node's GPUs and image, and the Compose file and env files that would be used; "
                 "change nothing (refused as `up` is where the machine cannot give the GPUs).")
 @json_option("Print the node table as JSON (as `status --json`).")
-def up(lab, nodes, nproc_per_node, cpus, memory, subnet, master_port, image, bw, node_cpus, ssh, gpus, gpus_per_node,
-       cuda, nccl_transport, tcp_cc, scheduler, dry_run, as_json) -> None:
+def up(lab, dry_run, as_json, **settings) -> None:
     """Start (or reconcile) the lab: nodes node0..node{N-1} on their own bridge network.
 
     On a running lab, `up` reconciles instead of failing: `--nodes 5` on a 3-node lab adds two
@@ -111,12 +128,11 @@ def up(lab, nodes, nproc_per_node, cpus, memory, subnet, master_port, image, bw,
     node's env file then says which backend the job uses: nccl when every node has a GPU, gloo when
     GPU and CPU nodes mix. A running lab keeps its GPUs unless --gpus or --cuda is given.
 
-    The options torchrun has too take its spellings as well (--nproc_per_node, --master_port).
+    Every option has a DDPLAB_* setting (.env, the environment) that it overrides; they make one
+    lab spec, as `labctl.api.Lab(...)` and the pytest marker do. The options torchrun has too take
+    its spellings as well (--nproc_per_node, --master_port).
     """
-    the_lab = session().lab(lab, nodes=nodes, nproc_per_node=nproc_per_node, cpus=cpus, memory=memory,
-                            subnet=subnet, master_port=master_port, image=image, bw=bw, node_cpus=node_cpus, ssh=ssh,
-                            gpus=gpus, gpus_per_node=gpus_per_node, cuda=cuda, nccl_transport=nccl_transport,
-                            tcp_cc=tcp_cc, scheduler=scheduler)
+    the_lab = session().lab(lab, **settings)
     if dry_run:
         from labctl.cli import render
 
@@ -136,7 +152,6 @@ def status(lab, as_json) -> None:
     """Show each node as Docker sees it now: IP, torch version, state, and its link as the kernel
     reports it (read back with tc, not from a cache)."""
     from labctl.cli import render
-    from labctl.ui import info
 
     the_lab = session().lab(lab)
     nodes = the_lab.status()
@@ -158,12 +173,11 @@ def down(lab, volumes, dry_run) -> None:
     down` keeps it; `down` names it when it does. Run logs and env files under .lab/<lab>/ stay.
     """
     from labctl.cli import render
-    from labctl.ui import console
 
     the_lab = session().lab(lab)
     if dry_run:
         for kind, names in the_lab.resources(volumes).items():
-            console.print(f"{kind}: {', '.join(names) or '-'}", markup=False)
+            stdout_console().print(f"{kind}: {', '.join(names) or '-'}", markup=False)
         return
     removed = the_lab.down(volumes=volumes)
     render.print_down(the_lab.name, removed, the_lab.resources(volumes=True))
@@ -182,16 +196,13 @@ def env(hosts, iface, nproc_per_node, master_port, rdzv_id, out_dir) -> None:
 
     The options torchrun has too take its spellings as well (--nproc_per_node, --master_port, --rdzv_id).
     """
-    from labctl.lab.envfiles import check_rdzv_id, parse_hosts, write_host_env_files
-    from labctl.ui import console, info
-
     addresses = parse_hosts(hosts)
     check_rdzv_id(rdzv_id)
     config = session().config(iface=iface, nproc_per_node=nproc_per_node, master_port=master_port)
     paths, commands = write_host_env_files(addresses, config, rdzv_id, out_dir)
     info(f"wrote {len(paths)} env files to {out_dir}/ (copy each to its machine, same path)")
     for name, host, command in commands:
-        console.print(f"[bold]{name}[/bold] ({host}):  {command}", markup=True, soft_wrap=True)
+        stdout_console().print(f"[bold]{name}[/bold] ({host}):  {command}", markup=True, soft_wrap=True)
     info(f"open TCP {config.master_port} on {addresses[0]}, and ephemeral ports between all hosts (gloo/NCCL connect back)")
 
 
@@ -217,12 +228,11 @@ def logs(lab, node, run_id, container, tail, follow) -> None:
     if follow:
         chunks = the_lab.follow_container_logs(node, tail) if container else the_lab.follow_logs(node, run_id, tail)
         try:
-            render.print_log_stream(chunks)
+            render.print_log_stream(chunks, headers=node is None)
         except KeyboardInterrupt:
             raise click.exceptions.Exit(130) from None  # Ctrl-C ends a follow as it ends `tail -f`: quietly
     elif container:
-        found = the_lab.container_logs(node, tail)
-        render.print_logs(found, headers=len(found) > 1)
+        render.print_logs(the_lab.container_logs(node, tail))
     else:
         render.print_logs(the_lab.logs(node, run_id, tail))
 
@@ -239,11 +249,6 @@ def exec_cmd(lab, node, command) -> None:
     interactive), with stdin passed through otherwise. The exit status is COMMAND's. labctl's own
     options go before NODE.
     """
-    import logging
-    import os
-    import shlex
-    import sys
-
     tty = sys.stdin.isatty() and sys.stdout.isatty()
     argv = session().lab(lab).exec_argv(node, list(command), tty=tty)
     logging.getLogger("labctl.exec").debug("$ %s", shlex.join(argv))  # `labctl -v` shows every external command
@@ -261,9 +266,8 @@ def ls(as_json) -> None:
     A lab with no nodes left but its volume (after `down` without --volumes) is listed too.
     """
     from labctl.cli import render
-    from labctl.lab.listing import list_labs
 
-    render.print_labs(list_labs(session().client), as_json, now=time.time())
+    render.print_labs(api.labs(session().client), as_json, now=time.time())
 
 
 @main.command("gc", context_settings=CONTEXT)
@@ -276,6 +280,5 @@ def gc(everything, dry_run, as_json) -> None:
     (`--all` removes them too). Containers, networks and volumes go; run logs in the workspace stay.
     """
     from labctl.cli import render
-    from labctl.lab.gc import collect_garbage
 
-    render.print_gc(collect_garbage(session().client, everything=everything, dry_run=dry_run), dry_run, as_json)
+    render.print_gc(api.gc(everything=everything, dry_run=dry_run, client=session().client), dry_run, as_json)

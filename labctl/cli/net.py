@@ -6,6 +6,10 @@ import click
 
 from labctl.cli.app import CONTEXT, main, session
 from labctl.cli.options import dry_run_option, json_option, lab_option
+from labctl.config import parse_cpu_limit
+from labctl.errors import LabError
+from labctl.net.tc import parse_shape_request
+from labctl.ui import info
 
 
 @main.command(context_settings=CONTEXT)
@@ -36,7 +40,6 @@ def shape(lab, node_names, bw, delay, jitter, loss, ingress, duration, clear, sh
       labctl shape --show
     """
     from labctl.cli import render
-    from labctl.net.tc import parse_shape_request
 
     wanted = parse_shape_request(bw, delay, jitter, loss, ingress, clear=clear, show=show, duration=duration)
     the_lab = session().lab(lab)
@@ -65,10 +68,6 @@ def slow(lab, node, cpus, clear) -> None:
       labctl slow node2 --cpus 0.25
       labctl slow node2 --clear
     """
-    from labctl.config import parse_cpu_limit
-    from labctl.errors import LabError
-    from labctl.ui import info
-
     if (cpus is None) == (not clear):
         raise LabError("give exactly one of --cpus C or --clear", hint="labctl slow node2 --cpus 0.25")
     limit = parse_cpu_limit(cpus, "--cpus", hint="use --clear to lift the limit") if cpus is not None else None
@@ -90,6 +89,4 @@ def fault(lab, fault, node) -> None:
       labctl fault kill node2         # with --nnodes 2:3 the run goes on without it
       labctl fault partition node1 && sleep 5 && labctl fault heal node1
     """
-    from labctl.ui import info
-
     info(session().lab(lab).fault(fault, node))

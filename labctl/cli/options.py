@@ -7,6 +7,7 @@ import copy
 import click
 
 from labctl.cli.app import CONTEXT
+from labctl.run.launch import parse_script_args
 
 # Commands that pass everything after their options to the training script.
 SCRIPT_CONTEXT = {**CONTEXT, "ignore_unknown_options": True, "allow_interspersed_args": False}
@@ -93,8 +94,6 @@ def nccl_debug_option(f):
 
 def _check_script(ctx: click.Context, _param, value: tuple[str, ...]) -> tuple[str, ...]:
     """SCRIPT or -m MODULE first; a labctl option given after `--` is told apart from one the command lacks."""
-    from labctl.run.launch import parse_script_args
-
     if ctx.resilient_parsing:  # shell completion: nothing to check yet
         return value
     known = {name for p in ctx.command.params if isinstance(p, click.Option) for name in p.opts + p.secondary_opts}

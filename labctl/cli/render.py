@@ -9,7 +9,12 @@ import click
 from rich.markup import escape
 from rich.table import Table
 
-from labctl.ui import console
+from labctl.diagnose.gpus import gpu_text
+from labctl.lab.compose import render_compose
+from labctl.lab.listing import age_text, shaping_text
+from labctl.net.apply import helper_script
+from labctl.net.tc import describe
+from labctl.ui import console, err_console, error, info
 
 
 def emit_json(value) -> None:
@@ -33,8 +38,6 @@ def seconds_text(value: float) -> str:
 
 
 def nodes_table(lab: str, nodes, title: str | None = None, links: dict | None = None) -> Table:
-    from labctl.net.tc import describe
-
     table = Table(title=title or f"lab {lab}", title_justify="left")
     gpus = any(n.gpus for n in nodes)  # a GPU column in a lab with GPUs only
     for column in ("node", "IP", "torch", "state") + (("GPU",) if gpus else ()) + (("link",) if links else ()):
@@ -49,8 +52,6 @@ def nodes_table(lab: str, nodes, title: str | None = None, links: dict | None = 
 
 
 def status_json(lab: str, nodes, links: dict | None = None) -> dict:
-    from labctl.net.tc import describe
-
     rows = []
     for n in nodes:
         row = {"name": n.name, "ip": n.ip, "torch": n.torch, "state": n.state}
@@ -72,8 +73,6 @@ def print_nodes(lab: str, nodes, links: dict | None, as_json: bool, title: str |
 def print_up_plan(plan, directory) -> None:
     """`up --dry-run`: each node's GPUs and image (in a lab with CUDA nodes), the Compose file and env files
     that would be written."""
-    from labctl.lab.compose import render_compose
-
     if plan.gpus.cuda_nodes:  # which node has which GPUs, and runs which image, before the files that say it
         console.print("\n".join(f"# {line}" for line in plan.gpus.describe()), markup=False)
     if plan.tcp_note:
@@ -81,13 +80,11 @@ def print_up_plan(plan, directory) -> None:
     console.print(render_compose(plan.document), markup=False)
     for name, text in plan.env_files.items():
         console.print(f"# --- {directory / name}\n{text}", markup=False)
-    if plan.slurm_conf:  # the munge key beside it is made on the real `up`, and never printed
-        console.print(f"# --- {directory / 'slurm' / 'slurm.conf'}\n{plan.slurm_conf}", markup=False)
+    for name, text in plan.files.items():  # slurm.conf: the munge key beside it is made on the real `up`, never printed
+        console.print(f"# --- {directory / name}\n{text}", markup=False)
 
 
 def links_table(links: dict, title: str) -> Table:
-    from labctl.net.tc import describe
-
     table = Table(title=title, title_justify="left")
     table.add_column("node")
     table.add_column("link (read back from the kernel)")
@@ -97,8 +94,6 @@ def links_table(links: dict, title: str) -> Table:
 
 
 def link_json(node: str, state) -> dict:
-    from labctl.net.tc import describe
-
     inbound = state.inbound
     return {"node": node, "shaping": describe(state), "rate_bps": state.rate_bps, "delay_us": state.delay_us,
             "jitter_us": state.jitter_us, "loss_pct": state.loss_pct, "ingress": state.ingress,
@@ -116,8 +111,6 @@ def print_links(lab: str, links: dict, as_json: bool = False, until: str | None 
 def print_tc_plan(nodes: list[str], plan) -> None:
     """`shape --dry-run`: the script each node's helper container would run (a tc.ShapePlan), and the
     one a helper left running would run after --duration."""
-    from labctl.net.apply import helper_script
-
     for node in nodes:
         click.echo(f"# {node} (helper container in its network namespace, NET_ADMIN)")
         click.echo(helper_script(plan.commands), nl=False)
@@ -134,8 +127,6 @@ def print_host_commands(commands: list[tuple[str, str]]) -> None:
 
 def print_sync(hosts, result) -> None:
     """`hosts sync`: what each host received, and how to run the job there by hand."""
-    from labctl.ui import info
-
     for host in hosts.inventory.hosts:
         s = result.stats[host.name]
         info(f"{host.name} ({host.destination}): {s['files']} files changed, {s['bytes_sent'] / 1e3:,.1f} kB sent "
@@ -154,19 +145,22 @@ def print_launches(plan, address) -> None:
                       soft_wrap=True)
 
 
-def print_logs(logs: list[tuple[str, str]], headers: bool = True) -> None:
+def print_logs(logs: list[tuple[str, str]]) -> None:
+    """(node, text) pairs, each under a header naming the node when there are several, as `tail`
+    prints several files (one is printed bare, as `tail` prints one)."""
     for name, text in logs:
-        if headers:
+        if len(logs) > 1:
             click.echo(f"==> {name} <==")
         click.echo(text, nl=False)
 
 
-def print_log_stream(chunks) -> None:
-    """`logs -f`: (node, lines) as they come, under a header naming the node whenever it changes
-    (as `tail -f` does with several files); each write flushed, so a pipe sees it at once."""
+def print_log_stream(chunks, headers: bool = True) -> None:
+    """`logs -f`: (node, lines) as they come; with `headers` (several nodes), under a header naming the
+    node whenever it changes, as `tail -f` does with several files. Each write flushed, so a pipe sees
+    it at once."""
     last = None
     for node, text in chunks:
-        if node != last:
+        if headers and node != last:
             click.echo(f"==> {node} <==")
             last = node
         click.echo(text, nl=False)
@@ -177,8 +171,6 @@ def print_log_stream(chunks) -> None:
 
 def print_down(lab: str, removed: dict[str, int], left: dict[str, list[str]]) -> None:
     """`down`: what it removed, and by name what the engine still has of the lab (the kept volume)."""
-    from labctl.ui import info
-
     parts = [f"{count} {kind[:-1] if count == 1 else kind}" for kind, count in removed.items()
              if count or kind != "volumes"]
     message = f"lab {lab}: removed {', '.join(parts)}"
@@ -193,8 +185,6 @@ def print_down(lab: str, removed: dict[str, int], left: dict[str, list[str]]) ->
 
 
 def labs_table(labs, now: float) -> Table:
-    from labctl.lab.listing import age_text, shaping_text
-
     table = Table(title="labs on this engine", title_justify="left")
     for column in ("lab", "nodes", "shaping", "age", "workspace", "user"):
         table.add_column(column)
@@ -208,8 +198,6 @@ def labs_table(labs, now: float) -> Table:
 
 def print_labs(labs, as_json: bool, now: float) -> None:
     """`ls`: one row per lab; then, for a lab with no nodes, what is left of it and how it goes."""
-    from labctl.ui import info
-
     if as_json:
         emit_json([lab.as_dict(now) for lab in labs])
         return
@@ -225,8 +213,6 @@ def print_labs(labs, as_json: bool, now: float) -> None:
 
 def print_gc(verdicts, dry_run: bool, as_json: bool) -> None:
     """`gc`: each lab removed (or that would be) and why; the labs kept and why, dimmed."""
-    from labctl.ui import info
-
     if as_json:
         emit_json([v.as_dict() for v in verdicts])
         return
@@ -265,8 +251,6 @@ def print_findings(diagnosis, problems_only: bool = False, out=None) -> None:
 
 
 def _facts_table(title: str, nodes: dict) -> Table:
-    from labctl.diagnose.gpus import gpu_text
-
     table = Table(title=title, title_justify="left")
     for column in ("node", "ip", "torch", "python", "cuda", "nccl", "driver", "gpus", "socket iface"):
         table.add_column(column)
@@ -291,8 +275,6 @@ def report_check(diagnosis, as_json: bool) -> bool:
 def print_preflight(diagnosis, full_check: str) -> None:
     """A preflight's verdict: show what is not right (on stderr: stdout is the run's, or its JSON);
     refuse to start on a problem (warnings pass)."""
-    from labctl.ui import err_console
-
     if diagnosis.problems:
         print_findings(diagnosis, problems_only=True, out=err_console)
     diagnosis.raise_for_problems(full_check)
@@ -303,7 +285,6 @@ def finish_run(result, as_json: bool) -> None:
     if as_json:
         emit_json(result.to_dict())
         if not result.ok:  # the last lines for people, on stderr, as without --json
-            from labctl.ui import error
 
             error(f"run failed: {result.explain()}")
         if result.exit_status:

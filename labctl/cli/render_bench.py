@@ -5,14 +5,13 @@ from __future__ import annotations
 
 from rich.table import Table
 
+from labctl.bench.scaling import markdown
 from labctl.cli.render import emit_json, seconds_text
-from labctl.ui import console
+from labctl.ui import console, err_console, info
 
 
 def print_cost(report, as_json: bool) -> None:
     """`cost`: one row per link, and the hint about --grad-accum when a step's compute is known."""
-    from labctl.ui import info
-
     if as_json:
         emit_json(report.rows)
         return
@@ -47,8 +46,9 @@ def print_up_timings(results, repeats: int, as_json: bool) -> None:
     console.print(table)
 
 
-def print_allreduce(report, as_json: bool) -> None:
-    """`bench allreduce`: one row per message size, nccl-tests' columns and the model's beside them."""
+def print_allreduce(report, as_json: bool, to_stderr: bool = False) -> None:
+    """`bench allreduce`: one row per message size, nccl-tests' columns and the model's beside them
+    (on stderr when the plot went to stdout)."""
     if as_json:
         emit_json([r.as_dict() for r in report.rows])
         return
@@ -64,14 +64,12 @@ def print_allreduce(report, as_json: bool) -> None:
         table.add_row(str(r.size), str(r.count), r.type, f"{r.time_us:.1f}", f"{r.algbw_gbs:.4f}", f"{r.busbw_gbs:.4f}",
                       num(r.model_us, ".1f"), num(r.meas_over_model, ".2f"), num(r.calibrated_us, ".1f"),
                       num(r.meas_over_calibrated, ".2f"), num(r.busbw_over_wire, ".2f"))
-    console.print(table)
+    (err_console if to_stderr else console).print(table)
 
 
 def print_scaling(report, as_json: bool) -> None:
     """`bench scaling`: the table as Markdown (as scaling.md holds it), or its rows as JSON."""
     from rich.markdown import Markdown
-
-    from labctl.bench.scaling import markdown
 
     if as_json:
         emit_json({"rows": [r.as_dict() for r in report.rows], "notes": list(report.notes)})

@@ -16,6 +16,7 @@ from labctl.cli.options import (
     script_argument,
     torchrun_option,
 )
+from labctl.run.userenv import build_user_env
 
 
 @main.command(context_settings=SCRIPT_CONTEXT)
@@ -46,21 +47,16 @@ def run(lab, nproc_per_node, launcher, timeout_s, pg_timeout_s, as_json, env_pai
       labctl run --nccl-debug -- -m trainer --backend nccl
       labctl run --launcher static --env-file run.env -- my_ddp_script.py
     """
-    from labctl.api import check_nproc, check_timeout
     from labctl.cli import render
-    from labctl.run.userenv import build_user_env
 
     where = session()
     the_lab = where.lab(lab)
-    check_nproc(nproc_per_node)
-    check_timeout(timeout_s)
     env = build_user_env(env_pairs, env_files, where.environ, nccl_debug)
     plan = the_lab.run_plan(*script, launcher=launcher, nproc_per_node=nproc_per_node, max_restarts=max_restarts,
-                            nnodes=nnodes, pg_timeout_s=pg_timeout_s, env=env, cwd=where.cwd)
+                            nnodes=nnodes, pg_timeout_s=pg_timeout_s, env=env, cwd=where.cwd, timeout_s=timeout_s)
     if dry_run:
         render.print_launches(plan, the_lab.nodes().address)
         return
     if not no_preflight:
         render.print_preflight(the_lab.preflight(nproc_per_node, env), f"labctl doctor --lab {the_lab.name}")
-    render.finish_run(the_lab.execute(plan, timeout_s=timeout_s, echo="stderr" if as_json else True,
-                                      check=not as_json), as_json)
+    render.finish_run(the_lab.execute(plan, echo="stderr" if as_json else True, check=not as_json), as_json)

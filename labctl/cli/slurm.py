@@ -10,6 +10,8 @@ import click
 from labctl.cli.app import CONTEXT, main, session
 from labctl.cli.options import SCRIPT_CONTEXT, json_option, lab_option, script_argument
 from labctl.run.launch import job_args
+from labctl.outfile import is_stdout
+from labctl.ui import info
 
 
 def job_options(f):
@@ -52,21 +54,21 @@ def slurm() -> None:
 @slurm.command("run", context_settings=SCRIPT_CONTEXT)
 @lab_option
 @job_options
-@json_option("Print the result as JSON (job, exit status, failed node, the trainer's SUMMARY).")
+@json_option("Print the run as JSON, the document `labctl run --json` prints (exit status, each node, the root "
+             "cause, the trainer's SUMMARY).")
 @script_argument
 def slurm_run(lab, nodes, nproc_per_node, time_limit, nnodes, max_restarts, as_json, script) -> None:
     """Run SCRIPT [ARGS...] (or `-m module [ARGS...]`) as a Slurm job, and stream it.
 
     salloc holds the nodes and runs the job script that `slurm export` writes; its srun starts
     torchrun on each node. Output is prefixed with the node's name and saved under
-    .lab/<lab>/runs/. A failing rank ends the job on every node, and the node is named; Ctrl-C
-    cancels the job.
+    .lab/<lab>/runs/. A failing rank ends the job on every node; the last lines name it, and
+    labctl exits with its status, as `labctl run` does. Ctrl-C cancels the job.
     """
-    from labctl.cli import render_slurm
+    from labctl.cli import render
 
     jobs, spec = lab_and_spec(lab, script, nodes, nproc_per_node, time_limit, nnodes, max_restarts)
-    result = jobs.run(spec, on_line=None if as_json else render_slurm.print_line)
-    sys.exit(render_slurm.finish_run(result, as_json))
+    render.finish_run(jobs.run(spec, echo="stderr" if as_json else True, check=not as_json), as_json)
 
 
 @slurm.command("submit", context_settings=SCRIPT_CONTEXT)
@@ -109,8 +111,6 @@ def slurm_logs(lab, job, follow) -> None:
 @click.argument("job", required=False)
 def slurm_cancel(lab, job) -> None:
     """Cancel JOB (default: the latest submitted) and wait until Slurm has ended it."""
-    from labctl.ui import info
-
     state = session().lab(lab).slurm.cancel(job)
     info(f"job {state['JobId']}: {state['JobState']}")
 
@@ -121,7 +121,7 @@ def slurm_cancel(lab, job) -> None:
 @click.option("--partition", metavar="NAME", help="Your cluster's partition (#SBATCH --partition).")
 @click.option("--account", metavar="NAME", help="Your cluster's account (#SBATCH --account).")
 @click.option("-o", "--out", "out", type=click.Path(dir_okay=False, path_type=Path), default=Path("job.sbatch"),
-              show_default=True, help="Where to write the script.")
+              show_default=True, help="Where to write the script; - for standard output.")
 @script_argument
 def slurm_export(lab, nodes, nproc_per_node, time_limit, nnodes, max_restarts, partition, account, out, script) -> None:
     """Write the sbatch script for SCRIPT [ARGS...] to take to a real Slurm cluster.
@@ -129,9 +129,8 @@ def slurm_export(lab, nodes, nproc_per_node, time_limit, nnodes, max_restarts, p
     It is the script `slurm submit` and `slurm run` run in the lab: the nodes, the rendezvous and
     the node that hosts it all come from Slurm's variables; comments say what to change.
     """
-    from labctl.ui import info
-
     jobs, spec = lab_and_spec(lab, script, nodes, nproc_per_node, time_limit, nnodes, max_restarts, partition,
                               account)
     path = jobs.export(spec, out)
-    info(f"wrote {path}: `sbatch {path.name}` on the cluster's login node, from your project's folder")
+    if not is_stdout(path):
+        info(f"wrote {path}: `sbatch {path.name}` on the cluster's login node, from your project's folder")

@@ -32,72 +32,19 @@ import random
 import time
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import asdict, dataclass
 from typing import Callable
 
 from labctl import remote
-from labctl.errors import StateError
+from labctl.diagnose import slurm as slurm_checks
+from labctl.diagnose.findings import Diagnosis, Finding
+from labctl.diagnose.gpus import check_gpus
 from labctl.lab.compose import container_name
+from labctl.lab.docker import DockerNodes, node_cpus_limit
+from labctl.lab.engine import inspect_engine, refusal
+from labctl.slurm.cluster import is_slurm_lab
 
 CONNECT_S = 1.5  # how long a probe keeps trying one target (peers may still be starting to listen)
 PROBE_PORTS = (40000, 59999)  # inside Linux's default ephemeral range, 32768-60999
-
-
-@dataclass(frozen=True)
-class Finding:
-    check: str
-    node: str  # a node's name, or "all"
-    ok: bool
-    message: str
-    fix: str = ""
-    warn: bool = False  # worth knowing, but a run works anyway (a deliberate straggler)
-
-    @property
-    def blocking(self) -> bool:
-        return not self.ok and not self.warn
-
-    def as_dict(self) -> dict:
-        return asdict(self)
-
-
-@dataclass(frozen=True)
-class Diagnosis:
-    """What doctor found on a set of nodes (the lab's containers or real hosts): the same report
-    for both, rendered by one function of the CLI and returned as-is by the Python API."""
-
-    title: str  # what was checked, e.g. "lab demo: nodes"
-    findings: list[Finding]
-    nodes: dict[str, dict]  # per node: ip, torch, python, cuda, nccl, ifaces, the socket iface
-    seconds: float
-
-    @property
-    def ok(self) -> bool:
-        return not any(f.blocking for f in self.findings)
-
-    @property
-    def problems(self) -> list[Finding]:
-        """Everything not right, warnings included."""
-        return [f for f in self.findings if not f.ok]
-
-    def as_dict(self) -> dict:
-        return {"ok": self.ok, "seconds": round(self.seconds, 2), "nodes": self.nodes,
-                "findings": [f.as_dict() for f in self.findings]}
-
-    def raise_for_problems(self, full_check: str) -> None:
-        """A preflight's verdict: refuse to start on a problem (warnings pass)."""
-        bad = [f for f in self.findings if f.blocking]
-        if bad:
-            raise PreflightFailed(self, len(bad), full_check)
-
-
-class PreflightFailed(StateError):
-    """doctor's cheap checks found a problem before a run; the run was not started (the lab's or
-    the hosts' state: exit status 1, as doctor's)."""
-
-    def __init__(self, diagnosis: Diagnosis, count: int, full_check: str):
-        super().__init__(f"preflight found {count} problem{'s' * (count != 1)}; the run was not started",
-                         hint=f"`{full_check}` for the full check; --no-preflight to run anyway")
-        self.diagnosis = diagnosis
 
 
 # ------------------------------------------------------------------------------ pure checks
@@ -105,8 +52,6 @@ class PreflightFailed(StateError):
 
 def check_engine(engine) -> list[Finding]:
     """Which engine the lab runs on (its kind, version, endpoint), and whether a lab can run there."""
-    from labctl.lab.engine import refusal
-
     problem = refusal(engine)
     message = f"{engine.kind}: {engine.describe()}"
     return [Finding("engine", "all", problem is None, message if problem is None else f"{message}; {problem.message}",
@@ -343,10 +288,6 @@ def diagnose(client, lab: str, nodes: list, subnet: str | None, cheap: bool = Fa
     """doctor on the lab's running `nodes`. `cheap` skips the reachability probes;
     `env_overrides` checks an environment a launch would add on top of each node's own, and
     `nproc_per_node` a launch's processes per node (for the GPU checks)."""
-    from labctl.diagnose.gpus import check_gpus
-    from labctl.lab.engine import inspect_engine
-    from labctl.lab.docker import DockerNodes, node_cpus_limit
-
     t0 = time.monotonic()
     names = [n.name for n in nodes]
     engine = inspect_engine(client)
@@ -369,10 +310,8 @@ def diagnose(client, lab: str, nodes: list, subnet: str | None, cheap: bool = Fa
         master = (master_node, first.get("MASTER_ADDR", ""), master_port)
         port, results = probe_reach(docker_nodes, {n.name: n.ip for n in nodes}, master)
         findings += check_reach(results, master, port)
-    from labctl.slurm import setup as slurm
-
-    if slurm.is_slurm_lab(client, lab):
-        findings += slurm.check(lab, *slurm.gather(client, lab, names), names)
+    if is_slurm_lab(client, lab):
+        findings += slurm_checks.check(lab, *slurm_checks.gather(client, lab, names), names)
     for node in names:
         info[node]["ip"] = next(n.ip for n in nodes if n.name == node)
         info[node]["iface"] = envs[node].get("GLOO_SOCKET_IFNAME")

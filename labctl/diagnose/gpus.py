@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from collections import Counter
 
-from labctl.diagnose.doctor import Finding
+from labctl.diagnose.findings import Finding
 
 BACKEND_VAR = "DDPLAB_BACKEND"  # trainer/backend.py reads it; `labctl up` writes it for labs with GPU nodes
 DUPLICATE = "NCCL refuses it at the first collective: 'Duplicate GPU detected : rank 1 and rank 0 both on CUDA device ...'"

@@ -12,13 +12,18 @@ traps are defined, as data, in traps.py.
 from __future__ import annotations
 
 import re
+import shutil
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
+from labctl.diagnose import doctor
 from labctl.diagnose.traps import SCENARIOS, Context, Env, Scenario
 from labctl.errors import LabError
+from labctl.lab import lifecycle as lab_mod
+from labctl.lab.image import ensure_mismatch_image
 from labctl.run.launch import Launch, run_env
 from labctl.run.plan import RunPlan, new_run
+from labctl.session import LabSession
 
 __all__ = ["SCENARIOS", "Outcome", "run_scenario", "run_scenarios", "select_scenarios"]
 
@@ -78,15 +83,8 @@ def first_symptom(pattern: str, outcomes) -> str:
 
 def run_scenario(client, config, workspace, scenario: Scenario, report) -> Outcome:
     """The whole story on a throwaway lab (config.lab), which is removed whatever happens."""
-    import shutil
-
-    from labctl.diagnose import doctor
-    from labctl.lab import lifecycle as lab_mod
-    from labctl.lab.session import LabSession
-
     other_image = None
     if scenario.other_torch_on_last_node:  # built once and cached, before the clock starts
-        from labctl.lab.image import ensure_mismatch_image
 
         other_image = ensure_mismatch_image(client, config, report)
     started = time.monotonic()
@@ -156,8 +154,6 @@ def select_scenarios(names) -> list[str]:
 def run_scenarios(client, make_config, workspace, names: list[str], report, show=None) -> list[Outcome]:
     """Each scenario on a 2-node lab of its own, scn-NAME (`make_config(lab=...)` resolves its
     configuration); `show` gets each outcome as soon as it is known."""
-    from dataclasses import replace
-
     outcomes = []
     for name in names:
         config = replace(make_config(lab=f"scn-{name}"), nodes=2)

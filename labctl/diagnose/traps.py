@@ -8,6 +8,9 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from labctl.errors import LabError
+from labctl.lab.docker import apply_node_cpus
+from labctl.net.apply import run_on_nodes
+from labctl.net.tc import Command
 
 TRAINER = ["-m", "trainer", "--epochs", "1", "--samples", "1024"]
 PG_TIMEOUT_S = 12  # the trainer's process-group timeout in the broken runs (torch's default: 30 min)
@@ -81,17 +84,13 @@ def add_mesh(ctx: Context) -> None:
     """A second address on every node, as a Tailscale mesh gives each machine: node0's mesh
     address is on its interface but is not what its hostname resolves to, which is exactly what
     torchrun's is-this-me guess misses."""
-    from labctl.net.apply import _node_image, run_helper
-    from labctl.net.tc import Command
-
-    image = _node_image(ctx.client, ctx.lab, ctx.names[0])
-    for i, node in enumerate(ctx.names):
-        address = f"{MESH_PREFIX}{10 + i}"
-        code, output = run_helper(ctx.client, ctx.lab, node, image,
-                                  [Command(("ip", "addr", "add", f"{address}/24", "dev", ctx.iface))])
+    addresses = {node: f"{MESH_PREFIX}{10 + i}" for i, node in enumerate(ctx.names)}
+    results = run_on_nodes(ctx.client, ctx.lab, ctx.names,
+                           lambda node: [Command(("ip", "addr", "add", f"{addresses[node]}/24", "dev", ctx.iface))])
+    for node, code, output in results:
         if code != 0:
             raise LabError(f"could not add the mesh address on {node}: {output.strip()}")
-        ctx.notes[f"mesh-ip:{node}"] = address
+        ctx.notes[f"mesh-ip:{node}"] = addresses[node]
 
 
 def mesh_endpoint(ctx: Context) -> str:
@@ -104,8 +103,6 @@ def firewall_commands(iface: str, allowed_port: int) -> list:
     qdisc, so it is built from htb classification alone, on each node's egress: a TCP SYN (SYN set,
     ACK clear: byte 33 of an option-less IPv4 packet) goes to a class whose queue holds nothing
     (pfifo limit 0), unless it is for the allowed port."""
-    from labctl.net.tc import Command
-
     u32 = ("protocol", "ip", "u32", "match", "ip", "protocol", "6", "0xff")
     return [
         Command(("tc", "qdisc", "add", "dev", iface, "root", "handle", "1:", "htb", "default", "10")),
@@ -120,33 +117,21 @@ def firewall_commands(iface: str, allowed_port: int) -> list:
 
 
 def firewall_on(ctx: Context) -> None:
-    from labctl.net.apply import _node_image, run_helper
-
-    image = _node_image(ctx.client, ctx.lab, ctx.names[0])
-    for node in ctx.names:
-        code, output = run_helper(ctx.client, ctx.lab, node, image, firewall_commands(ctx.iface, 29500))
+    for node, code, output in run_on_nodes(ctx.client, ctx.lab, ctx.names,
+                                           lambda _node: firewall_commands(ctx.iface, 29500)):
         if code != 0:
             raise LabError(f"could not set up the firewall on {node}: {output.strip()}")
 
 
 def firewall_off(ctx: Context) -> None:
-    from labctl.net.apply import _node_image, run_helper
-    from labctl.net.tc import Command
-
-    image = _node_image(ctx.client, ctx.lab, ctx.names[0])
-    for node in ctx.names:
-        run_helper(ctx.client, ctx.lab, node, image, [Command(("tc", "qdisc", "del", "dev", ctx.iface, "root"), True)])
+    run_on_nodes(ctx.client, ctx.lab, ctx.names, lambda _node: [Command(("tc", "qdisc", "del", "dev", ctx.iface, "root"), True)])
 
 
 def slow_last(ctx: Context) -> None:
-    from labctl.lab.docker import apply_node_cpus
-
     apply_node_cpus(ctx.client, ctx.lab, ctx.names[-1], 0.3)
 
 
 def unslow_last(ctx: Context) -> None:
-    from labctl.lab.docker import apply_node_cpus
-
     apply_node_cpus(ctx.client, ctx.lab, ctx.names[-1], None)
 
 

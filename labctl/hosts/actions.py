@@ -23,16 +23,33 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Mapping, TypeVar
 
-from labctl.diagnose.doctor import Diagnosis, Finding, check_env, check_iface, check_reach, check_versions, node_info, probe_reach
+from dotenv import dotenv_values
+
+from labctl.diagnose.doctor import (
+    check_env,
+    check_iface,
+    check_reach,
+    check_versions,
+    node_info,
+    probe_reach,
+)
+from labctl.diagnose.findings import Diagnosis, Finding
 from labctl.diagnose.gpus import check_gpus
 from labctl.errors import CommandError, LabError, StateError
 from labctl.hosts.inventory import Inventory
-from labctl.run.plan import RunPlan, build_run_plan
-from labctl.proc import run
 from labctl.hosts.ssh import (
-    PREPARE_SCRIPT, SSHError, SSHHosts, is_known, recorded_fingerprint, rsync_pull_argv, rsync_push_argv, rsync_stats,
-    ssh_command_hint,
+    PREPARE_SCRIPT,
+    SSHError,
+    SSHHosts,
+    is_known,
+    recorded_fingerprint,
+    rsync_pull_argv,
+    rsync_push_argv,
+    rsync_stats,
 )
+from labctl.proc import run
+from labctl.run.executor import execute
+from labctl.run.plan import RunPlan, build_run_plan
 
 Report = Callable[[str], None]
 T = TypeVar("T")
@@ -55,8 +72,6 @@ def local_dir(workspace: Path, inventory: Inventory) -> Path:
 
 
 def parse_env_text(text: str) -> dict[str, str]:
-    from dotenv import dotenv_values
-
     return {k: v for k, v in dotenv_values(stream=io.StringIO(text)).items() if v is not None}
 
 
@@ -283,23 +298,21 @@ class HostsRun:
 
 def plan_run(inventory: Inventory, workspace: Path, script_args: list[str], *, launcher: str,
              nproc_per_node: int | None, pg_timeout_s: float | None, accept_new: bool,
-             env: Mapping[str, str] | None = None) -> HostsRun:
+             env: Mapping[str, str] | None = None, timeout_s: float | None = None) -> HostsRun:
     env_texts = inventory.env_files(nproc_per_node)
     node_env = {name: parse_env_text(text) for name, text in env_texts.items()}
     job = build_run_plan(node_env, script_args, local_dir(workspace, inventory), launcher=launcher,
                          nproc_per_node=nproc_per_node, pg_timeout_s=pg_timeout_s,
-                         remote_runs_parent=state_dir(inventory), user_env=env)
+                         remote_runs_parent=state_dir(inventory), user_env=env, timeout_s=timeout_s)
     hosts = SSHHosts(inventory, accept_new=accept_new,
                      env_files={name: env_file(inventory, name) for name in inventory.names})
     return HostsRun(hosts, env_texts, job)
 
 
-def execute_run(plan: HostsRun, workspace: Path, excludes: list[str] | None, timeout_s: float | None,
-                report: Report, echo: bool | str = True, check: bool = True):
+def execute_run(plan: HostsRun, workspace: Path, excludes: list[str] | None, report: Report,
+                echo: bool | str = True, check: bool = True):
     """Sync (unless `excludes` is None: then only the env files are written), run on every host
     through the one executor, as `labctl run` does, and copy each host's outputs back, whatever happened."""
-    from labctl.run.executor import execute
-
     if excludes is None:
         prepare(plan.hosts, plan.env_texts)
     else:
@@ -309,7 +322,7 @@ def execute_run(plan: HostsRun, workspace: Path, excludes: list[str] | None, tim
                f"({sum(s['files'] for s in stats.values())} files changed)")
     report(f"run {plan.job.run_id} on {', '.join(plan.hosts.inventory.names)} (logs: {plan.job.run_dir})")
     try:
-        return execute(plan.hosts, plan.job, timeout_s=timeout_s, echo=echo, check=check)
+        return execute(plan.hosts, plan.job, echo=echo, check=check)
     finally:
         fetch_outputs(plan.hosts, plan.job.remote_run_dir, plan.job.run_dir, report)
 
@@ -319,7 +332,7 @@ def manual_commands(hosts: SSHHosts) -> list[tuple[str, str]]:
     inventory = hosts.inventory
     out = []
     for host in inventory.hosts:
-        out.append((host.name, f"{ssh_command_hint(host)}, then: cd {host.workspace} && set -a && "
+        out.append((host.name, f"{host.ssh_command}, then: cd {host.workspace} && set -a && "
                                f". ./{env_file(inventory, host.name)} && "
                                f"set +a && {host.python} -m torch.distributed.run -m trainer"))
     return out

@@ -29,14 +29,23 @@ from __future__ import annotations
 
 import difflib
 import re
+import shlex
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Any, Callable, Mapping
 
-from labctl.config import SETTINGS, _int_in
-from labctl.lab.envfiles import Topology, build_env_files, build_node_env, is_host_address
+import tomli_w
+
+from labctl.config import SETTINGS
 from labctl.errors import ConfigError, LabError, StateError
+from labctl.lab.envfiles import (
+    Topology,
+    build_env_files,
+    build_node_env,
+    is_host_address,
+)
+from labctl.parsers import int_in, matching
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -83,6 +92,16 @@ class Host:
     def bracketed_address(self) -> str:
         """The address as it goes before ':port' or ':path' (an IPv6 address in brackets)."""
         return f"[{self.address}]" if ":" in self.address else self.address
+
+    @property
+    def ssh_command(self) -> str:
+        """The plain ssh command a person would type to reach the host (for hints)."""
+        return shlex.join(["ssh", "-p", str(self.port), f"{self.user}@{self.address}" if self.user else self.address])
+
+    @property
+    def known_hosts_name(self) -> str:
+        """How ssh names the host in known_hosts: the address, or [address]:port off port 22."""
+        return self.address if self.port == 22 else f"[{self.address}]:{self.port}"
 
     @property
     def destination(self) -> str:
@@ -148,15 +167,6 @@ def _setting(name: str) -> Callable[[str], Any]:
     return SETTINGS[name][1]
 
 
-def _rule(pattern: re.Pattern[str], allowed: str) -> Callable[[str], str]:
-    def check(value: str) -> str:
-        if not pattern.match(value):
-            raise ValueError(allowed)
-        return value
-
-    return check
-
-
 def _address(value: str) -> str:
     value = value.strip()
     if not is_host_address(value):
@@ -200,8 +210,8 @@ def _env(value: Any) -> dict[str, str]:
 CHECKS: dict[str, Callable[[Any], Any]] = {
     "name": _typed(str, _setting("lab")),
     "address": _typed(str, _address),
-    "user": _typed(str, _rule(_USER_RE, "must be a user name such as ubuntu or me")),
-    "port": _typed(int, _int_in(1, 65535)),
+    "user": _typed(str, matching(_USER_RE, "must be a user name such as ubuntu or me")),
+    "port": _typed(int, int_in(1, 65535)),
     "identity_file": _typed(str, _nonempty),
     "known_hosts": _typed(str, _nonempty),
     "iface": _typed(str, _setting("iface")),
@@ -331,8 +341,6 @@ def load_inventory(path: Path, given: bool = True) -> Inventory:
 def _toml_value(key: str, value: Any) -> str:
     """`key = value` on one line. A table (env) stays inline: tomli-w would start a [key] section,
     which would end [defaults] or [[hosts]]. Its keys are environment names, always bare keys."""
-    import tomli_w
-
     if isinstance(value, dict):
         return f"{key} = {{ {', '.join(_toml_value(k, v) for k, v in value.items())} }}"
     return tomli_w.dumps({key: value}).strip()

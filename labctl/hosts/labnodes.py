@@ -12,10 +12,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from labctl.lab.compose import container_name
 from labctl.config import LabConfig
 from labctl.errors import LabError
+from labctl.hosts.inventory import render_inventory
+from labctl.hosts.ssh import require_tools
+from labctl.lab.compose import container_name
 from labctl.proc import run
+from labctl.run.launch import threads_per_process
 
 HOSTKEY_PREFIX = "DDPLAB_SSH_HOSTKEY"
 INVENTORY_FILE = "hosts.toml"
@@ -32,8 +35,6 @@ def ssh_dir(lab_directory: Path) -> Path:
 def lab_public_key(lab_directory: Path, lab: str, *, make: bool) -> str:
     """The public half of the lab's SSH key pair, which is made once, here, when `make` says so (a
     dry run changes nothing: it shows a placeholder until the key exists)."""
-    from labctl.hosts.ssh import require_tools
-
     key = ssh_dir(lab_directory) / KEY_FILE
     if not key.is_file() and not make:
         return f"<the public key `labctl up --ssh` makes at {key}.pub>"
@@ -59,8 +60,6 @@ def build_known_hosts(keys: dict[str, str]) -> str:
 
 def build_lab_inventory(config: LabConfig, nodes: list[tuple[str, str]], user: str, threads: int) -> str:
     """hosts.toml for the lab's nodes, [(name, ip)] in rank order, reached as `user`."""
-    from labctl.hosts.inventory import render_inventory  # only `up --ssh` writes one: not imported at every `up`
-
     comment = (f"The nodes of lab {config.lab} as SSH hosts, written by `labctl up --ssh`; rewritten by every\n"
                "`labctl up --ssh`, so copy it before editing. An example inventory for real machines, too.\n"
                f"  labctl hosts check --inventory THIS_FILE\n"
@@ -98,8 +97,6 @@ def node_hostkeys(client, lab: str, names: list[str]) -> dict[str, tuple[str, st
 
 def write_ssh_files(client, config: LabConfig, lab_directory: Path, nodes: list, cpus: int) -> Path:
     """known_hosts and hosts.toml for the running nodes (NodeState list); returns the inventory's path."""
-    from labctl.run.launch import threads_per_process
-
     keys = node_hostkeys(client, config.lab, [n.name for n in nodes])
     users = {user for user, _ in keys.values()}
     if len(users) != 1:

@@ -18,6 +18,7 @@ import logging
 import os
 import re
 import shlex
+import shutil
 import subprocess
 import threading
 import time
@@ -35,9 +36,9 @@ from labctl.hosts.ssh_messages import (  # noqa: F401 (re-exported: SSHHosts' er
     key_fingerprint,
     scanned_fingerprints,
 )
-from labctl.run.launch import STOP_SCRIPT, Launch
 from labctl.proc import run
 from labctl.run.executor import STOP_GRACE_S
+from labctl.run.launch import STOP_SCRIPT, Launch
 
 log = logging.getLogger("labctl.hosts.ssh")
 
@@ -82,16 +83,6 @@ def ssh_options(host: Host, *, accept_new: bool) -> list[str]:
 def ssh_argv(host: Host, command: str, *, accept_new: bool = False) -> list[str]:
     """`ssh ... -- ADDRESS COMMAND`: COMMAND is one line for the remote user's shell (remote_command)."""
     return ["ssh", *ssh_options(host, accept_new=accept_new), "-T", "--", host.address, command]
-
-
-def ssh_command_hint(host: Host) -> str:
-    """The plain ssh command a person would type to reach the host."""
-    return shlex.join(["ssh", "-p", str(host.port), f"{host.user}@{host.address}" if host.user else host.address])
-
-
-def known_hosts_name(host: Host) -> str:
-    """How ssh names the host in known_hosts: the address, or [address]:port off port 22."""
-    return host.address if host.port == 22 else f"[{host.address}]:{host.port}"
 
 
 def sh_word(text: str) -> str:
@@ -181,8 +172,6 @@ PREPARE_SCRIPT = remote.load("prepare-workspace.sh")
 
 
 def require_tools(*tools: str) -> None:
-    import shutil
-
     missing = [t for t in tools if shutil.which(t) is None]
     if missing:
         raise StateError(f"{' and '.join(missing)} not found on this machine: `labctl hosts` needs the OpenSSH client "
@@ -200,7 +189,7 @@ def scan_host_keys(host: Host) -> list[tuple[str, str]]:
 
 def is_known(host: Host) -> bool:
     """Whether known_hosts has a key for the host (ssh-keygen -F reads hashed files too)."""
-    argv = ["ssh-keygen", "-F", known_hosts_name(host)]
+    argv = ["ssh-keygen", "-F", host.known_hosts_name]
     if host.known_hosts is not None:
         if not host.known_hosts.is_file():
             return False
@@ -210,7 +199,7 @@ def is_known(host: Host) -> bool:
 
 def recorded_fingerprint(host: Host) -> str:
     """The key known_hosts holds for the host, as `TYPE SHA256:...` (what --accept-new just recorded)."""
-    argv = ["ssh-keygen", "-l", "-F", known_hosts_name(host)]
+    argv = ["ssh-keygen", "-l", "-F", host.known_hosts_name]
     if host.known_hosts is not None:
         argv += ["-f", str(host.known_hosts)]
     match = re.search(r"(\S+) (SHA256:[A-Za-z0-9+/]+)", run(argv, check=False, timeout_s=10).stdout)
@@ -239,7 +228,7 @@ class SSHHosts:
         return self.host(node).destination
 
     def shell_hint(self, node: str) -> str:
-        return ssh_command_hint(self.host(node))
+        return self.host(node).ssh_command
 
     def argv(self, node: str, command: str) -> list[str]:
         return ssh_argv(self.host(node), command, accept_new=self.accept_new)

@@ -82,11 +82,9 @@ def classify(stderr: str) -> Failure | None:
 
 def explain(host: Host, name: str, failure: Failure, presented: list[tuple[str, str]]) -> SSHError:
     """The refusal or failure as one message and a hint. `presented`: what ssh-keyscan saw the host offer."""
-    from labctl.hosts.ssh import known_hosts_name, ssh_command_hint  # the hints quote the commands ssh.py builds
-
     known = str(host.known_hosts or "~/.ssh/known_hosts")
     who = f"{name} ({host.destination})"
-    pattern = known_hosts_name(host)
+    pattern = host.known_hosts_name
     if failure.kind == "changed":
         return SSHError(host, f"{who}: REFUSED, its host key has CHANGED: it now presents {failure.key_type} key "
                         f"{failure.fingerprint}, which is not the key on record in {failure.where or known}. Someone may "
@@ -107,5 +105,5 @@ def explain(host: Host, name: str, failure: Failure, presented: list[tuple[str, 
                         hint="check user and identity_file in the inventory; the public key must be in "
                         "~/.ssh/authorized_keys of that user on the host", kind="auth")
     return SSHError(host, f"{who}: cannot reach it over SSH ({failure.detail})",
-                    hint=f"is the machine up, sshd running and TCP {host.port} open to you? `{ssh_command_hint(host)}` "
+                    hint=f"is the machine up, sshd running and TCP {host.port} open to you? `{host.ssh_command}` "
                     "by hand says the same", kind="unreachable")

@@ -6,12 +6,14 @@ receives a client made here (by `docker_client`), never one of its own.
 from __future__ import annotations
 
 import os
+import queue
+import threading
 import time
 from typing import Callable, Iterator
 
 from labctl.errors import ConfigError, LabError, StateError
 from labctl.lab import engine as engine_mod
-from labctl.lab.compose import LABEL_LAB, container_name
+from labctl.lab.compose import LABEL_EXEC_USER, LABEL_LAB, container_name
 from labctl.proc import run
 
 
@@ -49,8 +51,6 @@ def name_of(container: dict) -> str:
 def exec_user(client, lab: str) -> str | None:
     """The uid:gid labctl's execs run as in a lab whose nodes run as root (a Slurm lab: the daemons
     need root), from its nodes' label; None where the nodes run as the user already."""
-    from labctl.lab.compose import LABEL_EXEC_USER
-
     for container in lab_containers(client, lab):
         user = (container.get("Labels") or {}).get(LABEL_EXEC_USER)
         if user:
@@ -180,9 +180,6 @@ def follow_container_logs(client, lab: str, nodes: list[str], tail: int | None =
                           wait_s: float = 0.5) -> Iterator[tuple[str, str]]:
     """(node, whole lines) from the containers' logs as they come (`docker logs -f` on each node at
     once), after each one's last `tail` lines; ends when every container has stopped."""
-    import queue
-    import threading
-
     lines: queue.Queue = queue.Queue()
 
     def pump(node: str) -> None:

@@ -23,6 +23,7 @@ from __future__ import annotations
 import json
 import os
 import secrets
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal, Mapping
@@ -205,8 +206,6 @@ def configured_endpoint(environ: Mapping[str, str] = os.environ) -> tuple[str, s
 def inspect_engine(client, environ: Mapping[str, str] = os.environ) -> Engine:
     """Ask the engine labctl's client talks to what it is: two API calls, made at once (each takes the
     engine 5-8 ms), while the CLI's context is read here."""
-    from concurrent.futures import ThreadPoolExecutor
-
     with ThreadPoolExecutor(max_workers=2) as pool:
         info, version = pool.submit(client.info), pool.submit(client.version)
         endpoint, context = configured_endpoint(environ)

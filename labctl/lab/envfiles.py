@@ -14,7 +14,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Mapping
 
-from labctl.config import LabConfig
+from dotenv import dotenv_values
+
+from labctl.config import SETTINGS, LabConfig
 from labctl.errors import ConfigError, LabError, StateError
 
 _HOST_RE = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9.-]{0,251}[A-Za-z0-9])?$")
@@ -169,8 +171,6 @@ def check_out_dir(path: Path) -> None:
 
 
 def read_node_envs(directory: Path, names: list[str]) -> dict[str, dict[str, str]]:
-    from dotenv import dotenv_values
-
     envs = {}
     for name in names:
         path = directory / f"{name}.env"
@@ -183,8 +183,6 @@ def read_node_envs(directory: Path, names: list[str]) -> dict[str, dict[str, str
 
 def check_rdzv_id(rdzv_id: str) -> str:
     """The same rule as lab names: it names files and store keys."""
-    from labctl.config import SETTINGS
-
     try:
         return SETTINGS["lab"][1](rdzv_id)
     except ValueError as exc:

@@ -10,7 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable, Mapping, Sequence
 
-from labctl.lab.listing import LabListing
+from labctl.lab.lifecycle import apply_down
+from labctl.lab.listing import LabListing, engine_labs
 from labctl.lab.owner import LABEL_HOST, LABEL_PID, LABEL_SESSION, owner_gone
 
 
@@ -48,9 +49,6 @@ def plan_gc(listings: Sequence[LabListing], *, everything: bool = False,
 
 def collect_garbage(client, *, everything: bool = False, dry_run: bool = False) -> list[Verdict]:
     """Remove the labs `plan_gc` condemns (none with `dry_run`); every lab's verdict."""
-    from labctl.lab.lifecycle import apply_down
-    from labctl.lab.listing import engine_labs
-
     listings, _ = engine_labs(client)
     verdicts = plan_gc(listings, everything=everything)
     if not dry_run:

@@ -1,8 +1,7 @@
 """GPU nodes: which of the machine's GPUs each node gets, which nodes run the CUDA image, and what
 their env files say about it.
 
-Pure, but for `detect_gpus`: the settings' syntax (`parse_gpus`, `parse_cuda`, which labctl.config
-uses for DDPLAB_GPUS and DDPLAB_CUDA), and `build_gpu_plan`, which turns the settings, the lab's
+Pure, but for `detect_gpus`: `build_gpu_plan`, which turns the settings, the lab's
 nodes and the machine's GPUs (as nvidia-smi lists them) into each node's GPUs, image and env
 additions, or raises what is wrong. `detect_gpus` asks nvidia-smi (never torch: it is cheap and
 this machine's Python need not have torch); labctl.lab.up puts them together with the engine's
@@ -21,24 +20,18 @@ Two rules the env files carry:
 
 from __future__ import annotations
 
-import re
+import shutil
+import subprocess
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Mapping, Sequence
+from typing import Mapping, Sequence
 
+from labctl.config import LabConfig, shown_key, shown_source
 from labctl.errors import ConfigError, StateError
+from labctl.parsers import AUTO
 
-if TYPE_CHECKING:
-    from labctl.config import LabConfig
-
-MAX_GPUS = 64  # GPUs one machine hands a lab: a count or an index beyond this is a typo
 SOCKET_ONLY = {"NCCL_P2P_DISABLE": "1", "NCCL_SHM_DISABLE": "1", "NCCL_IB_DISABLE": "1"}
 NO_GPU_HINT = ("leave --gpus out: `--cuda N` runs the CUDA image on CPU nodes (gloo); on a machine with an NVIDIA GPU, "
                "install its driver and the NVIDIA Container Toolkit")
-GPUS_ALLOWED = ("must be all, a count N (the first N GPUs), or GPU indices, comma-separated, such as 0,2 "
-                "(one GPU by index: 1,); none or empty for no GPUs")
-CUDA_ALLOWED = ("must be auto (exactly the GPU nodes), all, a count N (the first N nodes), or node names, "
-                "comma-separated, such as node0,node1")
-_NODE_RE = re.compile(r"^node(0|[1-9]\d*)$")
 
 
 @dataclass(frozen=True)
@@ -87,61 +80,6 @@ class GpuPlan:
 # ------------------------------------------------------------------------------------ syntax
 
 
-def _count(raw: str, hi: int) -> int:
-    value = int(raw)
-    if not 1 <= value <= hi:
-        raise ValueError(f"a count must be from 1 to {hi}")
-    return value
-
-
-def parse_gpus(raw: str) -> str | None:
-    """'all', a count ('2') or indices ('0,2'; '1,' is GPU 1 alone), normalised; None for no GPUs."""
-    value = str(raw).strip().lower().replace(" ", "")
-    if value in ("", "none", "0"):
-        return None
-    if value == "all":
-        return value
-    if "," not in value:
-        if not value.lstrip("-").isdigit():
-            raise ValueError(GPUS_ALLOWED)
-        return str(_count(value, MAX_GPUS))
-    parts = value[:-1].split(",") if value.endswith(",") else value.split(",")
-    if not all(p.isdigit() for p in parts):
-        raise ValueError(GPUS_ALLOWED)
-    indices = [int(p) for p in parts]
-    twice = sorted({i for i in indices if indices.count(i) > 1})
-    if twice:
-        raise ValueError(f"names GPU {', '.join(map(str, twice))} more than once: a GPU goes to one node")
-    if max(indices) >= MAX_GPUS:
-        raise ValueError(f"GPU indices go from 0 to {MAX_GPUS - 1}")
-    return ",".join(map(str, indices)) + ("," if len(indices) == 1 else "")
-
-
-def parse_cuda(raw: str) -> str:
-    """'auto', 'all', a count of nodes ('2') or node names ('node0,node2'), normalised."""
-    from labctl.config import AUTO, MAX_NODES
-
-    value = str(raw).strip().lower().replace(" ", "")
-    if value in ("", AUTO, "all"):
-        return value or AUTO
-    if value.lstrip("-").isdigit():
-        return str(_count(value, MAX_NODES))
-    names = [p for p in value.split(",") if p]
-    if not names or not all(_NODE_RE.match(n) for n in names):
-        raise ValueError(CUDA_ALLOWED)
-    twice = sorted({n for n in names if names.count(n) > 1})
-    if twice:
-        raise ValueError(f"names {', '.join(twice)} more than once")
-    return ",".join(names)
-
-
-def as_setting(value):
-    """A list of GPU indices or node names (from Python) as the setting spells it: [1] is '1,' (GPU 1), not 1 (one GPU)."""
-    if isinstance(value, (list, tuple)):
-        return ",".join(map(str, value)) + ("," if len(value) == 1 else "")
-    return value
-
-
 def selection(gpus: str | None) -> str | int | tuple[int, ...] | None:
     """A parsed DDPLAB_GPUS as what it means: None, 'all', a count, or a tuple of indices."""
     if gpus is None or gpus == "all":
@@ -160,8 +98,6 @@ def _listing(have: Sequence[Gpu]) -> str:
 
 def asked(config: LabConfig) -> str:
     """How the GPUs were asked for, to name in a message: '--gpus 2', or 'DDPLAB_GPUS=2 (from .env)'."""
-    from labctl.config import shown_key, shown_source
-
     key, source = shown_key(config, "gpus"), shown_source(config, "gpus")
     return f"{key} {config.gpus}" if key.startswith("--") else f"{key}={config.gpus}" + (f" (from {source})" if source else "")
 
@@ -197,8 +133,6 @@ def choose_gpus(config: LabConfig, machine: Sequence[Gpu] | None) -> tuple[int, 
 
 def split_gpus(config: LabConfig, chosen: tuple[int, ...], machine_unknown: bool = False) -> list[tuple[int, ...]]:
     """The GPU nodes' GPUs, `gpus_per_node` each in order: node0 the first K, node1 the next K."""
-    from labctl.config import shown_key, shown_source
-
     per = config.gpus_per_node
     if not chosen:
         return []
@@ -222,8 +156,6 @@ def split_gpus(config: LabConfig, chosen: tuple[int, ...], machine_unknown: bool
 
 def cuda_nodes(config: LabConfig, gpu_nodes: list[str]) -> list[str]:
     """The nodes that run the CUDA image: every GPU node, and any others `cuda` names."""
-    from labctl.config import AUTO, shown_key, shown_source
-
     names, value = config.node_names, config.cuda
     key, source = shown_key(config, "cuda"), shown_source(config, "cuda")
     if value == AUTO:
@@ -287,9 +219,6 @@ def parse_nvidia_smi(text: str) -> list[Gpu]:
 def detect_gpus(asked: str, run=None, which=None) -> list[Gpu]:
     """The machine's GPUs as nvidia-smi lists them; a StateError naming `asked` (e.g. '--gpus 1')
     when there is no nvidia-smi, it fails, or it lists none. One short command, no torch."""
-    import shutil
-    import subprocess
-
     exe = (which or shutil.which)("nvidia-smi")
     if exe is None:
         raise StateError(f"{asked} needs an NVIDIA GPU, and this machine has no nvidia-smi on PATH (no NVIDIA driver)",

@@ -31,14 +31,13 @@ import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable, Iterable, Iterator
+from typing import Callable, Iterable, Iterator
 
 from labctl import assets
 from labctl.config import LabConfig, cuda_tag
 from labctl.errors import CommandError, LabError
+from labctl.lab.wheelhouse import Target, fill_wheelhouse, target_from_probe
 from labctl.proc import run
-if TYPE_CHECKING:  # wheelhouse (and packaging, 30 ms) is imported when a build needs it, not at every `up`
-    from labctl.lab.wheelhouse import Target
 
 LABEL_BUILD_HASH = "io.ddplab.build-hash"
 TARGET_CACHE = "node-python.json"  # in the cache folder: the base image's Python, by base image id
@@ -140,8 +139,6 @@ def debian_mirror_from_apt(sources_dir: Path = Path("/etc/apt")) -> str:
 
 def ensure_wheelhouse(config: LabConfig, target: Target, report: Report, wheelhouse: Path) -> list[str]:
     """torch (CPU build), numpy and their dependencies for the node's Python; returns the file names."""
-    from labctl.lab.wheelhouse import fill_wheelhouse
-
     names = fill_wheelhouse(wheelhouse, wheel_requirements(config.torch_version), target, report,
                             cpu_index_url=config.torch_index_url)
     cuda = cuda_wheels(names)
@@ -155,8 +152,6 @@ def ensure_cuda_wheelhouse(config: LabConfig, target: Target, report: Report, wh
     """torch's CUDA build, numpy and their dependencies (the CUDA runtime, cuDNN and NCCL as nvidia-*
     wheels) through pip's own index: PyPI's torch for Linux is the CUDA build. For another CUDA
     release, point pip at PyTorch's index for it (PIP_INDEX_URL=https://download.pytorch.org/whl/cu126)."""
-    from labctl.lab.wheelhouse import fill_wheelhouse
-
     report(f"wheelhouse: torch {config.torch_version} CUDA build and its nvidia-* packages (GBs; once per release)")
     try:
         names = fill_wheelhouse(wheelhouse, wheel_requirements(config.torch_version, cuda=True), target, report)
@@ -174,8 +169,6 @@ def ensure_cuda_wheelhouse(config: LabConfig, target: Target, report: Report, wh
 def node_target(client, image: str, report: Report, cache: Path) -> Target:
     """The interpreter and platform of an image's python3, asked of the image itself (half a
     second, once per image: answers are kept by image id)."""
-    from labctl.lab.wheelhouse import Target, target_from_probe
-
     image_id = client.images.get(image).id
     try:
         known = json.loads(cache.read_text())

@@ -1,5 +1,5 @@
 """Bring a lab up, read its state back from Docker, and tear it down. The side-effect half of
-config, envfiles and compose: plans are built there (`plan_up` gathers them), applied here (`apply_up`).
+config, envfiles and compose: plans are built there (labctl.lab.up gathers them), applied here (`apply_up`).
 """
 
 from __future__ import annotations
@@ -7,29 +7,38 @@ from __future__ import annotations
 import logging
 import os
 import shlex
+import signal
 import subprocess
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Mapping
+from typing import Callable
 
+from labctl.config import (
+    LabConfig,
+)
+from labctl.errors import CommandError, LabError, StateError
 from labctl.lab import compose as compose_mod
 from labctl.lab import engine as engine_mod
-from labctl.lab.compose import LABEL_LAB, LABEL_NODE, LABEL_RANK, ComposePlan, container_name, network_name
-from labctl.config import AUTO, LabConfig, check_fits, node_ip, overlaps, pick_free_subnet, shown_key, shown_source
-from labctl.lab.engine import Engine
-from labctl.lab.gpus import GpuPlan
-from labctl.lab.envfiles import build_env_files, topology_for_lab, write_env_files, write_if_changed
-from labctl.errors import CommandError, ConfigError, LabError, StateError
+from labctl.lab.compose import (
+    LABEL_LAB,
+    LABEL_NODE,
+    LABEL_RANK,
+    container_name,
+    network_name,
+)
 from labctl.lab.docker import (
-    check_cpus,
     lab_containers,
     lab_networks,
     lab_volumes,
     name_of,
-    network_subnets,
+)
+from labctl.lab.engine import Engine
+from labctl.lab.envfiles import (
+    write_env_files,
+    write_if_changed,
 )
 
 log = logging.getLogger("labctl.lab.lifecycle")
@@ -57,65 +66,11 @@ def lab_dir(workspace: Path, lab: str) -> Path:
 COMPOSE_MISSING_HINT = "run `make engine`, which installs Compose v2 as a Docker CLI plugin"
 
 
-def choose_subnet(client, config: LabConfig) -> str:
-    """The lab keeps the subnet it runs on; a new lab takes the configured or a free one."""
-    own = [s for n in lab_networks(client, config.lab) for s in network_subnets(n)]
-    if own:
-        if config.subnet != AUTO and config.subnet != own[0]:
-            raise ConfigError(shown_key(config, "subnet"), config.subnet, f"lab '{config.lab}' already runs on {own[0]}",
-                              shown_source(config, "subnet"), hint=f"`labctl down --lab {config.lab}` first to move it")
-        return own[0]
-    others = {}
-    for network in client.networks.list():
-        for subnet in network_subnets(network):
-            others[subnet] = network.name
-    if config.subnet == AUTO:
-        return pick_free_subnet(list(others))
-    clash = overlaps(config.subnet, list(others))
-    if clash:
-        names = ", ".join(f"{others[c]} ({c})" for c in clash)
-        raise ConfigError(shown_key(config, "subnet"), config.subnet, f"overlaps the existing Docker network {names}",
-                          shown_source(config, "subnet"), hint="pick another range, or leave DDPLAB_SUBNET=auto to get a free one")
-    return config.subnet
-
-
 def invoking_user() -> str:
     """uid:gid of the person running labctl (under sudo, the person behind sudo)."""
     uid = int(os.environ.get("SUDO_UID", os.getuid()))
     gid = int(os.environ.get("SUDO_GID", os.getgid()))
     return f"{uid}:{gid}"
-
-
-def check_host_limits(client, config: LabConfig, node_cpus: dict[str, float] | None = None) -> None:
-    limits = {shown_key(config, "cpus"): config.cpus} if config.cpus is not None else {}
-    limits.update({f"--node-cpus {name}": cpus for name, cpus in (node_cpus or {}).items()})
-    check_cpus(client, limits)
-
-
-def plan_up(client, config: LabConfig, workspace: Path, node_cpus: dict[str, float] | None = None,
-            ssh_public_key: str | None = None, engine: Engine | None = None,
-            owner: Mapping[str, str] | None = None, gpus: GpuPlan | None = None,
-            tcp_cc: str | None = None) -> tuple[dict, dict[str, str], str]:
-    """Validate against the engine and render everything; creates nothing. `gpus`: each node's GPUs
-    and image (labctl.lab.up.plan_gpus), None for CPU nodes all; `tcp_cc`: the nodes' TCP congestion
-    control (labctl.lab.up.plan_tcp), None for the host's."""
-    engine = engine or engine_mod.usable_engine(client)
-    if config.cpus is not None or node_cpus:
-        given = shown_key(config, "cpus") if config.cpus is not None else "--node-cpus"
-        refused = engine_mod.cpu_limits_refusal(engine, given)
-        if refused:
-            raise refused
-    subnet = choose_subnet(client, config)
-    check_fits(config, subnet)
-    check_host_limits(client, config, node_cpus)
-    plan = ComposePlan(subnet=subnet, workspace=workspace, user=engine_mod.node_user(engine, invoking_user()),
-                       node_cpus=node_cpus or {}, ssh_public_key=ssh_public_key, limits=engine.limits,
-                       owner=owner or {}, gpus=gpus, tcp_cc=tcp_cc,
-                       slurm_dir=lab_dir(workspace, config.lab) / "slurm" if config.scheduler == "slurm" else None)
-    document = compose_mod.build_compose(config, plan, compose_mod.load_template())
-    ips = [node_ip(subnet, i) for i in range(config.nodes)]
-    env_files = build_env_files(topology_for_lab(config, ips), config.node_names, gpus.env if gpus else None)
-    return document, env_files, subnet
 
 
 def write_project(directory: Path, document: dict, env_files: dict[str, str]) -> Path:
@@ -289,8 +244,6 @@ def is_compose_up_for(argv: list[str], lab: str) -> bool:
 def kill_orphaned_compose(lab: str) -> int:
     """SIGKILL a `compose up` of this lab that outlived its labctl (killed with -9 mid-up), so it
     cannot create nodes after `down` has removed them."""
-    import signal
-
     killed = 0
     for entry in Path("/proc").glob("[0-9]*"):
         try:

@@ -8,9 +8,11 @@ running nodes with tc, as `labctl status` does.
 
 from __future__ import annotations
 
+import pwd
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import Callable
 
 from labctl.lab.compose import LABEL_LAB, LABEL_NODE, LABEL_RANK, LABEL_WORKSPACE
 from labctl.lab.owner import PREFIX, owner_labels
@@ -77,8 +79,6 @@ def build_listings(containers: list[dict], networks: list[dict], volumes: list[d
 
 def user_name(user: str | None) -> str | None:
     """A container's "uid:gid" as a login name where this machine knows the uid."""
-    import pwd
-
     if not user:
         return None
     uid = user.split(":")[0]
@@ -116,12 +116,10 @@ def engine_labs(client) -> tuple[list[LabListing], list[dict]]:
                           client.api.volumes(filters=selector).get("Volumes") or []), containers
 
 
-def list_labs(client, iface: str = "eth0") -> list[LabListing]:
-    """Every lab on the engine, with who brought it up and its running nodes' links read back."""
+def list_labs(client, link_of: Callable[[str, str], str] | None = None) -> list[LabListing]:
+    """Every lab on the engine, with who brought it up and, given `link_of(lab, node)` (labctl.net's
+    reading of a node's link, as text), its running nodes' links."""
     import docker.errors
-
-    from labctl.net.apply import read_link
-    from labctl.net.tc import describe
 
     listings, containers = engine_labs(client)
     nodes = [c for c in containers if (c.get("Labels") or {}).get(LABEL_NODE)]
@@ -138,13 +136,13 @@ def list_labs(client, iface: str = "eth0") -> list[LabListing]:
 
     def link(lab_node: tuple[str, str]) -> str:
         try:
-            return describe(read_link(client, *lab_node, iface))
+            return link_of(*lab_node) if link_of else ""
         except docker.errors.APIError:  # stopped or removed since it was listed
             return "?"
 
     with ThreadPoolExecutor(max_workers=8) as pool:
         users = dict(zip(first, pool.map(user, first.values())))
-        links = dict(zip(running, pool.map(link, running)))
+        links = dict(zip(running, pool.map(link, running))) if link_of else {}
     shaping: dict[str, dict[str, str]] = {}
     for (lab, node), text in sorted(links.items(), key=lambda item: (item[0][0], _rank(item[0][1]))):
         shaping.setdefault(lab, {})[node] = text

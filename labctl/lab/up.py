@@ -1,9 +1,12 @@
-"""`up` as a plan and its application: what the lab will be (the Compose document, the env files,
-the subnet, the engine it runs on), then bringing it there, reconciling a running lab, and retrying
-when a concurrent `up` took the same free subnet between our pick and Compose making the network.
+"""`up` of the lab itself, as a plan and its application: what the lab will be (the Compose document,
+the env files, the subnet, the engine it runs on: `render_project`), then bringing it there
+(labctl.lab.lifecycle.apply_up), reconciling a running lab, and retrying when a concurrent `up` took
+the same free subnet between our pick and Compose making the network (an engine quirk, handled
+where it arises).
 
-Shaping at bring-up and the SSH inventory are the API's (labctl.api.Lab.up), which composes this
-with labctl.net and labctl.hosts.
+What the nodes run besides (a scheduler), shaping at bring-up and the SSH inventory belong to
+labctl.bringup, which composes this with labctl.slurm, labctl.net and labctl.hosts: they reach the
+lab's bring-up through `Services`.
 """
 
 from __future__ import annotations
@@ -12,18 +15,31 @@ import shutil
 import sys
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Callable, Mapping
+from typing import Callable, Mapping, Protocol
 
-from labctl.config import AUTO, LabConfig, parse_node_cpus
-from labctl.errors import CommandError, LabError
+from labctl.config import (
+    AUTO,
+    LabConfig,
+    check_fits,
+    check_node_cpus,
+    node_ip,
+    overlaps,
+    pick_free_subnet,
+    shown_key,
+    shown_source,
+)
+from labctl.errors import CommandError, ConfigError, LabError
+from labctl.lab import compose as compose_mod
 from labctl.lab import engine as engine_mod
 from labctl.lab import gpus as gpus_mod
 from labctl.lab import tcp
-from labctl.lab.compose import LABEL_GPUS, LABEL_NODE, LABEL_RANK, LABEL_SCHEDULER, LABEL_SSH
-from labctl.lab.docker import lab_containers
+from labctl.lab.compose import LABEL_GPUS, LABEL_NODE, LABEL_RANK, LABEL_SCHEDULER, LABEL_SSH, ComposePlan
+from labctl.lab.docker import check_cpus, lab_networks, network_subnets
 from labctl.lab.engine import Engine
-from labctl.lab.lifecycle import NodeState, apply_up, lab_dir, plan_up
-from labctl.lab.owner import Owner, owner_labels
+from labctl.lab.envfiles import build_env_files, topology_for_lab
+from labctl.lab.gpus import GpuPlan
+from labctl.lab.lifecycle import NodeState, apply_down, apply_up, invoking_user, lab_dir
+from labctl.lab.owner import owner_labels
 
 SUBNET_ATTEMPTS = 4  # `up` picks again when a concurrent `up` took the same free subnet
 Report = Callable[[str], None]
@@ -33,56 +49,115 @@ Report = Callable[[str], None]
 class UpPlan:
     """Everything `up` will create or change, as data; `--dry-run` prints the document and env files."""
 
-    config: LabConfig  # as resolved, with a running lab's own node count when none was asked for
+    config: LabConfig  # settled: a running lab's own node count, GPUs, scheduler and SSH where none was asked for
     engine: Engine
     existing: bool  # a running lab is reconciled, not created
     document: dict  # the Compose document
     env_files: dict[str, str]  # file name -> text
     subnet: str
-    node_cpus: dict[str, float] | None
-    ssh: bool
-    public_key: str | None
+    public_key: str | None  # the lab's SSH key, with `ssh`
     gpus: gpus_mod.GpuPlan  # each node's GPUs and image
-    slurm_conf: str | None = None  # `--scheduler slurm`: the slurm.conf written before the nodes start
     tcp_cc: str | None = None  # the nodes' TCP congestion control (labctl.lab.tcp); None: the host's
     tcp_note: str | None = None  # why the nodes keep the host's, where the default could not be had
     owner: Mapping[str, str] = field(default_factory=dict)  # the owner labels every resource gets
+    files: Mapping[str, str] = field(default_factory=dict)  # more files the nodes start from, by path in the lab's folder
+
+    @property
+    def ssh(self) -> bool:
+        return bool(self.config.ssh)
 
 
-def build_up_plan(client, config: LabConfig, workspace: Path, *, node_cpus: str | dict[str, float] | None = None,
-                  ssh: bool | None = None, dry_run: bool = False, owner: Owner | None = None) -> UpPlan:
-    """Validate against the engine and render everything; creates nothing (but the lab's SSH key,
-    made once, unless `dry_run`). A running lab keeps the owner it has (a change of labels would
-    make Compose recreate every node); a new one gets `owner`'s labels."""
-    engine = engine_mod.usable_engine(client)
-    existing = lab_containers(client, config.lab)
+class Services(Protocol):
+    """What the nodes run besides the lab itself and start with it (labctl.bringup's Slurm cluster)."""
+
+    def prepare(self, plan: UpPlan) -> UpPlan: ...  # the files they start from, for this plan's addresses
+
+    def wait(self, plan: UpPlan) -> None: ...  # until they are up on the running nodes
+
+
+def settle(config: LabConfig, existing: list[dict]) -> LabConfig:
+    """What a running lab keeps unless asked otherwise: its node count, its GPUs and CUDA nodes, its
+    scheduler, and whether its nodes are SSH hosts. Per-node CPU limits must name nodes it has."""
+    labels = [c.get("Labels") or {} for c in existing]
     if existing and config.sources.get("nodes") == "default":
         config = replace(config, nodes=len(existing))
     config = kept_gpus(config, existing)
-    if existing and config.sources.get("scheduler") == "default":  # a running lab keeps its scheduler
-        if any((c.get("Labels") or {}).get(LABEL_SCHEDULER) == "slurm" for c in existing):
-            config = replace(config, scheduler="slurm")
-    # Checked against the lab's final size (a running lab keeps its count), before anything changes.
-    per_node = parse_node_cpus(node_cpus, config.nodes) if isinstance(node_cpus, str) else node_cpus
-    if ssh is None:  # a running lab keeps what it was brought up with
-        ssh = any((c.get("Labels") or {}).get(LABEL_SSH) == "true" for c in existing)
-    gpu_plan = plan_gpus(config, engine)
-    refused = engine_mod.ssh_refusal(engine) if ssh else None
-    if refused:
-        raise refused
-    directory = lab_dir(workspace, config.lab)
-    public_key = None
-    if ssh:
-        from labctl.hosts import labnodes
+    if existing and config.sources.get("scheduler") == "default" and any(
+            label.get(LABEL_SCHEDULER) == "slurm" for label in labels):
+        config = replace(config, scheduler="slurm")
+    if config.ssh is None:
+        config = replace(config, ssh=any(label.get(LABEL_SSH) == "true" for label in labels))
+    check_node_cpus(config.node_cpus, config.nodes, shown_key(config, "node_cpus"))
+    return config
 
-        public_key = labnodes.lab_public_key(directory, config.lab, make=not dry_run)
-    kept = owner_labels(existing[0].get("Labels") or {}) if existing else {}
-    labels = kept if existing else (owner.labels() if owner else {})
+
+def build_up_plan(client, config: LabConfig, workspace: Path, *, engine: Engine, existing: list[dict],
+                  public_key: str | None = None, owner: Mapping[str, str] | None = None) -> UpPlan:
+    """Validate a settled config against the engine and render everything; creates nothing. A running
+    lab keeps the owner it has (a change of labels would make Compose recreate every node); a new one
+    gets `owner`."""
+    gpu_plan = plan_gpus(config, engine)
+    labels = owner_labels(existing[0].get("Labels") or {}) if existing else dict(owner or {})
     tcp_cc, tcp_note = plan_tcp(config, engine)
-    document, env_files, subnet = plan_up(client, config, workspace, per_node, public_key, engine, labels, gpu_plan,
-                                          tcp_cc)
-    return UpPlan(config, engine, bool(existing), document, env_files, subnet, per_node, ssh, public_key, gpu_plan,
-                  lab_slurm_conf(config, subnet, engine), tcp_cc, tcp_note, labels)
+    document, env_files, subnet = render_project(client, config, workspace, public_key, engine, labels, gpu_plan,
+                                                 tcp_cc)
+    return UpPlan(config, engine, bool(existing), document, env_files, subnet, public_key, gpu_plan, tcp_cc, tcp_note,
+                  labels)
+
+
+def choose_subnet(client, config: LabConfig) -> str:
+    """The lab keeps the subnet it runs on; a new lab takes the configured or a free one."""
+    own = [s for n in lab_networks(client, config.lab) for s in network_subnets(n)]
+    if own:
+        if config.subnet != AUTO and config.subnet != own[0]:
+            raise ConfigError(shown_key(config, "subnet"), config.subnet, f"lab '{config.lab}' already runs on {own[0]}",
+                              shown_source(config, "subnet"), hint=f"`labctl down --lab {config.lab}` first to move it")
+        return own[0]
+    others = {}
+    for network in client.networks.list():
+        for subnet in network_subnets(network):
+            others[subnet] = network.name
+    if config.subnet == AUTO:
+        return pick_free_subnet(list(others))
+    clash = overlaps(config.subnet, list(others))
+    if clash:
+        names = ", ".join(f"{others[c]} ({c})" for c in clash)
+        raise ConfigError(shown_key(config, "subnet"), config.subnet, f"overlaps the existing Docker network {names}",
+                          shown_source(config, "subnet"), hint="pick another range, or leave DDPLAB_SUBNET=auto to get a free one")
+    return config.subnet
+
+
+def check_host_limits(client, config: LabConfig) -> None:
+    limits = {shown_key(config, "cpus"): config.cpus} if config.cpus is not None else {}
+    limits.update({f"{shown_key(config, 'node_cpus')} {name}": cpus for name, cpus in config.node_cpus})
+    check_cpus(client, limits)
+
+
+def render_project(client, config: LabConfig, workspace: Path, ssh_public_key: str | None = None,
+                   engine: Engine | None = None, owner: Mapping[str, str] | None = None, gpus: GpuPlan | None = None,
+                   tcp_cc: str | None = None) -> tuple[dict, dict[str, str], str]:
+    """The lab's Compose document, env files and subnet, validated against the engine; creates
+    nothing. `gpus`: each node's GPUs and image (labctl.lab.up.plan_gpus), None for CPU nodes all;
+    `tcp_cc`: the nodes' TCP congestion control (labctl.lab.up.plan_tcp), None for the host's."""
+    engine = engine or engine_mod.usable_engine(client)
+    node_cpus = config.node_cpu_limits
+    if config.cpus is not None or node_cpus:
+        given = shown_key(config, "cpus") if config.cpus is not None else shown_key(config, "node_cpus")
+        refused = engine_mod.cpu_limits_refusal(engine, given)
+        if refused:
+            raise refused
+    subnet = choose_subnet(client, config)
+    check_fits(config, subnet)
+    check_host_limits(client, config)
+    plan = ComposePlan(subnet=subnet, workspace=workspace, user=engine_mod.node_user(engine, invoking_user()),
+                       node_cpus=node_cpus or {}, ssh_public_key=ssh_public_key, limits=engine.limits,
+                       owner=owner or {}, gpus=gpus, tcp_cc=tcp_cc,
+                       slurm_dir=lab_dir(workspace, config.lab) / "slurm" if config.scheduler == "slurm" else None)
+    document = compose_mod.build_compose(config, plan, compose_mod.load_template())
+    ips = [node_ip(subnet, i) for i in range(config.nodes)]
+    extra = {name: {**config.node_env, **(gpus.env.get(name, {}) if gpus else {})} for name in config.node_names}
+    env_files = build_env_files(topology_for_lab(config, ips), config.node_names, extra)
+    return document, env_files, subnet
 
 
 def plan_tcp(config: LabConfig, engine: Engine) -> tuple[str | None, str | None]:
@@ -90,22 +165,6 @@ def plan_tcp(config: LabConfig, engine: Engine) -> tuple[str | None, str | None]
     # The engine shares this machine's kernel: a local socket, on Linux, and not Docker Desktop's VM.
     host = tcp.read_host_tcp(engine.local and engine.kind != "docker-desktop" and sys.platform.startswith("linux"))
     return tcp.plan_tcp_cc(config.tcp_cc, config.sources.get("tcp_cc", "default") != "default", host)
-
-
-def lab_slurm_conf(config: LabConfig, subnet: str, engine: Engine) -> str | None:
-    """slurm.conf for a lab with `--scheduler slurm` (None for a plain lab); refused (exit 1) where
-    the engine cannot host Slurm's daemons (labctl.slurm.setup.refusal)."""
-    if config.scheduler != "slurm":
-        return None
-    from labctl.config import node_ip
-    from labctl.slurm import setup
-    from labctl.slurm.conf import SlurmNode, build_slurm_conf
-
-    refused = setup.refusal(engine)
-    if refused:
-        raise refused
-    nodes = [SlurmNode(name, node_ip(subnet, rank)) for rank, name in enumerate(config.node_names)]
-    return build_slurm_conf(config.lab, nodes, engine.cpus)
 
 
 def kept_gpus(config: LabConfig, existing: list[dict]) -> LabConfig:
@@ -144,40 +203,20 @@ def plan_gpus(config: LabConfig, engine: Engine) -> gpus_mod.GpuPlan:
     return gpus_mod.build_gpu_plan(config, machine)
 
 
-def wait_for_slurm(client, plan: UpPlan, report: Report) -> None:
-    """Every node IDLE in Slurm; a lab this call created is removed when its cluster does not come up."""
-    from labctl.lab.lifecycle import apply_down
-    from labctl.slurm import setup
-
-    try:
-        if plan.existing:  # nodes that were not recreated keep their daemons, on the old slurm.conf
-            setup.restart(client, plan.config.lab, plan.config.node_names)
-        setup.wait_ready(client, plan.config.lab, plan.config.node_names)
-    except LabError:
-        if not plan.existing:
-            apply_down(client, plan.config.lab, volumes=True)
-        raise
-    report(f"slurm: {len(plan.config.node_names)} nodes idle, controller {setup.CONTROLLER}")
-
-
-def apply_up_plan(client, plan: UpPlan, workspace: Path, report: Report) -> tuple[UpPlan, list[NodeState]]:
+def apply_up_plan(client, plan: UpPlan, workspace: Path, report: Report,
+                  services: Services | None = None) -> tuple[UpPlan, list[NodeState]]:
     """Bring the lab to the plan; returns the plan that was applied (another subnet after a race)
-    and the nodes, all running and reporting torch. A lab this call created is removed again when
-    bring-up fails: never a half-built lab."""
+    and the nodes, all running and reporting torch, with `services` up on them. A lab this call
+    created is removed again when bring-up fails: never a half-built lab."""
     verb = "reconciling" if plan.existing else "starting"
     config = plan.config
     for attempt in range(1, SUBNET_ATTEMPTS + 1):
         started = f"{verb} lab {config.lab}: {config.nodes} nodes on {plan.subnet}"
-        if plan.slurm_conf:  # before the nodes start: their entry point starts Slurm from these files
-            from labctl.slurm import setup
-
-            setup.write_files(lab_dir(workspace, config.lab), plan.slurm_conf)
+        if services:  # before the nodes start: their entry point starts the services from these files
+            plan = services.prepare(plan)
         try:
             nodes = apply_up(client, config, workspace, plan.document, plan.env_files, report, plan.engine,
                              started=started)
-            if plan.slurm_conf:
-                wait_for_slurm(client, plan, report)
-            return plan, nodes
         except (CommandError, LabError) as exc:
             # Another lab (or anything else) took the same free subnet between our pick and Compose
             # creating the network: the failed attempt was removed, so pick again.
@@ -185,8 +224,16 @@ def apply_up_plan(client, plan: UpPlan, workspace: Path, report: Report) -> tupl
             if not raced or attempt == SUBNET_ATTEMPTS:
                 raise
             report(f"{plan.subnet} was taken meanwhile; picking another subnet")
-            document, env_files, subnet = plan_up(client, config, workspace, plan.node_cpus, plan.public_key,
-                                                  plan.engine, plan.owner, plan.gpus, plan.tcp_cc)
-            plan = replace(plan, document=document, env_files=env_files, subnet=subnet,
-                           slurm_conf=lab_slurm_conf(config, subnet, plan.engine))
+            document, env_files, subnet = render_project(client, config, workspace, plan.public_key, plan.engine,
+                                                         plan.owner, plan.gpus, plan.tcp_cc)
+            plan = replace(plan, document=document, env_files=env_files, subnet=subnet)
+            continue
+        if services:
+            try:
+                services.wait(plan)
+            except LabError:
+                if not plan.existing:
+                    apply_down(client, config.lab, volumes=True)
+                raise
+        return plan, nodes
     raise AssertionError("unreachable")

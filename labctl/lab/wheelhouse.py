@@ -27,11 +27,8 @@ from email.parser import HeaderParser
 from pathlib import Path
 from typing import Callable, Iterable, Mapping
 
-from packaging.requirements import InvalidRequirement, Requirement
-from packaging.utils import canonicalize_name, parse_wheel_filename
-
-from labctl.lab.engine import normalize_machine
 from labctl.errors import CommandError, LabError
+from labctl.lab.engine import normalize_machine
 from labctl.proc import run
 
 STAMP = "ddplab-wheelhouse.json"
@@ -127,6 +124,10 @@ class Wheel:
 def wheel_closure(wheels: Iterable[Wheel], roots: Iterable[str], target: Target) -> tuple[set[str], list[str]]:
     """(files the node needs, requirements nothing in `wheels` satisfies), evaluating every
     marker as the node's Python would: the dependency walk pip does, for the right interpreter."""
+    # packaging (30 ms) is imported when a build walks wheels, not whenever labctl.lab is imported
+    from packaging.requirements import InvalidRequirement, Requirement
+    from packaging.utils import canonicalize_name
+
     by_name: dict[str, list[Wheel]] = {}
     for wheel in wheels:
         by_name.setdefault(wheel.name, []).append(wheel)
@@ -161,6 +162,8 @@ def wheel_closure(wheels: Iterable[Wheel], roots: Iterable[str], target: Target)
 
 def read_wheel(path: Path) -> Wheel:
     """Name, version and Requires-Dist of one wheel file, from its METADATA."""
+    from packaging.utils import canonicalize_name, parse_wheel_filename
+
     name, version, _, _ = parse_wheel_filename(path.name)
     with zipfile.ZipFile(path) as archive:
         meta = next(n for n in archive.namelist() if n.endswith(".dist-info/METADATA") and n.count("/") == 1)

@@ -16,13 +16,22 @@ from __future__ import annotations
 
 import shlex
 from concurrent.futures import ThreadPoolExecutor
+from typing import Callable
 
-from labctl.lab.compose import LABEL_LAB, container_name
 from labctl.errors import StateError
+from labctl.lab.compose import LABEL_LAB, container_name
 from labctl.lab.docker import exec_in
 from labctl.net.tc import (
-    NETEM_MISSING_MESSAGE, Command, LinkState, Shape, build_apply, build_clear, build_netem_probe, build_undo,
-    netem_missing, parse_link_state,
+    NETEM_MISSING_MESSAGE,
+    Command,
+    LinkState,
+    Shape,
+    build_apply,
+    build_clear,
+    build_netem_probe,
+    build_undo,
+    netem_missing,
+    parse_link_state,
 )
 
 LABEL_ROLE = "io.ddplab.role"
@@ -65,12 +74,26 @@ def run_helper(client, lab: str, node: str, image: str, commands: list[Command])
     return code, output
 
 
-def _node_image(client, lab: str, node: str) -> str:
+def node_image(client, lab: str, node: str) -> str:
+    """The image a node runs: helpers run it too, so they have the node's tc and ip."""
     return client.containers.get(container_name(lab, node)).image.id
 
 
+def run_on_nodes(client, lab: str, nodes: list[str], commands: Callable[[str], list[Command]],
+                 image: str | None = None) -> list[tuple[str, int, str]]:
+    """`commands(node)` run in each node's namespace from a helper container, all at once:
+    (node, exit code, output) in the order of `nodes`."""
+    image = image or node_image(client, lab, nodes[0])
+
+    def one(node: str) -> tuple[str, int, str]:
+        return (node, *run_helper(client, lab, node, image, commands(node)))
+
+    with ThreadPoolExecutor(max_workers=8) as pool:
+        return list(pool.map(one, nodes))
+
+
 def check_netem(client, lab: str, node: str) -> None:
-    code, output = run_helper(client, lab, node, _node_image(client, lab, node), build_netem_probe())
+    code, output = run_helper(client, lab, node, node_image(client, lab, node), build_netem_probe())
     if code != 0:
         if netem_missing(output):
             raise StateError(NETEM_MISSING_MESSAGE, hint="drop --delay/--jitter/--loss, or run on a kernel with sch_netem")
@@ -105,14 +128,9 @@ def apply_shape(client, lab: str, nodes: list[str], shape: Shape, iface: str, du
     `duration_s`, the shape is undone that long after (see the module's docstring)."""
     if shape.needs_netem:
         check_netem(client, lab, nodes[0])  # a kernel-wide fact: one probe answers for all nodes
-    image = _node_image(client, lab, nodes[0])
+    image = node_image(client, lab, nodes[0])
     cancel_undos(client, lab, nodes)
-
-    def apply(node: str) -> tuple[str, int, str]:
-        return (node, *run_helper(client, lab, node, image, build_apply(shape, iface)))
-
-    with ThreadPoolExecutor(max_workers=8) as pool:
-        results = list(pool.map(apply, nodes))
+    results = run_on_nodes(client, lab, nodes, lambda _node: build_apply(shape, iface), image)
     failed = [(node, output) for node, code, output in results if code != 0]
     if failed:
         clear_shape(client, lab, nodes, iface)
@@ -131,9 +149,7 @@ def apply_shape(client, lab: str, nodes: list[str], shape: Shape, iface: str, du
 
 def clear_shape(client, lab: str, nodes: list[str], iface: str) -> None:
     cancel_undos(client, lab, nodes)
-    image = _node_image(client, lab, nodes[0])
-    with ThreadPoolExecutor(max_workers=8) as pool:
-        list(pool.map(lambda node: run_helper(client, lab, node, image, build_clear(iface)), nodes))
+    run_on_nodes(client, lab, nodes, lambda _node: build_clear(iface))
 
 
 def read_link(client, lab: str, node: str, iface: str, ifb: str = "ifb0") -> LinkState:

@@ -13,12 +13,11 @@ with NET_ADMIN, as shaping does; the node itself has no added capability.
 
 from __future__ import annotations
 
-import docker.errors
-
 from labctl import remote
-from labctl.lab.compose import container_name, network_name
 from labctl.errors import LabError, StateError
+from labctl.lab.compose import container_name, network_name
 from labctl.lab.docker import exec_in
+from labctl.net.apply import run_helper
 from labctl.net.tc import Command
 
 FAULTS = ("kill", "crash", "pause", "unpause", "partition", "heal")
@@ -29,6 +28,8 @@ CRASH_SCRIPT = remote.load("crash.py")
 
 
 def _container(client, lab: str, node: str):
+    import docker.errors
+
     try:
         return client.containers.get(container_name(lab, node))
     except docker.errors.NotFound:
@@ -49,8 +50,6 @@ def heal_commands(iface: str, gateway: str | None) -> list[Command]:
 
 def inject(client, lab: str, node: str, fault: str, iface: str) -> str:
     """Apply one fault; a sentence saying what happened."""
-    from labctl.net.apply import run_helper
-
     container = _container(client, lab, node)
     state = container.attrs["State"]
     if fault == "kill":

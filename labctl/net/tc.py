@@ -18,7 +18,13 @@ import re
 from dataclasses import dataclass, field
 
 from labctl.errors import ConfigError, LabError
-from labctl.units import format_rate
+from labctl.units import (
+    format_rate,
+    parse_duration_s,
+    parse_loss_pct,
+    parse_rate,
+    parse_time_us,
+)
 
 NETEM_MISSING_MESSAGE = (
     "this kernel has no netem qdisc (module sch_netem), so --delay, --jitter and --loss cannot be applied; "
@@ -262,8 +268,6 @@ def describe(state: LinkState) -> str:
 def parse_shape(bw: str | None = None, delay: str | None = None, jitter: str | None = None, loss: str | None = None,
                 ingress: bool = False) -> Shape:
     """The shape the flags ask for, every value checked before anything is changed; no --bw: no rate limit."""
-    from labctl.units import parse_loss_pct, parse_rate, parse_time_us
-
     return Shape(
         rate_bps=parse_rate(bw, "--bw") if bw is not None else None,
         delay_us=parse_time_us(delay, "--delay") if delay is not None else 0,
@@ -278,8 +282,6 @@ def parse_shape_request(bw: str | None, delay: str | None = None, jitter: str | 
                         duration: str | None = None) -> Shape | None:
     """`labctl shape`'s flags: exactly one of a shape (any of --bw, --delay, --jitter, --loss),
     --clear and --show; the shape, else None. --ingress and --duration go with a shape."""
-    from labctl.units import parse_duration_s
-
     given = [flag for flag, value in (("--bw", bw), ("--delay", delay), ("--jitter", jitter), ("--loss", loss))
              if value is not None]
     modes = ([f"a shape ({', '.join(given)})"] if given else []) + [flag for flag, on in (("--clear", clear),

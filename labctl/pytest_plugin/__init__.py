@@ -20,10 +20,31 @@ from pathlib import Path
 
 import pytest
 
+from labctl.api import gc
 from labctl.errors import ConfigError, LabError
-from labctl.pytest_plugin.report import SECTION_PREFIX, PoolStats, annotation_path, failure_report, github_annotation, logs_report
-from labctl.pytest_plugin.settings import (MARKER, MARKER_DOC, SETTING_SOURCES, Settings, lab_spec, resolve_settings,
-                                           worker_id)
+from labctl.lab.docker import docker_client
+from labctl.pytest_plugin.pool import LabPool
+from labctl.pytest_plugin.report import (
+    SECTION_PREFIX,
+    PoolStats,
+    annotation_path,
+    doctor_summary,
+    failure_report,
+    github_annotation,
+    kept_hint,
+    logs_report,
+    summary_line,
+)
+from labctl.pytest_plugin.settings import (
+    MARKER,
+    MARKER_DOC,
+    SETTING_SOURCES,
+    Settings,
+    lab_request,
+    resolve_settings,
+    worker_id,
+)
+from labctl.workspace import find_workspace
 
 OWNER_PID_VAR = "DDPLAB_OWNER_PID"  # read by labctl/lab/owner.py when a lab is brought up
 OWNER_SESSION_VAR = "DDPLAB_OWNER_SESSION"
@@ -124,7 +145,6 @@ def _workspace(config: pytest.Config) -> Path:
     given = config.getini("ddplab_workspace")
     if given:
         return Path(given[0]).resolve()
-    from labctl.workspace import find_workspace
 
     return find_workspace(config.rootpath)
 
@@ -151,9 +171,6 @@ def pytest_configure_node(node) -> None:
 def _pool(state: State):
     _claim_labs(state)  # (a test that asks for ddp_lab with request.getfixturevalue: only now)
     if state.pool is None:
-        from labctl.lab.docker import docker_client
-        from labctl.pytest_plugin.pool import LabPool
-
         state.pool = LabPool(state.settings, state.session, state.worker, state.workspace, docker_client,
                              owner_environ(state))
     return state.pool
@@ -161,20 +178,13 @@ def _pool(state: State):
 
 def _sweep(state: State, pool) -> None:
     """Once per process, before its first lab: remove the labs of sessions that died (killed with
-    -9, a CI job cancelled) through labctl's gc, where this labctl has it."""
+    -9, a CI job cancelled) through labctl's gc."""
     if state.swept:
         return
     state.swept = True
-    import inspect
 
-    import labctl.api
-
-    gc = getattr(labctl.api, "gc", None)
-    if gc is None:
-        return
-    takes_client = "client" in inspect.signature(gc).parameters
     try:
-        removed = gc(client=pool.client()) if takes_client else gc()
+        removed = [verdict.lab for verdict in gc(client=pool.client()) if verdict.remove]
     except Exception as exc:  # noqa: BLE001 - a courtesy: the session goes on, and says it at the end
         pool.stats.notes.append(f"sweeping the labs of dead sessions failed: {exc}")
         return
@@ -195,7 +205,7 @@ def ddp_lab(request: pytest.FixtureRequest):
     # the one message and not "During handling of the above exception, another exception occurred".
     spec, refused = None, None
     try:
-        spec = lab_spec(marks, state.settings)
+        spec = lab_request(marks, state.settings, state.workspace, os.environ)
     except LabError as exc:
         refused = f"ddplab: {exc}"
     if refused:
@@ -237,8 +247,6 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
 
 
 def _explain_failure(item: pytest.Item, report: pytest.TestReport, lab, call: pytest.CallInfo) -> None:
-    from labctl.pytest_plugin.report import kept_hint
-
     state = item.config.stash[STATE]
     kept = kept_hint(lab.name, state.workspace) if state.settings.keep_failed else None
     failed = [record for record in lab.runs if record.failed]
@@ -255,7 +263,6 @@ def _explain_failure(item: pytest.Item, report: pytest.TestReport, lab, call: py
     else:
         diagnosis = getattr(call.excinfo.value, "diagnosis", None) if call.excinfo else None
         if diagnosis is not None:  # a preflight that refused to start the run: what it found
-            from labctl.pytest_plugin.report import doctor_summary
 
             _add_to_longrepr(report, "ddplab: the run was not started", doctor_summary(diagnosis)
                              .replace("asked after the timeout", "before the run"))
@@ -316,8 +323,6 @@ class Controller:
             self.state.totals.add(PoolStats(**output))
 
     def pytest_terminal_summary(self, terminalreporter) -> None:
-        from labctl.pytest_plugin.report import summary_line
-
         totals = self.state.totals
         if totals.tests:
             terminalreporter.write_line(summary_line(totals))

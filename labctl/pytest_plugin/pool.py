@@ -13,13 +13,14 @@ import shutil
 import sys
 import time
 from collections import OrderedDict
+from dataclasses import replace
 from pathlib import Path
 from typing import Callable, Mapping
 
 from labctl.api import Lab
 from labctl.errors import LabError, RunFailed
 from labctl.pytest_plugin.report import PoolStats, RunRecord, doctor_summary, kept_hint
-from labctl.pytest_plugin.settings import LabSpec, Settings, lab_name
+from labctl.pytest_plugin.settings import LabRequest, Settings, lab_name
 
 MAX_IDLE_LABS = 2  # labs of other topologies kept up for later tests; the oldest beyond this goes
 
@@ -37,7 +38,7 @@ class TestLab(Lab):
         self.unfit: str | None = None  # why no other test may have it
         self.shaped = False
         self.served_failure = False  # a test failed on it: its run logs stay on disk
-        self.key: tuple = ()  # the LabSpec.key it was brought up for
+        self.key: tuple = ()  # the LabRequest.key it was brought up for
         self._test_file: str | None = None
 
     def begin_test(self, test_file: str) -> None:
@@ -51,12 +52,13 @@ class TestLab(Lab):
         except RunFailed as exc:
             raise exc.with_traceback(None) from None
 
-    def execute(self, plan, *, timeout_s: float | None = None, echo: bool | str = True, check: bool = True):
+    def execute(self, plan, *, echo: bool | str = True, check: bool = True):
         __tracebackhide__ = True
         site = self._call_site()
+        if plan.timeout_s is None:  # the session's limit, unless the test gave the run its own
+            plan = replace(plan, timeout_s=self.run_timeout_s)
         try:
-            result = super().execute(plan, timeout_s=self.run_timeout_s if timeout_s is None else timeout_s,
-                                     echo=echo, check=check)
+            result = super().execute(plan, echo=echo, check=check)
         except RunFailed as exc:
             record = self._record(exc.result, site)
             if record.doctor:  # in the exception's own message: a hang says what doctor saw
@@ -102,7 +104,7 @@ class TestLab(Lab):
 
 
 class LabPool:
-    """One process's labs, by topology (`LabSpec.key`)."""
+    """One process's labs, by topology (`LabRequest.key`)."""
 
     def __init__(self, settings: Settings, session: str, worker: str, workspace: Path,
                  connect: Callable[[], object], owner: Mapping[str, str]):
@@ -130,7 +132,7 @@ class LabPool:
                 raise
         return self._client
 
-    def acquire(self, spec: LabSpec, test_file: str) -> TestLab:
+    def acquire(self, spec: LabRequest, test_file: str) -> TestLab:
         """A lab for one test: an idle one of its topology that is still whole, else a new one;
         shaped as the test's marker says."""
         self.stats.tests += 1
@@ -186,15 +188,13 @@ class LabPool:
         while self.idle:
             self._remove(self.idle.popitem(last=False)[1])
 
-    def _bring_up(self, spec: LabSpec) -> TestLab:
+    def _bring_up(self, spec: LabRequest) -> TestLab:
         client = self.client()
         self.stats.labs += 1
         name = lab_name(self.session, self.worker, self.stats.labs)
         said: list[str] = []
-        lab = TestLab(name, nodes=spec.nodes, nproc_per_node=spec.nproc_per_node, image=spec.image,
-                      node_cpus=dict(spec.node_cpus) or None, workspace=self.workspace, client=client,
-                      report=said.append, environ={**os.environ, **self._owner},
-                      run_timeout_s=self.settings.run_timeout_s)
+        lab = TestLab(spec=replace(spec.lab, lab=name), workspace=self.workspace, client=client, report=said.append,
+                      environ={**os.environ, **self._owner}, run_timeout_s=self.settings.run_timeout_s)
         lab.key = spec.key
         started = time.monotonic()
         try:

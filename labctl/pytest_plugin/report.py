@@ -12,11 +12,10 @@ import os
 from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:
-    from labctl.diagnose.doctor import Diagnosis
-    from labctl.run.result import RunResult
+from labctl.diagnose.findings import Diagnosis
+from labctl.run.failures import what_happened
+from labctl.run.result import RunResult
 
 LOG_TAIL_LINES = 80  # of each node's log in the report: the end of a run is where it failed
 ROOT_TAIL_LINES = 25  # of the failing rank's own output, under the failure itself (and in JUnit's <failure>)
@@ -60,8 +59,6 @@ def headline(result: RunResult) -> str:
 
 def root_fields(result: RunResult) -> dict[str, str]:
     """The root cause as JUnit properties: node, rank, error (what is known of them)."""
-    from labctl.run.failures import what_happened
-
     root = result.verdict.root
     if root is None:
         return {}

@@ -1,19 +1,22 @@
 """The plugin's settings and a test's lab, as plain data: what the command line and the ini file
-say (`Settings`), what a test's `@pytest.mark.ddplab(...)` asks for (`LabSpec`), which labs may
-serve which tests (`LabSpec.key`), and what labs are called.
+say (`Settings`), what a test's `@pytest.mark.ddplab(...)` asks for (`LabRequest`: a lab spec, the
+type `labctl up` and `labctl.api.Lab` take, and the test's links), which labs may serve which tests
+(`LabRequest.key`), and what labs are called.
 
-Pure: nothing here asks the engine anything; every value is checked by labctl's own parsers, so a
-marker or an option says what it would have said to `labctl up`.
+Pure but for reading the workspace's .env: nothing here asks the engine anything; every value is
+checked by labctl's own parsers, so a marker or an option says what it would have said to `labctl up`.
 """
 
 from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Literal, Mapping
 
-from labctl.config import SETTINGS, parse_node_cpus
+from labctl.config import SETTINGS, LabConfig, load_config, parse_node_cpus
 from labctl.errors import ConfigError, LabError
+from labctl.net.tc import parse_shape
 
 DEFAULT_NODES = 3
 DEFAULT_RUN_TIMEOUT_S = 300.0  # every run through the fixture's lab; a hang fails its test, never the suite
@@ -45,13 +48,12 @@ class Settings:
 
 
 @dataclass(frozen=True, kw_only=True)
-class LabSpec:
-    """What one test asks of its lab."""
+class LabRequest:
+    """What one test asks of its lab: the lab itself as a lab spec (labctl.config.LabConfig, the one
+    type `labctl up` and `labctl.api.Lab` take too), and what is the test's alone: its links and
+    whether it may share the lab."""
 
-    nodes: int
-    nproc_per_node: int = 1
-    node_cpus: tuple[tuple[str, float], ...] = ()  # sorted (node, cpus): per-node CPU limits at bring-up
-    image: str | None = None
+    lab: LabConfig
     bw: str | None = None  # the links for this test alone: shaped before it, cleared after
     delay: str | None = None
     fresh: bool = False
@@ -60,18 +62,18 @@ class LabSpec:
     def key(self) -> tuple:
         """Labs with the same key are interchangeable between tests: what is fixed at `up`. The
         links are not part of it (set per test), nor `fresh` (a fresh lab is never pooled)."""
-        return (self.nodes, self.nproc_per_node, self.node_cpus, self.image or "")
+        return (self.lab.nodes, self.lab.nproc_per_node, self.lab.node_cpus, self.lab.image)
 
     @property
     def shaped(self) -> bool:
         return self.bw is not None or self.delay is not None
 
     def describe(self) -> str:
-        parts = [f"{self.nodes} nodes"]
-        if self.nproc_per_node != 1:
-            parts.append(f"{self.nproc_per_node} processes per node")
-        if self.node_cpus:
-            parts.append("cpus " + ",".join(f"{n}={c:g}" for n, c in self.node_cpus))
+        parts = [f"{self.lab.nodes} nodes"]
+        if self.lab.nproc_per_node != 1:
+            parts.append(f"{self.lab.nproc_per_node} processes per node")
+        if self.lab.node_cpus:
+            parts.append("cpus " + ",".join(f"{n}={c:g}" for n, c in self.lab.node_cpus))
         if self.shaped:
             parts.append("links " + " ".join(filter(None, (self.bw, self.delay and f"+{self.delay}"))))
         return ", ".join(parts)
@@ -153,9 +155,11 @@ def resolve_settings(options: Mapping[str, Any], ini: Mapping[str, Any]) -> Sett
 
 # -------------------------------------------------------------------------------------- marker
 
-def lab_spec(marks: list[tuple[tuple, Mapping[str, Any]]], settings: Settings) -> LabSpec:
-    """A test's LabSpec from its `ddplab` markers, closest first (a test's own over its class's
-    over its module's, key by key), over the session's settings."""
+def lab_request(marks: list[tuple[tuple, Mapping[str, Any]]], settings: Settings, workspace: Path,
+                environ: Mapping[str, str]) -> LabRequest:
+    """A test's LabRequest from its `ddplab` markers, closest first (a test's own over its class's
+    over its module's, key by key), over the session's settings. The lab's spec resolves as
+    `labctl up`'s does: defaults, the workspace's .env, DDPLAB_* in `environ`, then these."""
     merged: dict[str, Any] = {}
     for args, kwargs in reversed(marks):
         if args:
@@ -175,14 +179,13 @@ def lab_spec(marks: list[tuple[tuple, Mapping[str, Any]]], settings: Settings) -
             raise ConfigError(f"{MARKER}(nproc_per_node=)", merged["nproc_per_node"], str(exc)) from None
     bw, delay = merged.get("bw"), merged.get("delay")
     if bw is not None or delay is not None:
-        from labctl.net.tc import parse_shape
-
         # checked now: a typo fails before any lab (delay alone is latency shaping, netem at the root)
         parse_shape(None if bw is None else str(bw), None if delay is None else str(delay))
-    return LabSpec(nodes=nodes, nproc_per_node=nproc, node_cpus=_node_cpus(merged.get("node_cpus"), nodes),
-                   image=settings.image, bw=None if bw is None else str(bw),
-                   delay=None if delay is None else str(delay),
-                   fresh=_flag(merged.get("fresh", False), f"{MARKER}(fresh=)") or settings.fresh)
+    given = {"nodes": nodes, "nproc_per_node": nproc, "node_cpus": dict(_node_cpus(merged.get("node_cpus"), nodes)),
+             "image": settings.image}
+    lab = load_config(workspace, environ, {key: value for key, value in given.items() if value})
+    return LabRequest(lab=lab, bw=None if bw is None else str(bw), delay=None if delay is None else str(delay),
+                      fresh=_flag(merged.get("fresh", False), f"{MARKER}(fresh=)") or settings.fresh)
 
 
 def _node_cpus(raw: Any, nodes: int) -> tuple[tuple[str, float], ...]:

@@ -17,14 +17,19 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Callable, Protocol
 
-from rich.markup import escape
-
 from labctl.errors import RunFailed, StateError
-from labctl.run.launch import PORT_CHECK_SCRIPT, STOP_SCRIPT, STORE_FAILED, STORE_READY, Launch, store_launch
+from labctl.run.launch import (
+    PORT_CHECK_SCRIPT,
+    STOP_SCRIPT,
+    STORE_FAILED,
+    STORE_READY,
+    Launch,
+    store_launch,
+)
 from labctl.run.plan import RunPlan
 from labctl.run.result import RESULT_FILE, Outcome, RunResult
 from labctl.run.terminal import TerminalFilter
-from labctl.ui import console, err_console, node_colour
+from labctl.ui import node_colour, stderr_console, stdout_console
 
 FAIL_GRACE_S = 10.0  # after one node fails, how long the others get to notice and exit on their own
 STOP_GRACE_S = 3.0  # SIGTERM -> SIGKILL
@@ -54,20 +59,25 @@ class Nodes(Protocol):
     def close(self) -> None: ...
 
 
-def execute(nodes: Nodes, plan: RunPlan, *, timeout_s: float | None = None, echo: bool | str = True,
-            check: bool = True) -> RunResult:
+def execute(nodes: Nodes, plan: RunPlan, *, echo: bool | str = True, check: bool = True) -> RunResult:
     """Run the plan on `nodes`: check the first node's rendezvous port, start every launch at once,
     stream and save their output (to stdout, or with echo="stderr" there), stop the rest when one
-    fails. With `check` (the default), raise RunFailed (the result attached, its exit status the
+    fails, stop everything after the plan's `timeout_s`. With `check` (the default), raise RunFailed (the result attached, its exit status the
     root cause's) unless the run succeeded (for an elastic run: enough nodes finished cleanly);
     without, return the result whatever happened."""
     check_master_port(nodes, plan.node_env)
     master_port = next(iter(plan.node_env.values()))["MASTER_PORT"] if plan.torchrun else None
-    result = run_all(nodes, plan.launches, plan.run_dir, plan.run_id, master_port=master_port, timeout_s=timeout_s,
+    result = run_all(nodes, plan.launches, plan.run_dir, plan.run_id, master_port=master_port, timeout_s=plan.timeout_s,
                      echo=echo, min_nodes=plan.min_nodes)
+    return conclude(result, echo, check)
+
+
+def conclude(result: RunResult, echo: bool | str, check: bool) -> RunResult:
+    """How every run ends, whatever launched it: an elastic run that went on without a node says so;
+    with `check`, a failed run raises RunFailed with the root cause's exit status."""
     lost = result.lost_nodes()
     if result.ok and lost and echo:
-        _Echo(echo).console.print(f"[yellow]labctl: the run completed without {', '.join(lost)} (lost during the "
+        Echo(echo).console.print(f"[yellow]labctl: the run completed without {', '.join(lost)} (lost during the "
                                   f"run; elastic range allowed it)[/yellow]", markup=True)
     if check and not result.ok:
         raise RunFailed(result.explain(), exit_code=result.exit_status, result=result)
@@ -112,13 +122,20 @@ def parse_stop_report(output: str) -> tuple[list[int], int | None] | None:
     return None
 
 
-class _Echo:
+class Echo:
     """Whether node output still goes to the terminal (stdout, or stderr for `--json`): once labctl
     stops a run, the nodes' shutdown chatter (torchrun's SignalException stacks) goes to the logs only."""
 
     def __init__(self, on: bool | str = True):
         self.on = bool(on)
-        self.console = err_console if on == "stderr" else console
+        self.console = stderr_console() if on == "stderr" else stdout_console()
+
+    def note(self, line: str) -> None:
+        """A line of the launcher's own (salloc's, srun's), dimmed, on stderr."""
+        from rich.markup import escape
+
+        with _PRINT_LOCK:
+            stderr_console().print(f"[dim]{escape(line)}[/dim]", markup=True, soft_wrap=True)
 
     def mute(self) -> None:
         if self.on:
@@ -126,8 +143,9 @@ class _Echo:
             self.console.print("[dim]labctl: further output of this run is in its logs[/dim]", markup=True)
 
 
-class _NodeLogs:
-    """One log file per node (static launches may put several processes on one node)."""
+class NodeLogs:
+    """The run's log files, one per node (static launches may put several processes on one node):
+    <run dir>/<node>.log."""
 
     def __init__(self, run_dir: Path):
         self.run_dir = run_dir
@@ -145,55 +163,71 @@ class _NodeLogs:
             f.close()
 
 
-def _stream(nodes: Nodes, outcome: Outcome, logs: _NodeLogs, colour: str, echo: _Echo | None, on_line=None) -> None:
+class OutputStream:
+    """One process's output, line by line: kept in its Outcome (the verdict reads it), written to its
+    node's log, and shown on the terminal behind its label in the node's colour, filtered
+    (labctl.run.terminal). Every launcher's runs write through this: the lab's, real hosts', Slurm's."""
+
+    def __init__(self, outcome: Outcome, logs: NodeLogs, colour: str, echo: Echo | None, on_line=None):
+        self.outcome, self.logs, self.echo, self.on_line = outcome, logs, echo, on_line
+        self.prefix = f"[{colour}]{outcome.launch.label:>8} |[/{colour}] "
+        self.shown = TerminalFilter()
+
+    def line(self, line: str) -> None:
+        line = line.rstrip("\r")
+        outcome = self.outcome
+        outcome.lines.append(line)
+        label = "" if outcome.launch.label == outcome.launch.node else f"{outcome.launch.label} "
+        self.logs.write(outcome.launch.node, f"{label}{line}\n")
+        if self.on_line:
+            self.on_line(line)
+        if self.echo and self.echo.on:
+            _print(self.echo, self.prefix, self.shown.feed(line))
+
+    def end(self, exit_code: int | None) -> None:
+        """The process has ended: its status and when, and whatever the filter still held."""
+        outcome = self.outcome
+        if exit_code is not None:
+            outcome.exit_code = exit_code
+        outcome.ended, outcome.ended_at = time.monotonic(), time.time()
+        if self.echo and self.echo.on:
+            _print(self.echo, self.prefix, self.shown.flush())
+
+
+def _stream(nodes: Nodes, outcome: Outcome, logs: NodeLogs, colour: str, echo: Echo | None, on_line=None) -> None:
     launch = outcome.launch
-    prefix = f"[{colour}]{launch.label:>8} |[/{colour}] "
+    out = OutputStream(outcome, logs, colour, echo, on_line)
     decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")  # a character may span two chunks
     pending = ""
-    shown = TerminalFilter()
-
-    def emit(line: str) -> None:
-        _emit(outcome, logs, prefix, line, echo, on_line, shown)
 
     def on_output(chunk: bytes) -> None:
         nonlocal pending
         pending += decoder.decode(chunk)
         *complete, pending = pending.split("\n")
         for line in complete:
-            emit(line)
+            out.line(line)
 
+    exit_code = None
     try:
         exit_code = nodes.execute(launch, on_output)
         pending += decoder.decode(b"", final=True)
         if pending:
-            emit(pending)
+            out.line(pending)
         outcome.exit_code = exit_code
         if exit_code != 0:
             lost = nodes.node_lost(launch.node, exit_code)
             if lost:
-                emit(f"labctl: {lost}")
+                out.line(f"labctl: {lost}")
     except Exception as exc:  # the node vanished under us (docker kill, down)
-        emit(f"labctl: lost the node: {exc}")
-        outcome.exit_code = outcome.exit_code if outcome.exit_code is not None else 255
+        out.line(f"labctl: lost the node: {exc}")
+        exit_code = outcome.exit_code if outcome.exit_code is not None else 255
     finally:
-        outcome.ended, outcome.ended_at = time.monotonic(), time.time()
-        if echo and echo.on:
-            _print(echo, prefix, shown.flush())
+        out.end(exit_code)
 
 
-def _emit(outcome: Outcome, logs: _NodeLogs, prefix: str, line: str, echo: _Echo | None, on_line,
-          shown: TerminalFilter) -> None:
-    line = line.rstrip("\r")
-    outcome.lines.append(line)
-    label = "" if outcome.launch.label == outcome.launch.node else f"{outcome.launch.label} "
-    logs.write(outcome.launch.node, f"{label}{line}\n")
-    if on_line:
-        on_line(line)
-    if echo and echo.on:
-        _print(echo, prefix, shown.feed(line))
+def _print(echo: Echo, prefix: str, lines: list[str]) -> None:
+    from rich.markup import escape  # markup in the nodes' lines ([file:line] tags) is printed as it is
 
-
-def _print(echo: _Echo, prefix: str, lines: list[str]) -> None:
     with _PRINT_LOCK:  # whole lines at a time, whichever node's thread prints
         for line in lines:
             echo.console.print(prefix + escape(line), markup=True, soft_wrap=True)
@@ -204,11 +238,11 @@ def run_all(nodes: Nodes, launches: list[Launch], run_dir: Path, run_id: str, *,
     """Start every launch at once (with the run's own rendezvous store on the first node, for torchrun)."""
     run_dir.mkdir(parents=True, exist_ok=True)
     link_latest(run_dir)
-    logs = _NodeLogs(run_dir)
+    logs = NodeLogs(run_dir)
     names = list(dict.fromkeys(launch.node for launch in launches))
     colours = {node: node_colour(i) for i, node in enumerate(names)}
     outcomes = [Outcome(launch) for launch in launches]
-    printer = _Echo(echo)
+    printer = Echo(echo)
     threads = []
     store_thread = None
     result = None
@@ -235,10 +269,10 @@ def run_all(nodes: Nodes, launches: list[Launch], run_dir: Path, run_id: str, *,
         logs.close()
         if result is not None:
             result.oom_kills = {node: kills for node, (_, kills) in reports.items()}
-            _save_result(result)
+            save_result(result)
 
 
-def _save_result(result: RunResult) -> None:
+def save_result(result: RunResult) -> None:
     """result.json in the run folder: what `--json` prints; its presence says the run is over."""
     try:
         (result.run_dir / RESULT_FILE).write_text(json.dumps(result.to_dict(), indent=2) + "\n")
@@ -246,7 +280,7 @@ def _save_result(result: RunResult) -> None:
         pass
 
 
-def _start_store(nodes: Nodes, node: str, master_port: str, run_id: str, run_dir: Path, logs: _NodeLogs):
+def _start_store(nodes: Nodes, node: str, master_port: str, run_id: str, run_dir: Path, logs: NodeLogs):
     launch = store_launch(node, master_port, run_id, run_dir)
     outcome = Outcome(launch)
     ready = threading.Event()
@@ -263,7 +297,7 @@ def _start_store(nodes: Nodes, node: str, master_port: str, run_id: str, run_dir
     return thread, wait_ready
 
 
-def _watch(nodes: Nodes, names, run_id, run_dir, outcomes, threads, timeout_s, echo: _Echo,
+def _watch(nodes: Nodes, names, run_id, run_dir, outcomes, threads, timeout_s, echo: Echo,
            min_nodes: int | None = None) -> RunResult:
     started = time.monotonic()
     first_failure: Outcome | None = None
@@ -293,7 +327,7 @@ def _watch(nodes: Nodes, names, run_id, run_dir, outcomes, threads, timeout_s, e
                 _stop_remaining(nodes, names, run_id, outcomes)
     except KeyboardInterrupt:
         interrupted = True
-        console.print("[bold yellow]labctl: Ctrl-C, stopping the run on every node[/bold yellow]", markup=True)
+        stdout_console().print("[bold yellow]labctl: Ctrl-C, stopping the run on every node[/bold yellow]", markup=True)
         echo.mute()
         _stop_remaining(nodes, names, run_id, outcomes)
         for thread in threads:

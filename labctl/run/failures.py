@@ -228,6 +228,8 @@ def stream_failures(stream: Stream, year: int) -> list[RankFailure]:
         said = errors.get(failure.rank) if failure.rank is not None else None
         if not said and unprefixed and (len(failures) == 1 or not stream.torchrun):
             said = unprefixed
+        if not said and not stream.torchrun:  # no traceback: a process that said `error: ...` and left
+            said = [line.strip() for line in stream.lines if BARE_ERROR.match(line)]
         if said:
             failure.error = said[-1]
         failure.time = failure.time or ended

@@ -18,6 +18,7 @@ from typing import Collection, Mapping, Sequence
 
 from labctl import remote
 from labctl.errors import ConfigError, LabError
+from labctl.run.userenv import check_user_env
 
 # Written out again in labctl/remote's scripts, which tests/unit/test_remote.py holds to these.
 RUN_ID_VAR = "DDPLAB_RUN_ID"  # every process of a run inherits it; `stop` finds them by it
@@ -184,8 +185,6 @@ def build_launches(node_env: dict[str, dict[str, str]], script_args: list[str], 
     `cpus`, every process gets an OMP_NUM_THREADS that shares them out (see threads_per_process);
     `pg_timeout_s` goes to the trainer's process-group timeout through DDPLAB_PG_TIMEOUT_S. `user_env`
     (-e and --env-file) goes to every process, over labctl's own values (see run.userenv)."""
-    from labctl.run.userenv import check_user_env
-
     added = check_user_env(user_env or {})
     names = list(node_env)
     first = node_env[names[0]]

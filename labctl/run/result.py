@@ -10,7 +10,14 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from labctl.run.failures import RankFailure, Stream, Verdict, explain, judge, what_happened
+from labctl.run.failures import (
+    RankFailure,
+    Stream,
+    Verdict,
+    explain,
+    judge,
+    what_happened,
+)
 from labctl.run.launch import Launch
 
 RESULT_FILE = "result.json"  # in the run folder, written when the run ends (`labctl logs -f` stops there)

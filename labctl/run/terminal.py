@@ -12,7 +12,12 @@ from __future__ import annotations
 
 import re
 
-from labctl.run.failures import AGENT_FAILED, consequence_of, is_agent_report, strip_rank
+from labctl.run.failures import (
+    AGENT_FAILED,
+    consequence_of,
+    is_agent_report,
+    strip_rank,
+)
 
 REPORT_RULE = re.compile(r"^=+\s*$")
 MAX_HELD = 400  # lines of one traceback held back at most; a longer one is printed as it comes

@@ -17,6 +17,9 @@ import re
 from pathlib import Path
 from typing import Iterable, Mapping
 
+from dotenv import dotenv_values
+from dotenv.parser import parse_stream
+
 from labctl.errors import ConfigError, LabError
 
 _NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
@@ -75,9 +78,6 @@ def parse_env_pair(text: str, environ: Mapping[str, str]) -> tuple[str, str]:
 
 def parse_env_text(text: str, environ: Mapping[str, str], name: str) -> dict[str, str]:
     """The KEY=VALUE lines of an env file's `text` (`name` says which file, in errors)."""
-    from dotenv import dotenv_values
-    from dotenv.parser import parse_stream
-
     lines = {}
     for binding in parse_stream(io.StringIO(text)):
         where = f"{name}, line {binding.original.line}"

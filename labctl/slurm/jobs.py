@@ -5,9 +5,12 @@ labctl (the node itself runs as root, for the daemons), in the workspace, which 
 the same path: a job's output lands in .lab/<lab>/runs/<run id>/ as `labctl run`'s does.
 
 - run: `salloc` holds the nodes and runs the job script (labctl.slurm.script) there, whose `srun`
-  starts torchrun on each node. Output streams back with srun's task labels turned into node names,
-  is saved per node (nodeN.log), and srun's own verdict names a failed node. Ctrl-C cancels the
-  job (`scancel`) and waits for it to go, so nothing keeps running.
+  starts torchrun on each node. Output streams back with srun's task labels turned into node names
+  and goes through the run's output streams as `labctl run`'s does (shown, saved as nodeN.log),
+  and the job ends as a RunResult judged as every run is: the root cause's node, its error and its
+  exit status, from the workers' own lines (srun names the first task to end, often a peer of the
+  rank that failed). Ctrl-C cancels the job (`scancel`) and waits for it to go, so nothing keeps
+  running.
 - submit: `sbatch` of the same script; status reads `scontrol show job` (no accounting database:
   a finished job stays visible for MinJobAge), logs reads the job's output file, cancel `scancel`s.
 """
@@ -20,21 +23,22 @@ import re
 import shlex
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable, Iterator
+from typing import Iterator
 
 from labctl.errors import ConfigError, LabError, StateError
 from labctl.lab.compose import LABEL_SCHEDULER, container_name
 from labctl.lab.docker import exec_in, exec_user, lab_containers
-from labctl.run.launch import PG_TIMEOUT_VAR, run_env, threads_per_process
+from labctl.outfile import write_text
+from labctl.run.executor import Echo, NodeLogs, OutputStream, conclude, link_latest, save_result
+from labctl.run.launch import PG_TIMEOUT_VAR, Launch, parse_nnodes, run_env, threads_per_process
 from labctl.run.plan import new_run
-from labctl.run.result import RESULT_FILE, find_summary
-from labctl.slurm.script import JobSpec, build_job_script
-from labctl.slurm.setup import CONTROLLER
-
-if TYPE_CHECKING:
-    from labctl.lab.session import LabSession
+from labctl.run.result import Outcome, RunResult
+from labctl.ui import node_colour
+from labctl.session import LabSession
+from labctl.slurm.cluster import CONTROLLER
+from labctl.slurm.script import DEFAULT_TIME, JobSpec, build_job_script, check_time
 
 SCRIPT_FILE = "job.sbatch"  # in the run folder: the script the job ran, as `slurm export` writes it
 JOB_FILE = "job.json"  # in the run folder: the job id and how it was started
@@ -46,25 +50,6 @@ NODE_FAILURE_RE = re.compile(r"(?:srun|salloc): error: Node failure on (\S+)")
 ACTIVE = ("PENDING", "CONFIGURING", "RUNNING", "COMPLETING", "SUSPENDED")
 CANCEL_WAIT_S = 20.0
 PG_TIMEOUT_S = 30.0  # the trainer's collectives give up after this, as in `labctl run` (a lost peer never answers)
-
-
-@dataclass
-class SlurmRun:
-    """What `slurm run` left: the job, its run folder, how it ended, and the trainer's SUMMARY."""
-
-    job_id: str | None
-    run_dir: Path
-    exit_code: int
-    nodes: list[str]
-    failed_node: str | None = None  # where the root cause ran (labctl.run.failures decides, as for `labctl run`)
-    failure: str | None = None  # what happened there: the rank's error, its exit status, or srun's line
-    summary: dict | None = None
-    interrupted: bool = False
-    lines: dict[str, list[str]] = field(default_factory=dict)  # each node's output
-
-    @property
-    def ok(self) -> bool:
-        return self.exit_code == 0 and not self.interrupted
 
 
 @dataclass(frozen=True)
@@ -87,18 +72,26 @@ class Slurm:
              nnodes: str | None = None, max_restarts: int = 0) -> JobSpec:
         """The job as the script states it; defaults from the lab (its nodes, its processes per node).
         `nnodes` MIN:MAX (MAX = the job's nodes) and `max_restarts` make it elastic."""
-        from labctl.run.launch import parse_nnodes
-        from labctl.slurm.script import DEFAULT_TIME, check_time
-
-        config = self.session.config
-        count = nodes if nodes is not None else config.nodes
+        count = nodes if nodes is not None else self._lab_nodes()
         if not 1 <= count <= 64:
             raise LabError(f"-N {count}: a job needs 1 to 64 nodes", hint="labctl slurm run -N 3 -- -m trainer")
         min_nodes = parse_nnodes(nnodes, count)[0] if nnodes is not None else None
+        config = self.session.config
         return JobSpec(tuple(args), nodes=count, nproc_per_node=nproc_per_node or config.nproc_per_node,
                        time=check_time(DEFAULT_TIME if time_limit is None else time_limit), partition=partition,
                        account=account, iface=config.iface, port=config.master_port, min_nodes=min_nodes,
                        max_restarts=max_restarts)
+
+    def _lab_nodes(self) -> int:
+        """A job's nodes unless -N says: the running lab's count (a 2-node lab runs 2-node jobs), else
+        the configured count (`slurm export` needs no lab, nor an engine)."""
+        config = self.session.config
+        if config.sources.get("nodes", "default") != "default":
+            return config.nodes
+        try:
+            return len(self.session.status()) or config.nodes
+        except StateError:
+            return config.nodes
 
     def _require(self) -> list[str]:
         """The lab's node names; a StateError unless it is up as a Slurm cluster with the nodes asked for."""
@@ -156,18 +149,19 @@ class Slurm:
     # ------------------------------------------------------------------------------ commands
 
     def export(self, spec: JobSpec, path: Path) -> Path:
-        """Write the job script for a real cluster; needs no lab."""
+        """Write the job script for a real cluster (`-`: to standard output); needs no lab."""
         text = build_job_script(spec)
         try:
-            path.write_text(text)
-            path.chmod(0o755)
+            write_text(path, text, mode=0o755)
         except OSError as exc:
             raise ConfigError("--out", str(path), f"must be a file that can be written ({exc.strerror})",
                               hint="labctl slurm export -o train.sbatch -- -m trainer") from None
         return path
 
-    def run(self, spec: JobSpec, on_line: Callable[[str, str], None] | None = None) -> SlurmRun:
-        """salloc + the job script, streamed; see the module's docstring."""
+    def run(self, spec: JobSpec, *, echo: bool | str = True, check: bool = True) -> RunResult:
+        """salloc + the job script, streamed as `labctl run` streams (echo: True, "stderr" or False),
+        saved and judged as `labctl run` saves and judges: the same RunResult. `check` raises
+        RunFailed, with the root cause's exit status, unless the job succeeded."""
         names = self._require()
         if spec.nodes > len(names):
             raise LabError(f"-N {spec.nodes}: lab {self.session.name} has {len(names)} nodes",
@@ -176,20 +170,21 @@ class Slurm:
         argv = ["salloc", f"--nodes={spec.nodes}", "--ntasks-per-node=1", f"--time={spec.time}",
                 f"--job-name={spec.job_name}", *(["--no-kill"] if spec.elastic else []), "bash", str(script)]
         (run_dir / JOB_FILE).write_text(json.dumps({"how": "salloc", "argv": shlex.join(argv)}))
+        link_latest(run_dir)
         lines: queue.Queue = queue.Queue()
         self._stream(argv, self._job_env(spec, run_id, run_dir), lines)
-        result = SlurmRun(None, run_dir, 1, names[:spec.nodes])
-        reader = _Reader(result, on_line or (lambda node, line: None))
+        output = JobOutput(run_dir, names[:spec.nodes], Echo(echo) if echo else None)
+        interrupted = False
         try:
-            code = reader.drain(lines)
+            code = output.drain(lines)
         except KeyboardInterrupt:
-            result.interrupted = True
-            self._cancel_quietly(result.job_id)
-            code = reader.drain(lines, timeout_s=CANCEL_WAIT_S)
-        result.exit_code = code if isinstance(code, int) else 130
-        reader.judge()
-        reader.save()
-        return result
+            interrupted = True
+            self._cancel_quietly(output.job_id)
+            code = output.drain(lines, timeout_s=CANCEL_WAIT_S)
+        result = output.result(code, argv, interrupted=interrupted, min_nodes=spec.min_nodes)
+        save_result(result)
+        (run_dir / JOB_FILE).write_text(json.dumps({"how": "salloc", "job_id": output.job_id, "argv": shlex.join(argv)}))
+        return conclude(result, echo, check)
 
     def submit(self, spec: JobSpec) -> SubmittedJob:
         names = self._require()
@@ -207,7 +202,7 @@ class Slurm:
             raise StateError(f"sbatch refused the job: {text.strip()[-300:]}",
                              hint=f"labctl doctor --lab {self.session.name} checks the Slurm cluster")
         (run_dir / JOB_FILE).write_text(json.dumps({"how": "sbatch", "job_id": job_id, "argv": shlex.join(argv)}))
-        _link_latest(run_dir)
+        link_latest(run_dir)
         return SubmittedJob(job_id, run_dir, run_dir / f"slurm-{job_id}.out")
 
     def status(self, job_id: str | None = None) -> dict[str, str]:
@@ -286,15 +281,21 @@ class Slurm:
                 pass
 
 
-class _Reader:
-    """Turns salloc's output into node lines and the verdict, as they come."""
+class JobOutput:
+    """salloc's output as it comes: each node's lines (srun --label) through the run's OutputStream
+    for that node, as `labctl run` writes and shows them; Slurm's own lines (salloc's, srun's) to
+    slurm.log and, dimmed, to stderr; what Slurm says of each task and node, for the verdict."""
 
-    def __init__(self, result: SlurmRun, on_line: Callable[[str, str], None]):
-        self.result = result
-        self.on_line = on_line
-        self.result.lines = {node: [] for node in result.nodes}
-        self.other: list[str] = []  # salloc's and srun's own lines, and the script's echo
+    def __init__(self, run_dir: Path, nodes: list[str], echo: Echo | None):
+        self.nodes, self.echo = nodes, echo
+        self.logs = NodeLogs(run_dir)
+        self.run_dir = run_dir
+        self.streams = [OutputStream(Outcome(Launch(node, node, ["torchrun"])), self.logs, node_colour(i), echo)
+                        for i, node in enumerate(nodes)]
+        self.slurm: list[str] = []  # salloc's and srun's own lines, and the script's echo
+        self.job_id: str | None = None
         self.srun: dict[str, tuple[int | None, bool]] = {}  # node -> (its task's exit code, terminated by srun)
+        self.lost: set[str] = set()  # nodes Slurm reported failed
 
     def drain(self, lines: queue.Queue, timeout_s: float | None = None) -> int | None:
         deadline = time.monotonic() + timeout_s if timeout_s else None
@@ -311,58 +312,47 @@ class _Reader:
             self.feed(item)
 
     def feed(self, line: str) -> None:
-        result = self.result
         labelled = LABEL_RE.match(line)
-        task = int(labelled.group(1)) if labelled else None
-        if labelled and task is not None and task < len(result.nodes):  # one task per node, in node order
-            node, text = result.nodes[task], labelled.group(2)
-            result.lines[node].append(text)
-            if result.summary is None and "SUMMARY {" in text:
-                result.summary = find_summary([text])
-            self.on_line(node, text)
+        if labelled and int(labelled.group(1)) < len(self.streams):  # one task per node, in node order
+            self.streams[int(labelled.group(1))].line(labelled.group(2))
             return
-        self.other.append(line)
+        self.slurm.append(line)
+        self.logs.write("slurm", line + "\n")
+        if self.echo and self.echo.on:
+            self.echo.note(line)
         granted = GRANTED_RE.search(line)
-        if granted and result.job_id is None:
-            result.job_id = granted.group(1)
+        if granted and self.job_id is None:
+            self.job_id = granted.group(1)
         failed = SRUN_ERROR_RE.search(line)
         if failed and failed.group(1) not in self.srun:
             code = SRUN_EXIT_RE.search(failed.group(3))
             self.srun[failed.group(1)] = (int(code.group(1)) if code else None, "Terminated" in failed.group(3))
         lost = NODE_FAILURE_RE.search(line)
-        if lost and result.failed_node is None:
-            result.failed_node, result.failure = lost.group(1), f"{lost.group(1)} went down (Slurm: Node failure)"
-        self.on_line("slurm", line)
+        if lost and lost.group(1) in self.nodes and lost.group(1) not in self.lost:
+            self.lost.add(lost.group(1))
+            # said as labctl says a lost node, so the verdict reads it as it reads `labctl run`'s
+            self.streams[self.nodes.index(lost.group(1))].line(
+                f"labctl: {lost.group(1)} went down (Slurm: Node failure): node lost")
 
-    def judge(self) -> None:
-        """The root cause of a failed job, decided from the workers' own lines as `labctl run` does
-        (srun names the first task to end, which is often a peer of the rank that failed)."""
-        from labctl.run.failures import Stream, judge, what_happened
-
-        result = self.result
-        if result.ok or result.interrupted or result.failed_node:
-            return
-        streams = [Stream(node, result.lines[node], *self.srun.get(node, (0 if result.lines[node] else None, False)))
-                   for node in result.nodes]
-        root = judge(streams, ok=False).root
-        if root is not None:
-            result.failed_node, result.failure = root.node, f"{root.who}: {what_happened(root)}"
-
-    def save(self) -> None:
-        result = self.result
-        for node, lines in result.lines.items():
-            (result.run_dir / f"{node}.log").write_text("".join(line + "\n" for line in lines))
-        (result.run_dir / "slurm.log").write_text("".join(line + "\n" for line in self.other))
-        job = json.loads((result.run_dir / JOB_FILE).read_text())
-        (result.run_dir / JOB_FILE).write_text(json.dumps({**job, "job_id": result.job_id}))
-        (result.run_dir / RESULT_FILE).write_text(json.dumps({
-            "ok": result.ok, "exit_status": result.exit_code, "job_id": result.job_id,
-            "failed_node": result.failed_node, "failure": result.failure, "interrupted": result.interrupted,
-            "summary": result.summary}))
-        _link_latest(result.run_dir)
-
-
-def _link_latest(run_dir: Path) -> None:
-    from labctl.run.executor import link_latest
-
-    link_latest(run_dir)
+    def result(self, code: int | None, argv: list[str], *, interrupted: bool, min_nodes: int | None) -> RunResult:
+        """The run as labctl.run.result judges every run. A node's status is its srun task's (torchrun's);
+        a job that failed with no task failing (an allocation refused, srun unable to start) is
+        salloc's failure, from Slurm's own lines."""
+        for stream in self.streams:
+            node = stream.outcome.launch.node
+            # a node Slurm lost has no status of its own: 255, as labctl says of a node it lost
+            otherwise = 255 if node in self.lost else 0 if code == 0 or stream.outcome.lines else None
+            status, terminated = self.srun.get(node, (otherwise, False))
+            stream.outcome.stopped = terminated
+            stream.end(None if terminated else status)
+        outcomes = [stream.outcome for stream in self.streams]
+        self.logs.close()
+        job_failed = code != 0 and not interrupted
+        if job_failed and all(o.exit_code in (0, None) for o in outcomes) and not any(o.stopped for o in outcomes):
+            # Slurm's lines without the program's name ("salloc: error: ..."), so its error reads as one
+            said = [line.split(": ", 1)[1] if line.startswith(("salloc: ", "srun: ")) else line for line in self.slurm]
+            salloc = Outcome(Launch("slurm", "slurm", argv), code if code is not None else 1, lines=said)
+            salloc.ended, salloc.ended_at = time.monotonic(), time.time()
+            outcomes.append(salloc)
+        first = next((o for o in outcomes if o.exit_code not in (0, None)), None)
+        return RunResult(self.run_dir, outcomes, first, interrupted=interrupted, min_nodes=min_nodes)

@@ -12,6 +12,7 @@ Pure: `build_job_script` returns the text; nothing here touches a node.
 
 from __future__ import annotations
 
+import re
 import shlex
 from dataclasses import dataclass
 
@@ -50,8 +51,6 @@ class JobSpec:
 
 def check_time(text: str) -> str:
     """Slurm's --time forms this accepts: MM, MM:SS, HH:MM:SS, D-HH, D-HH:MM, D-HH:MM:SS."""
-    import re
-
     if not re.fullmatch(r"(\d+-)?\d+(:\d{1,2}){0,2}", str(text).strip()):
         raise ConfigError("--time", text, "must be a Slurm time limit such as 30, 00:30:00 or 1-00:00:00",
                           hint="minutes, or [D-]HH:MM:SS as sbatch takes it")

@@ -3,12 +3,14 @@ whether on 2 nodes or 1 process on the host, with or without uneven per-rank mic
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 
 import pytest
 
 from conftest import REPO, labctl, module_lab, summary_of
+from labctl.config import LabConfig
 
 ARGS = ["-m", "trainer", "--global-batch", "32", "--micro-batch", "8", "--steps", "20", "--no-metrics"]
 
@@ -21,7 +23,8 @@ def lab2(docker_client, node_image):
 
 @pytest.fixture(scope="module")
 def host_loss() -> float:
-    result = subprocess.run([sys.executable, *ARGS], cwd=REPO, capture_output=True, text=True, timeout=300)
+    result = subprocess.run([sys.executable, *ARGS], cwd=REPO, capture_output=True, text=True, timeout=300,
+                            env={**os.environ, **LabConfig().node_env})  # the nodes' CPU kernels
     assert result.returncode == 0, result.stderr
     summary = summary_of(result.stdout)
     assert summary["world_size"] == 1 and summary["accum_steps"] == 4
@@ -47,15 +50,19 @@ GPT = ["-m", "trainer", "--workload", "gpt", "--steps", "20", "--seed", "0", "--
 def test_gpt_on_two_nodes_trains_on_the_same_text_to_the_same_loss_as_one_process_on_the_host(lab2, tmp_path):
     from trainer.corpus import CORPUS_SHA256
 
+    # The host computes with the nodes' CPU kernels (AVX2 by default, labctl.config.CPU_KERNEL_ENV): with
+    # its own best (AVX-512 here) the loss differs in the seventh digit.
+    kernels = LabConfig().node_env
     host = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=1", *GPT,
                            "--data-dir", str(tmp_path / "data"), "--run-dir", str(tmp_path / "run")],
-                          cwd=REPO, capture_output=True, text=True, timeout=300)
+                          cwd=REPO, capture_output=True, text=True, timeout=300, env={**os.environ, **kernels})
     assert host.returncode == 0, host.stderr
     on_host = summary_of(host.stdout)
     on_nodes = summary_of(labctl("run", "--lab", lab2, "--", *GPT, check=True).stdout)
     assert (on_host["world_size"], on_nodes["world_size"]) == (1, 2)
     assert on_host["corpus_sha256"] == on_nodes["corpus_sha256"] == CORPUS_SHA256
     assert on_host["vocab"] == on_nodes["vocab"] and on_host["threads"] == on_nodes["threads"] == 1
+    assert on_host["cpu_kernels"] == on_nodes["cpu_kernels"] == "avx2"
     # Six significant digits of float32's seven: the two sum the same four micro-batch gradients in
     # another order, which moves the last digits (measured here: 7.2e-7 apart at 2.85, seeds 1-4 at
     # most 6e-7), and by how much depends on the CPU's kernels, so the bound is relative.

@@ -13,6 +13,7 @@ import os
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -41,7 +42,8 @@ def test_slurm_run_trains_to_the_same_loss_as_labctl_run(lab):
     assert done.returncode == 0, done.stdout + done.stderr
     result = json.loads(done.stdout)
     summary = result["summary"]
-    assert result["ok"] and result["job_id"] and summary["world_size"] == 3 and summary["replicas_consistent"]
+    assert result["ok"] and summary["world_size"] == 3 and summary["replicas_consistent"]
+    assert json.loads((Path(result["run_dir"]) / "job.json").read_text())["job_id"]
     plain = labctl("run", "--lab", lab, "--json", "--", *TRAIN, timeout=300)
     assert plain.returncode == 0, plain.stderr
     reference = json.loads(plain.stdout)["summary"]
@@ -87,14 +89,18 @@ def test_a_cancelled_job_leaves_nothing_running(lab):
         assert ps.returncode == 1, f"{node} still runs: {ps.stdout}"
 
 
-def test_a_failing_rank_is_named_with_its_node(lab):
+def test_a_failing_rank_is_named_with_its_node_and_its_status(lab):
+    """As `labctl run` ends a run: the rank's own exit status, the same last lines, the same document."""
     failed = slurm("run", "--lab", lab, "-N", "3", "--json", "--", "tests/integration/scripts/fail_how.py", "exit", "2")
-    assert failed.returncode == 1, failed.stderr
+    assert failed.returncode == 3, failed.stderr  # fail_how's rank 2 exits 3
     result = json.loads(failed.stdout)
     logs = {node: labctl("logs", "--lab", lab, node).stdout for node in ("node0", "node1", "node2")}
     where = next(node for node, text in logs.items() if "FAIL_HOW rank=2 " in text)
-    assert result["failed_node"] == where and "rank 2" in result["failure"], result
-    assert "exited with status 3" in result["failure"] and "Traceback" not in failed.stderr
+    root = result["root_cause"]
+    assert (root["node"], root["rank"], root["exit_status"]) == (where, 2, 3), result
+    assert f"run failed: rank 2 on {where} failed first" in failed.stderr and "Traceback" not in failed.stderr
+    plain = labctl("run", "--lab", lab, "--json", "--", "tests/integration/scripts/fail_how.py", "exit", "2")
+    assert plain.returncode == 3 and sorted(json.loads(plain.stdout)) == sorted(result)
 
 
 def test_execs_run_as_the_user_and_the_daemons_as_root(lab):
@@ -165,11 +171,11 @@ def test_an_elastic_job_goes_on_without_a_killed_node(lab):
     summary = result["summary"]
     assert summary["world_size"] == 2 and summary["steps"] == 300 and summary["resumed_from_step"] >= 10, summary
     assert summary["accum_steps"] == 3 and summary["replicas_consistent"]  # the same global batch over 2 ranks
-    assert result["failed_node"] == "node2"
+    assert result["nodes"]["node2"]["exit_status"] not in (0, None), result["nodes"]
 
 
 def test_a_killed_node_is_named_and_comes_back(lab):
     """Slurm sets it DOWN (SlurmdTimeout 10 s), the job fails naming it, and `labctl up` brings it back."""
     result = kill_during(lab, ["-N", "3", "--", "tests/integration/scripts/fail_how.py", "loop", "-1"])
-    assert result["returncode"] == 1 and not result["ok"], result
-    assert result["failed_node"] == "node2" and "went down" in result["failure"], result
+    assert result["returncode"] != 0 and not result["ok"], result
+    assert result["root_cause"]["node"] == "node2" and "went down" in result["root_cause"]["lost"], result

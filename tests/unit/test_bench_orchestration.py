@@ -13,7 +13,7 @@ from labctl.config import LabConfig
 from labctl.errors import ConfigError, LabError, RunFailed, StateError
 from labctl.lab import docker as lab_docker
 from labctl.lab.lifecycle import NodeState
-from labctl.lab.session import LabSession
+from labctl.session import LabSession
 from labctl.net import apply as netshape
 from labctl.net.tc import LinkState
 from labctl.run.result import Outcome, RunResult
@@ -43,7 +43,7 @@ class FakeLab(LabSession):
         names = names if names is not None else self.node_names()
         return {name: {"NODE_RANK": str(rank)} for rank, name in enumerate(names)}
 
-    def execute(self, plan, *, timeout_s=None, echo=True, check=True) -> RunResult:
+    def execute(self, plan, *, echo=True, check=True) -> RunResult:
         argv = plan.launches[0].argv
         self.events.append(("run", tuple(plan.nodes), argv[argv.index("-m") + 1:]))
         lines = [f"node0 | SUMMARY {json.dumps(self.answer(plan))}"]

@@ -64,6 +64,14 @@ def test_env_example_lists_every_setting_and_parses():
     ("DDPLAB_MEMORY", "none", ("memory", None)),
     ("DDPLAB_MASTER_PORT", "1024", ("master_port", 1024)),
     ("DDPLAB_LAB", "ci-lab_2", ("lab", "ci-lab_2")),
+    ("DDPLAB_BW", "1000mbit", ("bw", "1gbit")),
+    ("DDPLAB_BW", "", ("bw", None)),
+    ("DDPLAB_NODE_CPUS", "node2=0.25, node0=1", ("node_cpus", (("node0", 1.0), ("node2", 0.25)))),
+    ("DDPLAB_NODE_CPUS", "", ("node_cpus", ())),
+    ("DDPLAB_SSH", "1", ("ssh", True)),
+    ("DDPLAB_SSH", "off", ("ssh", False)),
+    ("DDPLAB_SSH", "", ("ssh", None)),
+    ("DDPLAB_CPU_KERNELS", "NATIVE", ("cpu_kernels", "native")),
 ])
 def test_good_values(key, value, expected):
     field, parsed = expected
@@ -89,6 +97,13 @@ def test_good_values(key, value, expected):
     ("DDPLAB_MEMORY", "4 GB", "size such as"),
     ("DDPLAB_LAB", "My Lab", "lowercase"),
     ("DDPLAB_IFACE", "an-interface-name-too-long", "interface name"),
+    ("DDPLAB_BW", "100mbps", "BYTES per second"),
+    ("DDPLAB_BW", "100", "rate such as"),
+    ("DDPLAB_NODE_CPUS", "node2", "NODE=CPUS pairs"),
+    ("DDPLAB_NODE_CPUS", "node2=0", "give a CPU count"),
+    ("DDPLAB_NODE_CPUS", "node1=1,node1=2", "names node1 twice"),
+    ("DDPLAB_SSH", "maybe", "true or false"),
+    ("DDPLAB_CPU_KERNELS", "avx512", "one of avx2, native"),
 ])
 def test_bad_values_name_key_value_and_rule(key, value, fragment):
     with pytest.raises(ConfigError) as info:
@@ -125,7 +140,8 @@ def test_pick_free_subnet_avoids_used_ranges():
 
 @given(st.text(max_size=40))
 def test_fuzz_parsers_raise_only_config_errors(raw):
-    for key in ("DDPLAB_NODES", "DDPLAB_SUBNET", "DDPLAB_MASTER_PORT", "DDPLAB_CPUS", "DDPLAB_MEMORY", "DDPLAB_LAB"):
+    for key in ("DDPLAB_NODES", "DDPLAB_SUBNET", "DDPLAB_MASTER_PORT", "DDPLAB_CPUS", "DDPLAB_MEMORY", "DDPLAB_LAB",
+                "DDPLAB_BW", "DDPLAB_NODE_CPUS", "DDPLAB_SSH"):
         try:
             resolve_config(environ={key: raw})
         except ConfigError as exc:

@@ -124,7 +124,7 @@ def test_uneven_cpu_limits_name_the_slow_node():
 def test_scenario_reports_group_findings_and_find_the_symptom():
     from types import SimpleNamespace
 
-    from labctl.diagnose.doctor import Finding
+    from labctl.diagnose.findings import Finding
     from labctl.diagnose.scenarios import SCENARIOS, first_symptom, group_findings
 
     same = "NODE_RANK=0 on node0 and node1"

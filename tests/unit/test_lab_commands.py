@@ -148,7 +148,7 @@ class FakeClient:
 
 def lab_with(tmp_path, containers):
     from labctl.config import load_config
-    from labctl.lab.session import LabSession
+    from labctl.session import LabSession
 
     return LabSession(load_config(tmp_path, {}, {"lab": "demo"}), tmp_path, FakeClient(containers))
 

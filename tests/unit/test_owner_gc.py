@@ -86,7 +86,7 @@ def test_a_subnet_race_keeps_the_owner_labels_on_the_next_attempt(tmp_path, monk
     owner = {LABEL_USER: "someone", LABEL_PID: "4242"}
     planned, attempts = [], []
 
-    def plan_up(client, config, workspace, node_cpus, public_key, engine, owner=None, gpus=None, tcp_cc=None):
+    def render_project(client, config, workspace, public_key, engine, owner=None, gpus=None, tcp_cc=None):
         planned.append((dict(owner or {}), tcp_cc))
         return {"services": {}}, {}, "172.28.1.0/24"
 
@@ -96,10 +96,10 @@ def test_a_subnet_race_keeps_the_owner_labels_on_the_next_attempt(tmp_path, monk
             raise CommandError(["docker", "compose", "up"], 1, "", "Pool overlaps with other one on this address space")
         return []
 
-    monkeypatch.setattr(up, "plan_up", plan_up)
+    monkeypatch.setattr(up, "render_project", render_project)
     monkeypatch.setattr(up, "apply_up", apply_up)
     plan = up.UpPlan(config, engine=None, existing=False, document={}, env_files={}, subnet="172.28.0.0/24",
-                     node_cpus=None, ssh=False, public_key=None, gpus=None, tcp_cc="cubic", owner=owner)
+                     public_key=None, gpus=None, tcp_cc="cubic", owner=owner)
     applied, _ = up.apply_up_plan(None, plan, tmp_path, lambda message: None)
     assert planned == [(owner, "cubic")] and applied.owner == owner and applied.subnet == "172.28.1.0/24"
     assert [a.rsplit(" ", 1)[-1] for a in attempts] == ["172.28.0.0/24", "172.28.1.0/24"]

@@ -11,11 +11,12 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from labctl.config import SETTINGS
-from labctl.diagnose.doctor import Diagnosis, Finding
+from labctl.diagnose.findings import Diagnosis, Finding
 from labctl.errors import ConfigError, LabError
 from labctl.pytest_plugin.report import (PoolStats, RunRecord, annotation_path, doctor_summary, excerpt,
                                          failure_report, github_annotation, headline, summary_line)
-from labctl.pytest_plugin.settings import (DEFAULT_RUN_TIMEOUT_S, LabSpec, Settings, lab_name, lab_spec,
+from labctl.config import LabConfig
+from labctl.pytest_plugin.settings import (DEFAULT_RUN_TIMEOUT_S, Settings, lab_name, lab_request,
                                            resolve_settings, worker_id)
 from labctl.run.result import RunResult
 
@@ -64,20 +65,31 @@ def marks(*kwargs: dict) -> list:
     return [((), k) for k in kwargs]
 
 
+def lab_spec(marked: list, settings: Settings, environ: dict | None = None):
+    """The request of a test so marked, in a workspace without a .env."""
+    return lab_request(marked, settings, Path("/nonexistent-workspace"), environ or {})
+
+
 def test_a_test_without_a_marker_gets_the_session_defaults():
-    assert lab_spec([], Settings(nodes=2, image="img:1")) == LabSpec(nodes=2, image="img:1")
+    request = lab_spec([], Settings(nodes=2, image="img:1"))
+    assert (request.lab.nodes, request.lab.image, request.bw, request.fresh) == (2, "img:1", None, False)
+
+
+def test_the_lab_is_a_lab_spec_resolved_as_labctl_up_resolves_it():
+    request = lab_spec(marks({"nodes": 4}), Settings(), environ={"DDPLAB_MEMORY": "2g", "DDPLAB_NODES": "9"})
+    assert isinstance(request.lab, LabConfig) and (request.lab.nodes, request.lab.memory) == (4, "2g")
 
 
 def test_the_closest_marker_wins_key_by_key():
     spec = lab_spec(marks({"bw": "100mbit"}, {"nodes": 2, "bw": "1gbit"}, {"nodes": 4, "nproc_per_node": 2}),
                     Settings())
-    assert (spec.nodes, spec.nproc_per_node, spec.bw) == (2, 2, "100mbit")
+    assert (spec.lab.nodes, spec.lab.nproc_per_node, spec.bw) == (2, 2, "100mbit")
 
 
 def test_node_cpus_as_text_or_a_mapping_are_the_same_lab():
     as_text = lab_spec(marks({"node_cpus": "node2=0.5,node0=1"}), Settings())
     as_mapping = lab_spec(marks({"node_cpus": {"node0": 1, "node2": 0.5}}), Settings())
-    assert as_text.node_cpus == as_mapping.node_cpus == (("node0", 1.0), ("node2", 0.5))
+    assert as_text.lab.node_cpus == as_mapping.lab.node_cpus == (("node0", 1.0), ("node2", 0.5))
     assert as_text.key == as_mapping.key
 
 

@@ -140,7 +140,7 @@ def test_cli_logs_tail_and_follow(tmp_path, monkeypatch):
     monkeypatch.delenv("DDPLAB_LAB", raising=False)
     make_run(tmp_path / ".lab" / "ddplab", logs={"node0": "1\n2\n3\n", "node1": "x\n"}, ended=True)
     result = CliRunner().invoke(main, ["logs", "node0", "--tail", "2"], catch_exceptions=False)
-    assert (result.exit_code, result.output) == (0, "==> node0 <==\n2\n3\n")
+    assert (result.exit_code, result.output) == (0, "2\n3\n")  # one node: no header, as `tail` prints one file
     result = CliRunner().invoke(main, ["logs", "-f", "-n", "1"], catch_exceptions=False)
     assert (result.exit_code, result.output) == (0, "==> node0 <==\n3\n==> node1 <==\nx\n")
     result = CliRunner().invoke(main, ["logs", "--tail", "-3"], catch_exceptions=False)
@@ -149,7 +149,7 @@ def test_cli_logs_tail_and_follow(tmp_path, monkeypatch):
 
 def test_cli_follow_ctrl_c_is_a_quiet_130(tmp_path, monkeypatch):
     from labctl.cli import main
-    from labctl.lab.session import LabSession
+    from labctl.session import LabSession
 
     def interrupted(*_args, **_kwargs):
         yield "node0", "a line\n"

@@ -141,35 +141,45 @@ FAILED_JOB = [
 ]
 
 
-def read(lines: list[str], exit_code: int, tmp_path: Path) -> jobs.SlurmRun:
-    result = jobs.SlurmRun(None, tmp_path, 1, ["node0", "node1", "node2"])
-    shown = []
-    reader = jobs._Reader(result, lambda node, line: shown.append(node))
+def read(lines: list[str], exit_code: int, tmp_path: Path, min_nodes: int | None = None):
+    """salloc's output fed to the job's output streams: (the RunResult, the JobOutput)."""
+    output = jobs.JobOutput(tmp_path, ["node0", "node1", "node2"], None)
     feed: queue.Queue = queue.Queue()
     for line in lines:
         feed.put(line)
     feed.put(exit_code)
-    result.exit_code = reader.drain(feed)
-    reader.judge()
-    assert len(shown) == len(lines)
-    return result
+    code = output.drain(feed)
+    return output.result(code, ["salloc", "bash", "job.sbatch"], interrupted=False, min_nodes=min_nodes), output
 
 
 def test_the_failed_node_is_the_root_causes_not_srun_s_first(tmp_path):
-    result = read(FAILED_JOB, 1, tmp_path)
-    assert result.job_id == "5" and not result.ok
-    assert result.lines["node1"][0] == "FAIL_HOW rank=1 world=3 ready"
-    assert result.failed_node == "node2", result.failure
-    assert result.failure == "node2: exited with status 3"  # the abridged lines leave out torchrun's report (its rank)
+    result, output = read(FAILED_JOB, 1, tmp_path)
+    assert output.job_id == "5" and not result.ok
+    assert result.outcomes[1].lines[0] == "FAIL_HOW rank=1 world=3 ready"
+    root = result.verdict.root
+    assert root.node == "node2" and root.status == 3, root  # srun named node1 first
+    assert result.exit_status == 3  # the rank's own status, as `labctl run` exits
+    assert result.explain().startswith("node2 failed first")
+    # saved as `labctl run` saves a run: a log per node, Slurm's own lines beside them
+    assert (tmp_path / "node1.log").read_text().splitlines()[0] == "FAIL_HOW rank=1 world=3 ready"
+    assert "salloc: Granted job allocation 5" in (tmp_path / "slurm.log").read_text()
 
 
 def test_a_node_failure_is_named_and_a_success_has_its_summary(tmp_path):
-    lost = read(["salloc: Granted job allocation 9", "0: step 1", "salloc: Job allocation 9 has been revoked.",
-                 "salloc: error: Node failure on node2"], 1, tmp_path)
-    assert lost.failed_node == "node2" and "went down" in lost.failure
-    done = read(["salloc: Granted job allocation 3", '0: SUMMARY {"final_loss": 2.5, "world_size": 3}',
-                 "salloc: Relinquishing job allocation 3"], 0, tmp_path)
-    assert done.ok and done.summary == {"final_loss": 2.5, "world_size": 3} and done.failed_node is None
+    lost, _ = read(["salloc: Granted job allocation 9", "0: step 1", "salloc: Job allocation 9 has been revoked.",
+                    "salloc: error: Node failure on node2"], 1, tmp_path)
+    assert lost.verdict.root.node == "node2" and "went down" in lost.verdict.root.lost
+    (tmp_path / "done").mkdir()
+    done, _ = read(["salloc: Granted job allocation 3", '0: SUMMARY {"final_loss": 2.5, "world_size": 3}',
+                    "salloc: Relinquishing job allocation 3"], 0, tmp_path / "done")
+    assert done.ok and done.summary == {"final_loss": 2.5, "world_size": 3} and done.exit_status == 0
+
+
+def test_a_job_slurm_refused_fails_as_salloc(tmp_path):
+    refused, _ = read(["salloc: error: Job submit/allocate failed: Requested node configuration is not available"], 1,
+                      tmp_path)
+    assert not refused.ok and refused.exit_status == 1
+    assert refused.verdict.root.node == "slurm" and "not available" in refused.explain()
 
 
 def test_an_elastic_job_survives_a_lost_node_in_slurm_and_in_torchrun(tmp_path):
@@ -195,7 +205,7 @@ def engine(**changes):
 
 
 def test_slurm_is_refused_where_its_daemons_cannot_start():
-    from labctl.slurm.setup import refusal
+    from labctl.slurm.cluster import refusal
 
     assert refusal(engine()) is None  # on cgroup v1 and v2 hosts alike: cgroup.conf serves both
     assert "Docker only" in str(refusal(engine(kind="podman")))
@@ -203,7 +213,7 @@ def test_slurm_is_refused_where_its_daemons_cannot_start():
 
 def test_cgroup_conf_names_the_plugin_that_starts_read_only(tmp_path):
     from labctl.slurm.conf import build_cgroup_conf
-    from labctl.slurm.setup import write_files
+    from labctl.slurm.cluster import write_files
 
     assert [line for line in build_cgroup_conf().splitlines() if not line.startswith("#")] == ["CgroupPlugin=cgroup/v1"]
     directory = write_files(tmp_path, "ClusterName=x\n")

@@ -9,7 +9,7 @@ import pytest
 
 from labctl.hosts.inventory import Host
 from labctl.hosts.ssh import (
-    MARKER, classify, explain, key_fingerprint, known_hosts_name, remote_command, resolve_argv,
+    MARKER, classify, explain, key_fingerprint, remote_command, resolve_argv,
     rsync_pull_argv, rsync_push_argv, rsync_stats, scanned_fingerprints, ssh_argv, sync_excludes,
 )
 
@@ -42,7 +42,7 @@ def test_plain_host_uses_sshs_own_defaults_and_quotes_a_known_hosts_path_with_a_
 @pytest.mark.parametrize("address, port, name", [("172.28.0.11", 22, "172.28.0.11"), ("h.example", 2222, "[h.example]:2222"),
                                                  ("fd00::1", 2201, "[fd00::1]:2201")])
 def test_known_hosts_names_follow_ssh(address, port, name):
-    assert known_hosts_name(Host(name="h", address=address, iface="eth0", port=port)) == name
+    assert Host(name="h", address=address, iface="eth0", port=port).known_hosts_name == name
 
 
 def test_python_and_torchrun_resolve_to_the_hosts_own_interpreter():

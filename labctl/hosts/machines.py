@@ -9,17 +9,20 @@ The methods mirror `labctl hosts check|sync|run`; each imports what it needs whe
 
 from __future__ import annotations
 
+import shlex
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable, Mapping
+from typing import Callable, Mapping
 
-from labctl.config import check_nproc, check_timeout
-
-if TYPE_CHECKING:
-    from labctl.diagnose.doctor import Diagnosis
-    from labctl.run.plan import Launcher
-    from labctl.run.result import RunResult
+from labctl.config import check_nproc
+from labctl.diagnose.findings import Diagnosis
+from labctl.hosts import actions
+from labctl.hosts.inventory import Inventory, load_inventory
+from labctl.hosts.ssh import SSHHosts, require_tools, rsync_push_argv, sync_excludes
+from labctl.run.launch import job_args
+from labctl.run.plan import Launcher
+from labctl.run.result import RunResult
 
 Report = Callable[[str], None]
 
@@ -40,31 +43,21 @@ class Hosts:
 
     def __init__(self, inventory, *, accept_new: bool = False, workspace: str | Path | None = None,
                  report: Report | None = None):
-        from labctl.hosts.inventory import Inventory, load_inventory
-
         self.inventory = inventory if isinstance(inventory, Inventory) else load_inventory(Path(inventory))
         self.accept_new = accept_new
         self.workspace = Path(workspace or Path.cwd()).resolve()
         self.report = report or _quiet
 
     def _ssh(self):
-        from labctl.hosts.ssh import SSHHosts
-
         return SSHHosts(self.inventory, accept_new=self.accept_new)
 
     def check(self) -> Diagnosis:
         """doctor over SSH: host keys, versions, interfaces, and reachability between every pair."""
-        from labctl.hosts import actions
-        from labctl.hosts.ssh import require_tools
-
         require_tools("ssh")
         return actions.check(self._ssh(), self.report)
 
     def sync(self, excludes: tuple[str, ...] = ()) -> SyncResult:
         """Mirror the workspace to every host and write each host's env file."""
-        from labctl.hosts import actions
-        from labctl.hosts.ssh import require_tools, sync_excludes
-
         require_tools("ssh", "rsync")
         started = time.monotonic()
         hosts = self._ssh()
@@ -74,29 +67,23 @@ class Hosts:
 
     def sync_commands(self, excludes: tuple[str, ...] = ()) -> list[tuple[str, str]]:
         """(host, the rsync command `sync` runs for it): a plan."""
-        import shlex
-
-        from labctl.hosts.ssh import rsync_push_argv, sync_excludes
-
         patterns = sync_excludes(self.workspace, excludes)
         return [(host.name, shlex.join(rsync_push_argv(host, self.workspace, patterns)))
                 for host in self.inventory.hosts]
 
     def run_plan(self, *argv: str, launcher: Launcher = "torchrun", nproc_per_node: int | None = None,
                  pg_timeout_s: float | None = 30.0, env: Mapping[str, str] | None = None,
-                 cwd: str | Path | None = None):
+                 cwd: str | Path | None = None, timeout_s: float | None = None):
         """What `run(*argv)` will do on each host, as data (a hosts.actions.HostsRun)."""
-        from labctl.hosts import actions
-        from labctl.run.launch import job_args
-
         return actions.plan_run(self.inventory, self.workspace, job_args(argv, self.workspace, cwd), launcher=launcher,
                                 nproc_per_node=check_nproc(nproc_per_node), pg_timeout_s=pg_timeout_s,
-                                accept_new=self.accept_new, env=env)
+                                accept_new=self.accept_new, env=env, timeout_s=timeout_s)
 
     def preflight(self, plan, nproc_per_node: int | None = None) -> Diagnosis:
-        from labctl.hosts import actions
-
-        return actions.preflight(plan.hosts, check_nproc(nproc_per_node), self.report)
+        """doctor's cheap checks on the plan's hosts, over SSH, before a run."""
+        nproc = check_nproc(nproc_per_node)
+        require_tools("ssh")
+        return actions.preflight(plan.hosts, nproc, self.report)
 
     def run(self, *argv: str, timeout_s: float | None = None, launcher: Launcher = "torchrun",
             nproc_per_node: int | None = None, pg_timeout_s: float | None = 30.0, env: Mapping[str, str] | None = None,
@@ -104,23 +91,19 @@ class Hosts:
             check: bool = True) -> RunResult:
         """Sync (or only write the env files), check, and run on every host, as `labctl hosts run`
         (`env` and `cwd` as for Lab.run)."""
-        check_timeout(timeout_s)
         plan = self.run_plan(*argv, launcher=launcher, nproc_per_node=nproc_per_node, pg_timeout_s=pg_timeout_s,
-                             env=env, cwd=cwd)
+                             env=env, cwd=cwd, timeout_s=timeout_s)
         if preflight:
             self.preflight(plan, nproc_per_node).raise_for_problems(self.full_check)
-        return self.execute(plan, timeout_s=timeout_s, sync=sync, excludes=excludes, check=check)
+        return self.execute(plan, sync=sync, excludes=excludes, check=check)
 
     @property
     def full_check(self) -> str:
         return f"labctl hosts check --inventory {self.inventory.path}"
 
-    def execute(self, plan, *, timeout_s: float | None = None, sync: bool = True, excludes: tuple[str, ...] = (),
-                echo: bool | str = True, check: bool = True) -> RunResult:
+    def execute(self, plan, *, sync: bool = True, excludes: tuple[str, ...] = (), echo: bool | str = True,
+                check: bool = True) -> RunResult:
         """Run a plan from `run_plan`: sync (or only write the env files), run, copy the outputs back."""
-        from labctl.hosts import actions
-        from labctl.hosts.ssh import require_tools, sync_excludes
-
         require_tools("ssh", *(["rsync"] if sync else []))
         excluded = sync_excludes(self.workspace, excludes) if sync else None
-        return actions.execute_run(plan, self.workspace, excluded, timeout_s, self.report, echo=echo, check=check)
+        return actions.execute_run(plan, self.workspace, excluded, self.report, echo=echo, check=check)

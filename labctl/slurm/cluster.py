@@ -1,5 +1,6 @@
-"""Bringing a lab's Slurm cluster up (side effects): the files the nodes start it from, and waiting
-until every node is IDLE in the controller's view.
+"""A lab's Slurm cluster (side effects): the files the nodes start it from, waiting until every
+node is IDLE in the controller's view, and reading that view (doctor's Slurm checks,
+labctl.diagnose.slurm, read it through here).
 
 `labctl up --scheduler slurm` writes .lab/<lab>/slurm/slurm.conf (labctl.slurm.conf) and, once per
 lab, a munge key beside it: 1024 random bytes readable only by the caller, never in an image layer
@@ -14,9 +15,10 @@ import time
 from pathlib import Path
 
 from labctl.errors import StateError
-from labctl.lab.compose import container_name
-from labctl.lab.docker import exec_in
+from labctl.lab.compose import LABEL_SCHEDULER, container_name
+from labctl.lab.docker import exec_in, lab_containers
 from labctl.lab.engine import Engine
+from labctl.slurm.conf import build_cgroup_conf
 
 CONTROLLER = "node0"
 NODE_SCRIPT = "/opt/ddplab/slurm-node.sh"  # compose/slurm-node.sh in the image
@@ -40,8 +42,6 @@ def refusal(engine: Engine) -> StateError | None:
 def write_files(lab_directory: Path, conf: str) -> Path:
     """slurm.conf and cgroup.conf (rewritten every `up`), and the munge key (made once: a running
     cluster keeps it)."""
-    from labctl.slurm.conf import build_cgroup_conf
-
     directory = slurm_dir(lab_directory)
     directory.mkdir(parents=True, exist_ok=True)
     (directory / "slurm.conf").write_text(conf)
@@ -66,39 +66,7 @@ def restart(client, lab: str, names: list[str]) -> None:
 
 
 def is_slurm_lab(client, lab: str) -> bool:
-    from labctl.lab.compose import LABEL_SCHEDULER
-    from labctl.lab.docker import lab_containers
-
     return any((c.get("Labels") or {}).get(LABEL_SCHEDULER) == "slurm" for c in lab_containers(client, lab))
-
-
-def gather(client, lab: str, names: list[str]) -> tuple[bool, dict[str, str], dict[str, str]]:
-    """For doctor: whether slurmctld answers, each node's state, and each node's munge key digest."""
-    code, _ = exec_in(client, container_name(lab, CONTROLLER), ["scontrol", "ping"])
-    keys = {}
-    for name in names:
-        _, output = exec_in(client, container_name(lab, name), ["sha256sum", "/etc/munge/munge.key"])
-        keys[name] = output.split()[0] if output.split() and len(output.split()[0]) == 64 else "missing"
-    return code == 0, node_states(client, lab), keys
-
-
-def check(lab: str, controller_ok: bool, states: dict[str, str], keys: dict[str, str], names: list[str]) -> list:
-    """doctor's Slurm findings (pure): the controller answers, every node is usable, one munge key."""
-    from labctl.diagnose.doctor import Finding
-
-    fix = f"`labctl up --lab {lab}` starts a node's stopped daemons again (and a stopped node)"
-    if not controller_ok:
-        return [Finding("slurm", CONTROLLER, False, f"slurmctld on {CONTROLLER} does not answer (scontrol ping)", fix)]
-    out = []
-    for name in names:
-        state = states.get(name, "not registered")
-        if state.rstrip("*~#") not in ("idle", "allocated", "alloc", "mixed", "mix", "completing", "comp"):
-            out.append(Finding("slurm", name, False, f"Slurm has {name} {state}: jobs cannot use it",
-                               f"{fix}; or `labctl exec --lab {lab} node0 -- scontrol update nodename={name} state=resume`"))
-        if keys.get(name) != keys.get(CONTROLLER):
-            out.append(Finding("slurm", name, False, f"{name}'s munge key differs from {CONTROLLER}'s: their "
-                               "credentials will not verify", f"`labctl down --lab {lab}` then `labctl up` (one key per lab)"))
-    return out or [Finding("slurm", "all", True, f"slurmctld up on {CONTROLLER}, {len(names)} nodes usable, one munge key")]
 
 
 def node_states(client, lab: str) -> dict[str, str]:

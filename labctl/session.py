@@ -1,27 +1,41 @@
 """This lab, on this engine, in this workspace: what every operation on a running lab needs, carried
 together so that no caller passes a client, a lab name and a workspace side by side.
 
-`LabSession` reads the lab (its nodes, env files, subnet, links) and runs jobs on it through the one
-run plan and executor. Bringing labs up and down, shaping and faults are `labctl.api.Lab`'s, which
-is a LabSession too; benches and diagnostics receive a session and never make a client of their own.
+`LabSession` reads the lab (its nodes, env files, subnet, logs) and runs jobs on it through the one
+run plan and executor: it sits above labctl.lab and labctl.run, which know nothing of each other,
+and below the benches, diagnostics and the Slurm cluster, which receive a session and never make a
+client of their own. Bringing labs up and down, shaping and faults are `labctl.api.Lab`'s, which is
+a LabSession too.
 """
 
 from __future__ import annotations
 
+import shutil
 from functools import cached_property
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Iterator, Mapping
+from typing import Any, Callable, Iterator, Mapping
 
 from labctl.config import LabConfig
 from labctl.errors import LabError, StateError
 from labctl.lab.compose import container_name
-from labctl.lab.docker import DockerNodes, docker_client, engine_cpus, lab_networks, network_subnets
+from labctl.lab.docker import (
+    DockerNodes,
+    container_log,
+    docker_client,
+    docker_exec_argv,
+    engine_cpus,
+    exec_user,
+    follow_container_logs,
+    lab_networks,
+    network_subnets,
+)
 from labctl.lab.envfiles import read_node_envs
 from labctl.lab.lifecycle import NodeState, lab_dir, lab_status, require_running
-
-if TYPE_CHECKING:  # the run path is imported when a run is planned, not at every `labctl up`
-    from labctl.run.launch import Elastic
-    from labctl.run.plan import Launcher, RunPlan
+from labctl.run.executor import execute
+from labctl.run.launch import Elastic
+from labctl.run.logs import check_tail, follow_run_logs, run_logs
+from labctl.run.plan import Launcher, RunPlan, build_run_plan
+from labctl.run.result import RunResult
 
 
 class LabSession:
@@ -93,10 +107,6 @@ class LabSession:
         """The `docker exec` command line that runs argv in `node`'s container (as its user, in the
         workspace, with its env file's environment), once the node is known to be running: the CLI
         execs it; from Python, `subprocess.run(lab.exec_argv(...))`. `tty`: give it a terminal."""
-        import shutil
-
-        from labctl.lab.docker import docker_exec_argv, exec_user
-
         argv = list(argv[1:] if argv[:1] == ["--"] else argv)
         if not argv:
             raise LabError(f"no command given to run on {node}", hint=f"labctl exec {node} -- hostname")
@@ -128,30 +138,20 @@ class LabSession:
              tail: int | None = None) -> list[tuple[str, str]]:
         """(node, saved output) of a run (default: the latest), for every node or `node`; with
         `tail`, each node's last `tail` lines. Reads files only: no engine needed."""
-        from labctl.run.logs import run_logs
-
         return run_logs(self.directory, run_id, node, tail)
 
     def follow_logs(self, node: str | None = None, run_id: str | None = None,
                     tail: int | None = None) -> Iterator[tuple[str, str]]:
         """(node, new lines) of a run as it writes them, until it has ended (`labctl logs -f`)."""
-        from labctl.run.logs import follow_run_logs
-
         return follow_run_logs(self.directory, run_id, node, tail)
 
     def container_logs(self, node: str | None = None, tail: int | None = None) -> list[tuple[str, str]]:
         """(node, the container's own log, or its last `tail` lines) for every node or `node`."""
-        from labctl.lab.docker import container_log
-        from labctl.run.logs import check_tail
-
         check_tail(tail)
         return [(n.name, container_log(self.client, self.name, n.name, tail)) for n in self.existing(node)]
 
     def follow_container_logs(self, node: str | None = None, tail: int | None = None) -> Iterator[tuple[str, str]]:
         """(node, new lines) of the containers' own logs as they come, until every one has stopped."""
-        from labctl.lab.docker import follow_container_logs
-        from labctl.run.logs import check_tail
-
         check_tail(tail)
         return follow_container_logs(self.client, self.name, [n.name for n in self.existing(node)], tail)
 
@@ -160,20 +160,15 @@ class LabSession:
     def plan_run(self, script_args: list[str], *, node_env: dict[str, dict[str, str]] | None = None,
                  launcher: Launcher = "torchrun", nproc_per_node: int | None = None, elastic: Elastic | None = None,
                  pg_timeout_s: float | None = None, share_cpus: bool = True,
-                 env: Mapping[str, str] | None = None) -> RunPlan:
+                 env: Mapping[str, str] | None = None, timeout_s: float | None = None) -> RunPlan:
         """The run plan for `script_args` on the lab's nodes (or the nodes of `node_env`, a subset).
         With `share_cpus`, every process gets OMP_NUM_THREADS from the engine's CPUs; `env` is
         added to every process's environment (as `labctl run -e`)."""
-        from labctl.run.launch import Elastic
-        from labctl.run.plan import build_run_plan
-
         return build_run_plan(node_env if node_env is not None else self.node_env(), script_args, self.directory,
                               launcher=launcher, nproc_per_node=nproc_per_node,
                               cpus=self.cpus if share_cpus else None, elastic=elastic or Elastic(),
-                              pg_timeout_s=pg_timeout_s, user_env=env)
+                              pg_timeout_s=pg_timeout_s, user_env=env, timeout_s=timeout_s)
 
-    def execute(self, plan: RunPlan, *, timeout_s: float | None = None, echo: bool | str = True, check: bool = True):
+    def execute(self, plan: RunPlan, *, echo: bool | str = True, check: bool = True) -> RunResult:
         """Run a plan on the lab's nodes (see labctl.run.executor.execute)."""
-        from labctl.run.executor import execute
-
-        return execute(self.nodes(), plan, timeout_s=timeout_s, echo=echo, check=check)
+        return execute(self.nodes(), plan, echo=echo, check=check)

@@ -1,0 +1,125 @@
+"""`labctl up` across the layers: the lab itself (labctl.lab.up), the Slurm cluster its nodes may
+also be (labctl.slurm), the lab's SSH identity and inventory (labctl.hosts.labnodes) and its links
+shaped at bring-up (labctl.net). The lab's own bring-up knows none of them; this module is where
+they meet, below the API (`Lab.up`, `Lab.plan_up`) and above everything they use.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Callable
+
+from labctl.config import LabConfig, node_ip
+from labctl.hosts import labnodes
+from labctl.lab import engine as engine_mod
+from labctl.lab import image as image_mod
+from labctl.lab.docker import lab_containers
+from labctl.lab.lifecycle import NodeState, lab_dir
+from labctl.lab.owner import Owner
+from labctl.lab.up import UpPlan, apply_up_plan, build_up_plan, settle
+from labctl.net.apply import apply_shape, read_links
+from labctl.net.tc import LinkState, parse_shape
+from labctl.session import LabSession
+from labctl.slurm import cluster
+from labctl.slurm.conf import SlurmNode, build_slurm_conf
+
+Report = Callable[[str], None]
+SLURM_CONF = "slurm/slurm.conf"  # in the lab's folder, where the nodes' entry point reads it
+
+
+@dataclass(frozen=True)
+class UpResult:
+    """A lab as `up` left it."""
+
+    nodes: list[NodeState]
+    subnet: str
+    links: dict[str, LinkState] | None  # read back from the kernel when the lab was shaped at bring-up
+    inventory: Path | None  # .lab/<lab>/hosts.toml when every node is an SSH host
+    seconds: float
+
+
+def plan_up(client, config: LabConfig, workspace: Path, *, owner: Owner | None = None,
+            dry_run: bool = False) -> UpPlan:
+    """What `up` would create (the Compose document, env files, subnet, slurm.conf); changes nothing
+    but making the lab's SSH key once (not under `dry_run`). Everything is refused here, before
+    anything exists: a bad --bw, an engine that cannot host Slurm, settings that do not fit."""
+    if config.bw is not None:
+        parse_shape(config.bw)
+    engine = engine_mod.usable_engine(client)
+    existing = lab_containers(client, config.lab)
+    config = settle(config, existing)
+    if config.scheduler == "slurm":
+        refused = cluster.refusal(engine)
+        if refused:
+            raise refused
+    refused = engine_mod.ssh_refusal(engine) if config.ssh else None
+    if refused:
+        raise refused
+    directory = lab_dir(workspace, config.lab)
+    public_key = labnodes.lab_public_key(directory, config.lab, make=not dry_run) if config.ssh else None
+    plan = build_up_plan(client, config, workspace, engine=engine, existing=existing, public_key=public_key,
+                         owner=owner.labels() if owner else None)
+    return with_slurm_conf(plan)
+
+
+def with_slurm_conf(plan: UpPlan) -> UpPlan:
+    """The plan with the slurm.conf its nodes start from, for its addresses (a Slurm lab only)."""
+    config = plan.config
+    if config.scheduler != "slurm":
+        return plan
+    nodes = [SlurmNode(name, node_ip(plan.subnet, rank)) for rank, name in enumerate(config.node_names)]
+    return replace(plan, files={**plan.files, SLURM_CONF: build_slurm_conf(config.lab, nodes, plan.engine.cpus)})
+
+
+class SlurmServices:
+    """The lab's Slurm cluster, brought up with its nodes (labctl.lab.up.Services)."""
+
+    def __init__(self, client, workspace: Path, report: Report):
+        self.client, self.workspace, self.report = client, workspace, report
+
+    def prepare(self, plan: UpPlan) -> UpPlan:
+        plan = with_slurm_conf(plan)  # again: a subnet race moves the addresses
+        cluster.write_files(lab_dir(self.workspace, plan.config.lab), plan.files[SLURM_CONF])
+        return plan
+
+    def wait(self, plan: UpPlan) -> None:
+        names = plan.config.node_names
+        if plan.existing:  # nodes that were not recreated keep their daemons, on the old slurm.conf
+            cluster.restart(self.client, plan.config.lab, names)
+        cluster.wait_ready(self.client, plan.config.lab, names)
+        self.report(f"slurm: {len(names)} nodes idle, controller {cluster.CONTROLLER}")
+
+
+def bring_up(session: LabSession, plan: UpPlan, report: Report, build_progress=None) -> UpResult:
+    """Apply an up plan: build the node images it runs if missing, start (or reconcile) the lab and
+    what its nodes run besides, shape every link when the config says so, and write or remove the
+    SSH inventory of the nodes."""
+    client, config = session.client, plan.config
+    started = time.monotonic()
+    image_mod.build_missing(client, config, {n.image for n in plan.gpus.nodes}, report, build_progress)
+    for warning in (engine_mod.limits_warning(plan.engine, config.memory, config.pids_limit), plan.tcp_note):
+        if warning:
+            report(warning)
+    services = SlurmServices(client, session.workspace, report) if config.scheduler == "slurm" else None
+    plan, nodes = apply_up_plan(client, plan, session.workspace, report, services)
+    names = [n.name for n in nodes]
+    links = None
+    if config.bw is not None:
+        apply_shape(client, config.lab, names, parse_shape(config.bw), config.iface)
+        links = read_links(client, config.lab, names, config.iface)
+    inventory = write_inventory(session, nodes, plan.ssh, report)
+    return UpResult(nodes, plan.subnet, links, inventory, time.monotonic() - started)
+
+
+def write_inventory(session: LabSession, nodes: list[NodeState], ssh: bool, report: Report) -> Path | None:
+    """hosts.toml for the lab's nodes as SSH hosts; removed when they no longer run sshd."""
+    inventory = session.directory / labnodes.INVENTORY_FILE
+    if ssh:
+        inventory = labnodes.write_ssh_files(session.client, session.config, session.directory, nodes, session.cpus)
+        report(f"every node is an SSH host; {inventory} describes them: `labctl hosts check --lab {session.name}`")
+        return inventory
+    if inventory.is_file():  # an inventory of nodes that no longer run sshd would mislead
+        inventory.unlink()
+    return None

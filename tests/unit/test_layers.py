@@ -1,0 +1,178 @@
+"""labctl's layers, read from the code's own imports: no import cycle, no import that runs up the
+layers, and function-level imports only where they defer something heavy. The picture in the
+design docs (docs/explanation/design.md) is this table; this test keeps it true.
+"""
+
+import ast
+import sys
+from collections import defaultdict
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2] / "labctl"
+
+# Top to bottom: a unit may import units below it, never one above it or beside it in its own row.
+LAYERS = [
+    ("pytest_plugin", "__main__"),
+    ("cli",),
+    ("api",),
+    ("bringup",),  # `up` across lab, slurm, hosts and net
+    ("bench",),
+    ("hosts",),
+    ("diagnose",),
+    ("slurm",),
+    ("session",),  # a lab and its runs: above lab and run, which know nothing of each other
+    ("run",),
+    ("net",),
+    ("lab",),
+    ("remote",),  # programs shipped into nodes: the standard library only
+    ("config", "workspace", "assets", "proc", "outfile"),
+    ("parsers", "units", "ui"),
+    ("errors",),
+    ("labctl",),  # the package itself: __version__
+]
+RANK = {unit: i for i, row in enumerate(LAYERS) for unit in row}
+HEAVY = {"docker", "rich", "yaml", "torch", "matplotlib", "numpy", "packaging"}  # deferred to where they are used
+# `labctl` runs labctl.cli.app:main, which loads each command's module when that command runs; the
+# package's own `from labctl.cli import main` (every command loaded) must not defeat that.
+LAZY_BY_DESIGN = {("labctl.cli", "__getattr__")}
+
+
+def module_name(path: Path) -> str:
+    parts = list(path.relative_to(ROOT.parent).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def unit(module: str) -> str:
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else "labctl"
+
+
+def modules() -> dict[str, ast.Module]:
+    return {module_name(p): ast.parse(p.read_text(), str(p)) for p in sorted(ROOT.rglob("*.py"))}
+
+
+def imports(name: str, tree: ast.Module, known: set[str]) -> list[tuple[str, int, bool]]:
+    """(imported labctl module, line, inside a function) for every import statement of the module."""
+    package = name if (ROOT.parent / name.replace(".", "/") / "__init__.py").exists() else name.rpartition(".")[0]
+    in_function = {id(node) for fn in ast.walk(tree) if isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef))
+                   for node in ast.walk(fn)}
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            targets = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                base = ".".join(package.split(".")[: len(package.split(".")) - node.level + 1] + ([base] if base else []))
+            # `from labctl.x import y`: y is a module when labctl.x.y is one, else a name in labctl.x
+            targets = [f"{base}.{a.name}" if f"{base}.{a.name}" in known else base for a in node.names]
+        else:
+            continue
+        found += [(t, node.lineno, id(node) in in_function) for t in targets]
+    return found
+
+
+def graph() -> dict[str, set[str]]:
+    trees = modules()
+    known = set(trees)
+    edges: dict[str, set[str]] = defaultdict(set)
+    for name, tree in trees.items():
+        for target, _, _ in imports(name, tree, known):
+            if target in known and target != name:
+                edges[name].add(target)
+    return edges
+
+
+def test_every_unit_has_a_layer():
+    assert {unit(name) for name in modules()} <= set(RANK)
+
+
+def test_no_import_runs_up_the_layers():
+    trees = modules()
+    upward = []
+    for name, tree in trees.items():
+        for target, line, _ in imports(name, tree, set(trees)):
+            if target.split(".")[0] != "labctl" or unit(target) == unit(name):
+                continue
+            if RANK[unit(target)] <= RANK[unit(name)]:
+                upward.append(f"{name}:{line} imports {target} ({unit(name)} may only import units below it)")
+    assert not upward, "\n".join(upward)
+
+
+def test_no_import_cycle():
+    edges = graph()
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    cycles = []
+
+    def visit(node: str) -> None:  # Tarjan's strongly connected components
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        for nxt in edges.get(node, ()):
+            if nxt not in index:
+                visit(nxt)
+                low[node] = min(low[node], low[nxt])
+            elif nxt in stack:
+                low[node] = min(low[node], index[nxt])
+        if low[node] == index[node]:
+            component = []
+            while True:
+                member = stack.pop()
+                component.append(member)
+                if member == node:
+                    break
+            if len(component) > 1:
+                cycles.append(sorted(component))
+
+    sys.setrecursionlimit(10_000)
+    for node in list(edges):
+        if node not in index:
+            visit(node)
+    assert not cycles, cycles
+
+
+def heavy_modules(trees: dict[str, ast.Module]) -> set[str]:
+    """labctl's modules that import a heavy dependency when they are imported (the renderers)."""
+    heavy = set()
+    for name, tree in trees.items():
+        for node in tree.body:
+            names = ([a.name for a in node.names] if isinstance(node, ast.Import)
+                     else [node.module or ""] if isinstance(node, ast.ImportFrom) and not node.level else [])
+            if any(n.split(".")[0] in HEAVY for n in names):
+                heavy.add(name)
+    return heavy
+
+
+def test_function_level_imports_only_defer_heavy_ones():
+    """Everything else is imported at the top, where a reader sees what a module stands on."""
+    trees = modules()
+    heavy = heavy_modules(trees)
+    light = []
+    for name, tree in trees.items():
+        if unit(name) == "remote":  # node programs: shipped as text, their own rules (labctl/remote/__init__.py)
+            continue
+        for fn in [f for f in ast.walk(tree) if isinstance(f, (ast.FunctionDef, ast.AsyncFunctionDef))
+                   and (name, f.name) not in LAZY_BY_DESIGN]:
+            for node in ast.walk(fn):
+                if isinstance(node, ast.Import):
+                    targets = [a.name for a in node.names]
+                elif isinstance(node, ast.ImportFrom) and not node.level:
+                    targets = [node.module or ""] + [f"{node.module}.{a.name}" for a in node.names]
+                else:
+                    continue
+                if not any(t.split(".")[0] in HEAVY or t in heavy for t in targets):
+                    light.append(f"{name}:{node.lineno} imports {targets[0]} inside {fn.name}()")
+    assert not light, "\n".join(light)
+
+
+@pytest.mark.parametrize("module", ["labctl.cli", "labctl.api", "labctl.pytest_plugin", "labctl.cli.run",
+                                    "labctl.cli.lab"])
+def test_importing_labctl_stays_light(module):
+    code = f"import sys, {module}; print(sorted(m for m in {sorted(HEAVY)!r} if m in sys.modules))"
+    import subprocess
+
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"
