@@ -137,6 +137,16 @@ def barrier():
         dist.barrier()
 
 
+def barrier_times(n, clock):
+    """Pass n barriers back to back and read clock() as each is left: n moments every rank shares to
+    within a message's latency (without a process group, n readings that nobody shares)."""
+    times = []
+    for _ in range(n):
+        barrier()
+        times.append(clock())
+    return times
+
+
 def exit_done():
     """Leave the process at once, after a run that finished: every output written and flushed,
     the process group left.

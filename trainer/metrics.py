@@ -37,12 +37,21 @@ kind "epoch", epoch mode only, at every epoch's end.
   elapsed_s       seconds since the loop began on this rank
 
 kind "clock", twice per run, to line up the ranks' timelines: moments every rank shares.
-  event           "start": just after a barrier all ranks pass once set up, before the first step;
+  event           "start": just after barriers all ranks pass once set up, before the first step;
                   "end": just after the barrier in dist.compute_cleanup, after the last collective.
                   Without a process group (world size 1) there is no barrier to wait for.
-  t               unix seconds, on the same clock as the steps' t_* fields. Ranks leave a barrier
-                  within about one message's latency of each other, so differences between their
-                  `t` at one event are mostly differences between their clocks.
+  host            the machine's hostname (in a lab, the node's name): which node the rank ran on
+  t_barriers      unix seconds, on the same clock as the steps' t_* fields, as this rank left each of
+                  5 barriers passed back to back (train.log_clock says why several). Ranks leave a
+                  barrier within about one message's latency of each other, so differences between
+                  their times at one barrier are mostly differences between their clocks.
+  t               the first of t_barriers
+
+A script of your own gets `labctl trace`'s timeline by writing the same records: MetricsWriter (this
+module; the trainer package is in the node image) to $DDPLAB_RUN_DIR/metrics-rank<RANK>.jsonl, a
+"clock" record with `event`, `host` and `t` (or `t_barriers`) after a barrier before the first step
+and another after one at the end, and per step `step`, `t_start`, `t_backward_end`, `t_end` and,
+with communication, `t_comm_start`, `t_comm_end`, `comm_wait_ms`, `compute_ms` and `wall_ms`.
 """
 
 import json

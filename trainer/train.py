@@ -23,13 +23,16 @@ import torch
 
 from trainer import checkpoint
 from trainer.ddp import param_checksum, wrap_ddp
-from trainer.dist import all_gather, all_reduce_sum, barrier, compute_cleanup, compute_init, get_dist_info, print0, rank_tag
+from trainer.dist import (all_gather, all_reduce_sum, barrier_times, compute_cleanup, compute_init, get_dist_info, print0,
+                          rank_tag)
 from trainer.flags import parse_args  # the tests import parse_args and wrap_ddp from here too
 from trainer.instrument import CommTimer, StepTiming, profiler_for, straggler_line, summarize, wall, wall_now
 from trainer.metrics import open_metrics
 from trainer.schedule import schedule_for
 from trainer.state import Result, Run
 from trainer.workloads import gpt_workload, toy_workload
+
+CLOCK_BARRIERS = 5  # barriers stamped for each "clock" record (see log_clock)
 
 
 def main(argv=None):
@@ -44,9 +47,8 @@ def main(argv=None):
         run = setup(args, run_dir, metrics)
         schedule = schedule_for(run)  # epochs or global batches; may resume from a checkpoint
 
-        # Every rank leaves this barrier at almost the same moment, which makes it the mark that lines
-        # up the ranks' clocks in the metrics; the end of the run has its twin, in compute_cleanup.
-        barrier()
+        # Every rank leaves a barrier at almost the same moment, which makes it the mark that lines up
+        # the ranks' clocks in the metrics; the end of the run has its twin, in compute_cleanup.
         log_clock(run, "start")
         with run.prof:
             result = train(run, schedule)
@@ -170,7 +172,7 @@ def finish(run, result):
     if line:
         print0(f"{run.tag} {line}")
     print0("SUMMARY " + json.dumps(summary))
-    compute_cleanup(after_barrier=lambda: log_clock(run, "end"))  # after the last collective
+    compute_cleanup(after_barrier=lambda: log_clock(run, "end", left_at=wall_now()))  # after the last collective
     return summary
 
 
@@ -185,9 +187,18 @@ def resolve_run_dir(run_dir_arg):
     return Path("runs") / os.environ.get("TORCHELASTIC_RUN_ID", "local")
 
 
-def log_clock(run, event):
-    """A "clock" record: this rank's time, on the clock of its step records, as it leaves a barrier."""
-    run.metrics.log(kind="clock", event=event, rank=run.c.rank, t=round(wall_now(), 6))
+def log_clock(run, event, left_at=None):
+    """A "clock" record: this rank's times, on the clock of its step records, as it leaves
+    CLOCK_BARRIERS barriers back to back (`left_at`: it has just left one, which counts as the first).
+
+    Several, not one: a rank that is descheduled just as it leaves a barrier stamps it late. On a node
+    limited to a quarter of a CPU that happened to the start barrier in one run of three here, 68 ms
+    late, when the ranks' clocks (one kernel's) agreed to the microsecond. Whoever lines up the ranks
+    (labctl trace) keeps the barrier whose stamps agree best."""
+    first = [left_at] if left_at is not None else []
+    times = first + barrier_times(CLOCK_BARRIERS - len(first), wall_now)
+    run.metrics.log(kind="clock", event=event, rank=run.c.rank, host=socket.gethostname(), t=round(times[0], 6),
+                    t_barriers=[round(t, 6) for t in times])
 
 
 def sync_device(device):
