@@ -36,12 +36,12 @@ from labctl.bench.cost import (
     bytes_per_rank,
     collective_time_s,
 )
-from labctl.bench.plotting import pyplot, require_matplotlib
 from labctl.errors import LabError, StateError
 from labctl.outfile import is_stdout, save_figure
 from labctl.lab.compose import container_name
 from labctl.lab.docker import exec_in
 from labctl.net import apply as netshape
+from labctl.plotting import pyplot, require_matplotlib
 from labctl.run.plan import RunPlan
 from labctl.session import LabSession
 from labctl.units import format_rate

@@ -16,7 +16,6 @@ from typing import Callable, Mapping, Sequence
 
 from labctl import assets
 from labctl.bench.cost import DEFAULT_EFFICIENCY
-from labctl.bench.plotting import INSTALL_HINT, have_matplotlib
 from labctl.bench.scaling import (
     NO_GPU_NOTE,
     Config,
@@ -30,6 +29,7 @@ from labctl.config import parse_nodes_list
 from labctl.errors import CommandError, ConfigError, LabError, RunFailed, StateError
 from labctl.net import apply as netshape
 from labctl.net.tc import Shape
+from labctl.plotting import INSTALL_HINT, have_matplotlib
 from labctl.proc import run
 from labctl.run.result import find_summary
 from labctl.session import LabSession

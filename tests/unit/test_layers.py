@@ -27,7 +27,7 @@ LAYERS = [
     ("net",),
     ("lab",),
     ("remote",),  # programs shipped into nodes: the standard library only
-    ("config", "workspace", "assets", "proc", "outfile"),
+    ("config", "workspace", "assets", "proc", "outfile", "plotting"),
     ("parsers", "units", "ui"),
     ("errors",),
     ("labctl",),  # the package itself: __version__

@@ -1,5 +1,6 @@
-"""matplotlib, for the benches' PNGs only: an optional extra (`pip install 'ddplab[plot]'`), since
-bringing a lab up, running and shaping need none of it. Imported here, when a plot is drawn."""
+"""matplotlib, for the PNGs only (the benches' plots, `labctl trace`'s timeline): an optional extra
+(`pip install 'ddplab[plot]'`), since bringing a lab up, running and shaping need none of it.
+Imported here, when a plot is drawn."""
 
 from __future__ import annotations
 
