@@ -21,6 +21,7 @@ LAYERS = [
     ("bench",),
     ("hosts",),
     ("diagnose",),
+    ("trace",),  # `labctl trace`: a run's ranks on one time axis (diagnose and bench draw with it)
     ("slurm",),
     ("session",),  # a lab and its runs: above lab and run, which know nothing of each other
     ("run",),

@@ -1,0 +1,62 @@
+"""What `labctl trace` prints: the table per rank, the verdict, the alignment and where the files
+are; or the same as one JSON document."""
+
+from __future__ import annotations
+
+from rich.markup import escape
+from rich.table import Table
+
+from labctl.cli.render import emit_json
+from labctl.trace import TraceReport
+from labctl.trace.report import PERFETTO
+from labctl.ui import console, info
+
+
+def percent(value: float | None) -> str:
+    return "-" if value is None else f"{value:.0%}"
+
+
+def trace_table(report: TraceReport) -> Table:
+    steps = report.steps
+    which = "steady steps, as SUMMARY" if report.steady else "--steps"
+    table = Table(title=f"{report.run_dir.name}: where each rank's wall time went, steps {steps[0]}-{steps[-1]} "
+                        f"({len(steps)}, {which})", title_justify="left")
+    for column in ("rank", "compute", "exposed comm", "waiting", "other", "comm overlapped", "clock offset"):
+        table.add_column(column, justify="left" if column == "rank" else "right")
+    for row in report.rows:
+        marked = row.rank == report.waited_for and len(report.rows) > 1
+        offset = report.alignment.offsets_s.get(row.rank) if report.alignment.event else None
+        table.add_row(f"[bold]{escape(row.label)}[/bold] (waited for)" if marked else escape(row.label),
+                      percent(row.fraction(row.compute_s)), percent(row.fraction(row.exposed_s)),
+                      percent(row.fraction(row.waiting_s)), percent(row.fraction(row.other_s)),
+                      percent(row.overlap_fraction), "-" if offset is None else f"{offset * 1e3:+.3f} ms")
+    return table
+
+
+def alignment_line(report: TraceReport) -> str:
+    a = report.alignment
+    if a.event is None:
+        return f"clocks: not aligned ({a.why_not})"
+    residual = "not measured (no \"end\" record from every rank)" if a.residual_ms is None else f"{a.residual_ms:.3f} ms"
+    return (f"clocks: aligned on the \"{a.event}\" barrier (rank {a.reference}'s clock); residual at the \"end\" "
+            f"barrier: {residual}")
+
+
+def print_trace(report: TraceReport, as_json: bool) -> None:
+    """`labctl trace`: the table and the lines under it, or report.as_dict() as JSON."""
+    if as_json:
+        emit_json(report.as_dict())
+        return
+    if report.rows:
+        console.print(trace_table(report))
+        console.print(report.verdict(), markup=False)
+        console.print("fractions of each rank's wall time; waiting: for the slowest rank to hand its gradients "
+                      "over; exposed comm: the all-reduce after that, hidden by no compute", markup=False, style="dim")
+    console.print(alignment_line(report), markup=False)
+    if report.png:
+        console.print(f"timeline: {report.png} (steps {report.window[0]}-{report.window[-1]})", markup=False)
+    console.print(f"merged trace: {report.merged} (open it in {PERFETTO} or chrome://tracing)", markup=False)
+    if report.breakdown:
+        console.print(f"table: {report.breakdown}", markup=False)
+    for note in report.notes:
+        info(escape(note))  # notes quote `pip install 'ddplab[plot]'`, which rich would read as markup
