@@ -1,7 +1,7 @@
 """A node's fork server: one process that has imported torch, forking a run's workers. Linux only.
 
   python -c TEXT serve SOCKET_PATH WORKER_TEXT [PRELOAD...]    (`labctl up`, once per node)
-  python -c TEXT request SOCKET_PATH -- [-m MODULE | SCRIPT] ARGS...    (a run, for each worker)
+  python -c TEXT request SOCKET_PATH [WORKER_TEXT] -- [-m MODULE | SCRIPT] ARGS...    (each worker)
 
 Why: a cold `python` spends seconds importing torch, twice per node under torchrun, on every run.
 serve imports it once (PRELOAD, default DEFAULT_PRELOAD; `trainer.*` means the package and its
@@ -14,7 +14,8 @@ fds 0, 1, 2 (SCM_RIGHTS): the worker writes straight to the request's stdout and
 `docker exec` stream labctl reads). The server answers {"pid": N}, then {"exit": S} or {"signal": N},
 or {"error": WHY} and nothing started. request exits with S, or dies by signal N (a shell says
 128+N); SIGTERM, SIGINT and SIGHUP it forwards to the worker's process group. Exits COLD_START,
-with ABSENT or REFUSED and why on stderr, when nothing of the run started: labctl starts it cold.
+with ABSENT or REFUSED and why on stderr, when nothing of the run started: labctl starts it cold;
+given WORKER_TEXT, request does so itself, becoming `python -c WORKER_TEXT ARGS` (exec, same pid).
 If the request goes (SIGKILL, `docker exec` gone), the server SIGKILLs the worker's process group:
 a dead man's switch, so nothing is left holding a port.
 
@@ -46,15 +47,16 @@ LOST_STATUS = 70  # EX_SOFTWARE: the worker was killed with its server connectio
 RUN_ID_VAR = "DDPLAB_RUN_ID"  # = labctl.run.launch.RUN_ID_VAR
 SOCKET_PATH = "/tmp/ddplab/fork.sock"  # in a node
 REGISTRY = "workers"  # next to the socket: /tmp/ddplab/workers = stop.py's REGISTRY_DIR
-DEFAULT_PRELOAD = ("torch", "torch.distributed", "numpy", "trainer.*")
+# torch._dynamo: torch.optim imports it on a first optimizer, 1.3 s of every trainer run here.
+DEFAULT_PRELOAD = ("torch", "torch.distributed", "torch._dynamo", "numpy", "trainer.*")
 FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 # Read once at start-up by the interpreter, libgomp (all but OMP_NUM_THREADS, applied per worker),
-# MKL or torch's logging: only a process started with them has them.
+# MKL, or torch's logging and compiler configs at import: only a process started with them has them.
 LOAD_TIME = ("PYTHONHASHSEED", "PYTHONOPTIMIZE", "PYTHONMALLOC", "PYTHONUTF8", "PYTHONHOME", "PYTHONIOENCODING",
              "PYTHONNOUSERSITE", "PYTHONDEVMODE", "PYTHONSAFEPATH", "PYTHONINTMAXSTRDIGITS", "PYTHONTRACEMALLOC",
              "LANG", "LC_ALL", "LC_CTYPE", "LD_PRELOAD", "LD_LIBRARY_PATH", "MKL_DYNAMIC", "TORCH_LOGS",
              "TORCH_CPP_LOG_LEVEL")
-LOAD_TIME_PREFIXES = ("OMP_", "GOMP_", "KMP_")
+LOAD_TIME_PREFIXES = ("OMP_", "GOMP_", "KMP_", "TORCHDYNAMO_", "TORCHINDUCTOR_", "TORCH_COMPILE_")
 THREAD_VARS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS", "GOTO_NUM_THREADS")
 
 
@@ -169,6 +171,9 @@ class Server:
         self.preloaded, self.missing = self.preload(preload)
         torch = sys.modules.get("torch")  # its thread count, as at import with no *_NUM_THREADS: no kernel
         self.start["torch_threads"] = torch.get_num_threads() if torch else None
+        import gc
+        gc.collect()
+        gc.freeze()  # a worker's collections then skip the preload's objects: their pages stay shared
 
     def listen(self):
         folder = os.path.dirname(os.path.abspath(self.path))
@@ -415,9 +420,13 @@ if __name__ == "__main__":
     args = sys.argv[1:]
     if len(args) >= 3 and args[0] == "serve":
         Server(args[1], args[2], args[3:] or DEFAULT_PRELOAD).serve()
-    elif len(args) >= 4 and args[0] == "request" and args[2] == "--":
-        status = request(args[1], args[3:])
+    elif len(args) >= 4 and args[0] == "request" and "--" in args[2:4] and args.index("--", 2) < len(args) - 1:
+        dashes = args.index("--", 2)
+        status = request(args[1], args[dashes + 1:])
         sys.stderr.flush()
+        if status == COLD_START and dashes == 3:  # nothing started: start it cold, in this very process
+            os.execv(sys.executable, [getattr(sys, "orig_argv", [sys.executable])[0], "-c", args[2]] + args[4:])
         os._exit(status)
     else:
-        sys.exit("usage: serve SOCKET_PATH WORKER_TEXT [PRELOAD...] | request SOCKET_PATH -- [-m MODULE | SCRIPT] ARGS...")
+        sys.exit("usage: serve SOCKET_PATH WORKER_TEXT [PRELOAD...]\n"
+                 "       request SOCKET_PATH [WORKER_TEXT] -- [-m MODULE | SCRIPT] ARGS...")

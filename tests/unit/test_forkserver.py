@@ -46,7 +46,7 @@ print(json.dumps({
 # The server's preload, then what torch and OpenBLAS were told by the environment.
 HEAVY_PROBE = """
 import ctypes, hashlib, importlib, json, pkgutil, warnings
-import torch, torch.distributed, numpy, trainer
+import torch, torch.distributed, torch._dynamo, numpy, trainer
 for sub in sorted(m.name for m in pkgutil.iter_modules(trainer.__path__)):
     if sub != "__main__":
         importlib.import_module("trainer." + sub)
@@ -108,7 +108,7 @@ def write(path, text):
 
 def test_the_server_says_ready_after_the_preload_with_one_thread(server):
     pid, threads, preloaded, missing = READY.fullmatch(server.ready).groups()
-    assert (threads, preloaded, missing) == ("1", "torch,torch.distributed,numpy,trainer.*", "-")
+    assert (threads, preloaded, missing) == ("1", "torch,torch.distributed,torch._dynamo,numpy,trainer.*", "-")
     assert os.listdir(f"/proc/{pid}/task") == [pid]  # and still one: no OpenMP or OpenBLAS pool
     assert oct(os.stat(os.path.dirname(server.sock)).st_mode & 0o777) == "0o700"
 
@@ -122,6 +122,19 @@ def test_with_no_server_the_request_says_so_and_asks_for_a_cold_start(tmp_path):
     result = subprocess.run(request(tmp_path / "none.sock", ["x.py"]), capture_output=True, text=True,
                             timeout=TIMEOUT_S)
     assert result.returncode == 75 and result.stderr.startswith("DDPLAB_FORKSERVER_ABSENT ")
+
+
+@pytest.mark.parametrize("why", ["absent", "refused"])
+def test_given_the_worker_text_the_request_starts_the_script_cold_itself(server, tmp_path, why):
+    """What labctl's warm launch does: `request SOCKET WORKER_TEXT -- ARGS`, one process either way."""
+    script = write(tmp_path / "s.py", "import os, sys\nprint(sys.argv[1:], os.environ.get('PYTHONHASHSEED'))\n"
+                   "sys.exit(5)\n")
+    sock = tmp_path / "none.sock" if why == "absent" else server.sock
+    env = {**os.environ, "PYTHONHASHSEED": "7"} if why == "refused" else None
+    result = subprocess.run([sys.executable, "-c", FORKSERVER, "request", str(sock), WORKER, "--", str(script), "a"],
+                            capture_output=True, text=True, env=env, timeout=TIMEOUT_S)
+    assert (result.returncode, result.stdout) == (5, "['a'] %s\n" % ("7" if env else None))
+    assert result.stderr.startswith("DDPLAB_FORKSERVER_ABSENT " if why == "absent" else "DDPLAB_FORKSERVER_REFUSED ")
 
 
 def test_a_server_with_a_second_thread_refuses_to_fork(tmp_path):
