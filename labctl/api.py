@@ -152,7 +152,7 @@ class Lab(LabSession):
 
     # ------------------------------------------------------------------------------------ runs
 
-    def run_plan(self, *argv: str, launcher: Launcher = "torchrun", nproc_per_node: int | None = None,
+    def run_plan(self, *argv: str, launcher: Launcher = "auto", nproc_per_node: int | None = None,
                  max_restarts: int = 0, nnodes: str | None = None, pg_timeout_s: float | None = 30.0,
                  env: Mapping[str, str] | None = None, cwd: str | Path | None = None,
                  timeout_s: float | None = None) -> RunPlan:
@@ -165,7 +165,7 @@ class Lab(LabSession):
                              elastic=Elastic(max_restarts, low, high), pg_timeout_s=pg_timeout_s, env=env,
                              timeout_s=timeout_s)
 
-    def run(self, *argv: str, timeout_s: float | None = None, launcher: Launcher = "torchrun",
+    def run(self, *argv: str, timeout_s: float | None = None, launcher: Launcher = "auto",
             nproc_per_node: int | None = None, max_restarts: int = 0, nnodes: str | None = None,
             pg_timeout_s: float | None = 30.0, env: Mapping[str, str] | None = None, cwd: str | Path | None = None,
             preflight: bool = True, echo: bool = True, check: bool = True) -> RunResult:

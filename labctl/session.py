@@ -158,7 +158,7 @@ class LabSession:
     # ---------------------------------------------------------------------------------- runs
 
     def plan_run(self, script_args: list[str], *, node_env: dict[str, dict[str, str]] | None = None,
-                 launcher: Launcher = "torchrun", nproc_per_node: int | None = None, elastic: Elastic | None = None,
+                 launcher: Launcher = "auto", nproc_per_node: int | None = None, elastic: Elastic | None = None,
                  pg_timeout_s: float | None = None, share_cpus: bool = True,
                  env: Mapping[str, str] | None = None, timeout_s: float | None = None) -> RunPlan:
         """The run plan for `script_args` on the lab's nodes (or the nodes of `node_env`, a subset).

@@ -54,9 +54,13 @@ def run_options(f):
                           "collectives after S.")(f)
     f = click.option("--timeout-s", type=float, default=None, metavar="S",
                      help="Stop the run everywhere after S seconds (default: no limit).")(f)
-    return click.option("--launcher", type=click.Choice(["torchrun", "static"]), default="torchrun",
-                        show_default=True, help="torchrun (c10d rendezvous) or static (RANK/WORLD_SIZE/MASTER_ADDR "
-                                                "exported, plain python).")(f)
+    return click.option("--launcher", type=click.Choice(["auto", "warm", "torchrun", "static"]), default="auto",
+                        show_default=True,
+                        help="warm: each rank forked by its node's fork server, which has torch loaded, with the "
+                             "environment torchrun gives a worker (a node without one starts it cold); torchrun: "
+                             "an agent per node (c10d rendezvous); static: RANK/WORLD_SIZE/MASTER_ADDR exported, plain "
+                             "python. auto: warm, or torchrun for --max-restarts/--nnodes. --dry-run says which and "
+                             "why.")(f)
 
 
 def inventory_option(f):

@@ -139,7 +139,10 @@ def print_sync(hosts, result) -> None:
 
 
 def print_launches(plan, address) -> None:
-    """A run plan, as `--dry-run` shows it: what each process would run, and where."""
+    """A run plan, as `--dry-run` shows it: which launcher and why, then what each process would run,
+    and where."""
+    if plan.launcher:
+        console.print(f"# launcher: {plan.launcher} ({plan.why})", markup=False, soft_wrap=True)
     for launch in plan.launches:
         console.print(f"[bold]{launch.label}[/bold] ({address(launch.node)}): {launch.display()}", markup=True,
                       soft_wrap=True)
@@ -313,6 +316,7 @@ def print_scenario(outcome, title: str) -> None:
         f"[bold]time to show[/bold]: {outcome.seconds_to_show:.1f} s (exit {outcome.broken_exit})",
         "[bold]doctor[/bold] ({:.1f} s): {}".format(outcome.doctor_seconds, escape(
             "; ".join(outcome.doctor) or "(nothing found)")),
+        *([f"[bold]timeline[/bold] (labctl trace): {escape(outcome.timeline)}"] if outcome.timeline else []),
         f"[bold]fix[/bold]: {escape(outcome.fix)}",
         f"[bold]after the fix[/bold]: {verdict}, run took {outcome.fixed_seconds:.1f} s; "
         f"scenario {outcome.total_seconds:.0f} s of its {outcome.bound_s} s bound: "

@@ -59,7 +59,7 @@ def scenario_plan(ctx: Context, scenario: Scenario, env: Env, run_dir, node_env:
     argv = (["torchrun"] if scenario.launcher == "torchrun" else ["python"]) + scenario.trainer
     common = run_env(ctx.run_id, run_dir)
     launches = [Launch(node, node, argv, {**common, "OMP_NUM_THREADS": "1", **env[node]}) for node in ctx.names]
-    return RunPlan(ctx.run_id, run_dir, node_env, launches, torchrun=False)
+    return RunPlan(ctx.run_id, run_dir, node_env, launches, store=False)
 
 
 def group_findings(findings) -> list[str]:

@@ -71,7 +71,7 @@ class Hosts:
         return [(host.name, shlex.join(rsync_push_argv(host, self.workspace, patterns)))
                 for host in self.inventory.hosts]
 
-    def run_plan(self, *argv: str, launcher: Launcher = "torchrun", nproc_per_node: int | None = None,
+    def run_plan(self, *argv: str, launcher: Launcher = "auto", nproc_per_node: int | None = None,
                  pg_timeout_s: float | None = 30.0, env: Mapping[str, str] | None = None,
                  cwd: str | Path | None = None, timeout_s: float | None = None):
         """What `run(*argv)` will do on each host, as data (a hosts.actions.HostsRun)."""
@@ -85,7 +85,7 @@ class Hosts:
         require_tools("ssh")
         return actions.preflight(plan.hosts, nproc, self.report)
 
-    def run(self, *argv: str, timeout_s: float | None = None, launcher: Launcher = "torchrun",
+    def run(self, *argv: str, timeout_s: float | None = None, launcher: Launcher = "auto",
             nproc_per_node: int | None = None, pg_timeout_s: float | None = 30.0, env: Mapping[str, str] | None = None,
             cwd: str | Path | None = None, sync: bool = True, excludes: tuple[str, ...] = (), preflight: bool = True,
             check: bool = True) -> RunResult:

@@ -276,6 +276,11 @@ class SSHHosts:
         proc.stdout.close()
         return proc.wait()
 
+    holds_stdin = False  # each launch's stdin is its watchdog's (stop.py watch), never the launch's own
+
+    def release(self, launch: Launch) -> None:
+        """Nothing to close: a launch here ends with its run's stop."""
+
     def node_lost(self, node: str, exit_code: int) -> str | None:
         if exit_code != 255:
             return None

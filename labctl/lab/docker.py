@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import queue
+import socket as pysocket
 import threading
 import time
 from typing import Callable, Iterator
@@ -81,11 +82,14 @@ class DockerNodes:
     stopping and doctor's probes go through these few methods, whatever carries them.
     """
 
+    holds_stdin = True  # a launch's stdin can be held open and closed (`release`)
+
     def __init__(self, client, lab: str):
         self.client = client
         self.lab = lab
         self.user = exec_user(client, lab) or ""  # "": as the node runs
         self.port_hint = f"move the lab to another port with `labctl up --lab {lab} --master-port PORT`"
+        self._held: dict[str, object] = {}  # launch label -> the exec's socket, its stdin held open
 
     def address(self, node: str) -> str:
         return container_name(self.lab, node)
@@ -99,10 +103,32 @@ class DockerNodes:
     def execute(self, launch, on_output: Callable[[bytes], None]) -> int:
         api = self.client.api
         exec_id = api.exec_create(container_name(self.lab, launch.node), launch.argv, environment=launch.env,
-                                  workdir=launch.workdir, user=self.user)["Id"]
-        for chunk in api.exec_start(exec_id, stream=True):
-            on_output(chunk)
+                                  workdir=launch.workdir, user=self.user, stdin=launch.hold_stdin)["Id"]
+        if not launch.hold_stdin:
+            for chunk in api.exec_start(exec_id, stream=True):
+                on_output(chunk)
+            return api.exec_inspect(exec_id)["ExitCode"]
+        from docker.utils.socket import frames_iter
+
+        sock = api.exec_start(exec_id, socket=True)
+        self._held[launch.label] = sock
+        try:
+            for _stream, chunk in frames_iter(sock, tty=False):
+                on_output(chunk)
+        finally:
+            self._held.pop(launch.label, None)
+            sock.close()
         return api.exec_inspect(exec_id)["ExitCode"]
+
+    def release(self, launch) -> None:
+        """Close the stdin of a launch started with `hold_stdin`: it reads end-of-file (the warm store ends)."""
+        sock = self._held.get(launch.label)
+        if sock is not None:
+            raw = getattr(sock, "_sock", sock)  # the socket under docker's SocketIO
+            try:
+                raw.shutdown(pysocket.SHUT_WR)
+            except OSError:
+                pass
 
     def node_lost(self, node: str, exit_code: int) -> str | None:
         """Whether a launch ended because its node went down (the engine may take a moment to tell)."""

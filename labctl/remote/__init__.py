@@ -24,3 +24,11 @@ HERE = Path(__file__).resolve().parent
 def load(name: str) -> str:
     """The text of one script in this folder, e.g. load("stop.py"): what goes after `-c`."""
     return (HERE / name).read_text(encoding="utf-8")
+
+
+def name_of(text: str) -> str | None:
+    """Which script of this folder `text` is (one that was loaded), for showing a command line."""
+    if len(text) < 200:  # not one of ours: spare the comparison
+        return None
+    return next((name for name in ("worker.py", "forkserver.py", "store.py", "stop.py", "port_check.py", "crash.py",
+                                   "node_info.py", "probe.py") if load(name) == text), None)

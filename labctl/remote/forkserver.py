@@ -17,7 +17,8 @@ or {"error": WHY} and nothing started. request exits with S, or dies by signal N
 with ABSENT or REFUSED and why on stderr, when nothing of the run started: labctl starts it cold;
 given WORKER_TEXT, request does so itself, becoming `python -c WORKER_TEXT ARGS` (exec, same pid).
 If the request goes (SIGKILL, `docker exec` gone), the server SIGKILLs the worker's process group:
-a dead man's switch, so nothing is left holding a port.
+a dead man's switch, so nothing is left holding a port. So it does when the worker itself has ended:
+what it left running in its session (a stray child) goes with it, so a run that ended leaves nothing.
 
 Forking is only safe from a quiet parent: before each fork the server counts its threads and refuses
 if there is more than one (or a process group is initialised); the preload must leave it so. A few
@@ -260,6 +261,7 @@ class Server:
             if pid == 0:
                 return
             conn = self.workers.pop(pid, None)
+            kill_group(pid)  # what the worker left running in its session ends with it: a run leaves nothing
             try:
                 os.unlink(os.path.join(self.registry, str(pid)))
             except OSError:

@@ -2,6 +2,7 @@
 
   python -c TEXT SCRIPT ARGS...       as `python SCRIPT ARGS...`
   python -c TEXT -m MODULE ARGS...    as `python -m MODULE ARGS...`
+  python -c TEXT -c CODE ARGS...      as `python -c CODE ARGS...` (labctl's own programs: the run's store)
 
 How a run's workers start: `torchrun --no-python python -c TEXT SCRIPT ARGS`, the static launcher's
 `python -c TEXT SCRIPT ARGS`, and every worker the fork server (forkserver.py) forks: the server is
@@ -59,12 +60,19 @@ def is_importer(path):
 
 
 def run_script(argv):
-    """Run argv (`SCRIPT ARGS` or `-m MODULE ARGS`) in a fresh __main__; exceptions propagate."""
+    """Run argv (`SCRIPT ARGS`, `-m MODULE ARGS` or `-c CODE ARGS`) in a fresh __main__; exceptions propagate."""
     import runpy
     safe_path = getattr(sys.flags, "safe_path", False)  # -P / PYTHONSAFEPATH (3.11): no path[0]
     if hasattr(sys, "orig_argv"):
         sys.orig_argv = sys.orig_argv[:1] + list(argv)
     main = fresh_main()
+    if argv[0] == "-c":
+        sys.argv = ["-c"] + list(argv[2:])
+        if not safe_path:
+            sys.path[0] = ""  # `python -c`: the current directory, as CPython puts it
+        main.__loader__ = importlib.machinery.BuiltinImporter
+        exec(compile(argv[1], "<string>", "exec", dont_inherit=True), main.__dict__)
+        return
     if argv[0] in ("-m", "--module"):
         sys.argv = ["-m"] + list(argv[2:])  # runpy puts the module's full path in argv[0]
         if not safe_path:
@@ -222,6 +230,9 @@ def refresh(env, start):
     if env.get("PYTHONFAULTHANDLER"):
         import faulthandler
         faulthandler.enable()
+    import weakref
+    for finalizer in list(weakref.finalize._registry):  # the server's, not this worker's, to run at exit:
+        finalizer.atexit = False  # torch's op-library deregistrations alone took 0.1 s of every worker's exit
     for name in ("random", "numpy.random"):  # a new process seeds them from the OS
         if name in sys.modules:
             sys.modules[name].seed()
@@ -253,6 +264,6 @@ def blas_threads(env):
 
 
 if __name__ == "__main__":
-    if len(sys.argv) < 2 or (sys.argv[1] in ("-m", "--module") and len(sys.argv) < 3):
-        sys.exit("usage: python -c TEXT [-m MODULE | SCRIPT] ARGS...")
+    if len(sys.argv) < 2 or (sys.argv[1] in ("-m", "--module", "-c") and len(sys.argv) < 3):
+        sys.exit("usage: python -c TEXT [-m MODULE | -c CODE | SCRIPT] ARGS...")
     run_and_exit(sys.argv[1:])

@@ -20,6 +20,7 @@ from typing import Callable, Protocol
 from labctl.errors import RunFailed, StateError
 from labctl.run.launch import (
     PORT_CHECK_SCRIPT,
+    RUN_DIR_VAR,
     STOP_SCRIPT,
     STORE_FAILED,
     STORE_READY,
@@ -45,6 +46,7 @@ class Nodes(Protocol):
     """
 
     port_hint: str  # how to move the rendezvous port when it is taken
+    holds_stdin: bool  # a launch with hold_stdin gets a stdin labctl can close (release)
 
     def address(self, node: str) -> str: ...  # for people: a container name, user@host:port
 
@@ -56,6 +58,8 @@ class Nodes(Protocol):
 
     def node_lost(self, node: str, exit_code: int) -> str | None: ...  # "the node itself is gone", or None
 
+    def release(self, launch: Launch) -> None: ...  # close a hold_stdin launch's stdin
+
     def close(self) -> None: ...
 
 
@@ -65,9 +69,15 @@ def execute(nodes: Nodes, plan: RunPlan, *, echo: bool | str = True, check: bool
     fails, stop everything after the plan's `timeout_s`. With `check` (the default), raise RunFailed (the result attached, its exit status the
     root cause's) unless the run succeeded (for an elastic run: enough nodes finished cleanly);
     without, return the result whatever happened."""
-    check_master_port(nodes, plan.node_env)
-    master_port = next(iter(plan.node_env.values()))["MASTER_PORT"] if plan.torchrun else None
-    result = run_all(nodes, plan.launches, plan.run_dir, plan.run_id, master_port=master_port, timeout_s=plan.timeout_s,
+    store = None
+    if plan.store:  # the run's rendezvous store on the first node, forked there too on the warm path
+        first, env = next(iter(plan.node_env.items()))
+        warm = plan.launcher == "warm"
+        store = store_launch(first, env["MASTER_PORT"], plan.run_id, plan.launches[0].env[RUN_DIR_VAR], warm=warm,
+                             until_eof=warm and nodes.holds_stdin)
+    else:  # rank 0 binds the port itself: say what holds it before anything starts (the store says so itself)
+        check_master_port(nodes, plan.node_env)
+    result = run_all(nodes, plan.launches, plan.run_dir, plan.run_id, store=store, timeout_s=plan.timeout_s,
                      echo=echo, min_nodes=plan.min_nodes)
     return conclude(result, echo, check)
 
@@ -89,11 +99,15 @@ def check_master_port(nodes: Nodes, node_env: dict[str, dict[str, str]]) -> None
     first = next(iter(node_env))
     port = node_env[first]["MASTER_PORT"]
     code, output = nodes.run(first, ["python", "-c", PORT_CHECK_SCRIPT, port])
-    if code == 0:
-        return
+    if code != 0:
+        raise port_taken(nodes, first, port, output.strip())
+
+
+def port_taken(nodes: Nodes, first: str, port: str, why: str) -> StateError:
+    """The rendezvous port on the first node is taken: by what, and what to do."""
     _, listeners = nodes.run(first, ["ss", "-Hltnp", f"sport = :{port}"])
     held_by = listeners.strip() or "another process"
-    raise StateError(f"MASTER_PORT {port} is already in use on {first} ({output.strip()}): {held_by}",
+    return StateError(f"MASTER_PORT {port} is already in use on {first} ({why}): {held_by}",
                      hint=f"a run may still be running there; wait for it or `{nodes.shell_hint(first)} pkill -f "
                           f"torchrun`, or {nodes.port_hint}")
 
@@ -233,9 +247,9 @@ def _print(echo: Echo, prefix: str, lines: list[str]) -> None:
             echo.console.print(prefix + escape(line), markup=True, soft_wrap=True)
 
 
-def run_all(nodes: Nodes, launches: list[Launch], run_dir: Path, run_id: str, *, master_port: str | None,
+def run_all(nodes: Nodes, launches: list[Launch], run_dir: Path, run_id: str, *, store: Launch | None,
             timeout_s: float | None = None, echo: bool | str = True, min_nodes: int | None = None) -> RunResult:
-    """Start every launch at once (with the run's own rendezvous store on the first node, for torchrun)."""
+    """Start every launch at once (with `store`, the run's own rendezvous store, on the first node)."""
     run_dir.mkdir(parents=True, exist_ok=True)
     link_latest(run_dir)
     logs = NodeLogs(run_dir)
@@ -247,22 +261,30 @@ def run_all(nodes: Nodes, launches: list[Launch], run_dir: Path, run_id: str, *,
     store_thread = None
     result = None
     try:
-        if master_port is not None:
-            store_thread, store_ready = _start_store(nodes, names[0], master_port, run_id, run_dir, logs)
+        if store is not None:
+            store_thread, store_ready = _start_store(nodes, store, run_dir, logs)
         for outcome in outcomes:
             thread = threading.Thread(target=_stream, args=(nodes, outcome, logs, colours[outcome.launch.node], printer),
                                       daemon=True)
             thread.start()
             threads.append(thread)
         if store_thread:
-            # The agents start alongside the store (it imports torch too, ~2 s): their store
-            # clients retry the connection until it listens, so nobody waits for it in turn.
+            # The agents or workers start alongside the store: their store clients retry the
+            # connection until it listens, so nobody waits for it in turn.
             store_ready()
         result = _watch(nodes, names, run_id, run_dir, outcomes, threads, timeout_s, printer, min_nodes)
         return result
     finally:
-        # Whatever happened, leave no process of this run on any node (the store included).
-        reports = stop_run(nodes, names, run_id)
+        # Whatever happened, leave no process of this run on any node (the store included). After a
+        # warm run that ended cleanly, the store ends when its stdin closes, and the fork servers have
+        # ended what each worker left: no node needs a `stop`.
+        reports = None
+        if store_thread and store.hold_stdin and result is not None and result.ok and not result.lost_nodes():
+            nodes.release(store)
+            store_thread.join(timeout=STOP_GRACE_S)
+            reports = {} if not store_thread.is_alive() else None
+        if reports is None:
+            reports = stop_run(nodes, names, run_id)
         if store_thread:
             store_thread.join(timeout=5)
         nodes.close()
@@ -280,8 +302,8 @@ def save_result(result: RunResult) -> None:
         pass
 
 
-def _start_store(nodes: Nodes, node: str, master_port: str, run_id: str, run_dir: Path, logs: NodeLogs):
-    launch = store_launch(node, master_port, run_id, run_dir)
+def _start_store(nodes: Nodes, launch: Launch, run_dir: Path, logs: NodeLogs):
+    node, master_port = launch.node, next(a for a in reversed(launch.argv) if a.isdigit())
     outcome = Outcome(launch)
     ready = threading.Event()
     thread = threading.Thread(target=_stream, args=(nodes, outcome, logs, "dim", None, lambda _line: ready.set()),
@@ -291,6 +313,8 @@ def _start_store(nodes: Nodes, node: str, master_port: str, run_id: str, run_dir
     def wait_ready() -> None:
         if not ready.wait(STORE_START_TIMEOUT_S) or not any(line.startswith(STORE_READY) for line in outcome.lines):
             detail = next((line for line in outcome.lines if line.startswith(STORE_FAILED)), "no answer")
+            if "in use" in detail:  # the port is taken: by what, as before a run without a store
+                raise port_taken(nodes, node, master_port, detail.removeprefix(STORE_FAILED).strip())
             raise StateError(f"could not start the rendezvous store on {node}:{master_port}: {detail}",
                              hint=f"see {run_dir}/{node}.log")
 

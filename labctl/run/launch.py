@@ -6,10 +6,20 @@ store host (see `store_launch` and labctl/remote/store.py).
 
 static: the manual style people use on VMs: RANK, LOCAL_RANK, WORLD_SIZE, MASTER_ADDR and
 MASTER_PORT exported by hand and plain `python SCRIPT ARGS`, one process per rank.
+
+warm (the default, where it gives torchrun's semantics): one process per rank, each forked by the
+node's fork server (labctl/remote/forkserver.py), which imported torch once at `up`, with exactly
+the environment torchrun's agent gives a worker, joining the run's own store as torchrun's workers
+do. A node without a server starts the worker cold, the same way.
+
+Every worker runs through labctl/remote/worker.py (under torchrun: `--no-python python -c TEXT`), so a
+script's sys.exit(N) is the process's status N every time: gloo's threads cannot abort the
+interpreter's teardown, because there is none.
 """
 
 from __future__ import annotations
 
+import hashlib
 import os
 import shlex
 from dataclasses import dataclass, field
@@ -32,6 +42,12 @@ PORT_CHECK_SCRIPT = remote.load("port_check.py")  # is the rendezvous port free?
 # TEXT stop RUN_ID GRACE_S stops a run's processes on a node (by DDPLAB_RUN_ID, SIGTERM then SIGKILL);
 # TEXT watch GRACE_S ARGV... runs a launch on a real host and stops its run when the SSH session closes.
 STOP_SCRIPT = remote.load("stop.py")
+WORKER_SCRIPT = remote.load("worker.py")  # TEXT SCRIPT ARGS: every worker, run as python runs it (see worker_argv)
+FORKSERVER_SCRIPT = remote.load("forkserver.py")  # TEXT serve ... / TEXT request ...: the warm path
+# In each node, beside the registry of forked workers (forkserver.REGISTRY), named by the programs'
+# text: a labctl whose fork server or worker.py differ never asks a server running the old ones.
+FORK_SOCKET = "/tmp/ddplab/fork-%s.sock" % hashlib.sha256((FORKSERVER_SCRIPT + WORKER_SCRIPT).encode()).hexdigest()[:12]
+LAUNCHERS = ("auto", "warm", "torchrun", "static")
 
 
 @dataclass(frozen=True)
@@ -43,10 +59,13 @@ class Launch:
     argv: list[str]
     env: dict[str, str] = field(default_factory=dict)
     workdir: str | None = None
+    hold_stdin: bool = False  # labctl keeps its stdin open, and closes it to end it (Nodes.release)
 
     def display(self) -> str:
+        """`ENV=... argv` as a person reads it: a program labctl ships as text shown by its name."""
         env = " ".join(f"{k}={shlex.quote(v)}" for k, v in self.env.items())
-        return f"{env} {shlex.join(self.argv)}".strip()
+        argv = " ".join(f"<labctl/remote/{remote.name_of(a)}>" if remote.name_of(a) else shlex.quote(a) for a in self.argv)
+        return f"{env} {argv}".strip()
 
 
 def parse_script_args(args: list[str], known_options: Collection[str] | None = None,
@@ -110,17 +129,34 @@ def job_args(argv: Sequence[str], workspace: Path, cwd: Path | str | None = None
     return workspace_script(script_args, Path(cwd).resolve(), workspace) if cwd is not None else script_args
 
 
-def python_argv(script_args: list[str]) -> list[str]:
-    return ["python", *script_args]
+def worker_argv(script_args: list[str]) -> list[str]:
+    """`python SCRIPT ARGS` through worker.py: the script as Python runs it, its exit status every time."""
+    return ["python", "-c", WORKER_SCRIPT, *script_args]
+
+
+def warm_argv(script_args: list[str]) -> list[str]:
+    """A worker forked by the node's fork server; where none answers, started cold (worker_argv)."""
+    return ["python", "-c", FORKSERVER_SCRIPT, "request", FORK_SOCKET, WORKER_SCRIPT, "--", *script_args]
 
 
 def torchrun_argv(script_args: list[str], nproc_per_node: int | None) -> list[str]:
+    """torchrun on the node, whose workers are worker.py's: `--no-python python -c WORKER SCRIPT ARGS`."""
     argv = ["torchrun"]
     if nproc_per_node is not None:
         argv += ["--nproc-per-node", str(nproc_per_node)]
-    if script_args[0] in ("-m", "--module"):
-        return argv + ["-m", *script_args[1:]]
-    return argv + script_args
+    return argv + ["--no-python", *worker_argv(script_args)]
+
+
+def choose_launcher(asked: str, elastic: Elastic) -> tuple[str, str]:
+    """(the launcher a run takes, why), from --launcher (auto by default)."""
+    if asked not in LAUNCHERS:
+        raise ConfigError("--launcher", asked, f"must be one of {', '.join(LAUNCHERS)}")
+    if asked != "auto":
+        return asked, f"--launcher {asked}"
+    if elastic.on:
+        return "torchrun", ("--max-restarts and --nnodes need torchrun's agents, which restart the workers and "
+                            "rendezvous again")
+    return "warm", "each node's fork server forks the workers from a process that has torch imported already"
 
 
 def run_env(run_id: str, run_dir: Path | str) -> dict[str, str]:
@@ -184,58 +220,96 @@ def build_launches(node_env: dict[str, dict[str, str]], script_args: list[str], 
     processes (real hosts may differ) unless `nproc_per_node` says otherwise. Given the machine's
     `cpus`, every process gets an OMP_NUM_THREADS that shares them out (see threads_per_process);
     `pg_timeout_s` goes to the trainer's process-group timeout through DDPLAB_PG_TIMEOUT_S. `user_env`
-    (-e and --env-file) goes to every process, over labctl's own values (see run.userenv)."""
+    (-e and --env-file) goes to every process, over labctl's own values (see run.userenv).
+
+    `launcher` is one `choose_launcher` settled on: torchrun (an agent per node), warm (one process
+    per rank, forked by the node's fork server, with the environment torchrun gives a worker) or
+    static (one `python` per rank, the manual style)."""
     added = check_user_env(user_env or {})
     names = list(node_env)
-    first = node_env[names[0]]
     nprocs = [nproc_per_node or int(node_env[name].get("NPROC_PER_NODE", "1")) for name in names]
     common = run_env(run_id, run_dir)
     if cpus:
         common["OMP_NUM_THREADS"] = str(threads_per_process(cpus, sum(nprocs), 1))
     if pg_timeout_s:
         common[PG_TIMEOUT_VAR] = f"{pg_timeout_s:g}"
-    launches = []
     if launcher == "torchrun":
-        for name in names:
-            env = {
-                **common,
-                "PET_NNODES": f"{elastic.min_nodes}:{elastic.max_nodes}" if elastic.min_nodes else str(len(names)),
-                # A fresh rendezvous per run, hosted by the run's own store (see STORE_SCRIPT).
-                "PET_RDZV_ID": run_id,
-                "PET_RDZV_CONF": "is_host=false" + (f",{ELASTIC_RDZV_CONF}" if elastic.on else ""),
-            }
-            if elastic.on:
-                env["PET_MAX_RESTARTS"] = str(elastic.max_restarts)
-                # torchrun shares one worker store across restarts by default, so restarted gloo
-                # workers read their predecessors' addresses from it and fail to connect
-                # ("Gloo connectFullMesh failed ... Connection refused"); without sharing, each
-                # attempt's rank 0 hosts a fresh store.
-                env["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] = "1"
-            launches.append(Launch(name, name, torchrun_argv(script_args, nproc_per_node), with_user_env(env, added)))
-        return launches
-    if launcher != "static":
-        raise LabError(f"unknown launcher {launcher!r}", hint="torchrun or static")
+        return [Launch(name, name, torchrun_argv(script_args, nproc_per_node),
+                       with_user_env({**common, **rendezvous_env(run_id, len(names), elastic)}, added))
+                for name in names]
+    if launcher not in ("warm", "static"):
+        raise LabError(f"unknown launcher {launcher!r}", hint=f"one of {', '.join(LAUNCHERS)}")
     if elastic.on:
-        raise LabError("--max-restarts and --nnodes need torchrun: the static launcher has no agent to restart workers",
-                       hint="drop --launcher static")
-    world_size = sum(nprocs)
-    for node_rank, (name, nproc) in enumerate(zip(names, nprocs)):
-        for local_rank in range(nproc):
-            rank = sum(nprocs[:node_rank]) + local_rank
-            env = {
-                **common,
-                "RANK": str(rank),
-                "LOCAL_RANK": str(local_rank),
-                "WORLD_SIZE": str(world_size),
-                "LOCAL_WORLD_SIZE": str(nproc),
-                "GROUP_RANK": str(node_rank),
-                "MASTER_ADDR": first["MASTER_ADDR"],
-                "MASTER_PORT": first["MASTER_PORT"],
-            }
-            label = name if nproc == 1 else f"{name}/r{rank}"
-            launches.append(Launch(label, name, python_argv(script_args), with_user_env(env, added)))
+        raise LabError(f"--max-restarts and --nnodes need torchrun: the {launcher} launcher has no agent to restart "
+                       "workers", hint="leave --launcher out (auto picks torchrun for them) or say --launcher torchrun")
+    launches = []
+    for rank, node_rank, local_rank in ranks(nprocs):
+        name, first = names[node_rank], node_env[names[0]]
+        if launcher == "warm":
+            env = {**common, **rendezvous_env(run_id, len(names), elastic),
+                   **worker_env(rank, node_rank, local_rank, nprocs, first, run_id, run_dir)}
+            argv = warm_argv(script_args)
+        else:
+            env = {**common, "RANK": str(rank), "LOCAL_RANK": str(local_rank), "WORLD_SIZE": str(sum(nprocs)),
+                   "LOCAL_WORLD_SIZE": str(nprocs[node_rank]), "GROUP_RANK": str(node_rank),
+                   "MASTER_ADDR": first["MASTER_ADDR"], "MASTER_PORT": first["MASTER_PORT"]}
+            argv = worker_argv(script_args)
+        label = name if nprocs[node_rank] == 1 else f"{name}/r{rank}"
+        launches.append(Launch(label, name, argv, with_user_env(env, added)))
     return launches
 
 
-def store_launch(node: str, master_port: str, run_id: str, run_dir: Path | str) -> Launch:
-    return Launch(f"{node}/store", node, ["python", "-c", STORE_SCRIPT, master_port], run_env(run_id, run_dir))
+def ranks(nprocs: list[int]) -> list[tuple[int, int, int]]:
+    """(global rank, node rank, local rank) of every process, nodes in order, as torchrun numbers them."""
+    return [(sum(nprocs[:node]) + local, node, local) for node, nproc in enumerate(nprocs) for local in range(nproc)]
+
+
+def rendezvous_env(run_id: str, nnodes: int, elastic: Elastic) -> dict[str, str]:
+    """torchrun's per-run overrides of the env file's PET_* defaults."""
+    env = {
+        "PET_NNODES": f"{elastic.min_nodes}:{elastic.max_nodes}" if elastic.min_nodes else str(nnodes),
+        # A fresh rendezvous per run, hosted by the run's own store (see STORE_SCRIPT).
+        "PET_RDZV_ID": run_id,
+        "PET_RDZV_CONF": "is_host=false" + (f",{ELASTIC_RDZV_CONF}" if elastic.on else ""),
+    }
+    if elastic.on:
+        env["PET_MAX_RESTARTS"] = str(elastic.max_restarts)
+        # torchrun shares one worker store across restarts by default, so restarted gloo
+        # workers read their predecessors' addresses from it and fail to connect
+        # ("Gloo connectFullMesh failed ... Connection refused"); without sharing, each
+        # attempt's rank 0 hosts a fresh store.
+        env["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] = "1"
+    return env
+
+
+def worker_env(rank: int, node_rank: int, local_rank: int, nprocs: list[int], first: Mapping[str, str], run_id: str,
+               run_dir: Path | str) -> dict[str, str]:
+    """What torchrun's agent gives each worker (torch/distributed/elastic/agent/server/
+    local_elastic_agent.py, _start_workers), for the warm path: the same keys, the same values
+    where they mean the same. The store the workers share is the run's own (STORE_SCRIPT on the
+    first node), and TORCHELASTIC_USE_AGENT_STORE says to join it rather than host one, as torchrun's
+    workers join their rank-0 agent's: MASTER_ADDR and MASTER_PORT name that store (under torchrun,
+    the rank-0 agent's hostname and a port it picked). tests/integration/test_warm.py compares the
+    two environments key by key."""
+    world = sum(nprocs)
+    return {
+        "RANK": str(rank), "GROUP_RANK": str(node_rank), "ROLE_RANK": str(rank), "ROLE_NAME": "default",
+        "LOCAL_WORLD_SIZE": str(nprocs[node_rank]), "WORLD_SIZE": str(world), "GROUP_WORLD_SIZE": str(len(nprocs)),
+        "ROLE_WORLD_SIZE": str(world), "MASTER_ADDR": first["MASTER_ADDR"], "MASTER_PORT": first["MASTER_PORT"],
+        "TORCHELASTIC_RESTART_COUNT": "0", "TORCHELASTIC_MAX_RESTARTS": "0", "TORCHELASTIC_RUN_ID": run_id,
+        "TORCHELASTIC_USE_AGENT_STORE": "True", "TORCH_NCCL_ASYNC_ERROR_HANDLING": "1",
+        "TORCHELASTIC_SIGNALS_TO_HANDLE": "SIGTERM,SIGINT,SIGHUP,SIGQUIT",  # torchrun's own, in its workers too
+        "LOCAL_RANK": str(local_rank),
+        # where torch.distributed.elastic's @record writes a worker's uncaught error (torchrun: a temp dir)
+        "TORCHELASTIC_ERROR_FILE": f"{run_dir}/error-rank{rank}.json",
+    }
+
+
+def store_launch(node: str, master_port: str, run_id: str, run_dir: Path | str, warm: bool = False,
+                 until_eof: bool = False) -> Launch:
+    """The run's rendezvous store on `node`; `warm`: forked by the node's fork server, as the run's
+    workers are, instead of importing torch anew; `until_eof`: it also ends when labctl closes its
+    stdin (where the nodes let labctl hold it: Nodes.holds_stdin)."""
+    store = ["-c", STORE_SCRIPT, master_port, *(["--until-eof"] if until_eof else [])]
+    argv = warm_argv(store) if warm else ["python", *store]
+    return Launch(f"{node}/store", node, argv, run_env(run_id, run_dir), hold_stdin=until_eof)

@@ -12,9 +12,9 @@ from pathlib import Path
 from typing import Literal, Mapping
 
 from labctl.config import check_timeout
-from labctl.run.launch import Elastic, Launch, build_launches
+from labctl.run.launch import Elastic, Launch, build_launches, choose_launcher
 
-Launcher = Literal["torchrun", "static"]
+Launcher = Literal["auto", "warm", "torchrun", "static"]
 
 
 @dataclass(frozen=True)
@@ -25,10 +25,12 @@ class RunPlan:
     run_dir: Path  # here: logs (and, from real hosts, the outputs copied back)
     node_env: dict[str, dict[str, str]]
     launches: list[Launch]
-    torchrun: bool  # the run's own rendezvous store starts on the first node
+    store: bool  # the run's own rendezvous store starts on the first node (torchrun, warm)
     min_nodes: int | None = None  # elastic: the run succeeds when this many nodes finish cleanly
     remote_run_dir: str | None = None  # real hosts: the run folder on each, relative to its workspace
     timeout_s: float | None = None  # --timeout-s: the run is stopped after this long (exit 124); None: no limit
+    launcher: str = ""  # how the workers start: warm, torchrun or static (`--dry-run` says it, and why)
+    why: str = ""
 
     @property
     def nodes(self) -> list[str]:
@@ -46,7 +48,7 @@ def new_run(runs_parent: Path) -> tuple[str, Path]:
 
 
 def build_run_plan(node_env: dict[str, dict[str, str]], script_args: list[str], runs_parent: Path, *,
-                   launcher: Launcher = "torchrun", nproc_per_node: int | None = None, cpus: int | None = None,
+                   launcher: Launcher = "auto", nproc_per_node: int | None = None, cpus: int | None = None,
                    elastic: Elastic = Elastic(), pg_timeout_s: float | None = None,
                    remote_runs_parent: str | None = None, user_env: Mapping[str, str] | None = None,
                    timeout_s: float | None = None) -> RunPlan:
@@ -57,10 +59,11 @@ def build_run_plan(node_env: dict[str, dict[str, str]], script_args: list[str], 
     `user_env` (-e and --env-file) goes to every process; `timeout_s` bounds the whole run.
     """
     check_timeout(timeout_s)
+    launcher, why = choose_launcher(launcher, elastic)
     run_id, run_dir = new_run(runs_parent)
     remote_run_dir = f"{remote_runs_parent}/runs/{run_id}" if remote_runs_parent is not None else None
     launches = build_launches(node_env, script_args, launcher=launcher, nproc_per_node=nproc_per_node,
                               run_id=run_id, run_dir=remote_run_dir or run_dir, cpus=cpus, elastic=elastic,
                               pg_timeout_s=pg_timeout_s, user_env=user_env)
-    return RunPlan(run_id, run_dir, dict(node_env), launches, launcher == "torchrun", elastic.min_nodes,
-                   remote_run_dir, timeout_s)
+    return RunPlan(run_id, run_dir, dict(node_env), launches, launcher in ("torchrun", "warm"), elastic.min_nodes,
+                   remote_run_dir, timeout_s, launcher, why)

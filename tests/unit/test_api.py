@@ -83,18 +83,18 @@ def test_a_bad_shape_is_refused_before_the_engine(tmp_path):
 def test_a_run_plan_is_data(tmp_path):
     plan = build_run_plan(ENVS, ["-m", "trainer"], tmp_path, nproc_per_node=2, cpus=6, pg_timeout_s=10,
                           elastic=Elastic(1, 2, 3))
-    assert plan.nodes == ["node0", "node1", "node2"] and plan.torchrun and plan.min_nodes == 2
+    assert plan.nodes == ["node0", "node1", "node2"] and plan.store and plan.min_nodes == 2
     assert plan.run_dir == tmp_path / "runs" / plan.run_id and not plan.run_dir.exists()
     assert [launch.node for launch in plan.launches] == plan.nodes
     env = plan.launches[0].env
     assert env["PET_RDZV_ID"] == plan.run_id and env["OMP_NUM_THREADS"] == "1" and env["PET_MAX_RESTARTS"] == "1"
     lines = plan.describe(lambda node: f"lab-{node}")
-    assert lines[1].startswith("node1 (lab-node1): DDPLAB_RUN_ID=") and lines[1].endswith("torchrun --nproc-per-node 2 -m trainer")
+    assert lines[1].startswith("node1 (lab-node1): DDPLAB_RUN_ID=") and lines[1].endswith("torchrun --nproc-per-node 2 --no-python python -c <labctl/remote/worker.py> -m trainer")
 
 
 def test_real_hosts_write_their_outputs_on_the_host(tmp_path):
     plan = build_run_plan(ENVS, ["train.py"], tmp_path, launcher="static", remote_runs_parent=".lab/cluster")
-    assert plan.remote_run_dir == f".lab/cluster/runs/{plan.run_id}" and not plan.torchrun
+    assert plan.remote_run_dir == f".lab/cluster/runs/{plan.run_id}" and not plan.store
     assert {launch.env["DDPLAB_RUN_DIR"] for launch in plan.launches} == {plan.remote_run_dir}
     assert [launch.env["RANK"] for launch in plan.launches] == ["0", "1", "2"]
 

@@ -41,7 +41,8 @@ class FakeLab(LabSession):
 
     def node_env(self, names=None):
         names = names if names is not None else self.node_names()
-        return {name: {"NODE_RANK": str(rank)} for rank, name in enumerate(names)}
+        return {name: {"NODE_RANK": str(rank), "MASTER_ADDR": "10.9.0.10", "MASTER_PORT": "29500"}
+                for rank, name in enumerate(names)}
 
     def execute(self, plan, *, echo=True, check=True) -> RunResult:
         argv = plan.launches[0].argv
@@ -191,8 +192,8 @@ def test_allreduce_refuses_a_single_node_before_touching_a_link(tmp_path, events
 
 
 def scaling_answer(plan):
-    args = plan.launches[0].argv
-    nproc = int(flag(args, "--nproc-per-node"))
+    args = plan.launches[0].argv  # torchrun says the processes per node; the warm path's env does
+    nproc = int(flag(args, "--nproc-per-node") or plan.launches[0].env["LOCAL_WORLD_SIZE"])
     return summary(1000.0 * len(plan.nodes) * nproc, corpus_sha256="a" * 64)
 
 
@@ -346,7 +347,10 @@ def test_straggler_alternates_even_and_balanced_under_the_limit(tmp_path, events
     assert (result.node, result.global_batch, result.speedup) == ("node2", 48, 1.5)
     assert result.rank_micro_batch == "0=21,1=21,2=6"
     assert result.balanced["micro_batches"] == [21, 21, 6] and result.even["tokens_per_s_runs"] == [1000.0, 1000.0]
-    assert list(result.as_dict()) == ["node", "cpus", "global_batch", "rank_micro_batch", "even", "balanced", "speedup"]
+    assert list(result.as_dict()) == ["node", "cpus", "global_batch", "rank_micro_batch", "even", "balanced", "speedup",
+                                      "timeline", "timeline_note"]
+    # these fake runs leave no step times behind: no picture, and the numbers all the same
+    assert result.timeline is None and result.timeline_note.startswith("no timeline picture: the metrics in")
     assert list(result.even) == [*straggler.FIGURES, "tokens_per_s_runs"]
 
 

@@ -150,16 +150,20 @@ def test_hosts_bad_input_exit_2(tmp_path, args, fragment):
 
 def test_hosts_run_dry_run_shows_each_hosts_command_and_connects_to_nothing(tmp_path):
     (tmp_path / "hosts.toml").write_text(INVENTORY)
-    result = invoke("hosts", "run", "--inventory", "hosts.toml", "--dry-run", "--", "-m", "trainer", "--epochs", "1")
+    result = invoke("hosts", "run", "--inventory", "hosts.toml", "--dry-run", "--launcher", "torchrun", "--",
+                    "-m", "trainer", "--epochs", "1")
     assert result.exit_code == 0, result.output
-    lines = [line for line in result.output.splitlines() if "torchrun" in line]
+    lines = [line for line in result.output.splitlines() if "torchrun" in line and not line.startswith("#")]
     assert [line.split(" (")[0] for line in lines] == ["node0", "node1"]
     assert "(me@10.1.0.1:22)" in lines[0] and "PET_RDZV_CONF=is_host=false" in lines[0]
     assert "DDPLAB_RUN_DIR=.lab/pair/runs/" in lines[0]
-    static = invoke("hosts", "run", "--inventory", "hosts.toml", "--dry-run", "--launcher", "static", "--", "x.py")
-    # The first host runs two processes, the second one: three ranks in all.
-    assert [line.split(" (")[0] for line in static.output.splitlines()] == ["node0/r0", "node0/r1", "node1"]
-    assert "WORLD_SIZE=3" in static.output
+    # The first host runs two processes, the second one: three ranks in all, one process each.
+    for launcher in ("static", "warm"):
+        each = invoke("hosts", "run", "--inventory", "hosts.toml", "--dry-run", "--launcher", launcher, "--", "x.py")
+        header, *ranks = each.output.splitlines()
+        assert header == f"# launcher: {launcher} (--launcher {launcher})"
+        assert [line.split(" (")[0] for line in ranks] == ["node0/r0", "node0/r1", "node1"]
+        assert "WORLD_SIZE=3" in each.output
 
 
 def test_hosts_sync_dry_run_prints_rsync_with_strict_host_keys(tmp_path):
@@ -173,8 +177,10 @@ def test_hosts_sync_dry_run_prints_rsync_with_strict_host_keys(tmp_path):
 
 def test_torchruns_underscore_spellings_work_and_help_shows_labctls(tmp_path):
     (tmp_path / "hosts.toml").write_text(INVENTORY)
-    result = invoke("hosts", "run", "--inventory", "hosts.toml", "--dry-run", "--nproc_per_node", "3", "--", "x.py")
-    assert result.exit_code == 0 and "torchrun --nproc-per-node 3 x.py" in result.output, result.output
+    result = invoke("hosts", "run", "--inventory", "hosts.toml", "--dry-run", "--launcher", "torchrun",
+                    "--nproc_per_node", "3", "--", "x.py")
+    assert result.exit_code == 0, result.output
+    assert "torchrun --nproc-per-node 3 --no-python python -c <labctl/remote/worker.py> x.py" in result.output
     # Accepted by `run` too: it gets as far as the missing engine, a state, not bad input.
     result = invoke("run", "--nproc_per_node", "2", "--max_restarts", "1", "--dry-run", "--", "x.py")
     assert result.exit_code == 1 and "no Docker engine answers" in result.output, result.output
@@ -208,9 +214,9 @@ def test_hosts_run_dry_run_shows_the_users_env_on_every_process(tmp_path, monkey
     result = invoke("hosts", "run", "--inventory", "hosts.toml", "--dry-run", "--launcher", "static",
                     "--env-file", "run.env", "-e", "NCCL_DEBUG=INFO", "--env", "FROM_SHELL", "--", "x.py")
     assert result.exit_code == 0, result.output
-    lines = result.output.splitlines()
-    assert len(lines) == 3 and all("NCCL_DEBUG=INFO MSG='hello world' FROM_SHELL=yes python x.py" in line
-                                   for line in lines), result.output
+    lines = [line for line in result.output.splitlines() if not line.startswith("# launcher: static")]
+    assert len(lines) == 3 and all("NCCL_DEBUG=INFO MSG='hello world' FROM_SHELL=yes python -c "
+                                   "<labctl/remote/worker.py> x.py" in line for line in lines), result.output
 
 
 def test_hosts_run_nccl_debug_sets_nccl_logging_on_every_process(tmp_path):
@@ -218,8 +224,9 @@ def test_hosts_run_nccl_debug_sets_nccl_logging_on_every_process(tmp_path):
     result = invoke("hosts", "run", "--inventory", "hosts.toml", "--dry-run", "--launcher", "static", "--nccl-debug",
                     "--", "x.py")
     assert result.exit_code == 0, result.output
-    lines = result.output.splitlines()
-    assert lines and all("NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=INIT,NET python x.py" in line for line in lines), result.output
+    lines = [line for line in result.output.splitlines() if not line.startswith("# launcher: static")]
+    assert lines and all("NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=INIT,NET python -c <labctl/remote/worker.py> x.py" in line
+                         for line in lines), result.output
 
 
 @pytest.mark.parametrize("args, fragment", [
@@ -242,10 +249,10 @@ def test_from_a_subdirectory_the_workspace_is_found_and_the_script_taken_from_th
     (tmp_path / "sub").mkdir()
     monkeypatch.chdir(tmp_path / "sub")
     result = invoke("hosts", "run", "--inventory", "../hosts.toml", "--dry-run", "--", "train.py", "--lr", "1")
-    lines = result.output.splitlines()
-    assert result.exit_code == 0 and len(lines) == 2, result.output
+    launcher, *lines = result.output.splitlines()
+    assert result.exit_code == 0 and launcher.startswith("# launcher: warm (") and len(lines) == 3, result.output
     # The run folder is the workspace's, and each host runs sub/train.py from its copy of the workspace.
-    assert all(line.endswith("torchrun sub/train.py --lr 1") and "DDPLAB_RUN_DIR=.lab/pair/runs/" in line
-               for line in lines), result.output
+    assert all(line.endswith("<labctl/remote/worker.py> -- sub/train.py --lr 1") and "DDPLAB_RUN_DIR=.lab/pair/runs/"
+               in line for line in lines), result.output
     outside = invoke("hosts", "run", "--inventory", "../hosts.toml", "--dry-run", "--", "../../x.py")
     assert outside.exit_code == 2 and "outside the workspace" in outside.output

@@ -1,15 +1,23 @@
 """Launcher plans: what each node runs, compared whole."""
 
+import os
+import re
 from pathlib import Path
 
 import pytest
 
-from labctl.errors import LabError
+from labctl.errors import ConfigError, LabError
 from labctl.run.launch import (
+    FORK_SOCKET,
+    FORKSERVER_SCRIPT,
+    WORKER_SCRIPT,
+    Elastic,
     Launch,
     build_launches,
+    choose_launcher,
     job_args,
     parse_script_args,
+    store_launch,
     threads_per_process,
     torchrun_argv,
     workspace_script,
@@ -26,10 +34,9 @@ def test_torchrun_plan():
                               nproc_per_node=None, run_id="r1", run_dir=RUN_DIR)
     common = {"DDPLAB_RUN_ID": "r1", "DDPLAB_RUN_DIR": str(RUN_DIR), "PET_NNODES": "2", "PET_RDZV_ID": "r1",
               "PET_RDZV_CONF": "is_host=false"}
-    assert launches == [
-        Launch("node0", "node0", ["torchrun", "-m", "trainer", "--epochs", "2"], common),
-        Launch("node1", "node1", ["torchrun", "-m", "trainer", "--epochs", "2"], common),
-    ]
+    argv = ["torchrun", "--no-python", "python", "-c", WORKER_SCRIPT, "-m", "trainer", "--epochs", "2"]
+    assert launches == [Launch("node0", "node0", argv, common), Launch("node1", "node1", argv, common)]
+    assert launches[0].display().endswith("torchrun --no-python python -c <labctl/remote/worker.py> -m trainer --epochs 2")
 
 
 def test_a_subset_of_nodes_runs_a_smaller_job_with_threads_shared_out():
@@ -48,8 +55,11 @@ def test_threads_share_the_cpus_and_never_drop_to_zero(cpus, nodes, nproc, expec
 
 
 def test_torchrun_nproc_override_and_script_form():
-    assert torchrun_argv(["train.py", "--lr", "0.1"], 4) == ["torchrun", "--nproc-per-node", "4", "train.py", "--lr", "0.1"]
-    assert torchrun_argv(["--module", "trainer"], None) == ["torchrun", "-m", "trainer"]
+    # torchrun's workers are worker.py's, which runs the script as python would and keeps its exit status
+    worker = ["--no-python", "python", "-c", WORKER_SCRIPT]
+    assert torchrun_argv(["train.py", "--lr", "0.1"], 4) == ["torchrun", "--nproc-per-node", "4", *worker, "train.py",
+                                                             "--lr", "0.1"]
+    assert torchrun_argv(["--module", "trainer"], None) == ["torchrun", *worker, "--module", "trainer"]
 
 
 def test_static_plan_ranks_and_environment():
@@ -60,7 +70,7 @@ def test_static_plan_ranks_and_environment():
         ("node1/r2", "node1", "2", "0"), ("node1/r3", "node1", "3", "1"),
     ]
     for launch in launches:
-        assert launch.argv == ["python", "train.py"]
+        assert launch.argv == ["python", "-c", WORKER_SCRIPT, "train.py"]
         assert launch.env["WORLD_SIZE"] == "4" and launch.env["MASTER_ADDR"] == "172.28.0.10"
         assert launch.env["MASTER_PORT"] == "29500" and launch.env["DDPLAB_RUN_ID"] == "r1"
 
@@ -226,3 +236,53 @@ def test_job_args_checks_then_places_the_script(ws):
     assert job_args(("train.py",), ws) == ["train.py"]  # no cwd (the API's default): relative to the workspace
     with pytest.raises(LabError, match="no training script"):
         job_args((), ws, ws / "sub")
+
+
+def test_the_warm_path_gives_each_rank_torchruns_worker_environment():
+    launches = build_launches(NODE_ENV, ["train.py", "--lr", "1"], launcher="warm", nproc_per_node=2, run_id="r1",
+                              run_dir=RUN_DIR)
+    assert [l.label for l in launches] == ["node0/r0", "node0/r1", "node1/r2", "node1/r3"]
+    assert launches[0].argv == ["python", "-c", FORKSERVER_SCRIPT, "request", FORK_SOCKET, WORKER_SCRIPT, "--",
+                                "train.py", "--lr", "1"]
+    env = launches[3].env
+    assert {k: env[k] for k in ("RANK", "LOCAL_RANK", "GROUP_RANK", "ROLE_RANK", "LOCAL_WORLD_SIZE", "WORLD_SIZE",
+                                "GROUP_WORLD_SIZE", "ROLE_WORLD_SIZE", "ROLE_NAME")} == {
+        "RANK": "3", "LOCAL_RANK": "1", "GROUP_RANK": "1", "ROLE_RANK": "3", "LOCAL_WORLD_SIZE": "2",
+        "WORLD_SIZE": "4", "GROUP_WORLD_SIZE": "2", "ROLE_WORLD_SIZE": "4", "ROLE_NAME": "default"}
+    # the run's own store on node0, joined as torchrun's workers join their agents' store
+    assert (env["MASTER_ADDR"], env["MASTER_PORT"], env["TORCHELASTIC_USE_AGENT_STORE"]) == ("172.28.0.10", "29500",
+                                                                                             "True")
+    assert (env["TORCHELASTIC_RUN_ID"], env["TORCHELASTIC_RESTART_COUNT"], env["PET_RDZV_ID"]) == ("r1", "0", "r1")
+    assert launches[0].display().endswith(f"python -c <labctl/remote/forkserver.py> request {FORK_SOCKET} "
+                                          "<labctl/remote/worker.py> -- train.py --lr 1")
+
+
+def test_the_socket_is_named_by_the_programs_text_in_the_servers_folder():
+    from labctl.remote import forkserver, stop
+
+    assert re.fullmatch(r"/tmp/ddplab/fork-[0-9a-f]{12}\.sock", FORK_SOCKET)
+    assert os.path.dirname(FORK_SOCKET) == os.path.dirname(forkserver.SOCKET_PATH)  # beside the registry stop reads
+    assert stop.REGISTRY_DIR == os.path.join(os.path.dirname(FORK_SOCKET), forkserver.REGISTRY)
+
+
+def test_the_store_is_forked_too_on_the_warm_path():
+    assert store_launch("node0", "29500", "r1", RUN_DIR).argv[:2] == ["python", "-c"]
+    warm = store_launch("node0", "29500", "r1", RUN_DIR, warm=True)
+    assert warm.argv[:5] == ["python", "-c", FORKSERVER_SCRIPT, "request", FORK_SOCKET] and warm.argv[-1] == "29500"
+
+
+@pytest.mark.parametrize("asked, elastic, taken", [
+    ("auto", Elastic(), "warm"), ("auto", Elastic(max_restarts=1), "torchrun"), ("auto", Elastic(0, 2, 3), "torchrun"),
+    ("torchrun", Elastic(), "torchrun"), ("static", Elastic(), "static"), ("warm", Elastic(), "warm"),
+])
+def test_auto_takes_the_warm_path_unless_torchruns_agents_are_needed(asked, elastic, taken):
+    launcher, why = choose_launcher(asked, elastic)
+    assert launcher == taken and why
+
+
+def test_warm_and_static_refuse_what_only_torchrun_does():
+    with pytest.raises(LabError, match="need torchrun"):
+        build_launches(NODE_ENV, ["x.py"], launcher="warm", nproc_per_node=None, run_id="r1", run_dir=RUN_DIR,
+                       elastic=Elastic(max_restarts=1))
+    with pytest.raises(ConfigError, match="--launcher"):
+        choose_launcher("mpirun", Elastic())

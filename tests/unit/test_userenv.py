@@ -100,14 +100,14 @@ NODE_ENV = {f"node{i}": {"MASTER_ADDR": "172.28.0.10", "MASTER_PORT": "29500", "
             for i in range(2)}
 
 
-@pytest.mark.parametrize("launcher", ["torchrun", "static"])
+@pytest.mark.parametrize("launcher", ["torchrun", "static", "warm"])
 def test_every_process_gets_the_users_env_over_labctls_own(launcher):
     launches = build_launches(NODE_ENV, ["x.py"], launcher=launcher, nproc_per_node=None, run_id="r1",
                               run_dir="/ws/runs/r1", cpus=8, user_env={"KEY": "v a l", "OMP_NUM_THREADS": "3"})
     assert len(launches) == (2 if launcher == "torchrun" else 4)
     for launch in launches:
         assert launch.env["KEY"] == "v a l" and launch.env["OMP_NUM_THREADS"] == "3"  # the user's, not labctl's 2
-        assert launch.display().endswith(f"KEY='v a l' OMP_NUM_THREADS=3 {launch.argv[0]} x.py")
+        assert f"KEY='v a l' OMP_NUM_THREADS=3 {launch.argv[0]} " in launch.display()  # the user's go last
     with pytest.raises(LabError, match="cannot set LOCAL_RANK"):
         build_launches(NODE_ENV, ["x.py"], launcher=launcher, nproc_per_node=None, run_id="r1", run_dir="/r",
                        user_env={"LOCAL_RANK": "0"})

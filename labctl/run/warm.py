@@ -1,0 +1,50 @@
+"""The warm path's servers: one fork server per node (labctl/remote/forkserver.py), started by `up`,
+which imports torch once so that a run's workers start in milliseconds (labctl.run.launch.warm_argv).
+
+The server preloads torch, torch.distributed, torch._dynamo (which torch.optim imports at a first
+optimizer step: 1.3 s of every trainer run) and numpy: what DDP scripts import and what costs the
+seconds. Nothing of the workspace (the trainer package included) is preloaded: a script and the
+modules it imports are read afresh by every run, so a file edited between two runs is never run stale.
+The server does not hold up `up`: it binds its socket first and imports while requests wait in its
+backlog, so a run right after `up` waits for the import once, as a cold start would.
+
+A node whose server is gone (the container restarted by hand, the server killed) runs its workers
+cold, the same way (forkserver.py's request does that itself); `up` starts a missing server again.
+The socket's name carries a digest of the server's and worker.py's text (launch.FORK_SOCKET): `up`
+after an upgrade of labctl ends the servers of the old text and starts one of the new.
+"""
+
+from __future__ import annotations
+
+from concurrent.futures import ThreadPoolExecutor
+
+from labctl.run.launch import FORK_SOCKET, FORKSERVER_SCRIPT, WORKER_SCRIPT
+
+PRELOAD = ("torch", "torch.distributed", "torch._dynamo", "numpy")
+SERVER_LOG = "/tmp/ddplab/fork.log"  # in each node: the server's own lines (READY, refusals)
+# End the servers of another labctl's text (another socket), then `nohup ... &` with every stream
+# redirected: the exec (docker exec, an SSH session) returns at once and the server lives on in the
+# node. A server of this text already answering makes the new one exit (RUNNING).
+_START = ('mkdir -p "$(dirname "$1")" || exit 1\n'
+          "for pid in $(pgrep -f 'serve /tmp/ddplab/fork-[0-9a-f]+[.]sock'); do\n"
+          '  tr "\\0" "\\n" < /proc/$pid/cmdline 2>/dev/null | grep -qxF "$1" || kill "$pid" 2>/dev/null\n'
+          "done\n"
+          'nohup python -c "$0" serve "$@" </dev/null >>' + SERVER_LOG + " 2>&1 &")
+
+
+def server_argv() -> list[str]:
+    """The command that starts a node's fork server in the background (a no-op where one runs)."""
+    return ["sh", "-c", _START, FORKSERVER_SCRIPT, FORK_SOCKET, WORKER_SCRIPT, *PRELOAD]
+
+
+def start_servers(nodes, names: list[str]) -> dict[str, str]:
+    """Start the fork server on every node of `names` (a run.executor.Nodes); what failed, by node."""
+    def start(node: str) -> tuple[str, str]:
+        try:
+            code, output = nodes.run(node, server_argv())
+        except Exception as exc:  # noqa: BLE001 - a node that cannot start one runs its workers cold
+            return node, str(exc)
+        return node, "" if code == 0 else output.strip() or f"exit status {code}"
+
+    with ThreadPoolExecutor(max_workers=16) as pool:
+        return {node: why for node, why in pool.map(start, names) if why}
