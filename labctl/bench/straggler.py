@@ -4,7 +4,8 @@ The node's CPU limit is lowered in place (`docker update`, as `labctl slow` does
 alternate: an even split of the global batch, and a split in proportion to each rank's speed
 (`--rank-micro-batch`), measured from the first even run's per-rank compute time per sample. Same
 samples per step, so the same gradient: only the waiting changes. The node's limit is put back at
-the end, whatever happened.
+the end, whatever happened. The median even and balanced runs' timelines (labctl trace) go side by
+side, on one time scale, into straggler-timeline.png in the output folder.
 """
 
 from __future__ import annotations
@@ -17,9 +18,11 @@ from typing import Callable
 
 from labctl.bench.scaling import Config, median_run
 from labctl.bench.scaling_run import run_lab
-from labctl.errors import RunFailed, StateError
+from labctl.errors import LabError, RunFailed, StateError
 from labctl.lab import docker as lab_docker
+from labctl.plotting import INSTALL_HINT, have_matplotlib
 from labctl.session import LabSession
+from labctl.trace import write_comparison
 
 SPLITS = ("even", "balanced")
 # The median run's figures reported for each split.
@@ -38,12 +41,15 @@ class StragglerResult:
     speedup: float  # balanced / even tokens/s
     steps: int
     repeats: int
+    timeline: Path | None = None  # the median runs' timelines side by side (a PNG); None: see timeline_note
+    timeline_note: str = ""  # why there is no timeline picture
 
     def as_dict(self) -> dict:
         """What --json prints."""
         return {"node": self.node, "cpus": self.cpus, "global_batch": self.global_batch,
                 "rank_micro_batch": self.rank_micro_batch, "even": self.even, "balanced": self.balanced,
-                "speedup": self.speedup}
+                "speedup": self.speedup, "timeline": self.timeline and str(self.timeline),
+                **({"timeline_note": self.timeline_note} if self.timeline_note else {})}
 
 
 def _quiet(_message: str) -> None:
@@ -51,10 +57,11 @@ def _quiet(_message: str) -> None:
 
 
 def measure(session: LabSession, *, node: str | None = None, cpus: float = 0.25, workload: str = "gpt",
-            micro_batch: int = 16, steps: int = 30, repeats: int = 2,
+            micro_batch: int = 16, steps: int = 30, repeats: int = 2, out_dir: Path | None = None,
             report: Callable[[str], None] = _quiet) -> StragglerResult:
     """Limit `node` (default the lab's last) to `cpus`, then `repeats` rounds of an even run and a
-    balanced run of the same global batch (`micro_batch` x the nodes); the limit it had is restored."""
+    balanced run of the same global batch (`micro_batch` x the nodes); the limit it had is restored.
+    The timelines go to `out_dir` (default .lab/<lab>/bench-straggler/)."""
     names = session.node_names()
     if len(names) < 2:
         raise StateError(f"lab {session.name} has {len(names)} node; a straggler needs others to wait for it",
@@ -87,8 +94,26 @@ def measure(session: LabSession, *, node: str | None = None, cpus: float = 0.25,
         lab_docker.apply_node_cpus(session.client, session.name, node, before)
         report(f"{node} CPU limit restored to {f'{before:g} CPUs' if before else 'none'}")
     even, balanced = (split_figures(runs[split]) for split in SPLITS)
+    timeline, note = draw_timelines(Path(out_dir or session.directory / "bench-straggler"), runs, node, cpus)
     return StragglerResult(node, cpus, global_batch, override, even, balanced,
-                           round(balanced["tokens_per_s"] / even["tokens_per_s"], 3), steps, repeats)
+                           round(balanced["tokens_per_s"] / even["tokens_per_s"], 3), steps, repeats, timeline, note)
+
+
+def draw_timelines(out_dir: Path, runs: dict[str, list[dict]], node: str, cpus: float) -> tuple[Path | None, str]:
+    """(straggler-timeline.png in `out_dir`: the median even run's timeline beside the median balanced
+    run's, or None; why not). The numbers stand without the picture, so a run that left nothing to
+    draw is said, not raised."""
+    if not have_matplotlib():
+        return None, f"no timeline picture: it is drawn with matplotlib; {INSTALL_HINT}"
+    panels = [(f"{split}: micro-batches {pick['micro_batches']}", Path(pick["run_dir"]))
+              for split, pick in ((split, median_run(runs[split])) for split in SPLITS)]
+    out_dir.mkdir(parents=True, exist_ok=True)
+    try:
+        path = write_comparison(out_dir / "straggler-timeline.png", panels,
+                                title=f"{node} at {cpus:g} CPUs: before and after balancing (median runs)")
+    except LabError as exc:
+        return None, f"no timeline picture: {exc.message}"
+    return path, ""
 
 
 def balanced_override(even: dict, global_batch: int) -> str:

@@ -153,18 +153,21 @@ def bench_scaling_cmd(lab, workload, nodes_list, rates, delay, nproc, steps, mic
 @click.option("--steps", type=click.IntRange(3, 10_000), default=30, show_default=True, help="Optimizer steps per run.")
 @click.option("--repeats", type=click.IntRange(1, 20), default=2, show_default=True,
               help="Alternated runs of each split; the median is reported.")
+@click.option("--out", "out_dir", type=click.Path(file_okay=False, path_type=Path),
+              help="Where to write straggler-timeline.png [default: .lab/<lab>/bench-straggler].")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
-def bench_straggler_cmd(lab, node, cpus, workload, micro_batch, steps, repeats, as_json) -> None:
+def bench_straggler_cmd(lab, node, cpus, workload, micro_batch, steps, repeats, out_dir, as_json) -> None:
     """One slow node, before and after balancing the work with --rank-micro-batch.
 
     Slows NODE to --cpus, trains with an even split of the global batch, measures each rank's
     compute time per sample, gives each rank a share of the same global batch in proportion to
     its speed, and trains again: same samples per step, same gradient, less waiting. The node's
-    CPU limit is put back at the end.
+    CPU limit is put back at the end. The median runs' timelines, before and after, go side by side
+    into straggler-timeline.png (`labctl trace` draws each run's own).
     """
     from labctl.cli import render_bench
 
     limit = parse_cpu_limit(cpus, "--cpus")
     result = straggler.measure(session().lab(lab), node=node, cpus=limit, workload=workload, micro_batch=micro_batch,
-                     steps=steps, repeats=repeats, report=info)
+                     steps=steps, repeats=repeats, out_dir=out_dir, report=info)
     render_bench.print_straggler(result, as_json)

@@ -3,6 +3,7 @@ The rest of the CLI's printing is in render.py, whose helpers these share."""
 
 from __future__ import annotations
 
+from rich.markup import escape
 from rich.table import Table
 
 from labctl.bench.scaling import markdown
@@ -93,3 +94,7 @@ def print_straggler(result, as_json: bool) -> None:
                       f"{r['final_loss']:.4f}")
     console.print(table)
     console.print(f"balanced / even tokens/s: [bold]{result.speedup:.2f}x[/bold]", markup=True)
+    if result.timeline:
+        console.print(f"timelines, before and after: {result.timeline}", markup=False)
+    else:
+        info(escape(result.timeline_note))

@@ -6,7 +6,9 @@ torch's minutes), show the symptom exactly as torch prints it and how long it to
 what `labctl doctor` says about the same configuration, apply the fix, run again to success, and
 remove the lab. A "break" is an environment (what the user exported or wrote in an env file) plus,
 for some traps, a change to the machine (a firewall rule, a second network, a CPU limit): the
-traps are defined, as data, in traps.py.
+traps are defined, as data, in traps.py. Where a trap is about time (the straggler), the broken
+run's timeline (labctl trace) joins the diagnosis, and that run's folder, with the picture, is kept
+in .lab/scn-NAME/runs/ when the rest of the lab goes.
 """
 
 from __future__ import annotations
@@ -15,15 +17,18 @@ import re
 import shutil
 import time
 from dataclasses import dataclass, replace
+from pathlib import Path
 
 from labctl.diagnose import doctor
 from labctl.diagnose.traps import SCENARIOS, Context, Env, Scenario
 from labctl.errors import LabError
 from labctl.lab import lifecycle as lab_mod
 from labctl.lab.image import ensure_mismatch_image
+from labctl.lab.up import render_project
 from labctl.run.launch import Launch, run_env
 from labctl.run.plan import RunPlan, new_run
 from labctl.session import LabSession
+from labctl.trace import write_trace
 
 __all__ = ["SCENARIOS", "Outcome", "run_scenario", "run_scenarios", "select_scenarios"]
 
@@ -46,6 +51,7 @@ class Outcome:
     bound_s: int
 
     symptom_required: bool = True
+    timeline: str = ""  # the broken run's timeline: who the others waited for, and the picture's path
 
     @property
     def ok(self) -> bool:
@@ -53,13 +59,15 @@ class Outcome:
         return self.fixed_ok and shown and bool(self.doctor) and self.total_seconds <= self.bound_s
 
 
-def scenario_plan(ctx: Context, scenario: Scenario, env: Env, run_dir, node_env: dict) -> RunPlan:
+def scenario_plan(ctx: Context, scenario: Scenario, env: Env, run_dir, node_env: dict,
+                  timeout_s: float | None = None) -> RunPlan:
     """One run of the scenario as a plan: every node's own launch environment (`env`, the trap or its
-    fix) over the run's, and no rendezvous store of labctl's: the scenario sets the rendezvous itself."""
+    fix) over the run's, and no rendezvous store of labctl's: the scenario sets the rendezvous itself.
+    `timeout_s`: the run is stopped after this long (the plan carries its time limit)."""
     argv = (["torchrun"] if scenario.launcher == "torchrun" else ["python"]) + scenario.trainer
     common = run_env(ctx.run_id, run_dir)
     launches = [Launch(node, node, argv, {**common, "OMP_NUM_THREADS": "1", **env[node]}) for node in ctx.names]
-    return RunPlan(ctx.run_id, run_dir, node_env, launches, store=False)
+    return RunPlan(ctx.run_id, run_dir, node_env, launches, store=False, timeout_s=timeout_s)
 
 
 def group_findings(findings) -> list[str]:
@@ -83,7 +91,7 @@ def first_symptom(pattern: str, outcomes) -> str:
 
 def run_scenario(client, config, workspace, scenario: Scenario, report) -> Outcome:
     """The whole story on a throwaway lab (config.lab), which is removed whatever happens."""
-    other_image = None
+    other_image, timeline, kept = None, "", None
     if scenario.other_torch_on_last_node:  # built once and cached, before the clock starts
 
         other_image = ensure_mismatch_image(client, config, report)
@@ -91,7 +99,7 @@ def run_scenario(client, config, workspace, scenario: Scenario, report) -> Outco
     lab_mod.apply_down(client, config.lab, volumes=True)
     try:
         report(f"{scenario.name}: bringing up {config.nodes} nodes ({config.lab})")
-        document, env_files, subnet = lab_mod.plan_up(client, config, workspace)
+        document, env_files, subnet = render_project(client, config, workspace)
         if other_image:
             last = config.node_names[-1]
             document["services"][last]["image"] = other_image
@@ -108,8 +116,8 @@ def run_scenario(client, config, workspace, scenario: Scenario, report) -> Outco
         report(f"{scenario.name}: the broken run ({scenario.launcher})")
         t0 = time.monotonic()
         limit = max(10.0, scenario.bound_s - (t0 - started) - 40)
-        broken = session.execute(scenario_plan(ctx, scenario, broken_env, run_dir, node_env),
-                                 timeout_s=limit, echo=False, check=False)
+        broken = session.execute(scenario_plan(ctx, scenario, broken_env, run_dir, node_env, limit),
+                                 echo=False, check=False)
         failed = [o for o in broken.outcomes if o.exit_code not in (0, None)]
         shown_at = min((o.ended for o in failed if o.ended), default=None) or max(o.ended or t0 for o in broken.outcomes)
         symptom = first_symptom(scenario.symptom, broken.outcomes)
@@ -118,6 +126,9 @@ def run_scenario(client, config, workspace, scenario: Scenario, report) -> Outco
         report(f"{scenario.name}: labctl doctor on the same configuration")
         found = doctor.diagnose(client, config.lab, nodes, subnet, env_overrides=broken_env)
         doctor_s, diagnosis = found.seconds, group_findings(found.problems)
+        if scenario.timeline:
+            report(f"{scenario.name}: labctl trace of the broken run")
+            timeline, kept = broken_timeline(run_dir)
 
         if scenario.repair:
             scenario.repair(ctx)
@@ -128,8 +139,8 @@ def run_scenario(client, config, workspace, scenario: Scenario, report) -> Outco
         ctx.run_id, run_dir = new_run(session.directory)
         report(f"{scenario.name}: the fixed run")
         t1 = time.monotonic()
-        fixed = session.execute(scenario_plan(ctx, scenario, scenario.fixed(ctx), run_dir, node_env),
-                                timeout_s=max(10.0, scenario.bound_s - (t1 - started)), echo=False, check=False)
+        fixed = session.execute(scenario_plan(ctx, scenario, scenario.fixed(ctx), run_dir, node_env,
+                                              max(10.0, scenario.bound_s - (t1 - started))), echo=False, check=False)
         fixed_s = time.monotonic() - t1
         if scenario.name == "straggler":  # fixed means: no straggler named any more
             fixed_ok = fixed.ok and not first_symptom(scenario.symptom, fixed.outcomes)
@@ -137,9 +148,33 @@ def run_scenario(client, config, workspace, scenario: Scenario, report) -> Outco
             fixed_ok = fixed.ok
     finally:
         lab_mod.apply_down(client, config.lab, volumes=True)
-        shutil.rmtree(lab_mod.lab_dir(workspace, config.lab), ignore_errors=True)
+        remove_lab_folder(lab_mod.lab_dir(workspace, config.lab), keep=kept)
     return Outcome(scenario.name, symptom, shown_at - t0, broken_exit, diagnosis, doctor_s, scenario.fix, fixed_ok,
-                   fixed_s, time.monotonic() - started, scenario.bound_s, scenario.symptom_required)
+                   fixed_s, time.monotonic() - started, scenario.bound_s, scenario.symptom_required, timeline)
+
+
+def broken_timeline(run_dir: Path) -> tuple[str, Path | None]:
+    """(labctl trace's verdict on the broken run and its picture's path; the run folder to keep, or
+    None). A run that left nothing to draw says so: the trap is shown either way."""
+    try:
+        traced = write_trace(run_dir)
+    except LabError as exc:
+        return f"no timeline: {exc.message}", None
+    picture = f"timeline: {traced.png}" if traced.png else "; ".join(traced.notes)
+    return f"{traced.verdict()}; {picture}", run_dir
+
+
+def remove_lab_folder(folder: Path, keep: Path | None) -> None:
+    """The scenario lab's folder goes: all of it, or all but `keep`, one of its run folders (runs/<id>)."""
+    folder, keep = folder.resolve(), keep and keep.resolve()
+    if keep is None or keep.parent.parent != folder:
+        shutil.rmtree(folder, ignore_errors=True)
+        return
+    for path in [*[p for p in folder.iterdir() if p != keep.parent], *[p for p in keep.parent.iterdir() if p != keep]]:
+        if path.is_dir() and not path.is_symlink():
+            shutil.rmtree(path, ignore_errors=True)
+        else:
+            path.unlink(missing_ok=True)
 
 
 def select_scenarios(names) -> list[str]:

@@ -52,6 +52,7 @@ class Scenario:
     trainer: list[str] = field(default_factory=lambda: list(TRAINER))
     other_torch_on_last_node: bool = False  # version-mismatch: the last node runs another torch release
     symptom_required: bool = True  # False where the honest symptom may be "nothing at all"
+    timeline: bool = False  # diagnose the broken run with its timeline too (labctl trace): who waited for whom
 
 
 # ------------------------------------------------------------------------------ environments
@@ -220,7 +221,7 @@ SCENARIOS = {s.name: s for s in [
         title="One slow node drags everyone",
         lesson="DDP is bulk-synchronous: every step waits for the slowest rank's gradients. A node with a "
                "fraction of a CPU (thermal throttling, a weaker laptop) sets everyone's pace; the trainer names it "
-               "and says how long the others waited.",
+               "and says how long the others waited, and the run's timeline shows it.",
         bound_s=120,
         symptom=r"straggler: .*",
         launcher="torchrun",
@@ -231,5 +232,6 @@ SCENARIOS = {s.name: s for s in [
         fix="find out why the node is slow (here: `labctl slow NODE --clear`), or give it less work with "
             "--rank-micro-batch (see `labctl bench straggler`)",
         trainer=["-m", "trainer", "--workload", "gpt", "--steps", "12", "--threads", "1"],
+        timeline=True,
     ),
 ]}
