@@ -70,11 +70,10 @@ def execute(nodes: Nodes, plan: RunPlan, *, echo: bool | str = True, check: bool
     root cause's) unless the run succeeded (for an elastic run: enough nodes finished cleanly);
     without, return the result whatever happened."""
     store = None
-    if plan.store:  # the run's rendezvous store on the first node, forked there too on the warm path
+    if plan.store:  # the run's rendezvous store on the first node, forked by its fork server too
         first, env = next(iter(plan.node_env.items()))
-        warm = plan.launcher == "warm"
-        store = store_launch(first, env["MASTER_PORT"], plan.run_id, plan.launches[0].env[RUN_DIR_VAR], warm=warm,
-                             until_eof=warm and nodes.holds_stdin)
+        store = store_launch(first, env["MASTER_PORT"], plan.run_id, plan.launches[0].env[RUN_DIR_VAR], warm=True,
+                             until_eof=plan.launcher == "warm" and nodes.holds_stdin)
     else:  # rank 0 binds the port itself: say what holds it before anything starts (the store says so itself)
         check_master_port(nodes, plan.node_env)
     result = run_all(nodes, plan.launches, plan.run_dir, plan.run_id, store=store, timeout_s=plan.timeout_s,

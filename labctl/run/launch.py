@@ -48,6 +48,7 @@ FORKSERVER_SCRIPT = remote.load("forkserver.py")  # TEXT serve ... / TEXT reques
 # text: a labctl whose fork server or worker.py differ never asks a server running the old ones.
 FORK_SOCKET = "/tmp/ddplab/fork-%s.sock" % hashlib.sha256((FORKSERVER_SCRIPT + WORKER_SCRIPT).encode()).hexdigest()[:12]
 LAUNCHERS = ("auto", "warm", "torchrun", "static")
+TORCHRUN_MODULE = "torch.distributed.run"  # what the `torchrun` console script runs
 
 
 @dataclass(frozen=True)
@@ -60,6 +61,11 @@ class Launch:
     env: dict[str, str] = field(default_factory=dict)
     workdir: str | None = None
     hold_stdin: bool = False  # labctl keeps its stdin open, and closes it to end it (Nodes.release)
+
+    @property
+    def torchrun(self) -> bool:
+        """An agent of torchrun's (the `torchrun` command, or its module), whose workers it starts."""
+        return bool(self.argv) and (self.argv[0] == "torchrun" or TORCHRUN_MODULE in self.argv)
 
     def display(self) -> str:
         """`ENV=... argv` as a person reads it: a program labctl ships as text shown by its name."""
@@ -140,11 +146,15 @@ def warm_argv(script_args: list[str]) -> list[str]:
 
 
 def torchrun_argv(script_args: list[str], nproc_per_node: int | None) -> list[str]:
-    """torchrun on the node, whose workers are worker.py's: `--no-python python -c WORKER SCRIPT ARGS`."""
-    argv = ["torchrun"]
+    """torchrun (`python -m torch.distributed.run`, what the `torchrun` command runs) on the node,
+    it and its workers forked by the node's fork server (warm_argv; cold where it has none): its
+    workers are `--no-python python -c FORKSERVER request SOCKET WORKER -- SCRIPT ARGS`. The agent is
+    torchrun's own code doing what it always does (rendezvous, start, watch and restart its workers);
+    neither it nor its workers import torch again."""
+    agent = ["-m", TORCHRUN_MODULE]
     if nproc_per_node is not None:
-        argv += ["--nproc-per-node", str(nproc_per_node)]
-    return argv + ["--no-python", *worker_argv(script_args)]
+        agent += ["--nproc-per-node", str(nproc_per_node)]
+    return warm_argv([*agent, "--no-python", *warm_argv(script_args)])
 
 
 def choose_launcher(asked: str, elastic: Elastic) -> tuple[str, str]:

@@ -45,7 +45,7 @@ class Outcome:
 
     @property
     def torchrun(self) -> bool:
-        return bool(self.launch.argv) and self.launch.argv[0] == "torchrun"
+        return self.launch.torchrun
 
     def stream(self) -> Stream:
         rank = self.launch.env.get("RANK")

@@ -39,7 +39,8 @@ def test_sys_exit_3_exits_3_naming_the_rank_and_its_node_every_time(lab3):
 
 def test_a_raised_exception_ends_the_run_with_its_message_and_no_torchrun_report(lab3):
     name, _ = lab3
-    result = labctl("run", "--lab", name, "--no-preflight", "--", FAIL_HOW, "raise", "2")
+    # under torchrun, whose agents' reports (ChildFailedError, Root Cause) the terminal is spared
+    result = labctl("run", "--lab", name, "--launcher", "torchrun", "--no-preflight", "--", FAIL_HOW, "raise", "2")
     node = node_of(result.stdout, 2)
     assert result.returncode == 1
     assert last_lines(result)[0].startswith(f"run failed: rank 2 on {node} failed first (")

@@ -83,7 +83,8 @@ def test_killed_node_without_restarts_fails_fast_and_is_named(lab):
     try:
         assert result.returncode == 137, result.stderr  # the lost node's SIGKILL, as docker kill sent it
         assert seconds < 60
-        assert "run failed: node1 was lost first" in result.stderr and "node lost" in result.stderr
+        # one process per rank (the warm path): the lost node's rank is named too
+        assert "run failed: rank 1 on node1 was lost first" in result.stderr and "node lost" in result.stderr
     finally:
         up_again(lab)
 

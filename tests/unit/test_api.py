@@ -89,7 +89,8 @@ def test_a_run_plan_is_data(tmp_path):
     env = plan.launches[0].env
     assert env["PET_RDZV_ID"] == plan.run_id and env["OMP_NUM_THREADS"] == "1" and env["PET_MAX_RESTARTS"] == "1"
     lines = plan.describe(lambda node: f"lab-{node}")
-    assert lines[1].startswith("node1 (lab-node1): DDPLAB_RUN_ID=") and lines[1].endswith("torchrun --nproc-per-node 2 --no-python python -c <labctl/remote/worker.py> -m trainer")
+    assert lines[1].startswith("node1 (lab-node1): DDPLAB_RUN_ID=") and "-m torch.distributed.run --nproc-per-node 2 --no-python python -c <labctl/remote/forkserver.py> request" in lines[1]
+    assert lines[1].endswith("<labctl/remote/worker.py> -- -m trainer")
 
 
 def test_real_hosts_write_their_outputs_on_the_host(tmp_path):

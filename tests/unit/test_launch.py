@@ -34,9 +34,12 @@ def test_torchrun_plan():
                               nproc_per_node=None, run_id="r1", run_dir=RUN_DIR)
     common = {"DDPLAB_RUN_ID": "r1", "DDPLAB_RUN_DIR": str(RUN_DIR), "PET_NNODES": "2", "PET_RDZV_ID": "r1",
               "PET_RDZV_CONF": "is_host=false"}
-    argv = ["torchrun", "--no-python", "python", "-c", WORKER_SCRIPT, "-m", "trainer", "--epochs", "2"]
+    warm = ["python", "-c", FORKSERVER_SCRIPT, "request", FORK_SOCKET, WORKER_SCRIPT, "--"]
+    argv = [*warm, "-m", "torch.distributed.run", "--no-python", *warm, "-m", "trainer", "--epochs", "2"]
     assert launches == [Launch("node0", "node0", argv, common), Launch("node1", "node1", argv, common)]
-    assert launches[0].display().endswith("torchrun --no-python python -c <labctl/remote/worker.py> -m trainer --epochs 2")
+    assert launches[0].torchrun and launches[0].display().endswith(
+        "-- -m torch.distributed.run --no-python python -c <labctl/remote/forkserver.py> request "
+        f"{FORK_SOCKET} <labctl/remote/worker.py> -- -m trainer --epochs 2")
 
 
 def test_a_subset_of_nodes_runs_a_smaller_job_with_threads_shared_out():
@@ -55,11 +58,13 @@ def test_threads_share_the_cpus_and_never_drop_to_zero(cpus, nodes, nproc, expec
 
 
 def test_torchrun_nproc_override_and_script_form():
-    # torchrun's workers are worker.py's, which runs the script as python would and keeps its exit status
-    worker = ["--no-python", "python", "-c", WORKER_SCRIPT]
-    assert torchrun_argv(["train.py", "--lr", "0.1"], 4) == ["torchrun", "--nproc-per-node", "4", *worker, "train.py",
-                                                             "--lr", "0.1"]
-    assert torchrun_argv(["--module", "trainer"], None) == ["torchrun", *worker, "--module", "trainer"]
+    # torchrun's agent and its workers are forked by the node's fork server (cold where there is none);
+    # the workers run through worker.py, which runs the script as python would and keeps its exit status
+    warm = ["python", "-c", FORKSERVER_SCRIPT, "request", FORK_SOCKET, WORKER_SCRIPT, "--"]
+    assert torchrun_argv(["train.py", "--lr", "0.1"], 4) == [*warm, "-m", "torch.distributed.run", "--nproc-per-node",
+                                                             "4", "--no-python", *warm, "train.py", "--lr", "0.1"]
+    assert torchrun_argv(["--module", "trainer"], None) == [*warm, "-m", "torch.distributed.run", "--no-python", *warm,
+                                                            "--module", "trainer"]
 
 
 def test_static_plan_ranks_and_environment():

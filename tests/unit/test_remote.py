@@ -142,7 +142,8 @@ def test_the_constants_the_scripts_write_out_are_labctls():
 
     assert stop.RUN_ID_VAR == crash.RUN_ID_VAR == forkserver.RUN_ID_VAR == launch.RUN_ID_VAR
     # stop finds forked workers in the registry the fork server keeps next to its socket.
-    assert stop.REGISTRY_DIR == os.path.join(os.path.dirname(forkserver.SOCKET_PATH), forkserver.REGISTRY)
+    assert stop.REGISTRY_DIR == crash.REGISTRY_DIR == os.path.join(os.path.dirname(forkserver.SOCKET_PATH),
+                                                                 forkserver.REGISTRY)
     assert stop.REPORT == executor.STOP_REPORT
     assert (store.STORE_READY, store.STORE_FAILED) == (launch.STORE_READY, launch.STORE_FAILED)
     assert re.findall(r"^marker=(\S+)", remote.load("prepare-workspace.sh"), re.M) == [ssh.MARKER]
