@@ -6,7 +6,7 @@ from pathlib import Path
 
 import click
 
-from labctl.bench import allreduce, scaling_run, straggler
+from labctl.bench import allreduce, scaling_run, startup, straggler
 from labctl.bench.bringup import bench_up
 from labctl.bench.cost import estimate, parse_params
 from labctl.cli.app import CONTEXT, main, session
@@ -73,6 +73,26 @@ def bench_up_cmd(nodes_list, repeats, as_json) -> None:
     counts = parse_nodes_list(nodes_list)
     results = bench_up(session().client, session().workspace, counts, repeats, info)
     render_bench.print_up_timings(results, repeats, as_json)
+
+
+@bench.command("start", context_settings=CONTEXT)
+@click.option("--nodes", type=click.IntRange(1, 64), default=3, show_default=True, help="Nodes of the bench's lab.")
+@click.option("--rounds", type=click.IntRange(1, 20), default=5, show_default=True,
+              help="Timed runs of every way, alternated; medians are reported.")
+@click.option("--torchx", metavar="COMMAND", help="Also time TorchX's local_docker scheduler with this torchx command "
+                                                  "(pip install torchx).")
+@click.option("--json", "as_json", is_flag=True, help="Print the timings as JSON.")
+def bench_start_cmd(nodes, rounds, torchx, as_json) -> None:
+    """What a run costs from the shell to its last process's exit, every way of starting one.
+
+    A no-op DDP script (join, barrier, leave) through `labctl run` warm, static and under torchrun;
+    the same by hand with `docker exec` on every node; a typical DDP tutorial train.py for one epoch,
+    warm and under torchrun; TorchX with --torchx. On a lab named bench-start, removed at the end.
+    """
+    from labctl.cli import render_bench
+
+    report = startup.measure(session().client, session().workspace, nodes, rounds, torchx, info)
+    render_bench.print_start(report, as_json)
 
 
 @bench.command("allreduce", context_settings=CONTEXT)

@@ -98,3 +98,18 @@ def print_straggler(result, as_json: bool) -> None:
         console.print(f"timelines, before and after: {result.timeline}", markup=False)
     else:
         info(escape(result.timeline_note))
+
+
+def print_start(report, as_json: bool) -> None:
+    """`bench start`: each way's median and its ratio to the warm path's, every round's seconds beside."""
+    if as_json:
+        emit_json(report.as_dict())
+        return
+    table = Table(title=f"a run's start and end on {report.nodes} nodes: median of {report.rounds} rounds, alternated",
+                  title_justify="left")
+    for column, justify in (("way", "left"), ("median (s)", "right"), ("vs warm", "right"), ("rounds (s)", "left")):
+        table.add_column(column, justify=justify)
+    for timing in report.timings:
+        table.add_row(timing.way, f"{timing.median_s:.2f}", f"{timing.median_s / report.warm_s:.2f}",
+                      " ".join(f"{s:.2f}" for s in timing.seconds))
+    console.print(table)

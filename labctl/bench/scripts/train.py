@@ -3,7 +3,7 @@ synthetic dataset behind a DistributedSampler, one epoch, rank 0 prints the loss
 of ddplab: only torchrun's environment (RANK, LOCAL_RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT).
 
     torchrun --nproc_per_node=2 train.py          # one machine
-    labctl run -- examples/scripts/train.py       # the lab's nodes
+    labctl run -- train.py                        # the lab's nodes
 """
 
 import os

@@ -1,0 +1,139 @@
+"""`bench start`: what a run costs before a script's first line and after its last, every way of
+starting one, side by side on one lab: the README's start-up table.
+
+Each way is timed as a user meets it, as a fresh process from the shell, to the moment every part
+of the run has exited: `labctl run` on the warm path, with the static launcher and with torchrun;
+the same by hand (`docker exec` on every node at once, torchrun or a static launch); a typical DDP
+tutorial `train.py` (one epoch) warm and under torchrun; and TorchX's local_docker scheduler, where
+a `torchx` command is given. The ways alternate, round after round, so a change in the machine's
+load hits them all alike; each is reported as the median of its rounds and its ratio to the warm
+path's. The lab (bench-start) is brought up for the bench and removed after it.
+"""
+
+from __future__ import annotations
+
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+import uuid
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Callable
+
+from labctl.errors import CommandError, StateError
+from labctl.lab.compose import container_name
+from labctl.lab.lifecycle import apply_down, lab_dir
+from labctl.proc import run
+
+BENCH_LAB = "bench-start"
+SCRIPTS = Path(__file__).resolve().parent / "scripts"  # noop_ddp.py, train.py: copied into the lab's folder
+RUN_TIMEOUT_S = 300
+
+
+@dataclass(frozen=True)
+class StartTiming:
+    way: str
+    seconds: tuple[float, ...]  # one per round
+
+    @property
+    def median_s(self) -> float:
+        return statistics.median(self.seconds)
+
+    def as_dict(self, warm_s: float) -> dict:
+        return {**asdict(self), "median_s": round(self.median_s, 3), "vs_warm": round(self.median_s / warm_s, 2)}
+
+
+@dataclass(frozen=True)
+class StartReport:
+    nodes: int
+    rounds: int
+    timings: list[StartTiming]
+
+    @property
+    def warm_s(self) -> float:
+        return self.timings[0].median_s
+
+    def as_dict(self) -> dict:
+        return {"nodes": self.nodes, "rounds": self.rounds, "timings": [t.as_dict(self.warm_s) for t in self.timings]}
+
+
+def timed(argvs: list[list[str]], cwd: Path) -> float:
+    """Seconds from starting every argv at once to the last one's exit; a failure is an error."""
+    started = time.perf_counter()
+    procs = [subprocess.Popen(argv, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT) for argv in argvs]
+    outputs = [p.communicate(timeout=RUN_TIMEOUT_S)[0] for p in procs]
+    seconds = time.perf_counter() - started
+    for argv, proc, output in zip(argvs, procs, outputs):
+        if proc.returncode != 0:
+            raise CommandError(argv, proc.returncode, output.decode(errors="replace"))
+    return seconds
+
+
+def ways(workspace: Path, nodes: int, master: str, master_port: int,
+         torchx: str | None) -> dict[str, Callable[[], list[list[str]]]]:
+    """Each way of starting a run, as the argvs to start at once (made afresh per round: a new rendezvous id)."""
+    folder = lab_dir(workspace, BENCH_LAB)
+    noop, train = str(folder / "noop_ddp.py"), str(folder / "train.py")
+    labctl = [sys.executable, "-m", "labctl", "run", "--lab", BENCH_LAB]
+    names = [container_name(BENCH_LAB, f"node{i}") for i in range(nodes)]
+
+    def by_hand_torchrun() -> list[list[str]]:  # the env files' PET_* do the rest, node0 hosts the store
+        rdzv = uuid.uuid4().hex[:8]
+        return [["docker", "exec", "-e", f"PET_RDZV_ID={rdzv}", name, "torchrun", noop] for name in names]
+
+    def by_hand_static() -> list[list[str]]:
+        env = ["-e", f"WORLD_SIZE={nodes}", "-e", "LOCAL_RANK=0", "-e", f"MASTER_ADDR={master}",
+               "-e", f"MASTER_PORT={master_port}"]
+        return [["docker", "exec", "-e", f"RANK={i}", *env, name, "python", noop] for i, name in enumerate(names)]
+
+    table = {
+        "labctl run (warm)": lambda: [labctl + ["--", noop]],
+        "labctl run --launcher static": lambda: [labctl + ["--launcher", "static", "--", noop]],
+        "labctl run --launcher torchrun": lambda: [labctl + ["--launcher", "torchrun", "--", noop]],
+        "by hand: docker exec ... torchrun": by_hand_torchrun,
+        "by hand: docker exec ... python (static)": by_hand_static,
+        "train.py, 1 epoch: labctl run (warm)": lambda: [labctl + ["--", train]],
+        "train.py, 1 epoch: labctl run --launcher torchrun": lambda: [labctl + ["--launcher", "torchrun", "--", train]],
+    }
+    if torchx:
+        table["TorchX local_docker (dist.ddp)"] = lambda: [[torchx, "run", "--scheduler", "local_docker", "--wait",
+                                                            "dist.ddp", "-j", f"{nodes}x1", "--script", "noop_ddp.py",
+                                                            "--image", image_of(names[0])]]
+    return table
+
+
+def image_of(container: str) -> str:
+    return run(["docker", "inspect", "--format", "{{.Config.Image}}", container]).stdout.strip()
+
+
+def measure(client, workspace: Path, nodes: int = 3, rounds: int = 5, torchx: str | None = None,
+            report: Callable[[str], None] = lambda _line: None) -> StartReport:
+    """Bring up bench-start, time every way `rounds` times, alternating, and remove the lab."""
+    if torchx and not shutil.which(torchx):
+        raise StateError(f"no torchx command at {torchx}", hint="pip install torchx, then --torchx $(which torchx)")
+    up = [sys.executable, "-m", "labctl", "up", "--lab", BENCH_LAB, "--nodes", str(nodes), "--json"]
+    apply_down(client, BENCH_LAB, volumes=True)
+    try:
+        run(up, cwd=workspace, timeout_s=600)
+        folder = lab_dir(workspace, BENCH_LAB)
+        for script in ("noop_ddp.py", "train.py"):
+            shutil.copy(SCRIPTS / script, folder / script)
+        (folder / "torchx").mkdir(exist_ok=True)
+        shutil.copy(SCRIPTS / "noop_ddp.py", folder / "torchx" / "noop_ddp.py")
+        env = dict(line.split("=", 1) for line in (folder / "node0.env").read_text().splitlines()
+                   if "=" in line and not line.startswith("#"))
+        table = ways(workspace, nodes, env["MASTER_ADDR"], int(env["MASTER_PORT"]), torchx)
+        # TorchX builds an image of the folder it runs from: one that holds the script alone
+        workspace_for = {name: folder / "torchx" if name.startswith("TorchX") else workspace for name in table}
+        timed(table["labctl run (warm)"](), workspace)  # untimed: waits out the fork servers' first import
+        seconds: dict[str, list[float]] = {name: [] for name in table}
+        for i in range(rounds):
+            order = list(table)[i % len(table):] + list(table)[:i % len(table)]  # a different way first each round
+            for name in order:
+                seconds[name].append(timed(table[name](), workspace_for[name]))
+            report(f"round {i + 1}/{rounds}: " + "; ".join(f"{n} {seconds[n][-1]:.2f} s" for n in table))
+        return StartReport(nodes, rounds, [StartTiming(name, tuple(s)) for name, s in seconds.items()])
+    finally:
+        apply_down(client, BENCH_LAB, volumes=True)
