@@ -1,0 +1,81 @@
+"""A DDP script of your own, with the few lines `labctl trace` reads: a torch.profiler trace and the
+metrics records, both in the run folder labctl names in DDPLAB_RUN_DIR.
+
+    labctl run -- examples/trace/my_ddp_script.py --steps 20
+    labctl trace                      # the timeline, the merged trace (profiler events included), the table
+
+On the host: DDPLAB_RUN_DIR=runs/mine PYTHONPATH=. torchrun --standalone --nproc_per_node=2
+examples/trace/my_ddp_script.py, then `labctl trace runs/mine`. In a lab's nodes the trainer package
+is on the path already (it is in the node image); its metrics and instrument modules need only the
+standard library.
+"""
+
+import argparse
+import os
+import socket
+import time
+
+import torch
+import torch.distributed as dist
+from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+from torch.nn.parallel import DistributedDataParallel as DDP
+from torch.profiler import ProfilerActivity, profile, schedule
+
+from trainer.instrument import CommTimer  # a DDP comm hook wrapper: when the all-reduce's buckets go and come back
+from trainer.metrics import open_metrics  # metrics-rank<RANK>.jsonl, one JSON record a line
+
+WALL0, PERF0 = time.time(), time.perf_counter()  # one clock: perf_counter's steadiness, unix seconds' origin
+
+
+def wall(perf):
+    """A perf_counter() reading in unix seconds; None stays None (no all-reduce in the step)."""
+    return None if perf is None else WALL0 + (perf - PERF0)
+
+
+def clock(metrics, rank, event, barriers=5):
+    """Moments every rank shares, as it leaves barriers: the clocks are lined up by them ("start") and
+    checked by them ("end"). Several, because a rank descheduled as it leaves one stamps it late."""
+    times = []
+    for _ in range(barriers):
+        dist.barrier()
+        times.append(wall(time.perf_counter()))
+    metrics.log(kind="clock", event=event, rank=rank, host=socket.gethostname(), t=times[0], t_barriers=times)
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--steps", type=int, default=20, help="optimizer steps")
+    args = parser.parse_args()
+    dist.init_process_group("gloo")
+    rank = dist.get_rank()
+    run_dir = os.environ.get("DDPLAB_RUN_DIR", "runs/mine")  # labctl run sets it to the run's folder
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Linear(256, 1024), torch.nn.ReLU(), torch.nn.Linear(1024, 1024), torch.nn.ReLU(),
+                              torch.nn.Linear(1024, 10))
+    model = DDP(net, bucket_cap_mb=1)  # 1 MB buckets: the first are all-reduced while backward goes on
+    timer = CommTimer()
+    model.register_comm_hook(None, timer.wrap(default_hooks.allreduce_hook))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    trace = f"{run_dir}/trace-rank{rank}.json"  # the name labctl trace looks for
+    with open_metrics(run_dir, rank) as metrics, profile(
+            activities=[ProfilerActivity.CPU], schedule=schedule(wait=1, warmup=1, active=3),
+            on_trace_ready=lambda p: p.export_chrome_trace(trace)) as prof:
+        clock(metrics, rank, "start")
+        for step in range(1, args.steps + 1):
+            timer.reset()
+            t0 = time.perf_counter()
+            model(torch.randn(64, 256)).square().mean().backward()  # DDP all-reduces inside backward
+            backward_end = time.perf_counter()
+            optimizer.step()
+            optimizer.zero_grad()
+            wait_ms = timer.wait_ms(backward_end)
+            metrics.log(kind="step", rank=rank, step=step, t_start=wall(t0), t_comm_start=wall(timer.first_launch),
+                        t_comm_end=wall(timer.last_done), t_backward_end=wall(backward_end), t_end=wall(time.perf_counter()),
+                        comm_wait_ms=wait_ms, compute_ms=(backward_end - t0) * 1e3 - wait_ms)
+            prof.step()
+        clock(metrics, rank, "end")
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
