@@ -1,7 +1,8 @@
 """`labctl up` across the layers: the lab itself (labctl.lab.up), the Slurm cluster its nodes may
 also be (labctl.slurm), the lab's SSH identity and inventory (labctl.hosts.labnodes), its links
-shaped at bring-up (labctl.net) and each node's fork server (labctl.run.warm). The lab's own bring-up knows none of them; this module is where
-they meet, below the API (`Lab.up`, `Lab.plan_up`) and above everything they use.
+shaped at bring-up (labctl.net), and each node's fork server
+(labctl.run.warm). The lab's own bring-up knows none of them; this module is where they meet, below
+the API (`Lab.up`, `Lab.plan_up`) and above everything they use.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from labctl.lab.owner import Owner
 from labctl.lab.up import UpPlan, apply_up_plan, build_up_plan, settle
 from labctl.net.apply import apply_shape, read_links
 from labctl.net.tc import LinkState, parse_shape
-from labctl.run.warm import start_servers
+from labctl.run.warm import plan_servers, start_servers, stop_servers
 from labctl.session import LabSession
 from labctl.slurm import cluster
 from labctl.slurm.conf import SlurmNode, build_slurm_conf
@@ -106,14 +107,25 @@ def bring_up(session: LabSession, plan: UpPlan, report: Report, build_progress=N
     services = SlurmServices(client, session.workspace, report) if config.scheduler == "slurm" else None
     plan, nodes = apply_up_plan(client, plan, session.workspace, report, services)
     names = [n.name for n in nodes]
-    for node, why in start_servers(session.nodes(), names).items():  # the warm path (labctl.run.warm)
-        report(f"{node}: no fork server ({why}); its runs start cold")
+    start_warm(session, config, plan.engine, names, report)
     links = None
     if config.bw is not None:
         apply_shape(client, config.lab, names, parse_shape(config.bw), config.iface)
         links = read_links(client, config.lab, names, config.iface)
     inventory = write_inventory(session, nodes, plan.ssh, report)
     return UpResult(nodes, plan.subnet, links, inventory, time.monotonic() - started)
+
+
+def start_warm(session: LabSession, config: LabConfig, engine, names: list[str], report: Report) -> None:
+    """Each node's fork server, where the `warm` setting and the engine's memory allow (labctl.run.warm)."""
+    start, note = plan_servers(config.warm, len(names), engine.memory_bytes)
+    if note:
+        report(note)
+    if not start:
+        stop_servers(session.nodes(), names)
+        return
+    for node, why in start_servers(session.nodes(), names).items():
+        report(f"{node}: no fork server ({why}); its runs start cold")
 
 
 def write_inventory(session: LabSession, nodes: list[NodeState], ssh: bool, report: Report) -> Path | None:

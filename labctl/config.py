@@ -98,6 +98,9 @@ class LabConfig:
     """'avx2': the nodes' CPU kernels (torch's, MKL's, oneDNN's) held to AVX2, so results are the same on every x86
     host (labctl.config.CPU_KERNEL_ENV); 'native': each host's best, results differ between hosts with and without
     AVX-512."""
+    warm: str = "auto"
+    """Each node's fork server (the warm path: runs start in a second): 'on', 'off', or 'auto', on while the servers
+    (about 230 MB each, torch imported) take at most 40% of the engine's memory (labctl.run.warm)."""
     scheduler: str = "none"
     """'slurm': the nodes are also a Slurm cluster (node0 runs slurmctld, every node slurmd and munged, as root
     in the node; `labctl slurm`); 'none': a plain lab."""
@@ -193,6 +196,7 @@ SETTINGS: dict[str, tuple[str, Callable[[str], Any]]] = {
     "tcp_cc": ("DDPLAB_TCP_CC", matching(re.compile(r"^[a-z][a-z0-9_]{0,15}$"),
                                          "must be a congestion control such as cubic, bbr or reno, or 'host'")),
     "cpu_kernels": ("DDPLAB_CPU_KERNELS", choice("avx2", "native")),
+    "warm": ("DDPLAB_WARM", choice("auto", "on", "off")),
     "scheduler": ("DDPLAB_SCHEDULER", choice("none", "slurm")),
     "torch_index_url": ("DDPLAB_TORCH_INDEX_URL", matching(re.compile(r"^(https?|file)://\S+$"), "must be an http(s):// or file:// URL")),
     "debian_mirror": ("DDPLAB_DEBIAN_MIRROR", matching(re.compile(r"^((https?|file)://\S+)?$"), "must be an http(s):// URL or empty")),

@@ -53,6 +53,7 @@ class Engine:
     userns_remap: bool = False
     limits: bool = True  # it enforces CPU, memory and process limits (rootless Docker on cgroup v1 does not)
     runtimes: tuple[str, ...] = ()  # the container runtimes it offers (runc, nvidia, ...)
+    memory_bytes: int = 0  # the memory of the machine (or VM) its containers run on; 0: not said
 
     @property
     def local(self) -> bool:
@@ -106,6 +107,7 @@ def classify(info: Mapping, version: Mapping, endpoint: str, context: str | None
     return Engine(kind=kind, product=product, version=str(info.get("ServerVersion") or version.get("Version") or "?"),
                   endpoint=endpoint, context=context, os=operating_system,
                   arch=normalize_machine(str(info.get("Architecture") or "?")), cpus=int(info.get("NCPU") or 1),
+                  memory_bytes=int(info.get("MemTotal") or 0),
                   engine_id=str(info.get("ID") or ""), userns_remap="name=userns" in security,
                   # Docker says what its cgroups can do; rootless Docker on cgroup v1 runs without any
                   # and accepts --cpus, --memory and --pids-limit silently, enforcing none of them.

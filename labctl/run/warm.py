@@ -21,6 +21,10 @@ from concurrent.futures import ThreadPoolExecutor
 from labctl.run.launch import FORK_SOCKET, FORKSERVER_SCRIPT, WORKER_SCRIPT
 
 PRELOAD = ("torch", "torch.distributed", "torch._dynamo", "numpy")
+# What one idle server holds (its proportional set size after the preload, measured here: 229 MB), and
+# how much of the engine's memory `warm=auto` lets the lab's servers take.
+SERVER_BYTES = 230 * 1024**2
+AUTO_SHARE = 0.4
 SERVER_LOG = "/tmp/ddplab/fork.log"  # in each node: the server's own lines (READY, refusals)
 # End the servers of another labctl's text (another socket), then `nohup ... &` with every stream
 # redirected: the exec (docker exec, an SSH session) returns at once and the server lives on in the
@@ -32,9 +36,34 @@ _START = ('mkdir -p "$(dirname "$1")" || exit 1\n'
           'nohup python -c "$0" serve "$@" </dev/null >>' + SERVER_LOG + " 2>&1 &")
 
 
+def plan_servers(setting: str, nodes: int, memory_bytes: int) -> tuple[bool, str | None]:
+    """(start the fork servers, a note saying why not or what they cost) for the `warm` setting."""
+    wanted = nodes * SERVER_BYTES
+    if setting == "off":
+        return False, "fork servers off (DDPLAB_WARM=off): runs start cold, each worker importing torch"
+    if setting == "on" or not memory_bytes or wanted <= AUTO_SHARE * memory_bytes:
+        return True, None
+    return False, (f"no fork servers: {nodes} of them would hold {gib(wanted)} of the engine's {gib(memory_bytes)} "
+                   f"(warm=auto keeps them to {AUTO_SHARE:.0%}); runs start cold, each worker importing torch. "
+                   "--warm on starts them anyway")
+
+
+def gib(size: int) -> str:
+    return f"{size / 1024**3:.1f} GiB"
+
+
 def server_argv() -> list[str]:
     """The command that starts a node's fork server in the background (a no-op where one runs)."""
     return ["sh", "-c", _START, FORKSERVER_SCRIPT, FORK_SOCKET, WORKER_SCRIPT, *PRELOAD]
+
+
+STOP = "pkill -f 'serve /tmp/ddplab/fork-[0-9a-f]+[.]sock' || true"
+
+
+def stop_servers(nodes, names: list[str]) -> None:
+    """End every fork server on the nodes of `names` (`warm off` on a running lab)."""
+    with ThreadPoolExecutor(max_workers=16) as pool:
+        list(pool.map(lambda node: nodes.run(node, ["sh", "-c", STOP]), names))
 
 
 def start_servers(nodes, names: list[str]) -> dict[str, str]:

@@ -291,3 +291,17 @@ def test_warm_and_static_refuse_what_only_torchrun_does():
                        elastic=Elastic(max_restarts=1))
     with pytest.raises(ConfigError, match="--launcher"):
         choose_launcher("mpirun", Elastic())
+
+
+@pytest.mark.parametrize("setting, nodes, memory_gib, start", [
+    ("auto", 3, 24, True), ("auto", 32, 24, True), ("auto", 64, 24, False), ("on", 64, 24, True),
+    ("off", 3, 24, False), ("auto", 64, 0, True),  # an engine that does not say its memory: as asked
+])
+def test_fork_servers_start_where_they_fit_or_where_asked(setting, nodes, memory_gib, start):
+    from labctl.run.warm import plan_servers
+
+    started, note = plan_servers(setting, nodes, memory_gib * 1024**3)
+    assert started == start
+    assert (note is None) == start or setting == "off"
+    if not start and setting == "auto":
+        assert "64 of them would hold 14.4 GiB of the engine's 24.0 GiB" in note and "--warm on" in note
