@@ -1,6 +1,6 @@
 """`labctl up` across the layers: the lab itself (labctl.lab.up), the Slurm cluster its nodes may
 also be (labctl.slurm), the lab's SSH identity and inventory (labctl.hosts.labnodes), its links
-shaped at bring-up (labctl.net), and each node's fork server
+shaped at bring-up and its neighbour tables settled (labctl.net), and each node's fork server
 (labctl.run.warm). The lab's own bring-up knows none of them; this module is where they meet, below
 the API (`Lab.up`, `Lab.plan_up`) and above everything they use.
 """
@@ -20,7 +20,7 @@ from labctl.lab.docker import lab_containers
 from labctl.lab.lifecycle import NodeState, lab_dir
 from labctl.lab.owner import Owner
 from labctl.lab.up import UpPlan, apply_up_plan, build_up_plan, settle
-from labctl.net.apply import apply_shape, read_links
+from labctl.net.apply import apply_shape, read_links, settle_neighbors
 from labctl.net.tc import LinkState, parse_shape
 from labctl.run.warm import plan_servers, start_servers, stop_servers
 from labctl.session import LabSession
@@ -107,6 +107,7 @@ def bring_up(session: LabSession, plan: UpPlan, report: Report, build_progress=N
     services = SlurmServices(client, session.workspace, report) if config.scheduler == "slurm" else None
     plan, nodes = apply_up_plan(client, plan, session.workspace, report, services)
     names = [n.name for n in nodes]
+    settle_neighbors(client, config.lab, {n.name: n.ip for n in nodes}, config.iface)
     start_warm(session, config, plan.engine, names, report)
     links = None
     if config.bw is not None:

@@ -282,6 +282,13 @@ def node_ip(subnet: str, index: int) -> str:
     return str(net.network_address + NODE_IP_OFFSET + index)
 
 
+def node_mac(ip: str) -> str:
+    """A node's MAC address, fixed by its IP (02:42 and the address's four bytes, the scheme Docker
+    20.10 itself uses): set in the Compose file, so a node keeps it when recreated and every peer's
+    permanent neighbour entry stays right (labctl.net.neighbors)."""
+    return "02:42:" + ":".join(f"{byte:02x}" for byte in ipaddress.ip_address(ip).packed)
+
+
 def subnet_capacity(subnet: str) -> int:
     """How many nodes fit: addresses after the offset, less the broadcast address."""
     net = ipaddress.ip_network(subnet)

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from labctl import assets
-from labctl.config import LabConfig, node_ip
+from labctl.config import LabConfig, node_ip, node_mac
 from labctl.lab import tcp
 from labctl.lab.gpus import GpuPlan
 
@@ -90,6 +90,7 @@ def build_compose(config: LabConfig, plan: ComposePlan, template: dict[str, Any]
         if plan.tcp_cc:
             node["sysctls"] = {tcp.SYSCTL: plan.tcp_cc}
         node["networks"] = {"lab": {"ipv4_address": node_ip(plan.subnet, rank)}}
+        node["mac_address"] = node_mac(node_ip(plan.subnet, rank))  # service-level: engines before API 1.44 take it
         if plan.limits:
             node["pids_limit"] = config.pids_limit
             cpus = plan.node_cpus.get(name, config.cpus)

@@ -21,6 +21,7 @@ from typing import Callable
 from labctl.errors import StateError
 from labctl.lab.compose import LABEL_LAB, container_name
 from labctl.lab.docker import exec_in
+from labctl.net.neighbors import build_neighbors
 from labctl.net.tc import (
     NETEM_MISSING_MESSAGE,
     Command,
@@ -145,6 +146,19 @@ def apply_shape(client, lab: str, nodes: list[str], shape: Shape, iface: str, du
             clear_shape(client, lab, nodes, iface)
             raise StateError(f"could not start the helper that undoes the shape after {duration_s}s, so every node "
                              f"was cleared again (unshaped): {exc}") from None
+
+
+def settle_neighbors(client, lab: str, addresses: dict[str, str], iface: str) -> None:
+    """Give every node in `addresses` (node name to IP) a permanent neighbour entry for each peer
+    (labctl.net.neighbors): no ARP is left for a run's full mesh to wait on."""
+    if len(addresses) < 2:
+        return
+    results = run_on_nodes(client, lab, list(addresses), lambda node: build_neighbors(addresses, node, iface))
+    failed = [(node, output) for node, code, output in results if code != 0]
+    if failed:
+        node, output = failed[0]
+        raise StateError(f"could not settle {node}'s neighbour table: {output.strip()}",
+                         hint=f"`labctl up --lab {lab}` settles every node's table again")
 
 
 def clear_shape(client, lab: str, nodes: list[str], iface: str) -> None:

@@ -5,7 +5,7 @@
   pause      the node freezes (cgroup freezer): alive to the network, silent to its peers
   unpause    it thaws
   partition  the node's link goes down: its peers' packets get no answer (no reset either)
-  heal       the link comes back, with the routes it had
+  heal       the link comes back, with the routes and permanent neighbour entries it had
 
 partition and heal run `ip` from a short-lived helper container in the node's network namespace
 with NET_ADMIN, as shaping does; the node itself has no added capability.
@@ -17,7 +17,9 @@ from labctl import remote
 from labctl.errors import LabError, StateError
 from labctl.lab.compose import container_name, network_name
 from labctl.lab.docker import exec_in
+from labctl.lab.lifecycle import lab_status
 from labctl.net.apply import run_helper
+from labctl.net.neighbors import build_neighbors
 from labctl.net.tc import Command
 
 FAULTS = ("kill", "crash", "pause", "unpause", "partition", "heal")
@@ -84,7 +86,10 @@ def inject(client, lab: str, node: str, fault: str, iface: str) -> str:
         verb = "cut off from the other nodes (`labctl fault heal " + node + "`)"
     elif fault == "heal":
         network = (container.attrs["NetworkSettings"]["Networks"] or {}).get(network_name(lab)) or {}
-        code, output = run_helper(client, lab, node, image, heal_commands(iface, network.get("Gateway")))
+        # Taking the link down flushed the node's neighbour table, permanent entries too.
+        addresses = {peer.name: peer.ip for peer in lab_status(client, lab) if peer.ip}
+        commands = heal_commands(iface, network.get("Gateway")) + build_neighbors(addresses, node, iface)
+        code, output = run_helper(client, lab, node, image, commands)
         verb = "reconnected"
     else:
         raise LabError(f"unknown fault {fault!r}", hint=f"one of {', '.join(FAULTS)}")

@@ -98,6 +98,21 @@ def summary_of(output: str) -> dict:
     return json.loads(lines[0].split("SUMMARY ", 1)[1])
 
 
+def neighbours(client, lab: str, node: str) -> dict[str, tuple[str, str]]:
+    """A node's neighbour table as its kernel has it: IP to (MAC, state)."""
+    output = client.containers.get(f"{lab}-{node}").exec_run(["ip", "neigh", "show", "dev", "eth0"]).output.decode()
+    return {f[0]: (f[2], f[-1]) for f in (line.split() for line in output.splitlines()) if len(f) >= 4}
+
+
+def permanent_peers(client, lab: str, nodes: list[dict]) -> dict[str, bool]:
+    """Whether each node holds a permanent entry with the right MAC for every peer and nothing else
+    (labctl.net.neighbors); `nodes` as `status --json` lists them."""
+    macs = {n["ip"]: client.containers.get(f"{lab}-{n['name']}").exec_run(["cat", "/sys/class/net/eth0/address"])
+            .output.decode().strip() for n in nodes}
+    return {n["name"]: neighbours(client, lab, n["name"]) == {ip: (mac, "PERMANENT") for ip, mac in macs.items()
+                                                            if ip != n["ip"]} for n in nodes}
+
+
 def lab_resources(client, lab: str) -> dict[str, list[str]]:
     """Names of everything labelled with the lab. Raw list calls: the SDK's containers.list()
     inspects each container and fails on one removed in between."""

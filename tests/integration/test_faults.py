@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from conftest import REPO, drop_lab, labctl, module_lab, new_lab_name, summary_of
+from conftest import REPO, drop_lab, labctl, module_lab, new_lab_name, permanent_peers, summary_of
 
 GPT = ["-m", "trainer", "--workload", "gpt", "--threads", "1", "--ckpt-every", "10"]
 
@@ -102,6 +102,9 @@ def test_partition_and_pause_are_seen_by_doctor_and_undone(lab, docker_client):
     finally:
         labctl("fault", "--lab", lab, "heal", "node1", check=True)
     assert labctl("doctor", "--lab", lab).returncode == 0
+    # The link going down flushed node1's neighbour table; heal gave its permanent entries back.
+    nodes = json.loads(labctl("status", "--lab", lab, "--json", check=True).stdout)["nodes"]
+    assert permanent_peers(docker_client, lab, nodes)["node1"]
 
     labctl("fault", "--lab", lab, "pause", "node2", check=True)
     try:

@@ -11,7 +11,7 @@ import time
 
 from labctl.lab import tcp
 
-from conftest import REPO, SCRIPTS, interruptible, lab_resources, labctl, summary_of
+from conftest import REPO, SCRIPTS, interruptible, lab_resources, labctl, permanent_peers, summary_of
 
 
 
@@ -36,6 +36,8 @@ def test_up_reports_every_node(lab3, docker_client):
     ccs = {c.name: c.exec_run(["cat", "/proc/sys/net/ipv4/tcp_congestion_control"]).output.decode().strip()
            for c in docker_client.containers.list(filters={"label": f"io.ddplab.lab={name}"})}
     assert set(ccs.values()) == {want}, ccs
+    # No ARP left for a run's full mesh: every node knows every peer for good (labctl.net.neighbors).
+    assert permanent_peers(docker_client, name, status["nodes"]) == {"node0": True, "node1": True, "node2": True}
 
 
 def test_trainer_runs_on_all_nodes(lab3):
@@ -128,6 +130,7 @@ def test_grow_then_down_leaves_nothing(lab_name, docker_client):
     assert [n["name"] for n in grown["nodes"]] == [f"node{i}" for i in range(5)]
     assert all(n["state"] == "running" for n in grown["nodes"])
     assert "NNODES=5" in (REPO / ".lab" / lab_name / "node0.env").read_text()
+    assert all(permanent_peers(docker_client, lab_name, grown["nodes"]).values())  # old nodes know the new
     # Without --nodes, up on a running lab keeps its size.
     kept = json.loads(labctl("up", "--lab", lab_name, "--json", check=True).stdout)
     assert len(kept["nodes"]) == 5
