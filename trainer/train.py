@@ -33,6 +33,13 @@ from trainer.state import Result, Run
 from trainer.workloads import gpt_workload, toy_workload
 
 CLOCK_BARRIERS = 5  # barriers stamped for each "clock" record (see log_clock)
+# A finished run's DDP model, kept until the process leaves (by os._exit: dist.exit_done). Its
+# Reducer holds the gloo process group; freed by Python as main() returns, the group's destructor
+# joins gloo's worker thread while holding the GIL, and that thread, freeing the last barrier's work,
+# waits for the GIL to free a tensor: a deadlock, in 1 bench straggler run of 4 here (gdb: the main
+# thread in ~ProcessGroupGloo -> std::thread::join, pt_gloo_runloop in gil_scoped_acquire under
+# ~AsyncBarrierWork). Kept, none hung in 10.
+KEPT_UNTIL_EXIT = []
 
 
 def main(argv=None):
@@ -173,6 +180,7 @@ def finish(run, result):
         print0(f"{run.tag} {line}")
     print0("SUMMARY " + json.dumps(summary))
     compute_cleanup(after_barrier=lambda: log_clock(run, "end", left_at=wall_now()))  # after the last collective
+    KEPT_UNTIL_EXIT.append(run.model)
     return summary
 
 
