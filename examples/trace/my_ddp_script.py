@@ -32,7 +32,7 @@ def wall(perf):
     return None if perf is None else WALL0 + (perf - PERF0)
 
 
-def clock(metrics, rank, event, barriers=5):
+def clock(metrics, rank, event, barriers=16):
     """Moments every rank shares, as it leaves barriers: the clocks are lined up by them ("start") and
     checked by them ("end"). Several, because a rank descheduled as it leaves one stamps it late."""
     times = []
