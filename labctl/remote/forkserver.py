@@ -15,7 +15,8 @@ fds 0, 1, 2 (SCM_RIGHTS): the worker writes straight to the request's stdout and
 or {"error": WHY} and nothing started. request exits with S, or dies by signal N (a shell says
 128+N); SIGTERM, SIGINT and SIGHUP it forwards to the worker's process group. Exits COLD_START,
 with ABSENT or REFUSED and why on stderr, when nothing of the run started: labctl starts it cold;
-given WORKER_TEXT, request does so itself, becoming `python -c WORKER_TEXT ARGS` (exec, same pid).
+given WORKER_TEXT, request does so itself, becoming `python -c WORKER_TEXT ARGS` (exec, same pid),
+and then a node with no server at all (warm off, a real host) is not worth a line: it says nothing.
 If the request goes (SIGKILL, `docker exec` gone), the server SIGKILLs the worker's process group:
 a dead man's switch, so nothing is left holding a port. So it does when the worker itself has ended:
 what it left running in its session (a stray child) goes with it, so a run that ended leaves nothing.
@@ -55,10 +56,20 @@ FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 # MKL, or torch's logging and compiler configs at import: only a process started with them has them.
 LOAD_TIME = ("PYTHONHASHSEED", "PYTHONOPTIMIZE", "PYTHONMALLOC", "PYTHONUTF8", "PYTHONHOME", "PYTHONIOENCODING",
              "PYTHONNOUSERSITE", "PYTHONDEVMODE", "PYTHONSAFEPATH", "PYTHONINTMAXSTRDIGITS", "PYTHONTRACEMALLOC",
-             "LANG", "LC_ALL", "LC_CTYPE", "LD_PRELOAD", "LD_LIBRARY_PATH", "MKL_DYNAMIC", "TORCH_LOGS",
-             "TORCH_CPP_LOG_LEVEL")
+             "PYTHONCOERCECLOCALE", "LD_PRELOAD", "LD_LIBRARY_PATH", "MKL_DYNAMIC", "TORCH_LOGS",
+             "TORCH_CPP_LOG_LEVEL")  # and the locale, compared as the interpreter takes it: ctype_locale
 LOAD_TIME_PREFIXES = ("OMP_", "GOMP_", "KMP_", "TORCHDYNAMO_", "TORCHINDUCTOR_", "TORCH_COMPILE_")
 THREAD_VARS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS", "GOTO_NUM_THREADS")
+
+
+def ctype_locale(env):
+    """The LC_CTYPE an interpreter started with `env` settles on, the one locale setting it reads at
+    start-up: the first of LC_ALL, LC_CTYPE and LANG that is set, with C (or none) coerced to C.UTF-8
+    (PEP 538). An SSH session without LANG and a `docker exec` with LANG=C.UTF-8 get the same."""
+    name = env.get("LC_ALL") or env.get("LC_CTYPE") or env.get("LANG") or "C"
+    if name in ("C", "POSIX") and not env.get("LC_ALL") and env.get("PYTHONCOERCECLOCALE") != "0":
+        return "C.UTF-8"
+    return name
 
 
 def ignored_signals():
@@ -83,7 +94,7 @@ def send(conn, message):
 # ------------------------------------------------------------------------------------ request
 
 
-def request(path, argv):
+def request(path, argv, quiet_absent=False):
     """The client: the worker's exit status to leave with (or die by its signal)."""
     open_stdio()
     ignored = ignored_signals()
@@ -91,7 +102,8 @@ def request(path, argv):
     try:
         sock.connect(path)
     except OSError as exc:
-        sys.stderr.write("%s no fork server at %s (%s)\n" % (ABSENT, path, exc.strerror))
+        if not quiet_absent:
+            sys.stderr.write("%s no fork server at %s (%s)\n" % (ABSENT, path, exc.strerror))
         return COLD_START
     state = {"pid": None, "pending": []}
 
@@ -332,6 +344,9 @@ class Server:
                     and env.get(var) != self.env.get(var):
                 return "%s=%r, and the fork server started with %r: it is read once at start-up" % (
                     var, env.get(var), self.env.get(var))
+        if ctype_locale(env) != ctype_locale(self.env):
+            return "the locale is %s, and the fork server started in %s: it is read once at start-up" % (
+                ctype_locale(env), ctype_locale(self.env))
         if not os.path.isdir(req["cwd"]):
             return "no directory %s" % req["cwd"]
         return None
@@ -424,7 +439,7 @@ if __name__ == "__main__":
         Server(args[1], args[2], args[3:] or DEFAULT_PRELOAD).serve()
     elif len(args) >= 4 and args[0] == "request" and "--" in args[2:4] and args.index("--", 2) < len(args) - 1:
         dashes = args.index("--", 2)
-        status = request(args[1], args[dashes + 1:])
+        status = request(args[1], args[dashes + 1:], quiet_absent=dashes == 3)
         sys.stderr.flush()
         if status == COLD_START and dashes == 3:  # nothing started: start it cold, in this very process
             os.execv(sys.executable, [getattr(sys, "orig_argv", [sys.executable])[0], "-c", args[2]] + args[4:])

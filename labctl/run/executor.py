@@ -305,8 +305,18 @@ def _start_store(nodes: Nodes, launch: Launch, run_dir: Path, logs: NodeLogs):
     node, master_port = launch.node, next(a for a in reversed(launch.argv) if a.isdigit())
     outcome = Outcome(launch)
     ready = threading.Event()
-    thread = threading.Thread(target=_stream, args=(nodes, outcome, logs, "dim", None, lambda _line: ready.set()),
-                              daemon=True)
+
+    def on_line(line: str) -> None:  # not on any line: one saying there is no fork server comes first
+        if line.startswith((STORE_READY, STORE_FAILED)):
+            ready.set()
+
+    def stream() -> None:
+        try:
+            _stream(nodes, outcome, logs, "dim", None, on_line)
+        finally:
+            ready.set()  # it ended without a word
+
+    thread = threading.Thread(target=stream, daemon=True)
     thread.start()
 
     def wait_ready() -> None:
