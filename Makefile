@@ -17,7 +17,7 @@ TORCH_INDEX_URL ?= https://download.pytorch.org/whl/cpu
 NODES ?= 3
 PYTEST_ARGS ?=
 
-.PHONY: demo test unit integration venv host-torch tools netem-vm engine image image-cuda image-mismatch down clean
+.PHONY: demo test unit integration docs docs-serve venv host-torch tools netem-vm engine image image-cuda image-mismatch down clean
 
 demo: image
 	$(LABCTL) up --nodes $(NODES)
@@ -33,6 +33,14 @@ unit: venv host-torch tools
 integration: image image-cuda image-mismatch host-torch netem-vm
 	$(BIN)/python -m pytest tests/integration $(PYTEST_ARGS)
 
+# The documentation site (mkdocs.yml, docs/): built strict into site/, so a broken link or a page
+# missing from the nav fails `make test`; it needs no network and browses from file://.
+docs: venv
+	NO_MKDOCS_2_WARNING=1 $(BIN)/python -m mkdocs build --strict --site-dir site
+
+docs-serve: venv
+	NO_MKDOCS_2_WARNING=1 $(BIN)/python -m mkdocs serve
+
 venv: $(VENV_STAMP)
 
 $(VENV_STAMP): pyproject.toml
@@ -42,7 +50,7 @@ $(VENV_STAMP): pyproject.toml
 	  "$$py" -m venv $(VENV) && echo "$$py" > $(VENV)/.python; \
 	fi
 	$(BIN)/pip install -q --upgrade pip
-	$(BIN)/pip install -q -e ".[test,plot]"
+	$(BIN)/pip install -q -e ".[test,plot,docs]"
 	@# Bytecode up front: where PYTHONDONTWRITEBYTECODE is set (as on CI runners), every labctl
 	@# command would otherwise compile its modules again (about 25 ms of each `labctl up`).
 	$(BIN)/python -m compileall -q labctl trainer >/dev/null
