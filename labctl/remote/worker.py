@@ -22,6 +22,14 @@ So after the script we do the part of CPython's shutdown a script can observe (j
 threads, run atexit handlers, flush stdout and stderr) and then os._exit(status): the status is
 the script's every time. A real abort or a signal is still the process's death by that signal, and
 an uncaught KeyboardInterrupt ends in SIGINT, as CPython does (a shell says 130).
+
+Why destroyed process groups are kept: a script that calls destroy_process_group() and then lets
+its DDP model go (main() returns) hung about 1 run in 4 here, cold or warm: the model's Reducer held
+the last reference to the gloo group, so ~ProcessGroupGloo ran in the main thread, holding the GIL,
+and joined gloo's runloop thread, which was waiting for the GIL to free the last collective's
+tensors (gdb; pytorch/pytorch#56297). So destroy_process_group keeps the groups it destroys alive
+(hold_process_groups), their threads idle, until os._exit: the group is gone for the script as
+before, and its destructor, the one that can deadlock, never runs.
 """
 
 import atexit
@@ -129,8 +137,65 @@ def print_uncaught(exc):
         sys.__excepthook__(type(exc), exc, tb)
 
 
+HELD = []  # the process groups destroy_process_group destroyed: kept until os._exit
+
+
+def hold_process_groups(dist):
+    """Make torch.distributed's destroy_process_group keep the groups it destroys (see above)."""
+    c10d = getattr(dist, "distributed_c10d", None)
+    destroy = getattr(c10d, "destroy_process_group", None)
+    if destroy is None or getattr(destroy, "_ddplab_holds", False) or not hasattr(c10d, "_world"):
+        return
+
+    def destroy_process_group(group=None):
+        HELD.extend(getattr(c10d._world, "pg_map", ()))
+        return destroy(group)
+
+    destroy_process_group.__wrapped__, destroy_process_group._ddplab_holds = destroy, True
+    for attr in ("__module__", "__name__", "__qualname__", "__doc__"):
+        setattr(destroy_process_group, attr, getattr(destroy, attr, None))
+    for module in (c10d, dist):
+        if getattr(module, "destroy_process_group", None) is destroy:
+            module.destroy_process_group = destroy_process_group
+
+
+def after_import(name, then):
+    """then(module) once module `name` is imported: now if it is (a forked worker), else when the
+    script imports it (a cold one), through a finder that steps aside after its one module."""
+    if name in sys.modules:
+        then(sys.modules[name])
+        return
+
+    class Finder:
+        @staticmethod
+        def find_spec(fullname, path, target=None):
+            if fullname != name:
+                return None
+            sys.meta_path.remove(Finder)
+            for finder in sys.meta_path:
+                spec = finder.find_spec(fullname, path, target) if hasattr(finder, "find_spec") else None
+                if spec is not None and spec.loader is not None and hasattr(spec.loader, "exec_module"):
+                    exec_module = spec.loader.exec_module
+
+                    def exec_then(module, exec_module=exec_module):
+                        exec_module(module)
+                        try:
+                            then(module)
+                        except Exception:  # never the script's problem
+                            pass
+
+                    spec.loader.exec_module = exec_then
+                    return spec
+                if spec is not None:
+                    return spec
+            return None
+
+    sys.meta_path.insert(0, Finder)
+
+
 def run(argv):
     """Run the script; (status, interrupted): interrupted when a KeyboardInterrupt ended it."""
+    after_import("torch.distributed", hold_process_groups)
     try:
         run_script(argv)
     except SystemExit as exc:

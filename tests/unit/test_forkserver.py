@@ -177,6 +177,33 @@ def test_the_locale_is_compared_as_the_interpreter_takes_it(tmp_path):
         end(node)
 
 
+DESTROY = """
+import gc, os, sys, tempfile
+import torch.distributed as dist
+def gloo_threads():
+    return sum(open("/proc/self/task/%s/comm" % t).read().strip() == "pt_gloo_runloop" for t in os.listdir("/proc/self/task"))
+store = os.path.join(tempfile.mkdtemp(), "store")
+dist.init_process_group("gloo", init_method="file://" + store, rank=0, world_size=1)
+dist.barrier()
+dist.destroy_process_group()
+gc.collect()
+print(gloo_threads(), dist.is_initialized(), dist.destroy_process_group.__name__, flush=True)
+os._exit(0)
+"""
+
+
+def test_a_destroyed_process_group_is_kept_until_the_worker_leaves(server, tmp_path):
+    """Its destructor, which can deadlock on the GIL when a DDP model's Reducer drops the last
+    reference (worker.py), never runs in a worker: gloo's threads stay, idle, until os._exit. A plain
+    `python` destroys the group at once: the test sees the difference, not a lucky run."""
+    script = write(tmp_path / "destroy.py", DESTROY)
+    cold, forked, direct = both(server, [str(script)])
+    assert cold.stdout.split() == ["0", "False", "destroy_process_group"], cold.stderr
+    for worker in (forked, direct):
+        kept, *rest = worker.stdout.split()
+        assert int(kept) >= 1 and rest == ["False", "destroy_process_group"], worker.stderr
+
+
 # --------------------------------------------------------------------------- what a script sees
 
 
