@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any, Callable, Literal, Mapping
+from typing import TYPE_CHECKING, Any, Callable, Literal, Mapping
 
 from labctl.bringup import UpResult, bring_up, plan_up
 from labctl.config import LabConfig, check_nproc, load_config
@@ -40,6 +40,9 @@ from labctl.run.result import RunResult
 from labctl.session import LabSession
 from labctl.slurm.jobs import Slurm
 from labctl.units import parse_duration_s
+
+if TYPE_CHECKING:
+    from labctl.trace import TraceReport
 
 Fault = Literal["kill", "crash", "pause", "unpause", "partition", "heal"]
 Report = Callable[[str], None]
@@ -182,6 +185,18 @@ class Lab(LabSession):
         if preflight:
             self.preflight(nproc_per_node, env).raise_for_problems(f"labctl doctor --lab {self.name}")
         return self.execute(plan, echo=echo, check=check)
+
+    def trace(self, run: str | Path | RunResult | None = None, *,
+              steps: str | tuple[int | None, int | None] | None = None) -> TraceReport:
+        """`labctl trace`: every rank of a run on one aligned time axis. Writes timeline.png (with the
+        `plot` extra), trace-merged.json and breakdown.json into the run folder and returns the table
+        per rank. `run`: a RunResult, a run id under the lab's runs/, or a run folder (default: the
+        lab's latest run); `steps`: "A:B". LabError: no such run; StateError: nothing to draw from."""
+        from labctl.trace import find_run, write_trace  # rendering stays off `import labctl`'s path
+
+        if isinstance(run, RunResult):
+            return write_trace(run.run_dir, steps=steps)
+        return write_trace(find_run(self.directory, None if run is None else str(run), self.workspace), steps=steps)
 
     # --------------------------------------------------------------------------------- doctor
 

@@ -31,9 +31,11 @@ from labctl.run.userenv import build_user_env
                  help="torchrun restarts every worker up to K times after a failure (the trainer resumes from its "
                       "checkpoint).")
 @click.option("--nnodes", metavar="MIN:MAX", help="Elastic node range, MAX = the lab's nodes: the run goes on with MIN survivors.")
+@click.option("--trace", is_flag=True, help="After a run that succeeded, `labctl trace` it: the timeline PNG, the merged "
+                                            "trace and the table per rank (in --json's document as \"trace\").")
 @script_argument
 def run(lab, nproc_per_node, launcher, timeout_s, pg_timeout_s, as_json, env_pairs, env_files, nccl_debug, dry_run,
-        no_preflight, max_restarts, nnodes, script) -> None:
+        no_preflight, max_restarts, nnodes, trace, script) -> None:
     """Run TRAINING_SCRIPT [ARGS...] (or `-m module [ARGS...]`) on every node at once.
 
     The options torchrun has too take its spellings as well (--nproc_per_node, --max_restarts).
@@ -46,6 +48,7 @@ def run(lab, nproc_per_node, launcher, timeout_s, pg_timeout_s, as_json, env_pai
       labctl run --nproc_per_node 2 -e NCCL_DEBUG=INFO -- my_ddp_script.py --lr 0.1
       labctl run --nccl-debug -- -m trainer --backend nccl
       labctl run --launcher static --env-file run.env -- my_ddp_script.py
+      labctl run --trace -- -m trainer --workload gpt --steps 60
     """
     from labctl.cli import render
 
@@ -59,4 +62,5 @@ def run(lab, nproc_per_node, launcher, timeout_s, pg_timeout_s, as_json, env_pai
         return
     if not no_preflight:
         render.print_preflight(the_lab.preflight(nproc_per_node, env), f"labctl doctor --lab {the_lab.name}")
-    render.finish_run(the_lab.execute(plan, echo="stderr" if as_json else True, check=not as_json), as_json)
+    result = the_lab.execute(plan, echo="stderr" if as_json else True, check=not as_json)
+    render.finish_run(result, as_json, the_lab.trace(result) if trace and result.ok else None)

@@ -27,12 +27,12 @@ def straggler_lab(docker_client, node_image):
 
 @pytest.fixture(scope="module")
 def traced(straggler_lab):
-    """A 60-step gpt run on it, then `labctl trace` of the latest run: (SUMMARY, trace --json, trace's text)."""
-    out = labctl("run", "--lab", straggler_lab, "--", "-m", "trainer", "--workload", "gpt", "--steps", "60",
-                 check=True).stdout
+    """The issue's command, `labctl run --trace` of a 60-step gpt run, then `labctl trace --json` of the
+    latest run (the same one): (SUMMARY, trace --json, run --trace's text, its table included)."""
+    out = labctl("run", "--lab", straggler_lab, "--trace", "--", "-m", "trainer", "--workload", "gpt", "--steps",
+                 "60", check=True).stdout
     report = json.loads(labctl("trace", "--lab", straggler_lab, "--json", check=True).stdout)
-    text = labctl("trace", "--lab", straggler_lab, check=True).stdout
-    return summary_of(out), report, text
+    return summary_of(out), report, out
 
 
 def test_the_picture_and_the_table_name_node2_and_its_wait_agrees_with_summary(traced):
@@ -77,7 +77,10 @@ def test_the_merged_trace_is_chrome_trace_json_one_process_per_rank(traced):
 
 
 def test_trace_refuses_a_run_without_metrics_and_a_folder_that_does_not_exist(straggler_lab):
-    labctl("run", "--lab", straggler_lab, "--", "-m", "trainer", "--epochs", "1", "--no-metrics", check=True)
+    traced_too = labctl("run", "--lab", straggler_lab, "--trace", "--", "-m", "trainer", "--epochs", "1",
+                        "--no-metrics")  # the run succeeds; its trace has nothing to draw
+    assert traced_too.returncode == 1 and "SUMMARY" in traced_too.stdout, traced_too.stderr
+    assert "holds no metrics and no profiler traces" in traced_too.stderr
     empty = labctl("trace", "--lab", straggler_lab)
     assert empty.returncode == 1 and "holds no metrics and no profiler traces" in empty.stderr
     assert "metrics-rank<R>.jsonl" in " ".join(empty.stderr.split())

@@ -101,3 +101,17 @@ def test_without_matplotlib_the_trace_and_table_come_and_one_line_says_how_to_ge
     assert "the others waited for rank 2 (node2)" in out and "timeline:" not in out
     assert sorted(p.name for p in folder.iterdir() if not p.name.startswith("metrics")) == [
         "breakdown.json", "trace-merged.json"]
+
+
+def test_lab_trace_reads_what_the_cli_reads(workspace):
+    """The Python API's Lab.trace: the latest run by default, a run id, or a RunResult's folder (what
+    `labctl run --trace` passes); the same report as the command's --json."""
+    from labctl.api import Lab
+    from labctl.run.result import RunResult
+
+    folder = lab_run(workspace, lab="demo")
+    lab = Lab("demo", workspace=workspace)
+    latest = lab.trace(steps="4:6").as_dict()
+    assert latest == json.loads(invoke("trace", "--lab", "demo", "--json", "--steps", "4:6").output)
+    assert lab.trace("20261125-120000-abcd", steps=(4, 6)).as_dict() == latest
+    assert lab.trace(RunResult(run_dir=folder, outcomes=[], first_failure=None), steps="4:6").as_dict() == latest
