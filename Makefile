@@ -24,7 +24,7 @@ demo: image
 	$(LABCTL) run -- -m trainer --epochs 3
 	@echo "The lab is still up: '$(LABCTL) status' shows it, '$(LABCTL) down' removes it."
 
-test: image image-cuda image-mismatch host-torch netem-vm
+test: docs image image-cuda image-mismatch host-torch netem-vm
 	$(BIN)/python -m pytest tests $(PYTEST_ARGS)
 
 unit: venv host-torch tools
