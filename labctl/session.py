@@ -66,7 +66,7 @@ class LabSession:
 
     @property
     def directory(self) -> Path:
-        """.lab/<lab>/ in the workspace: env files, compose.yaml, runs."""
+        """`.lab/<lab>/` in the workspace: env files, compose.yaml, runs."""
         return lab_dir(self.workspace, self.name)
 
     @cached_property

@@ -54,7 +54,7 @@ PROBE_ITERS = 101  # its timed iterations (the sweep's --iters is for the sizes 
 # mostly the machine's noise (single 1 KiB allreduces took 1 to 15 ms on two shared cores). With 5
 # samples, 64 KiB gave medians from 1.4 to 4.1 ms; with 21, the probe's median gave b from 0.85 to
 # 1.27 ms; with 101 in 0.5 s, 0.83 and 0.84 ms in two runs side by side, and 0.86 to 1.04 ms over
-# six sweeps a day later (README: The calibrated model).
+# six sweeps a day later (docs/explanation/cost-model.md: The calibrated model).
 SMALL_BUDGET_S = 0.5
 
 

@@ -1,4 +1,4 @@
-"""Benchmarks whose numbers go in the README. Measured side by side in one run, reported as ratios,
+"""Benchmarks whose numbers go in docs/explanation/measurements.md. Measured side by side in one run, reported as ratios,
 because the machines are shared and noisy.
 
 `bench up`: wall time of `labctl up --nodes N` (a fresh process, as a user types it: config,

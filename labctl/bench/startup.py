@@ -1,5 +1,5 @@
 """`bench start`: what a run costs before a script's first line and after its last, every way of
-starting one, side by side on one lab: the README's start-up table.
+starting one, side by side on one lab: docs/explanation/start-up.md's table.
 
 Each way is timed as a user meets it, as a fresh process from the shell, to the moment every part
 of the run has exited: `labctl run` on the warm path, with the static launcher and with torchrun;

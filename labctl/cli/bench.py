@@ -55,7 +55,7 @@ def cost(params, dtype, ranks, links, delay, compute_s, collective, grad_accum, 
 
 @main.group(context_settings=CONTEXT)
 def bench() -> None:
-    """Benchmarks whose numbers go in the README (ratios measured side by side in one run)."""
+    """Benchmarks: ratios measured side by side in one run (docs/explanation/measurements.md has ours)."""
 
 
 @bench.command("up", context_settings=CONTEXT)

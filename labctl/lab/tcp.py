@@ -5,7 +5,7 @@ is cubic, but some hosts default to BBR (this project's own machines do), and on
 two differ by more than the effects the lab is there to show: at 100mbit, gloo's ring under BBR ran
 2 to 9% below the iperf3 wire from 8 MiB up, its iterations of one size spreading by 4 to 13%, and
 under cubic it ran at the wire, at every size from 1 MiB to 64 MiB, within 1% from one iteration to
-the next (README, "Why the nodes run TCP cubic"). BBR paces each flow at
+the next (docs/explanation/cost-model.md, "Why the nodes run TCP cubic"). BBR paces each flow at
 its own estimate of the bottleneck and cycles its rate above and below it, which a token bucket with
 little banked time turns into idle link; a ring pays for every flow that runs short.
 
@@ -86,4 +86,4 @@ def plan_tcp_cc(requested: str, explicit: bool, host: HostTcp | None) -> tuple[s
                          hint=f"{host.allow_hint(requested)}; or keep the host's {host.default} with --tcp-cc host")
     return None, (f"note: the nodes use the host's TCP congestion control, {host.default}, not {requested}: the host "
                   f"lets containers choose only {', '.join(host.allowed)}. Shaped links measure differently under "
-                  f"{host.default} (README: Why the nodes run TCP cubic); {host.allow_hint(requested)}, then `labctl up` again")
+                  f"{host.default} (docs/explanation/cost-model.md: Why the nodes run TCP cubic); {host.allow_hint(requested)}, then `labctl up` again")

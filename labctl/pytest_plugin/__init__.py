@@ -8,7 +8,7 @@ between tests of the same topology, and failures that say which node failed and 
 
 Registered by ddplab's install (the `pytest11` entry point `ddplab`); `-p no:ddplab` turns it
 off, `-p ddplab` loads it where plugin autoload is off. It costs a session nothing until a test
-asks for the fixture: no engine is asked anything before. See README, "The pytest plugin".
+asks for the fixture: no engine is asked anything before. See docs/how-to/ci.md, "The pytest plugin".
 """
 
 from __future__ import annotations

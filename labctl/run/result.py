@@ -1,5 +1,5 @@
 """What a run left: each process's outcome, the run's verdict and why it failed, the trainer's
-SUMMARY, and the logs saved under .lab/<lab>/runs/<run id>/."""
+SUMMARY, and the logs saved under `.lab/<lab>/runs/<run id>/`."""
 
 from __future__ import annotations
 

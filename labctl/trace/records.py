@@ -24,7 +24,7 @@ METRICS_FILE = re.compile(r"^metrics-rank(\d+)\.jsonl$")
 TRACE_FILE = re.compile(r"^trace-rank(\d+)\.json$")
 NEEDS = ("a run folder holds what `labctl trace` reads: metrics-rank<R>.jsonl (the trainer writes them unless "
          "--no-metrics; a script of your own can write them with trainer.metrics.MetricsWriter) or torch.profiler "
-         "traces as trace-rank<R>.json (the trainer's --profile); README: 'The first chart anyone looks at'")
+         "traces as trace-rank<R>.json (the trainer's --profile); docs/explanation/timeline.md")
 
 
 @dataclass(frozen=True)

@@ -55,7 +55,7 @@ def test_the_trainer_ends_the_same_on_the_warm_path_as_under_torchrun(lab2):
 @pytest.mark.parametrize("launcher, runs", [("warm", 12), ("torchrun", 3)])
 def test_a_rank_that_calls_sys_exit_3_makes_the_run_exit_3_every_time(lab2, launcher, runs):
     """The gloo-thread race at interpreter exit once turned 3 into 134 in 3 runs of 20; worker.py
-    leaves without that teardown on every path (the README gives 100 runs of each)."""
+    leaves without that teardown on every path (docs/explanation/start-up.md gives 100 runs of each)."""
     lab = Lab(lab2, workspace=REPO)
     statuses = [lab.run("tests/integration/scripts/fail_how.py", "exit", "1", launcher=launcher, check=False,
                         echo=False, preflight=False).exit_status for _ in range(runs)]
