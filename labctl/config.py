@@ -42,7 +42,7 @@ NODE_IP_OFFSET = 10  # node i gets the subnet's address number 10 + i; .1 is Doc
 # What DDPLAB_CPU_KERNELS=avx2 puts in every node's environment: torch's own kernels (ATen), MKL's
 # BLAS (in conditional numerical reproducibility mode) and oneDNN held to AVX2, which every x86-64
 # CPU since 2013 has, so a run ends at the same loss and checksum on a host with AVX-512 as on one
-# without (the numbers are in docs/explanation/measurements.md). `native` lets each pick the
+# without (the numbers are in docs/explanation/same-numbers.md). `native` lets each pick the
 # host's best, as a plain torch does.
 CPU_KERNEL_ENV = {"avx2": {"ATEN_CPU_CAPABILITY": "avx2", "MKL_CBWR": "AVX2", "ONEDNN_MAX_CPU_ISA": "AVX2"},
                   "native": {}}
