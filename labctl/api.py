@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Literal, Mapping
+from typing import Any, Callable, Literal, Mapping
 
 from labctl.bringup import UpResult, bring_up, plan_up
 from labctl.config import LabConfig, check_nproc, load_config
@@ -39,10 +39,8 @@ from labctl.run.plan import Launcher, RunPlan
 from labctl.run.result import RunResult
 from labctl.session import LabSession
 from labctl.slurm.jobs import Slurm
+from labctl.trace import TraceReport, find_run, write_trace
 from labctl.units import parse_duration_s
-
-if TYPE_CHECKING:
-    from labctl.trace import TraceReport
 
 Fault = Literal["kill", "crash", "pause", "unpause", "partition", "heal"]
 Report = Callable[[str], None]
@@ -192,8 +190,6 @@ class Lab(LabSession):
         `plot` extra), trace-merged.json and breakdown.json into the run folder and returns the table
         per rank. `run`: a RunResult, a run id under the lab's runs/, or a run folder (default: the
         lab's latest run); `steps`: "A:B". LabError: no such run; StateError: nothing to draw from."""
-        from labctl.trace import find_run, write_trace  # rendering stays off `import labctl`'s path
-
         if isinstance(run, RunResult):
             return write_trace(run.run_dir, steps=steps)
         return write_trace(find_run(self.directory, None if run is None else str(run), self.workspace), steps=steps)

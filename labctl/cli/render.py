@@ -283,15 +283,11 @@ def print_preflight(diagnosis, full_check: str) -> None:
     diagnosis.raise_for_problems(full_check)
 
 
-def finish_run(result, as_json: bool, trace=None) -> None:
-    """After `run`/`hosts run`: with --json, the run as one document on stdout, and its exit status;
-    with `trace` (run --trace), its table and files, or its document under "trace"."""
-    if trace is not None and not as_json:
-        from labctl.cli.render_trace import print_trace
-
-        print_trace(trace, False)
+def finish_run(result, as_json: bool, extra: dict | None = None) -> None:
+    """After `run`/`hosts run`: with --json, the run as one document on stdout (and `extra`'s keys:
+    run --trace's "trace"), and its exit status."""
     if as_json:
-        emit_json({**result.to_dict(), **({"trace": trace.as_dict()} if trace is not None else {})})
+        emit_json({**result.to_dict(), **(extra or {})})
         if not result.ok:  # the last lines for people, on stderr, as without --json
 
             error(f"run failed: {result.explain()}")

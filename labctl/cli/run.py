@@ -50,7 +50,7 @@ def run(lab, nproc_per_node, launcher, timeout_s, pg_timeout_s, as_json, env_pai
       labctl run --launcher static --env-file run.env -- my_ddp_script.py
       labctl run --trace -- -m trainer --workload gpt --steps 60
     """
-    from labctl.cli import render
+    from labctl.cli import render, render_trace
 
     where = session()
     the_lab = where.lab(lab)
@@ -63,4 +63,7 @@ def run(lab, nproc_per_node, launcher, timeout_s, pg_timeout_s, as_json, env_pai
     if not no_preflight:
         render.print_preflight(the_lab.preflight(nproc_per_node, env), f"labctl doctor --lab {the_lab.name}")
     result = the_lab.execute(plan, echo="stderr" if as_json else True, check=not as_json)
-    render.finish_run(result, as_json, the_lab.trace(result) if trace and result.ok else None)
+    traced = the_lab.trace(result) if trace and result.ok else None
+    if traced is not None and not as_json:
+        render_trace.print_trace(traced, False)
+    render.finish_run(result, as_json, {"trace": traced.as_dict()} if traced is not None else None)
