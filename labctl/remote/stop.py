@@ -159,9 +159,11 @@ if __name__ == "__main__":
         registry = sys.argv[4] if len(sys.argv) > 4 else REGISTRY_DIR
         print(report(sys.argv[2], registry), flush=True)
         stop_run(sys.argv[2], float(sys.argv[3]), registry)
+    elif mode == "report":  # the ranks alive now, before any node is stopped (a timed-out run)
+        print(report(sys.argv[2], sys.argv[3] if len(sys.argv) > 3 else REGISTRY_DIR), flush=True)
     elif mode == "watch":
         status = watch(float(sys.argv[2]), sys.argv[3:])
         sys.stdout.flush()
         os._exit(status)  # not sys.exit: the watcher may still be blocked in its read
     else:
-        sys.exit("usage: stop RUN_ID GRACE_S [REGISTRY_DIR] | watch GRACE_S ARGV...")
+        sys.exit("usage: stop RUN_ID GRACE_S [REGISTRY_DIR] | report RUN_ID [REGISTRY_DIR] | watch GRACE_S ARGV...")

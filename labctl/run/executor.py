@@ -111,17 +111,22 @@ def port_taken(nodes: Nodes, first: str, port: str, why: str) -> StateError:
                           f"torchrun`, or {nodes.port_hint}")
 
 
-def stop_run(nodes: Nodes, names: list[str], run_id: str) -> dict[str, tuple[list[int], int | None]]:
-    """Stop the run on every node; what each said first: (the ranks it still ran, its OOM kills)."""
-    def stop(node: str) -> tuple[str, tuple[list[int], int | None] | None]:
+def stop_run(nodes: Nodes, names: list[str], run_id: str,
+             report_first: bool = False) -> dict[str, tuple[list[int], int | None]]:
+    """Stop the run on every node; what each said first: (the ranks it still ran, its OOM kills).
+    `report_first`: every node reports before any is stopped, so a rank that dies because a peer on
+    another node was stopped first still counts as running (a timed-out run names them all)."""
+    def call(node: str, args: list[str]) -> tuple[str, tuple[list[int], int | None] | None]:
         try:
-            _, output = nodes.run(node, ["python", "-c", STOP_SCRIPT, "stop", run_id, str(STOP_GRACE_S)])
+            _, output = nodes.run(node, ["python", "-c", STOP_SCRIPT, *args])
         except Exception:  # a node that is gone has nothing left to stop
             return node, None
         return node, parse_stop_report(output)
 
     with ThreadPoolExecutor(max_workers=8) as pool:
-        return {node: report for node, report in pool.map(stop, names) if report is not None}
+        first = dict(pool.map(lambda node: call(node, ["report", run_id]), names)) if report_first else {}
+        stopped = dict(pool.map(lambda node: call(node, ["stop", run_id, str(STOP_GRACE_S)]), names))
+    return {node: report for node, report in {**stopped, **first}.items() if report is not None}
 
 
 def parse_stop_report(output: str) -> tuple[list[int], int | None] | None:
@@ -342,7 +347,7 @@ def _watch(nodes: Nodes, names, run_id, run_dir, outcomes, threads, timeout_s, e
             for thread in threads:
                 thread.join(timeout=0.1)
             now = time.monotonic()
-            if first_failure is None:
+            if first_failure is None and not timed_out:  # after a timeout's stop, failures are its doing
                 failed = [o for o in outcomes if o.exit_code not in (None, 0)]
                 # An elastic run carries on while enough nodes are left to reach its minimum.
                 if failed and min_nodes is not None and len(outcomes) - len(failed) >= min_nodes:
@@ -353,7 +358,7 @@ def _watch(nodes: Nodes, names, run_id, run_dir, outcomes, threads, timeout_s, e
             if timeout_s is not None and now - started > timeout_s and not timed_out:
                 timed_out = True
                 echo.mute()
-                live_ranks = _stop_remaining(nodes, names, run_id, outcomes)
+                live_ranks = _stop_remaining(nodes, names, run_id, outcomes, report_first=True)
             if stop_at is not None and now > stop_at:
                 stop_at = None
                 echo.mute()
@@ -368,12 +373,12 @@ def _watch(nodes: Nodes, names, run_id, run_dir, outcomes, threads, timeout_s, e
     return RunResult(run_dir, outcomes, first_failure, interrupted, timed_out, min_nodes, timeout_s, live_ranks)
 
 
-def _stop_remaining(nodes: Nodes, names, run_id, outcomes) -> dict[str, list[int]]:
+def _stop_remaining(nodes: Nodes, names, run_id, outcomes, report_first: bool = False) -> dict[str, list[int]]:
     """Stop what still runs; the ranks each node still ran."""
     for outcome in outcomes:
         if outcome.exit_code is None:
             outcome.stopped = True
-    return {node: ranks for node, (ranks, _) in stop_run(nodes, names, run_id).items() if ranks}
+    return {node: ranks for node, (ranks, _) in stop_run(nodes, names, run_id, report_first).items() if ranks}
 
 
 def link_latest(run_dir: Path) -> None:

@@ -282,7 +282,9 @@ def judge(streams: Sequence[Stream], *, ok: bool, timed_out: bool = False, inter
         live = live_ranks or {}
         unfinished = [f"rank {r} on {node}" for node, ranks in live.items() for r in ranks] or sorted(
             {s.node for s in streams if s.exit_code is None or s.stopped})
-        own = [f for f in failures if not f.stopped]
+        # A launch still running at the timeout was stopped by it: what it then said (a peer gone) is
+        # the stop's doing, not a failure from before it.
+        own = sorted((f for s in streams if not s.stopped for f in stream_failures(s, year) if not f.stopped), key=_order)
         return Verdict(124, own[0] if own else None, own[1:], unfinished, timed_out=True)
     if ok:
         return Verdict(0, None, failures)

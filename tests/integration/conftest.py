@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -111,6 +112,21 @@ def permanent_peers(client, lab: str, nodes: list[dict]) -> dict[str, bool]:
             .output.decode().strip() for n in nodes}
     return {n["name"]: neighbours(client, lab, n["name"]) == {ip: (mac, "PERMANENT") for ip, mac in macs.items()
                                                             if ip != n["ip"]} for n in nodes}
+
+
+PS = ["ps", "-eo", "pid=,ppid=,args="]
+FORK_SERVER = " serve /tmp/ddplab/fork-"  # in a fork server's command line, and its forked workers'
+
+
+def still_running(ps_output: str, pattern: str) -> list[str]:
+    """The processes of `ps -eo pid=,ppid=,args=` whose command line matches `pattern` (a regex, as
+    pgrep -f takes it), less the node's fork server, which lives as long as the lab: its command
+    line holds its own source, torchrun and all. A worker it forked has the same command line and is
+    counted: its parent is the server."""
+    rows = [line.split(None, 2) for line in ps_output.splitlines() if len(line.split(None, 2)) == 3]
+    forked = {pid for pid, _, args in rows if FORK_SERVER in args}
+    return [f"{pid} {args[:80]}" for pid, ppid, args in rows
+            if re.search(pattern, args) and not (pid in forked and ppid not in forked) and "ps -eo" not in args]
 
 
 def lab_resources(client, lab: str) -> dict[str, list[str]]:

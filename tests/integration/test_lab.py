@@ -11,7 +11,17 @@ import time
 
 from labctl.lab import tcp
 
-from conftest import REPO, SCRIPTS, interruptible, lab_resources, labctl, permanent_peers, summary_of
+from conftest import (
+    PS,
+    REPO,
+    SCRIPTS,
+    interruptible,
+    lab_resources,
+    labctl,
+    permanent_peers,
+    still_running,
+    summary_of,
+)
 
 
 
@@ -120,8 +130,9 @@ def test_ctrl_c_stops_every_node(lab3, docker_client):
     rest = proc.communicate(timeout=60)[0]
     assert proc.returncode == 130, rest
     for node in ("node0", "node1", "node2"):
-        left = docker_client.containers.get(f"{name}-{node}").exec_run(["pgrep", "-f", "sleeper.py|torchrun"])
-        assert left.exit_code == 1, f"{node} still runs: {left.output.decode()}"
+        ps = docker_client.containers.get(f"{name}-{node}").exec_run(PS).output.decode()
+        left = still_running(ps, "sleeper.py|torchrun")
+        assert left == [], f"{node} still runs: {left}"
 
 
 def test_grow_then_down_leaves_nothing(lab_name, docker_client):

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import REPO, drop_lab, labctl, lab_resources, new_lab_name
+from conftest import PS, REPO, drop_lab, lab_resources, labctl, new_lab_name, still_running
 
 TRAIN = ["-m", "trainer", "--workload", "gpt", "--steps", "50"]
 
@@ -85,8 +85,9 @@ def test_a_cancelled_job_leaves_nothing_running(lab):
     cancelled = slurm("cancel", "--lab", lab, job)
     assert cancelled.returncode == 0 and "CANCELLED" in cancelled.stderr, cancelled.stderr
     for node in ("node0", "node1", "node2"):
-        ps = labctl("exec", "--lab", lab, node, "--", "pgrep", "-f", "fail_how|torchrun")
-        assert ps.returncode == 1, f"{node} still runs: {ps.stdout}"
+        ps = labctl("exec", "--lab", lab, node, "--", *PS, check=True).stdout
+        left = still_running(ps, "fail_how|torchrun")
+        assert left == [], f"{node} still runs: {left}"
 
 
 def test_a_failing_rank_is_named_with_its_node_and_its_status(lab):

@@ -116,6 +116,21 @@ def test_two_ranks_failing_on_their_own_the_earlier_is_the_root():
     assert verdict.after[0].rank == 0 and verdict.after[0].consequence is None
 
 
+def test_a_timeout_does_not_blame_a_rank_its_own_stop_made_fail():
+    """Stopping node1 first can make rank 0, still running at the timeout, fail on its gloo pair
+    ("Connection closed by peer") before node0 is stopped: that is the stop's doing. A rank whose
+    launch had ended before the timeout still counts as failing before it."""
+    gone = ["Traceback (most recent call last):", '  File "x.py", line 1',
+            "RuntimeError: [pair.cc:553] Connection closed by peer [172.28.0.11]:1951"]
+    stopped = Stream("node0", gone, 1, stopped=True, rank=0, ended_at=1_700_000_009, torchrun=False)
+    live = {"node0": [0], "node1": [1], "node2": [2]}
+    verdict = judge([stopped], ok=False, timed_out=True, live_ranks=live)
+    assert (verdict.exit_status, verdict.root) == (124, None)
+    assert verdict.unfinished == ["rank 0 on node0", "rank 1 on node1", "rank 2 on node2"]
+    before = Stream("node0", ["ValueError: x"], 1, rank=0, ended_at=1_700_000_001, torchrun=False)
+    assert judge([before], ok=False, timed_out=True, live_ranks=live).root.error == "ValueError: x"
+
+
 def shown(case: str, node: str) -> list[str]:
     """What the terminal shows of one node's recorded output."""
     data = json.loads((RECORDED / f"{case}.json").read_text())
