@@ -108,6 +108,30 @@ def image_of(container: str) -> str:
     return run(["docker", "inspect", "--format", "{{.Config.Image}}", container]).stdout.strip()
 
 
+TORCHX_LABEL = "torchx.pytorch.org/version"  # on the containers TorchX's local_docker runs and the images it builds
+TORCHX_NETWORK = "torchx"
+
+
+def torchx_objects(client) -> dict[str, set[str]]:
+    """What TorchX's local_docker has left on the engine: its containers, its images, its network."""
+    selector = {"label": TORCHX_LABEL}
+    return {"containers": {c["Id"] for c in client.api.containers(all=True, filters=selector)},
+            "images": {i["Id"] for i in client.api.images(filters=selector)},
+            "networks": {n["Id"] for n in client.api.networks(names=[TORCHX_NETWORK])}}
+
+
+def remove_torchx_objects(client, before: dict[str, set[str]]) -> None:
+    """Remove what TorchX made during the bench (it leaves its exited containers, the image it built
+    of the script's folder and its network behind), and nothing that was there before."""
+    made = {kind: ids - before[kind] for kind, ids in torchx_objects(client).items()}
+    for cid in made["containers"]:
+        client.api.remove_container(cid, force=True)
+    for iid in made["images"]:
+        client.api.remove_image(iid, force=True)
+    for nid in made["networks"]:
+        client.api.remove_network(nid)
+
+
 def measure(client, workspace: Path, nodes: int = 3, rounds: int = 5, torchx: str | None = None,
             report: Callable[[str], None] = lambda _line: None) -> StartReport:
     """Bring up bench-start, time every way `rounds` times, alternating, and remove the lab."""
@@ -115,6 +139,7 @@ def measure(client, workspace: Path, nodes: int = 3, rounds: int = 5, torchx: st
         raise StateError(f"no torchx command at {torchx}", hint="pip install torchx, then --torchx $(which torchx)")
     up = [sys.executable, "-m", "labctl", "up", "--lab", BENCH_LAB, "--nodes", str(nodes), "--json"]
     apply_down(client, BENCH_LAB, volumes=True)
+    torchx_before = torchx_objects(client) if torchx else None
     try:
         run(up, cwd=workspace, timeout_s=600)
         folder = lab_dir(workspace, BENCH_LAB)
@@ -136,4 +161,6 @@ def measure(client, workspace: Path, nodes: int = 3, rounds: int = 5, torchx: st
             report(f"round {i + 1}/{rounds}: " + "; ".join(f"{n} {seconds[n][-1]:.2f} s" for n in table))
         return StartReport(nodes, rounds, [StartTiming(name, tuple(s)) for name, s in seconds.items()])
     finally:
+        if torchx_before is not None:
+            remove_torchx_objects(client, torchx_before)
         apply_down(client, BENCH_LAB, volumes=True)
