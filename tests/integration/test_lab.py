@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import signal
+import statistics
 import subprocess
 import sys
 import time
@@ -168,20 +169,23 @@ def test_down_cleans_up_after_an_up_killed_midway(lab_name, docker_client):
     assert lab_resources(docker_client, lab_name) == {"containers": [], "networks": [], "volumes": []}
 
 
-def busy_seconds(client, container: str) -> float:
-    """The fastest of 3 runs of a CPU-bound loop (as timeit reports): a moment of load on this 2-core
-    machine slows one run of the unthrottled node, never all three, while the throttled node is
-    held to its quota in every run."""
-    code = ("import time\nbest = None\nfor _ in range(3):\n    t = time.perf_counter(); sum(range(10**7))\n"
-            "    best = min(best or 1e9, time.perf_counter() - t)\nprint(best)")
-    return float(client.containers.get(container).exec_run(["python", "-c", code]).output.decode().split()[-1])
+def busy_seconds(client, container: str, pick=min) -> float:
+    """`pick` (the fastest, as timeit reports) of 3 runs of a CPU-bound loop: a moment of load on this
+    2-core machine slows one run of the unthrottled node, never all three. The throttled node is
+    measured by the median: one of its runs once came in at half its quota's time (0.29 s where
+    0.7 to 1.1 s is usual), which the fastest would have taken."""
+    code = ("import time\nfor _ in range(3):\n    t = time.perf_counter(); sum(range(10**7))\n"
+            "    print(time.perf_counter() - t)")
+    runs = client.containers.get(container).exec_run(["python", "-c", code]).output.decode().split()
+    return pick(sorted(float(x) for x in runs))
 
 
 def test_slow_makes_a_straggler_in_place_and_clear_lifts_it(lab3, docker_client):
     name, _ = lab3
     labctl("slow", "--lab", name, "node2", "--cpus", "0.25", check=True)
     assert docker_client.api.inspect_container(f"{name}-node2")["HostConfig"]["NanoCpus"] == 250_000_000
-    slow_s, fast_s = busy_seconds(docker_client, f"{name}-node2"), busy_seconds(docker_client, f"{name}-node1")
+    slow_s = busy_seconds(docker_client, f"{name}-node2", pick=statistics.median)
+    fast_s = busy_seconds(docker_client, f"{name}-node1")
     assert slow_s > 2 * fast_s, f"node2 at 0.25 CPU took {slow_s:.2f} s, node1 {fast_s:.2f} s"
     result = labctl("slow", "--lab", name, "node2", "--clear", check=True)
     assert "CPU limit now none" in result.stderr
