@@ -17,6 +17,8 @@ from pathlib import Path
 
 import pytest
 
+from labctl.run.launch import FORK_SOCKET
+
 REPO = Path(__file__).resolve().parents[2]
 SCRIPTS = Path(__file__).resolve().parent / "scripts"
 LABEL = "io.ddplab.lab"
@@ -115,7 +117,7 @@ def permanent_peers(client, lab: str, nodes: list[dict]) -> dict[str, bool]:
 
 
 PS = ["ps", "-eo", "pid=,ppid=,args="]
-FORK_SERVER = " serve /tmp/ddplab/fork-"  # in a fork server's command line, and its forked workers'
+FORK_SERVER = f" serve {FORK_SOCKET} "  # in a fork server's command line, and its forked workers'
 
 
 def still_running(ps_output: str, pattern: str) -> list[str]:
@@ -126,7 +128,7 @@ def still_running(ps_output: str, pattern: str) -> list[str]:
     rows = [line.split(None, 2) for line in ps_output.splitlines() if len(line.split(None, 2)) == 3]
     forked = {pid for pid, _, args in rows if FORK_SERVER in args}
     return [f"{pid} {args[:80]}" for pid, ppid, args in rows
-            if re.search(pattern, args) and not (pid in forked and ppid not in forked) and "ps -eo" not in args]
+            if re.search(pattern, args) and not (pid in forked and ppid not in forked)]
 
 
 def lab_resources(client, lab: str) -> dict[str, list[str]]:
