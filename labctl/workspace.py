@@ -20,3 +20,12 @@ def find_workspace(start: Path) -> Path:
         if (folder / STATE_DIR).is_dir():
             return folder
     return start
+
+
+def is_folder(path: Path) -> bool:
+    """Whether `path` is a folder; False, not an OSError, for a name the OS refuses (a component over
+    255 bytes: ENAMETOOLONG), as Path.is_dir() already gives for one that does not exist."""
+    try:
+        return Path(path).is_dir()
+    except OSError:
+        return False

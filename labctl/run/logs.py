@@ -17,6 +17,7 @@ from typing import Callable, Iterator
 
 from labctl.errors import ConfigError, LabError
 from labctl.run.result import RESULT_FILE
+from labctl.workspace import is_folder
 
 POLL_S = 0.25  # how often `logs -f` looks for new lines: fast enough to read as live, cheap enough to idle
 LOG_GLOB = "node*.log"
@@ -38,13 +39,18 @@ def tail_lines(data: bytes, lines: int | None) -> bytes:
     return b"".join(deque(re.findall(rb"[^\n]*\n|[^\n]+$", data), maxlen=lines))
 
 
+def known_runs(runs: Path) -> list[str]:
+    """The run ids under `runs`, oldest first (ids sort by start time); none where there is no such folder."""
+    return sorted(p.name for p in runs.iterdir() if p.is_dir() and p.name != "latest") if runs.is_dir() else []
+
+
 def run_dir(lab_directory: Path, run_id: str | None) -> Path:
     """The folder of run `run_id` (default: the latest), resolved: a run started meanwhile does not
     move a follower over to it."""
     runs = lab_directory / "runs"
     path = runs / (run_id or "latest")
-    if not path.is_dir():
-        known = sorted(p.name for p in runs.iterdir() if p.is_dir() and p.name != "latest") if runs.is_dir() else []
+    if not is_folder(path):
+        known = known_runs(runs)
         raise LabError(f"no run {run_id or 'yet'} in {runs}",
                        hint=f"runs here: {', '.join(known[-5:])}" if known else "`labctl run -- -m trainer` makes one")
     return path.resolve()

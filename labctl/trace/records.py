@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from labctl.errors import LabError, StateError
+from labctl.workspace import is_folder
 
 METRICS_FILE = re.compile(r"^metrics-rank(\d+)\.jsonl$")
 TRACE_FILE = re.compile(r"^trace-rank(\d+)\.json$")
@@ -83,7 +84,7 @@ def read_run(run_dir: Path) -> RunRecords:
     """Every rank's records in `run_dir`. A folder that does not exist is a LabError (exit 2); one with
     neither metrics nor profiler traces, or metrics without one step record and no trace, a StateError."""
     run_dir = Path(run_dir)
-    if not run_dir.is_dir():
+    if not is_folder(run_dir):
         raise LabError(f"no run folder {run_dir}", hint="give a run id under .lab/<lab>/runs/ or a run folder's path")
     metrics = _by_rank(run_dir, METRICS_FILE)
     traces = _by_rank(run_dir, TRACE_FILE)

@@ -17,12 +17,14 @@ from pathlib import Path
 
 from labctl.errors import LabError, StateError
 from labctl.plotting import INSTALL_HINT, have_matplotlib
+from labctl.run.logs import known_runs
 from labctl.run.logs import run_dir as latest_run_dir
 from labctl.trace import chrome, draw
 from labctl.trace.align import Alignment, align
 from labctl.trace.breakdown import RankRow, choose_steps, parse_steps, rank_row, segments, waited_for, window
 from labctl.trace.picture import Picture, build_picture
 from labctl.trace.records import NEEDS, RunRecords, read_run
+from labctl.workspace import is_folder
 
 PNG, MERGED, BREAKDOWN = "timeline.png", "trace-merged.json", "breakdown.json"
 PERFETTO = "https://ui.perfetto.dev"
@@ -78,13 +80,13 @@ def find_run(lab_directory: Path, run: str | None = None, cwd: Path | None = Non
     if not run.strip():
         raise LabError("RUN is empty: give a run id or a run folder's path", hint="labctl trace (the latest run)")
     runs = lab_directory / "runs"
-    if "/" not in run and run not in (".", "..") and (runs / run).is_dir():
+    if "/" not in run and run not in (".", "..") and is_folder(runs / run):
         return (runs / run).resolve()
     path = Path(run).expanduser()
     path = path if path.is_absolute() else (cwd or Path.cwd()) / path
-    if path.is_dir():
+    if is_folder(path):
         return path.resolve()
-    known = sorted(p.name for p in runs.iterdir() if p.is_dir() and p.name != "latest") if runs.is_dir() else []
+    known = known_runs(runs)
     raise LabError(f"no run {run!r}: neither a run id in {runs} nor a folder",
                    hint=f"runs here: {', '.join(known[-5:])}" if known else "`labctl run -- -m trainer` makes one")
 

@@ -90,3 +90,27 @@ def test_the_grammar_covers_every_command():
     names = {" ".join(path) for path, _ in COMMANDS}
     assert {"up", "down", "run", "doctor", "fault", "shape", "bench scaling", "bench straggler", "cost", "env",
             "hosts check", "hosts sync", "hosts run"} <= names
+
+
+LONG_NAME = "x" * 300  # longer than any file name Linux allows (255 bytes)
+
+
+def every_value_slot():
+    """(command path, argv) for each argument and each valued option of every command, given LONG_NAME."""
+    for path, command in COMMANDS:
+        for param in command.params:
+            if isinstance(param, click.Argument):
+                yield path, [*path, LONG_NAME]
+            elif isinstance(param, click.Option) and not param.is_flag and param.name != "help":
+                yield path, [*path, param.opts[-1], LONG_NAME]
+
+
+@pytest.mark.parametrize("argv", [argv for _, argv in every_value_slot()], ids=lambda argv: " ".join(argv).replace(LONG_NAME, "<300 x>"))
+def test_a_name_too_long_for_the_os_is_a_clear_exit(sandbox, argv):
+    """The fuzzer above draws this value now and then; every slot gets it here, every run (a path
+    component over 255 bytes makes Path.is_dir() raise ENAMETOOLONG where it returns False for ENOENT)."""
+    result = CliRunner().invoke(main, argv, catch_exceptions=True)
+    if result.exception is not None and not isinstance(result.exception, SystemExit):
+        raise AssertionError(f"labctl {argv!r} raised {result.exception!r}") from result.exception
+    assert "Traceback" not in result.output
+    assert result.exit_code in (0, 1, 2), (argv, result.exit_code, result.output)
