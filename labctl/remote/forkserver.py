@@ -23,8 +23,8 @@ what it left running in its session (a stray child) goes with it, so a run that 
 
 Forking is only safe from a quiet parent: before each fork the server counts its threads and refuses
 if there is more than one (or a process group is initialised); the preload must leave it so. A few
-settings are read once, when a library or the interpreter starts (LOAD_TIME): a request whose value
-differs from the server's is refused rather than run in a world it did not ask for.
+settings are read once, when a library or the interpreter starts (worker.py's LOAD_TIME): a request
+whose value differs from the server's is refused rather than run in a world it did not ask for.
 
 A forked worker's /proc/PID/environ shows the server's environment, so `stop` (stop.py) finds it
 in the registry: REGISTRY under SOCKET_PATH's folder, one file per live worker named by its pid,
@@ -52,26 +52,6 @@ REGISTRY = "workers"  # next to the socket: /tmp/ddplab/workers = stop.py's REGI
 # torch._dynamo: torch.optim imports it on a first optimizer, 1.3 s of every trainer run here.
 DEFAULT_PRELOAD = ("torch", "torch.distributed", "torch._dynamo", "numpy", "trainer.*")
 FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
-# Read once at start-up by the interpreter, libgomp (all but OMP_NUM_THREADS, applied per worker),
-# MKL, or torch's logging and compiler configs at import: only a process started with them has them.
-LOAD_TIME = ("PYTHONHASHSEED", "PYTHONOPTIMIZE", "PYTHONMALLOC", "PYTHONUTF8", "PYTHONHOME", "PYTHONIOENCODING",
-             "PYTHONNOUSERSITE", "PYTHONDEVMODE", "PYTHONSAFEPATH", "PYTHONINTMAXSTRDIGITS", "PYTHONTRACEMALLOC",
-             "PYTHONCOERCECLOCALE", "LD_PRELOAD", "LD_LIBRARY_PATH", "MKL_DYNAMIC", "TORCH_LOGS",
-             "TORCH_CPP_LOG_LEVEL")  # and the locale, compared as the interpreter takes it: ctype_locale
-LOAD_TIME_PREFIXES = ("OMP_", "GOMP_", "KMP_", "TORCHDYNAMO_", "TORCHINDUCTOR_", "TORCH_COMPILE_")
-THREAD_VARS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS", "GOTO_NUM_THREADS")
-
-
-def ctype_locale(env):
-    """The LC_CTYPE an interpreter started with `env` settles on, the one locale setting it reads at
-    start-up: the first of LC_ALL, LC_CTYPE and LANG that is set, with C (or none) coerced to C.UTF-8
-    (PEP 538). An SSH session without LANG and a `docker exec` with LANG=C.UTF-8 get the same."""
-    name = env.get("LC_ALL") or env.get("LC_CTYPE") or env.get("LANG") or "C"
-    if name in ("C", "POSIX") and not env.get("LC_ALL") and env.get("PYTHONCOERCECLOCALE") != "0":
-        return "C.UTF-8"
-    return name
-
-
 def ignored_signals():
     """Signals this process was started with ignored (Python itself ignores SIGPIPE and SIGXFSZ)."""
     return [int(s) for s in signal.valid_signals() if s not in (signal.SIGPIPE, signal.SIGXFSZ)
@@ -215,7 +195,7 @@ class Server:
         at import, and libgomp and MKL read their thread counts now (a worker is given the run's)."""
         import importlib
         import pkgutil
-        held = {var: os.environ.pop(var, None) for var in THREAD_VARS}
+        held = {var: os.environ.pop(var, None) for var in self.worker.THREAD_VARS}
         os.environ["OPENBLAS_NUM_THREADS"] = "1"
         done, missing = [], []
         try:
@@ -338,15 +318,9 @@ class Server:
         dist = sys.modules.get("torch.distributed")
         if dist is not None and dist.is_available() and dist.is_initialized():
             return "the fork server has a torch process group; restart it"
-        env = req["env"]
-        for var in sorted(set(env) | set(self.env)):
-            if (var in LOAD_TIME or var.startswith(LOAD_TIME_PREFIXES) and var not in THREAD_VARS) \
-                    and env.get(var) != self.env.get(var):
-                return "%s=%r, and the fork server started with %r: it is read once at start-up" % (
-                    var, env.get(var), self.env.get(var))
-        if ctype_locale(env) != ctype_locale(self.env):
-            return "the locale is %s, and the fork server started in %s: it is read once at start-up" % (
-                ctype_locale(env), ctype_locale(self.env))
+        changed = self.worker.load_time_change(req["env"], self.env)
+        if changed:
+            return changed
         if not os.path.isdir(req["cwd"]):
             return "no directory %s" % req["cwd"]
         return None
@@ -367,26 +341,11 @@ class Server:
         """In the forked worker: become what `python` started by the request would be, and run."""
         try:
             signal.set_wakeup_fd(-1)
-            signal.signal(signal.SIGCHLD, signal.SIG_DFL)
-            for sig in set(self.ignored) - set(req.get("ignored", [])):
-                signal.signal(sig, signal.default_int_handler if sig == signal.SIGINT else signal.SIG_DFL)
-            for sig in req.get("ignored", []):
-                signal.signal(sig, signal.SIG_IGN)
-            signal.pthread_sigmask(signal.SIG_SETMASK, req.get("blocked", []))
             for sock in [self.listener, conn] + [c for c in self.workers.values() if c is not None]:
                 sock.close()
             for fd in self.own_fds:
                 os.close(fd)
-            for target, fd in enumerate(fds):
-                os.dup2(fd, target)
-            for fd in fds:
-                os.close(fd)
-            os.setsid()  # its own process group: signals and the dead man's switch reach all of it
-            os.umask(req.get("umask", 0o22))
-            os.chdir(req["cwd"])
-            os.environ.clear()
-            os.environ.update(req["env"])
-            self.worker.refresh(req["env"], self.start)
+            self.worker.become(req, fds, self.ignored, self.start)
             self.worker.run_and_exit(req["argv"])
         except BaseException:
             import traceback

@@ -236,6 +236,40 @@ def run_and_exit(argv):
 # ------------------------------------------------ a forked worker: the fork server's child (forkserver.py)
 
 
+# Read once at start-up by the interpreter, libgomp (all but OMP_NUM_THREADS, applied per worker),
+# MKL, or torch's logging and compiler configs at import: only a process started with them has them.
+LOAD_TIME = ("PYTHONHASHSEED", "PYTHONOPTIMIZE", "PYTHONMALLOC", "PYTHONUTF8", "PYTHONHOME", "PYTHONIOENCODING",
+             "PYTHONNOUSERSITE", "PYTHONDEVMODE", "PYTHONSAFEPATH", "PYTHONINTMAXSTRDIGITS", "PYTHONTRACEMALLOC",
+             "PYTHONCOERCECLOCALE", "LD_PRELOAD", "LD_LIBRARY_PATH", "MKL_DYNAMIC", "TORCH_LOGS",
+             "TORCH_CPP_LOG_LEVEL")  # and the locale, compared as the interpreter takes it: ctype_locale
+LOAD_TIME_PREFIXES = ("OMP_", "GOMP_", "KMP_", "TORCHDYNAMO_", "TORCHINDUCTOR_", "TORCH_COMPILE_")
+THREAD_VARS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS", "GOTO_NUM_THREADS")
+
+
+def ctype_locale(env):
+    """The LC_CTYPE an interpreter started with `env` settles on, the one locale setting it reads at
+    start-up: the first of LC_ALL, LC_CTYPE and LANG that is set, with C (or none) coerced to C.UTF-8
+    (PEP 538). An SSH session without LANG and a `docker exec` with LANG=C.UTF-8 get the same."""
+    name = env.get("LC_ALL") or env.get("LC_CTYPE") or env.get("LANG") or "C"
+    if name in ("C", "POSIX") and not env.get("LC_ALL") and env.get("PYTHONCOERCECLOCALE") != "0":
+        return "C.UTF-8"
+    return name
+
+
+def load_time_change(env, server_env):
+    """Why a worker forked with `env` would not be what `python` started with it is (a setting read
+    at start-up, which the server read with its own value), or None."""
+    for var in sorted(set(env) | set(server_env)):
+        if (var in LOAD_TIME or var.startswith(LOAD_TIME_PREFIXES) and var not in THREAD_VARS) \
+                and env.get(var) != server_env.get(var):
+            return "%s=%r, and the fork server started with %r: it is read once at start-up" % (
+                var, env.get(var), server_env.get(var))
+    if ctype_locale(env) != ctype_locale(server_env):
+        return "the locale is %s, and the fork server started in %s: it is read once at start-up" % (
+            ctype_locale(env), ctype_locale(server_env))
+    return None
+
+
 def first_int(value):
     """A thread count as atoi and stoi read it ("4", "4,2"); None unless positive."""
     digits = (value or "").strip().split(",")[0]
@@ -258,6 +292,29 @@ def snapshot():
     options = warnings.filters[:]
     warnings.filters[:] = saved
     return {"base_path": base, "option_filters": options, "default_filters": [f for f in saved if f not in options]}
+
+
+def become(req, fds, server_ignored, start):
+    """In a forked child of the server, its own sockets closed: take the request's signal dispositions
+    and mask, its stdio (`fds`, received as its 0, 1 and 2), a session of its own (signals and the
+    server's dead man's switch reach all of it), its umask, cwd and environment, and then the rest
+    of what a new interpreter would have made of that environment (refresh)."""
+    signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+    for sig in set(server_ignored) - set(req.get("ignored", [])):
+        signal.signal(sig, signal.default_int_handler if sig == signal.SIGINT else signal.SIG_DFL)
+    for sig in req.get("ignored", []):
+        signal.signal(sig, signal.SIG_IGN)
+    signal.pthread_sigmask(signal.SIG_SETMASK, req.get("blocked", []))
+    for target, fd in enumerate(fds):
+        os.dup2(fd, target)
+    for fd in fds:
+        os.close(fd)
+    os.setsid()
+    os.umask(req.get("umask", 0o22))
+    os.chdir(req["cwd"])
+    os.environ.clear()
+    os.environ.update(req["env"])
+    refresh(req["env"], start)
 
 
 def refresh(env, start):
