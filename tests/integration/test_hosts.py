@@ -24,16 +24,17 @@ from labctl.hosts.inventory import load_inventory
 NO_DOCKER = {"DOCKER_HOST": "unix:///nonexistent/labctl-hosts-must-not-use-docker.sock"}
 SCRIPTS = "tests/integration/scripts"
 
-# Run on a host: how many processes of any labctl run are alive there (found as labctl's stop finds them).
+# Run on a host: the processes of any labctl run alive there (found as labctl's stop finds them),
+# one line each, "pid state command line": a test that finds one left says which it is.
 LEFTOVERS = r"""
 import os
-n = 0
 for p in os.listdir("/proc"):
     try:
-        n += p.isdigit() and b"DDPLAB_RUN_ID=" in open(f"/proc/{p}/environ", "rb").read()
+        if p.isdigit() and b"DDPLAB_RUN_ID=" in open(f"/proc/{p}/environ", "rb").read():
+            state = open(f"/proc/{p}/stat").read().rpartition(")")[2].split()[0]
+            print("RUN_PROCESS", p, state, open(f"/proc/{p}/cmdline", "rb").read().replace(b"\0", b" ")[:150].decode())
     except OSError:
         pass
-print("RUN_PROCESSES", n)
 """
 
 
@@ -49,10 +50,11 @@ def plain_ssh(inventory: Path, host_name: str, command: str) -> subprocess.Compl
     return subprocess.run(argv, capture_output=True, text=True, timeout=60)
 
 
-def run_processes(inventory: Path, host_name: str) -> int:
+def run_processes(inventory: Path, host_name: str) -> list[str]:
+    """The run processes alive on the host ("pid state command line"); [] when none is."""
     result = plain_ssh(inventory, host_name, f"/opt/venv/bin/python -c {shlex.quote(LEFTOVERS)}")
     assert result.returncode == 0, result.stderr
-    return int(result.stdout.split("RUN_PROCESSES")[1])
+    return [line.split(" ", 1)[1] for line in result.stdout.splitlines() if line.startswith("RUN_PROCESS ")]
 
 
 def ssh_lab_up(nodes: int = 2) -> tuple[str, Path, dict]:
@@ -137,7 +139,7 @@ def test_hosts_run_runs_a_plain_ddp_script_on_two_ssh_hosts(ssh_lab):
         probe = plain_ssh(inventory, host, f"test -f {ws}/{SCRIPTS}/plain_ddp.py && test ! -e {ws}/.venv && "
                           f"test ! -e {ws}/.lab/wheelhouse && test ! -e {ws}/.git && test -f {ws}/.lab/{name}/{host}.env")
         assert probe.returncode == 0, (host, probe.stdout, probe.stderr)
-        assert run_processes(inventory, host) == 0
+        assert run_processes(inventory, host) == []
 
 
 def test_hosts_run_trains_the_trainer_and_brings_its_metrics_home(ssh_lab):
@@ -208,7 +210,7 @@ def test_ctrl_c_leaves_no_process_on_any_host(ssh_lab):
                             text=True, env={**os.environ, **NO_DOCKER, "COLUMNS": "200"})
     try:
         wait_for_lines(proc, r"SLEEPER_READY rank=\d", 2, timeout_s=120)
-        assert run_processes(inventory, "node1") > 0
+        assert run_processes(inventory, "node1")
         started = time.monotonic()
         proc.send_signal(signal.SIGINT)
         proc.wait(timeout=60)
@@ -217,7 +219,7 @@ def test_ctrl_c_leaves_no_process_on_any_host(ssh_lab):
     assert proc.returncode == 130, proc.stdout.read()
     assert time.monotonic() - started < 30
     for host in ("node0", "node1"):
-        assert run_processes(inventory, host) == 0, host
+        assert run_processes(inventory, host) == [], host
     listening = plain_ssh(inventory, "node0", "ss -Hltn 'sport = :29500'")
     assert listening.returncode == 0 and listening.stdout.strip() == ""
 
@@ -235,11 +237,11 @@ def test_a_killed_labctl_leaves_no_process_either(ssh_lab):
     finally:
         proc.kill()
     deadline = time.monotonic() + 20
-    left = {"node0": -1, "node1": -1}
+    left = {"node0": ["?"], "node1": ["?"]}
     while any(left.values()) and time.monotonic() < deadline:
         left = {host: run_processes(inventory, host) for host in left}
         time.sleep(0.5)
-    assert left == {"node0": 0, "node1": 0}
+    assert left == {"node0": [], "node1": []}
 
 
 def test_a_failing_host_stops_the_others_and_is_named(ssh_lab):
@@ -253,7 +255,7 @@ def test_a_failing_host_stops_the_others_and_is_named(ssh_lab):
     root = json.loads(result.stdout)["root_cause"]  # --json: the one document on stdout, as for `labctl run`
     assert (root["node"], root["rank"], root["error"]) == ("node1", 1, "ValueError: deliberate failure on rank 1")
     for host in ("node0", "node1"):
-        assert run_processes(inventory, host) == 0, host
+        assert run_processes(inventory, host) == [], host
 
 
 def test_sync_never_mirrors_into_a_folder_it_did_not_make(ssh_lab):
