@@ -24,20 +24,30 @@ demo: image
 	$(LABCTL) run -- -m trainer --epochs 3
 	@echo "The lab is still up: '$(LABCTL) status' shows it, '$(LABCTL) down' removes it."
 
-# The unit tests in two processes (pytest-xdist; about 2 minutes instead of 4), then the tests that
-# drive real labs, one at a time: they measure links and CPU shares that a second test would skew.
-# Both run whatever the first gave; make fails if either did.
+# The unit tests in two processes (pytest-xdist), then the tests that drive real labs: two at a time,
+# a module per worker (their labs are the module's), and last, one at a time, those marked `alone`,
+# which measure links, round trips and CPU shares that a second test would skew. Each step runs
+# whatever the ones before gave; make fails if any did (5, "no tests selected" by a PYTEST_ARGS
+# filter, is not a failure).
+INTEGRATION := tests/docs tests/integration
+PYTEST := $(BIN)/python -m pytest
+RUN_INTEGRATION := $(PYTEST) $(INTEGRATION) -n 2 --dist loadfile -m "not alone" $(PYTEST_ARGS) || passed_or_empty $$?; \
+	$(PYTEST) $(INTEGRATION) -m alone $(PYTEST_ARGS) || passed_or_empty $$?
+define TALLY
+status=0; passed_or_empty() { [ "$$1" -eq 5 ] || status=$$1; }
+endef
+
 test: docs image image-cuda image-mismatch host-torch netem-vm
-	@status=0; \
-	$(BIN)/python -m pytest tests/unit -n 2 $(PYTEST_ARGS) || status=$$?; \
-	$(BIN)/python -m pytest tests/docs tests/integration $(PYTEST_ARGS) || status=$$?; \
+	@$(TALLY); \
+	$(PYTEST) tests/unit -n 2 $(PYTEST_ARGS) || passed_or_empty $$?; \
+	$(RUN_INTEGRATION); \
 	exit $$status
 
 unit: venv host-torch tools
-	$(BIN)/python -m pytest tests/unit $(PYTEST_ARGS)
+	$(PYTEST) tests/unit $(PYTEST_ARGS)
 
 integration: image image-cuda image-mismatch host-torch netem-vm
-	$(BIN)/python -m pytest tests/integration $(PYTEST_ARGS)
+	@$(TALLY); $(RUN_INTEGRATION); exit $$status
 
 # The documentation site (mkdocs.yml, docs/): built strict into site/, so a broken link or a page
 # missing from the nav fails `make test`; it needs no network and browses from file://.

@@ -3,6 +3,9 @@
 labctl itself needs no torch (the nodes bring their own), so `make demo` leaves it out of .venv;
 `make test` adds its CPU build (`make host-torch`). Without it the trainer's tests cannot import,
 and one clear line is better than a screen of ImportErrors.
+
+A test module's line for the end of the session (the docs' tally) is printed here when an xdist
+worker ran it: the worker's own terminal summary is never shown.
 """
 
 import importlib.util
@@ -14,3 +17,16 @@ def pytest_configure(config):
     if importlib.util.find_spec("torch") is None:
         pytest.exit("the tests run the trainer on this machine and need torch in this Python: `make host-torch` "
                     "installs its CPU build into .venv (`make test` does it for you)", returncode=1)
+
+
+WORKER_LINES: list[str] = []
+
+
+@pytest.hookimpl(optionalhook=True)  # pytest-xdist's, on the controller
+def pytest_testnodedown(node, error):
+    WORKER_LINES.extend(getattr(node, "workeroutput", {}).get("summary_lines", []))
+
+
+def pytest_terminal_summary(terminalreporter):
+    for line in WORKER_LINES:
+        terminalreporter.write_line(line)

@@ -52,16 +52,25 @@ def items():
 class Tallied:
     """The line at the end of the session: how many of the pages' blocks ran (registered by the
     fixture, so it says nothing in a session that ran none; no conftest.py here, whose module name
-    would shadow tests/integration's `from conftest import ...` when both folders are named)."""
+    would shadow tests/integration's `from conftest import ...` when both folders are named). In an
+    xdist worker it goes to the controller, which prints it (tests/conftest.py)."""
+
+    @staticmethod
+    def line() -> str:
+        pages = ", ".join(f"{count} of {page}" for page, count in TALLY.ran.items())
+        return (f"docs: ran {sum(TALLY.ran.values())} blocks ({pages}) against a real lab in {TALLY.seconds:.0f} s; "
+                f"{TALLY.compared} of them compared with the output the page shows, {TALLY.checks} checks after them; "
+                f"{COVERED} more run by the integration tests they name")
 
     @staticmethod
     def pytest_terminal_summary(terminalreporter):
         if TALLY.ran:
-            pages = ", ".join(f"{count} of {page}" for page, count in TALLY.ran.items())
-            terminalreporter.write_line(
-                f"docs: ran {sum(TALLY.ran.values())} blocks ({pages}) against a real lab in {TALLY.seconds:.0f} s; "
-                f"{TALLY.compared} of them compared with the output the page shows, {TALLY.checks} checks after them; "
-                f"{COVERED} more run by the integration tests they name")
+            terminalreporter.write_line(Tallied.line())
+
+    @staticmethod
+    def pytest_sessionfinish(session):
+        if TALLY.ran and hasattr(session.config, "workeroutput"):
+            session.config.workeroutput.setdefault("summary_lines", []).append(Tallied.line())
 
 
 @pytest.fixture(scope="module")

@@ -10,6 +10,8 @@ import subprocess
 import sys
 import time
 
+import pytest
+
 from labctl.lab import tcp
 
 from conftest import (
@@ -180,6 +182,7 @@ def busy_seconds(client, container: str, pick=min) -> float:
     return pick(sorted(float(x) for x in runs))
 
 
+@pytest.mark.alone  # node1's unthrottled loop must have a core to itself
 def test_slow_makes_a_straggler_in_place_and_clear_lifts_it(lab3, docker_client):
     name, _ = lab3
     labctl("slow", "--lab", name, "node2", "--cpus", "0.25", check=True)

@@ -10,6 +10,8 @@ import pytest
 
 from conftest import drop_lab, labctl, lab_resources, module_lab, new_lab_name
 
+pytestmark = pytest.mark.alone  # it measures round trips against the shaped delay
+
 UNDO_ROLE = "io.ddplab.role=shape-undo"
 
 

@@ -9,6 +9,8 @@ import pytest
 
 from conftest import labctl
 
+pytestmark = pytest.mark.alone  # it measures the ring's bandwidth against the shaped link
+
 TOLERANCE = 0.15  # shaped bandwidth within 15% (mininet's assertWithinTolerance, in spirit)
 
 

@@ -50,6 +50,9 @@ import netem_vm  # noqa: E402
 
 from labctl.net.tc import netem_missing, parse_link_state  # noqa: E402
 
+# Its round trips, jitter quantiles and rates are measured in a QEMU VM that a second test's load stretches.
+pytestmark = pytest.mark.alone
+
 TIMER_SLACK_MS = 2.0
 JITTER_QUANTILE_MS = 2.0
 LOSS_CONFIDENCE = 0.999

@@ -11,7 +11,9 @@ from conftest import lab_resources, labctl
 from labctl.diagnose.scenarios import SCENARIOS
 
 
-@pytest.mark.parametrize("name", list(SCENARIOS))
+# The straggler scenario's verdict rests on a CPU share that a second test's load would blur.
+@pytest.mark.parametrize("name", [pytest.param(name, marks=pytest.mark.alone) if name == "straggler" else name
+                                  for name in SCENARIOS])
 def test_scenario_shows_diagnoses_and_fixes(name, docker_client, node_image):
     result = labctl("scenario", "run", name, "--json", timeout=SCENARIOS[name].bound_s + 60)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]

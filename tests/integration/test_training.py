@@ -9,6 +9,8 @@ import pytest
 
 from conftest import labctl, summary_of
 
+pytestmark = pytest.mark.alone  # its straggler and scaling rows are CPU shares and throughputs
+
 GPT = ["-m", "trainer", "--workload", "gpt", "--threads", "1"]
 
 
