@@ -135,17 +135,30 @@ def stop_run(run_id, grace_s, registry=REGISTRY_DIR):
     signal_all(run_id, signal.SIGKILL, registry)
 
 
+def say(line):
+    """Print a line, if anyone can still read it."""
+    try:
+        print(line, flush=True)
+    except OSError:
+        pass
+
+
 def watch(grace_s, argv):
     """Run argv under the dead man's switch on stdin; the exit status to leave with."""
     child = subprocess.Popen(argv, stdin=subprocess.DEVNULL)  # the session's stdin is the watchdog's alone
 
     def on_close():
         # Raw reads of fd 0: a thread blocked in sys.stdin's buffered reader holds its lock, and the
-        # interpreter aborts at exit (SIGABRT) when it finds it held.
-        while os.read(0, 4096):
+        # interpreter aborts at exit (SIGABRT) when it finds it held. An error reads as the end too.
+        try:
+            while os.read(0, 4096):
+                pass
+        except OSError:
             pass
         if child.poll() is None:
-            print("labctl: the SSH session closed; stopping this host's part of the run", flush=True)
+            # Where labctl was killed, its ssh client may have died too, and the session's output with
+            # it: the note then cannot be written (EPIPE), and the run must be stopped all the same.
+            say("labctl: the SSH session closed; stopping this host's part of the run")
             stop_run(os.environ[RUN_ID_VAR], grace_s)
 
     threading.Thread(target=on_close, daemon=True).start()
@@ -163,7 +176,10 @@ if __name__ == "__main__":
         print(report(sys.argv[2], sys.argv[3] if len(sys.argv) > 3 else REGISTRY_DIR), flush=True)
     elif mode == "watch":
         status = watch(float(sys.argv[2]), sys.argv[3:])
-        sys.stdout.flush()
+        try:
+            sys.stdout.flush()
+        except OSError:  # the session's output is gone (see on_close)
+            pass
         os._exit(status)  # not sys.exit: the watcher may still be blocked in its read
     else:
         sys.exit("usage: stop RUN_ID GRACE_S [REGISTRY_DIR] | report RUN_ID [REGISTRY_DIR] | watch GRACE_S ARGV...")

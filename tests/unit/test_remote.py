@@ -221,6 +221,29 @@ def test_the_watchdog_stops_the_run_when_its_stdin_closes():
         watchdog.wait()
 
 
+def test_the_watchdog_stops_the_run_when_the_whole_session_is_gone():
+    """labctl killed with -9: its ssh client dies too (SIGPIPE on the output labctl no longer reads),
+    so the session's stdout is gone when stdin closes. The watchdog's note then cannot be written;
+    it must stop the run all the same (it once died on that write, leaving the run on the host)."""
+    env = {**os.environ, RUN_ID_VAR: new_run_id()}
+    out_r, out_w = os.pipe()
+    watchdog = subprocess.Popen([sys.executable, "-c", launch.STOP_SCRIPT, "watch", "1", sys.executable, "-c",
+                                 "import os, time; os.write(1, b'up'); time.sleep(60)"],
+                                stdin=subprocess.PIPE, stdout=out_w, stderr=subprocess.DEVNULL, env=env)
+    os.close(out_w)
+    try:
+        assert os.read(out_r, 2) == b"up"
+        [child] = _children(watchdog.pid)
+        os.close(out_r)  # the session's output: nobody reads it any more
+        watchdog.stdin.close()
+        assert watchdog.wait(timeout=TIMEOUT_S) == 128 + signal.SIGTERM
+        with pytest.raises(ProcessLookupError):
+            os.kill(child, 0)
+    finally:
+        watchdog.kill()
+        watchdog.wait()
+
+
 def test_the_watchdog_passes_the_jobs_exit_status_through():
     env = {**os.environ, RUN_ID_VAR: new_run_id()}
     held = subprocess.Popen([sys.executable, "-c", launch.STOP_SCRIPT, "watch", "1", sys.executable, "-c",
