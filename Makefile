@@ -33,12 +33,12 @@ INTEGRATION := tests/docs tests/integration
 PYTEST := $(BIN)/python -m pytest
 RUN_INTEGRATION := $(PYTEST) $(INTEGRATION) -n 2 --dist loadfile -m "not alone" $(PYTEST_ARGS) || passed_or_empty $$?; \
 	$(PYTEST) $(INTEGRATION) -m alone $(PYTEST_ARGS) || passed_or_empty $$?
-define TALLY
+define TRACK_STATUS
 status=0; passed_or_empty() { [ "$$1" -eq 5 ] || status=$$1; }
 endef
 
 test: docs image image-cuda image-mismatch host-torch netem-vm
-	@$(TALLY); \
+	@$(TRACK_STATUS); \
 	$(PYTEST) tests/unit -n 2 $(PYTEST_ARGS) || passed_or_empty $$?; \
 	$(RUN_INTEGRATION); \
 	exit $$status
@@ -47,7 +47,7 @@ unit: venv host-torch tools
 	$(PYTEST) tests/unit $(PYTEST_ARGS)
 
 integration: image image-cuda image-mismatch host-torch netem-vm
-	@$(TALLY); $(RUN_INTEGRATION); exit $$status
+	@$(TRACK_STATUS); $(RUN_INTEGRATION); exit $$status
 
 # The documentation site (mkdocs.yml, docs/): built strict into site/, so a broken link or a page
 # missing from the nav fails `make test`; it needs no network and browses from file://.

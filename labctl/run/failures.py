@@ -275,8 +275,8 @@ def judge(streams: Sequence[Stream], *, ok: bool, timed_out: bool = False, inter
     failures); `live_ranks`: the ranks each node still ran when labctl stopped it; `oom_kills`: each
     node's memory cgroup's OOM kills at the end of the run."""
     year = year or datetime.now().year
-    of = {id(s): stream_failures(s, year) for s in streams}
-    failures = sorted((f for s in streams for f in of[id(s)]), key=_order)
+    parsed = [(s, stream_failures(s, year)) for s in streams]
+    failures = sorted((f for _, found in parsed for f in found), key=_order)
     if interrupted:
         return Verdict(130, None, failures, interrupted=True)
     if timed_out:
@@ -285,7 +285,7 @@ def judge(streams: Sequence[Stream], *, ok: bool, timed_out: bool = False, inter
             {s.node for s in streams if s.exit_code is None or s.stopped})
         # A launch still running at the timeout was stopped by it: what it then said (a peer gone) is
         # the stop's doing, not a failure from before it.
-        own = sorted((f for s in streams if not s.stopped for f in of[id(s)] if not f.stopped), key=_order)
+        own = sorted((f for s, found in parsed if not s.stopped for f in found if not f.stopped), key=_order)
         return Verdict(124, own[0] if own else None, own[1:], unfinished, timed_out=True)
     if ok:
         return Verdict(0, None, failures)

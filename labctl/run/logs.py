@@ -39,9 +39,11 @@ def tail_lines(data: bytes, lines: int | None) -> bytes:
     return b"".join(deque(re.findall(rb"[^\n]*\n|[^\n]+$", data), maxlen=lines))
 
 
-def known_runs(runs: Path) -> list[str]:
-    """The run ids under `runs`, oldest first (ids sort by start time); none where there is no such folder."""
-    return sorted(p.name for p in runs.iterdir() if p.is_dir() and p.name != "latest") if runs.is_dir() else []
+def runs_hint(runs: Path) -> str:
+    """The hint for a run that is not under `runs`: the latest 5 run ids there (ids sort by start
+    time), or how to make one."""
+    known = sorted(p.name for p in runs.iterdir() if p.is_dir() and p.name != "latest") if runs.is_dir() else []
+    return f"runs here: {', '.join(known[-5:])}" if known else "`labctl run -- -m trainer` makes one"
 
 
 def run_dir(lab_directory: Path, run_id: str | None) -> Path:
@@ -50,9 +52,7 @@ def run_dir(lab_directory: Path, run_id: str | None) -> Path:
     runs = lab_directory / "runs"
     path = runs / (run_id or "latest")
     if not is_folder(path):
-        known = known_runs(runs)
-        raise LabError(f"no run {run_id or 'yet'} in {runs}",
-                       hint=f"runs here: {', '.join(known[-5:])}" if known else "`labctl run -- -m trainer` makes one")
+        raise LabError(f"no run {run_id or 'yet'} in {runs}", hint=runs_hint(runs))
     return path.resolve()
 
 

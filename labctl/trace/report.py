@@ -17,7 +17,7 @@ from pathlib import Path
 
 from labctl.errors import LabError, StateError
 from labctl.plotting import INSTALL_HINT, have_matplotlib
-from labctl.run.logs import known_runs
+from labctl.run.logs import runs_hint
 from labctl.run.logs import run_dir as latest_run_dir
 from labctl.trace import chrome, draw
 from labctl.trace.align import Alignment, align
@@ -86,9 +86,7 @@ def find_run(lab_directory: Path, run: str | None = None, cwd: Path | None = Non
     path = path if path.is_absolute() else (cwd or Path.cwd()) / path
     if is_folder(path):
         return path.resolve()
-    known = known_runs(runs)
-    raise LabError(f"no run {run!r}: neither a run id in {runs} nor a folder",
-                   hint=f"runs here: {', '.join(known[-5:])}" if known else "`labctl run -- -m trainer` makes one")
+    raise LabError(f"no run {run!r}: neither a run id in {runs} nor a folder", hint=runs_hint(runs))
 
 
 def resolve_steps(steps: str | tuple[int | None, int | None] | None) -> tuple[tuple[int | None, int | None] | None, str]:
