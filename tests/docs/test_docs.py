@@ -43,7 +43,9 @@ def items():
             if block is not None and not block.runs_here:
                 continue
             kind = block.language if block else "check"
-            marks = [pytest.mark.integration]
+            # alone: the pages' outputs are measurements (busbw at the wire, fp16 halving the all-reduce,
+            # the straggler): beside another test's load, fp16's all-reduce once came out no faster.
+            marks = [pytest.mark.integration, pytest.mark.alone]
             if block is not None:
                 marks.append(pytest.mark.timeout(block.timeout_s + 60))
             yield pytest.param(example, id=f"{Path(path).name}:{example.line}-{kind}", marks=marks)
