@@ -33,7 +33,7 @@ INTEGRATION_TIMEOUT_S = 900
 # integration tests over two workers a module at a time (pytest-xdist --dist loadfile), and a long
 # module dealt last would run on alone while the other worker idles. Only the order changes.
 LONG_FIRST = ("test_slurm_cluster.py", "test_scenarios.py", "test_pytest_plugin.py", "test_ci_workflow.py",
-              "test_faults.py", "test_other_python.py", "test_hosts.py")
+              "test_faults.py", "test_netem_kernel.py", "test_other_python.py", "test_hosts.py")
 
 
 def pytest_collection_modifyitems(items):
