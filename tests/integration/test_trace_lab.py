@@ -1,17 +1,16 @@
 """`labctl trace` on a real lab with a straggler (node2 at a quarter of a CPU): the picture, the table
 naming node2, its waiting total against SUMMARY's, the clocks aligned within 1 ms, the merged trace's
-format, the refusals; and where trace is used: bench straggler's before/after picture and the
-straggler scenario's diagnosis."""
+format, the refusals; and where trace is used: bench straggler's before/after picture (the straggler
+scenario's diagnosis with the timeline is tests/integration/test_scenarios.py's)."""
 
 from __future__ import annotations
 
 import json
-import shutil
 from pathlib import Path
 
 import pytest
 
-from conftest import REPO, drop_lab, labctl, new_lab_name, summary_of
+from conftest import drop_lab, labctl, new_lab_name, summary_of
 
 pytestmark = pytest.mark.alone  # its straggler is a CPU share, which a second test's load blurs
 
@@ -99,15 +98,3 @@ def test_bench_straggler_draws_before_and_after_side_by_side(straggler_lab, tmp_
     assert result["timeline"] == str(tmp_path / "straggler-timeline.png")
     assert Path(result["timeline"]).read_bytes()[:8] == PNG_MAGIC
 
-
-def test_the_straggler_scenario_diagnoses_with_the_timeline(docker_client, node_image):
-    kept = REPO / ".lab" / "scn-straggler"
-    try:
-        result = labctl("scenario", "run", "straggler", "--json", timeout=180)
-        assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-        [outcome] = json.loads(result.stdout)
-        assert outcome["timeline"].startswith("the others waited for rank 1 (node1): "), outcome["timeline"]
-        png = Path(outcome["timeline"].rsplit("timeline: ", 1)[1])
-        assert png.read_bytes()[:8] == PNG_MAGIC and png.is_relative_to(kept / "runs")
-    finally:
-        shutil.rmtree(kept, ignore_errors=True)
