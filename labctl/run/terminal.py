@@ -3,7 +3,9 @@ spared what repeats or follows from the failure that matters:
 - torchrun's traceback with its ChildFailedError report (one per node, each blaming nothing) or
   its shutdown on a signal, and its `failed (exitcode: N)` log line: the last lines say it better;
 - the traceback of a rank that failed only because another did (its peer gone, a collective timed
-  out, the store gone), and a C++ abort's `terminate called ... what(): Connection closed by peer`.
+  out, the store gone), with what follows its exception line (an error raised in a callback, such
+  as DDP's all-reduce hook, goes on with blank lines and `At:` stacks), and a C++ abort's
+  `terminate called ... what(): Connection closed by peer`.
 A rank's traceback is held back until its exception line arrives, then printed whole or dropped.
 Pure: fed lines, it returns the lines to print.
 """
@@ -20,6 +22,7 @@ from labctl.run.failures import (
 )
 
 REPORT_RULE = re.compile(r"^=+\s*$")
+CALLBACK_STACK = "At:"  # torch's line before the Python stack of a callback that raised
 MAX_HELD = 400  # lines of one traceback held back at most; a longer one is printed as it comes
 
 
@@ -30,11 +33,17 @@ class TerminalFilter:
         self.held: dict[int | None, list[str]] = {}  # by rank (None: no rank prefix)
         self.in_report = False
         self.report_root_seen = False
+        self.dropping = False  # in the tail of a dropped consequence's exception line
+        self.dropping_rank: int | None = None  # and whose (None: no rank prefix)
 
     def feed(self, line: str) -> list[str]:
         rank, text = strip_rank(line)
         if self.in_report:
             return self._in_report(text)
+        if self.dropping:
+            if self._in_dropped_tail(rank, text):
+                return []
+            self.dropping = False
         if AGENT_FAILED.match(text):
             return []
         held = self.held.get(rank)
@@ -62,8 +71,16 @@ class TerminalFilter:
             self.report_root_seen = False
             return []
         if consequence_of(text):
+            self.dropping, self.dropping_rank = True, rank
             return []
         return held + [line]
+
+    def _in_dropped_tail(self, rank: int | None, text: str) -> bool:
+        """A line of what follows a dropped consequence's exception line: a blank line (torch writes
+        those without the rank's prefix), `At:` and the indented stack under it."""
+        if not text.strip():
+            return rank in (None, self.dropping_rank)
+        return rank == self.dropping_rank and (text == CALLBACK_STACK or text.startswith((" ", "\t")))
 
     def _in_report(self, text: str) -> list[str]:
         if text.startswith("Root Cause"):

@@ -154,6 +154,24 @@ def test_a_consequences_traceback_goes_to_the_log_only():
         assert lines == [next(x for x in lines if x.startswith("FAIL_HOW"))], lines
 
 
+def test_a_survivors_callback_stacks_go_to_the_log_only():
+    # node1's log of an elastic trainer run whose node2 was killed (a copy, nothing edited): its
+    # error came from DDP's all-reduce hook, so after the exception line torch wrote blank lines and
+    # two `At:` stacks, which reached the terminal until the filter dropped a consequence's tail too.
+    lines = (RECORDED / "elastic-survivor-node1.log").read_text().splitlines()
+    terminal = TerminalFilter()
+    shown = [x for line in lines for x in terminal.feed(line)] + terminal.flush()
+    assert shown == ["[rank 1/2 node1] step 60/60 loss 2.430710 (42 ms: compute 36, comm wait 4)"]
+
+
+def test_a_root_causes_callback_stack_stays_on_the_terminal():
+    lines = ["[rank1]: Traceback (most recent call last):", '[rank1]:   File "x.py", line 2, in <module>',
+             "[rank1]: RuntimeError: Got the following error when running the callback: ValueError: mine", "",
+             "[rank1]: At:", "[rank1]:   x.py(2): <lambda>", "", "FAIL_HOW rank=1"]
+    terminal = TerminalFilter()
+    assert [x for line in lines for x in terminal.feed(line)] + terminal.flush() == lines
+
+
 def test_a_traceback_cut_short_is_printed_at_the_end():
     terminal = TerminalFilter()
     assert terminal.feed("[rank3]: Traceback (most recent call last):") == []
