@@ -4,24 +4,37 @@ the pytest plugin in any test session)."""
 
 from __future__ import annotations
 
+import os
 import sys
 from functools import cache
 
 
+PIPED_WIDTH = 200  # columns for output that is not a terminal, unless COLUMNS says otherwise
+
+
+def piped_width(stream, environ=None) -> int | None:
+    """None on a terminal (rich asks it, or takes COLUMNS); piped or captured output (CI logs,
+    tests) gets COLUMNS where it is a positive number, else PIPED_WIDTH: wide lines instead of
+    rich's 80-column default, so tables are not cut to "…"."""
+    if stream.isatty():
+        return None
+    columns = (os.environ if environ is None else environ).get("COLUMNS", "").strip()
+    return int(columns) if columns.isdigit() and int(columns) > 0 else PIPED_WIDTH
+
+
 @cache
 def stdout_console():
-    """rich's Console on stdout. Piped or captured output (CI logs, tests) gets wide lines instead
-    of rich's 80-column default, so tables are not cut to "…"."""
+    """rich's Console on stdout, `piped_width` wide when not on a terminal."""
     from rich.console import Console
 
-    return Console(highlight=False, width=None if sys.stdout.isatty() else 200)
+    return Console(highlight=False, width=piped_width(sys.stdout))
 
 
 @cache
 def stderr_console():
     from rich.console import Console
 
-    return Console(stderr=True, highlight=False, width=None if sys.stderr.isatty() else 200)
+    return Console(stderr=True, highlight=False, width=piped_width(sys.stderr))
 
 
 def __getattr__(name: str):

@@ -6,11 +6,20 @@ and one clear line is better than a screen of ImportErrors.
 
 A test module's line for the end of the session (the docs' tally) is printed here when an xdist
 worker ran it: the worker's own terminal summary is never shown.
+
+labctl's output follows COLUMNS when it is not a terminal, and pytest-xdist's workers start with
+COLUMNS=80 and LINES=24 in their environment (readline's, as it starts there), where a run in one
+process has none. A worker's own output is never shown, so there COLUMNS is set to 200, the width
+labctl uses without it and the one the tests' expectations were written for.
 """
 
 import importlib.util
+import os
 
 import pytest
+
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    os.environ["COLUMNS"] = "200"
 
 
 def pytest_configure(config):

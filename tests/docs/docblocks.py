@@ -65,7 +65,7 @@ SHELL = ("bash", "sh", "shell")
 RUNNABLE = (*SHELL, "python")
 DEFAULT_TIMEOUT_S = 240
 DEFAULT_LAB = "ddplab"
-COLUMNS = "100"  # the width the pages' tables were printed at
+COLUMNS = "200"  # the width the pages' tables were printed at (labctl's own for piped output)
 SHOWN_CHECKOUT = "/work/main"  # where the pages' outputs were made
 SHOWN_HOST = "vm"  # and on which machine
 
