@@ -4,9 +4,9 @@ The machines this suite runs on have no sch_netem, so here labctl's tc programs 
 with Debian's stock kernel (tests/netem/: netem_vm.py says how). One boot serves every test
 below (about a minute of wall time; in the guest's time, 7.5 s to boot and 33 s of measuring);
 `make netem-vm` installs QEMU and prepares the kernel and initramfs, and the tests fail, never
-skip, when that was not done. Both nodes (network
-namespaces A and B joined by veth) get the same shape, as `labctl shape` shapes every node, so a
-delay D on egress adds 2*D to a round trip, and with --ingress 4*D.
+skip, when that was not done. Both nodes (network namespaces A and B joined by veth) get the
+same shape, as `labctl shape` shapes every node, so a delay D on egress adds 2*D to a round trip,
+and with --ingress 4*D.
 
 The VM's clock counts instructions (netem_vm.QEMU_CLOCK), so every time below is the guest's own:
 the same on a fast machine, a slow one or a busy one, and this module runs beside other tests. The
