@@ -7,10 +7,11 @@ and one clear line is better than a screen of ImportErrors.
 A test module's line for the end of the session (the docs' tally) is printed here when an xdist
 worker ran it: the worker's own terminal summary is never shown.
 
-labctl's output follows COLUMNS when it is not a terminal, and pytest-xdist's workers start with
-COLUMNS=80 and LINES=24 in their environment (readline's, as it starts there), where a run in one
-process has none. A worker's own output is never shown, so there COLUMNS is set to 200, the width
-labctl uses without it and the one the tests' expectations were written for.
+labctl's output follows COLUMNS when it is not a terminal. pytest imports readline, which puts
+COLUMNS=80 and LINES=24 into the environment of every process pytest starts (pytest-xdist's
+workers among them), though not into pytest's own os.environ. A worker's own output is never
+shown, so there COLUMNS is set to 200, the width labctl uses without it and the one the tests'
+expectations were written for; the tests' own `labctl` subprocesses get 200 from their helpers.
 """
 
 import importlib.util
