@@ -22,6 +22,7 @@ from labctl.run.launch import FORK_SOCKET
 REPO = Path(__file__).resolve().parents[2]
 SCRIPTS = Path(__file__).resolve().parent / "scripts"
 LABEL = "io.ddplab.lab"
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"  # the first 8 bytes of every PNG file: a picture was drawn
 # Per test, its fixtures' share included (pytest-timeout): above the longest timeout a test gives a
 # command of its own (600 s: an image build, `docker load`, pip), so that one fails first and says
 # which command hung; a test that hangs anywhere else fails here, with its stack, and its lab's

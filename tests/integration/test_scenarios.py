@@ -10,10 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from conftest import REPO, lab_resources, labctl
+from conftest import PNG_MAGIC, REPO, lab_resources, labctl
 from labctl.diagnose.scenarios import SCENARIOS
-
-PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
 
 # The straggler scenario's verdict rests on a CPU share that a second test's load would blur.

@@ -10,11 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from conftest import drop_lab, labctl, new_lab_name, summary_of
+from conftest import PNG_MAGIC, drop_lab, labctl, new_lab_name, summary_of
 
 pytestmark = pytest.mark.alone  # its straggler is a CPU share, which a second test's load blurs
-
-PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
 
 @pytest.fixture(scope="module")
