@@ -97,6 +97,14 @@ def parse_loss_pct(text: str, key: str = "--loss") -> float:
     return loss
 
 
+def format_bytes(size: int) -> str:
+    """A size as docker shows images' (1000-based): '950.1 MB', '8.1 GB'."""
+    for unit, scale in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if size >= scale:
+            return f"{size / scale:.1f} {unit}"
+    return f"{size} B"
+
+
 def parse_size(text: str, key: str = "--sizes") -> int:
     """Message size: '16M' -> 16 MiB in bytes (1024-based, as nccl-tests)."""
     match = _SIZE_RE.match(str(text).strip())

@@ -6,8 +6,9 @@
    .lab/wheelhouse of the build context for the base image's own Python and platform, which a short
    run of the base image reports (labctl/lab/wheelhouse.py), and the Dockerfile installs from there
    with --no-index.
-3. Build with the Docker SDK, showing the Dockerfile's steps as a progress bar. The image carries
-   a hash of its inputs as a label, so an up-to-date image is recognised without building.
+3. Build with the Docker SDK, showing the Dockerfile's steps as a progress bar (labctl/lab/builder.py,
+   which after `build --lean` also removes the build's intermediate stages). The image carries a
+   hash of its inputs as a label, so an up-to-date image is recognised without building.
 
 The build context is the checkout, or for an installed labctl a folder in its cache laid out the
 same way (labctl/assets.py), so the hash is the same for both.
@@ -24,7 +25,6 @@ import dataclasses
 import hashlib
 import json
 import os
-import re
 import shutil
 import subprocess
 import tempfile
@@ -36,6 +36,7 @@ from typing import Callable, Iterable, Iterator
 from labctl import assets
 from labctl.config import LabConfig, cuda_tag
 from labctl.errors import CommandError, LabError
+from labctl.lab.builder import NullProgress, docker_build, remove_stages
 from labctl.lab.wheelhouse import Target, fill_wheelhouse, target_from_probe
 from labctl.proc import run
 
@@ -46,7 +47,6 @@ BASE_PACKAGES = ("python3,python3-venv,python3-pip,iproute2,iperf3,procps,util-l
                  "openssh-server,rsync,libnss-wrapper,slurmd,slurmctld,slurm-client,munge")
 # The local base's tag names its package list, so a base made before the list changed is not reused.
 LOCAL_BASE = f"ddplab-base:bookworm-{hashlib.sha256(BASE_PACKAGES.encode()).hexdigest()[:8]}"
-_STEP_RE = re.compile(r"^Step (\d+)/(\d+) : (.*)$")
 
 Report = Callable[[str], None]
 
@@ -287,65 +287,34 @@ def build_missing(client, config: LabConfig, images: set[str], report: Report, p
 
 
 def build_image(client, config: LabConfig, report: Report, progress_factory=None, force: bool = False,
-                cuda: bool = False) -> BuildResult:
+                cuda: bool = False, lean: bool = False) -> BuildResult:
     """Build the node image (config.image_tag; with `cuda`, config.cuda_image_tag from Dockerfile.cuda)
-    unless an image with the same input hash exists."""
+    unless an image with the same input hash exists; with `lean`, then remove the build's
+    intermediate stages (labctl/lab/builder.py)."""
     started = time.monotonic()
     tag = image_tag(config, cuda)
     inputs = gather_inputs(client, config, report, cuda=cuda)
     if not force and image_hash(client, tag) == inputs.digest:
         return BuildResult(tag, inputs.base, True, time.monotonic() - started)
-    _docker_build(client, tag, inputs, report, progress_factory)
+    stages = docker_build(client, tag, context=str(inputs.context), dockerfile=inputs.dockerfile,
+                          build_args=inputs.build_args, labels={LABEL_BUILD_HASH: inputs.digest},
+                          progress=progress_factory() if progress_factory else NullProgress())
+    if lean:
+        remove_stages(client, stages, report)
     return BuildResult(tag, inputs.base, False, time.monotonic() - started)
 
 
 def build_images(client, config: LabConfig, report: Report, progress_factory=None, *, force: bool = False,
-                 cuda: bool = False, mismatch: bool = False) -> Iterator[tuple[str, BuildResult]]:
+                 cuda: bool = False, mismatch: bool = False, lean: bool = False) -> Iterator[tuple[str, BuildResult]]:
     """`labctl build`: the node image (CPU, or with `cuda` the CUDA one), then with `mismatch` the
     version-mismatch scenario's image; yields (what it is, result) as each is done."""
     kind = "CUDA build" if cuda else "CPU build"
-    yield f"torch {config.torch_version}, {kind}", build_image(client, config, report, progress_factory, force, cuda)
+    yield f"torch {config.torch_version}, {kind}", build_image(client, config, report, progress_factory, force, cuda,
+                                                                 lean)
     if mismatch:
         result = build_image(client, dataclasses.replace(config, torch_version=MISMATCH_VERSION), report,
-                             progress_factory, force, cuda=True)
+                             progress_factory, force, cuda=True, lean=lean)
         yield f"torch {MISMATCH_VERSION}, CUDA build, for the version-mismatch scenario", result
-
-
-def _docker_build(client, tag: str, inputs: BuildInputs, report: Report, progress_factory) -> None:
-    """Stream the classic builder's output, moving a progress bar step by step."""
-    stream = client.api.build(path=str(inputs.context), dockerfile=inputs.dockerfile, tag=tag, buildargs=inputs.build_args,
-                              labels={LABEL_BUILD_HASH: inputs.digest}, rm=True, forcerm=True, decode=True)
-    lines: list[str] = []
-    with (progress_factory() if progress_factory else _NullProgress()) as progress:
-        for chunk in stream:
-            if "error" in chunk:
-                tail = "\n    ".join(lines[-20:])
-                raise LabError(f"building {tag} failed: {chunk['error'].strip()}\n    {tail}",
-                               hint="see the build output above; `labctl build --verbose` shows every line")
-            text = chunk.get("stream", "")
-            for line in text.splitlines():
-                if not line.strip():
-                    continue
-                lines.append(line)
-                match = _STEP_RE.match(line)
-                if match:
-                    progress.step(int(match.group(1)), int(match.group(2)), match.group(3))
-                else:
-                    progress.detail(line)
-
-
-class _NullProgress:
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        return False
-
-    def step(self, n: int, total: int, text: str) -> None:
-        pass
-
-    def detail(self, line: str) -> None:
-        pass
 
 
 MISMATCH_VERSION = "2.14.1"  # the "other" release for the version-mismatch scenario

@@ -6,7 +6,7 @@ from hypothesis import strategies as st
 
 from labctl.errors import ConfigError
 from labctl.units import (
-    format_rate, parse_loss_pct, parse_rate, parse_size, parse_size_range, parse_time_us,
+    format_bytes, format_rate, parse_loss_pct, parse_rate, parse_size, parse_size_range, parse_time_us,
 )
 
 
@@ -99,3 +99,8 @@ def test_fuzz_every_parser_raises_only_config_errors(text):
 @given(st.integers(min_value=8_000, max_value=10**11))
 def test_rate_round_trip(bps):
     assert parse_rate(format_rate(bps)) == bps
+
+
+def test_sizes_are_shown_as_docker_shows_images():
+    assert [format_bytes(n) for n in (0, 999, 1000, 3_000_512, 1_169_242_100, 8_060_000_000)] == \
+        ["0 B", "999 B", "1.0 kB", "3.0 MB", "1.2 GB", "8.1 GB"]
