@@ -31,7 +31,7 @@ from labctl.ui import BuildProgress, info, stdout_console
 @click.option("--torch-version", metavar="X.Y.Z", help="torch release to pin [env DDPLAB_TORCH_VERSION; default 2.13.0].")
 @click.option("--cuda", is_flag=True,
               help="Build the GPU node image instead (Dockerfile.cuda, ddplab-node:torch<VERSION>-cuda): torch's CUDA "
-                   "build, about 2.6 GB of wheels through pip's index, once per release.")
+                   "build, about 2.8 GB of wheels through pip's index, once per release.")
 @click.option("--base-image", metavar="IMAGE", help="Base image [env DDPLAB_BASE_IMAGE; default python:3.11-slim-bookworm].")
 @click.option("--image", metavar="TAG", help="Tag of the node image [env DDPLAB_IMAGE; default ddplab-node:torch<VERSION>-cpu].")
 @click.option("--force", is_flag=True, help="Build even if an image with the same inputs exists.")
@@ -43,9 +43,10 @@ from labctl.ui import BuildProgress, info, stdout_console
               help="Print the hash of the image's inputs (after fetching the base image and wheels it is computed "
                    "from) and build nothing: a CI cache key for a saved image.")
 @click.option("--lean", is_flag=True,
-              help="Once an image is built, remove the build's intermediate stages: the wheels and the venv installed "
-                   "from them, as big as the image again (about 8 GB for a CUDA image). For a machine that builds "
-                   "once, such as CI; a later build with changed inputs then installs torch again (minutes).")
+              help="Keep only the images: remove a build's intermediate stages (the venv torch is installed in, as "
+                   "big as the image again: about 8 GB for a CUDA image) and the wheelhouse's wheels (2.8 GB for "
+                   "CUDA), also where the image was up to date. For a machine that builds once, such as CI; a later "
+                   "build with changed inputs fetches the wheels and installs torch again (minutes).")
 @json_option("With --print-hash: one JSON document (tag, hash, the existing image's hash, up_to_date, base, context).")
 def build(torch_version, cuda, base_image, image, force, verbose_build, mismatch_image, print_hash, lean,
           as_json) -> None:

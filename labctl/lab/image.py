@@ -37,8 +37,16 @@ from labctl import assets
 from labctl.config import LabConfig, cuda_tag
 from labctl.errors import CommandError, LabError
 from labctl.lab.builder import NullProgress, docker_build, remove_stages
-from labctl.lab.wheelhouse import Target, fill_wheelhouse, target_from_probe
+from labctl.lab.wheelhouse import (
+    Target,
+    fill_wheelhouse,
+    forget_wheelhouse,
+    missing_wheels,
+    prune_wheelhouse,
+    target_from_probe,
+)
 from labctl.proc import run
+from labctl.units import format_bytes
 
 LABEL_BUILD_HASH = "io.ddplab.build-hash"
 TARGET_CACHE = "node-python.json"  # in the cache folder: the base image's Python, by base image id
@@ -68,6 +76,11 @@ class BuildInputs:
     base: str
     build_args: dict[str, str]
     digest: str  # build_hash of it all: the image's LABEL_BUILD_HASH
+    wheels: tuple[str, ...] = ()  # the wheelhouse's file names
+
+    @property
+    def wheelhouse(self) -> Path:
+        return assets.wheelhouse(self.context)
 
 
 # --------------------------------------------------------------------------------------- pure
@@ -268,7 +281,7 @@ def gather_inputs(client, config: LabConfig, report: Report, cuda: bool = False)
     build_args = {"BASE_IMAGE": base, "TORCH_VERSION": config.torch_version}
     dockerfile = dockerfile_name(cuda)
     digest = build_hash(image_inputs(context, dockerfile), wheels, build_args, context)
-    return BuildInputs(context, dockerfile, base, build_args, digest)
+    return BuildInputs(context, dockerfile, base, build_args, digest, tuple(wheels))
 
 
 def image_hash(client, tag: str) -> str | None:
@@ -294,14 +307,21 @@ def build_image(client, config: LabConfig, report: Report, progress_factory=None
     started = time.monotonic()
     tag = image_tag(config, cuda)
     inputs = gather_inputs(client, config, report, cuda=cuda)
-    if not force and image_hash(client, tag) == inputs.digest:
-        return BuildResult(tag, inputs.base, True, time.monotonic() - started)
-    stages = docker_build(client, tag, context=str(inputs.context), dockerfile=inputs.dockerfile,
-                          build_args=inputs.build_args, labels={LABEL_BUILD_HASH: inputs.digest},
-                          progress=progress_factory() if progress_factory else NullProgress())
-    if lean:
-        remove_stages(client, stages, report)
-    return BuildResult(tag, inputs.base, False, time.monotonic() - started)
+    cached = not force and image_hash(client, tag) == inputs.digest
+    if not cached:
+        if missing_wheels(inputs.wheelhouse, inputs.wheels):
+            report("wheelhouse: fetching the wheels again (a `build --lean` removed them)")
+            forget_wheelhouse(inputs.wheelhouse)
+            inputs = gather_inputs(client, config, report, cuda=cuda)
+        stages = docker_build(client, tag, context=str(inputs.context), dockerfile=inputs.dockerfile,
+                              build_args=inputs.build_args, labels={LABEL_BUILD_HASH: inputs.digest},
+                              progress=progress_factory() if progress_factory else NullProgress())
+        if lean:
+            remove_stages(client, stages, report)
+    if lean and (freed := prune_wheelhouse(inputs.wheelhouse)):
+        report(f"lean: removed the wheelhouse's wheels ({format_bytes(freed)}; their names, which the image's hash is "
+               "made of, stay, and a build fetches them again)")
+    return BuildResult(tag, inputs.base, cached, time.monotonic() - started)
 
 
 def build_images(client, config: LabConfig, report: Report, progress_factory=None, *, force: bool = False,

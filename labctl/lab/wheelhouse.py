@@ -188,8 +188,9 @@ def fill_wheelhouse(wheelhouse: Path, requirements: list[str], target: Target, r
     hand over torch's CUDA build, several GB.
     """
     stamp = {"requirements": requirements, "target": asdict(target)}
-    if read_stamp(wheelhouse) == stamp:
-        return sorted(p.name for p in wheelhouse.glob("*.whl"))
+    known = read_stamp(wheelhouse)
+    if {key: known.get(key) for key in stamp} == stamp:  # the wheels may be pruned: their names stay
+        return known.get("wheels") or sorted(p.name for p in wheelhouse.glob("*.whl"))
     if wheelhouse.exists():
         shutil.rmtree(wheelhouse)
     wheelhouse.mkdir(parents=True)
@@ -224,5 +225,24 @@ def fill_wheelhouse(wheelhouse: Path, requirements: list[str], target: Target, r
     for wheel in wheels:
         if wheel.file not in needed:
             (wheelhouse / wheel.file).unlink()  # needed only by this host's Python, never by a node
-    (wheelhouse / STAMP).write_text(json.dumps(stamp, indent=1) + "\n")
+    (wheelhouse / STAMP).write_text(json.dumps({**stamp, "wheels": sorted(needed)}, indent=1) + "\n")
     return sorted(needed)
+
+
+def missing_wheels(wheelhouse: Path, names: Iterable[str]) -> list[str]:
+    return [name for name in names if not (wheelhouse / name).is_file()]
+
+
+def prune_wheelhouse(wheelhouse: Path) -> int:
+    """Remove the wheel files but keep the stamp (`build --lean`): their names still make the image's
+    hash, and a build that needs the files fetches them again. Returns the bytes freed."""
+    freed = 0
+    for path in wheelhouse.glob("*.whl"):
+        freed += path.stat().st_size
+        path.unlink()
+    return freed
+
+
+def forget_wheelhouse(wheelhouse: Path) -> None:
+    """Make the next fill_wheelhouse fetch everything again."""
+    (wheelhouse / STAMP).unlink(missing_ok=True)

@@ -120,6 +120,18 @@ def test_build_finds_the_checkouts_image_up_to_date(installed, docker_client, no
     assert f"image {node_image} up to date" in built.stderr
     assert docker_client.images.get(node_image).id == image_id
 
+    # --lean on an image that is up to date: the wheels go, their names stay, and the hash with them.
+    wheelhouse = Path(mine["context"]) / ".lab" / "wheelhouse"
+    assert list(wheelhouse.glob("torch-*.whl"))
+    lean = installed_labctl(installed, "build", "--lean")
+    assert lean.returncode == 0, lean.stderr
+    assert f"image {node_image} up to date" in lean.stderr and "lean: removed the wheelhouse's wheels" in lean.stderr
+    assert not list(wheelhouse.glob("*.whl"))
+    again = installed_labctl(installed, "build", "--print-hash", "--json")
+    assert again.returncode == 0 and "wheelhouse: downloading" not in again.stderr, again.stderr
+    assert json.loads(again.stdout)["hash"] == checkout["hash"] and json.loads(again.stdout)["up_to_date"]
+    assert docker_client.images.get(node_image).id == image_id
+
 
 def test_a_lab_from_an_empty_folder_trains_and_goes(installed, docker_client, node_image):
     lab = new_lab_name()

@@ -2,17 +2,22 @@
 
 from __future__ import annotations
 
+import json
 import shutil
 import subprocess
 import sys
 import zipfile
+from dataclasses import asdict
 from pathlib import Path
 
 import pytest
 
 from labctl.lab.engine import normalize_machine
 from labctl.errors import LabError
-from labctl.lab.wheelhouse import Target, Wheel, pip_download_argv, read_wheel, target_from_probe, wheel_closure
+from labctl.lab.wheelhouse import (
+    STAMP, Target, Wheel, fill_wheelhouse, forget_wheelhouse, missing_wheels, pip_download_argv, prune_wheelhouse,
+    read_wheel, target_from_probe, wheel_closure,
+)
 
 NODE = Target()  # CPython 3.11 on Debian bookworm, x86_64: the default node image
 ARM_NODE = Target(machine="aarch64")
@@ -187,3 +192,30 @@ def test_a_wheelhouse_with_cuda_packages_is_refused_for_the_cpu_image(tmp_path):
         (tmp_path / name).write_bytes(b"")
     with pytest.raises(LabError, match="CUDA packages .*nvidia_nccl_cu12.*not a CPU build"):
         ensure_wheelhouse(config, NODE, lambda _m: None, wheelhouse=tmp_path)
+
+
+def test_a_pruned_wheelhouse_still_names_its_wheels_and_a_build_can_ask_for_them_again(tmp_path):
+    """`build --lean` removes the wheel files; the image's hash is made of their names, which the stamp
+    keeps, so an up-to-date check fetches nothing, and a build sees what is missing and starts over."""
+    names = ["numpy-2.3.5-cp311-cp311-manylinux_2_27_x86_64.whl", "torch-2.13.0+cpu-cp311-cp311-manylinux_2_28_x86_64.whl"]
+    requirements = ["torch==2.13.0", "numpy"]
+    (tmp_path / STAMP).write_text(json.dumps({"requirements": requirements, "target": asdict(NODE), "wheels": names}))
+    for name in names:
+        (tmp_path / name).write_bytes(b"x" * 1000)
+
+    def fill():  # would run pip, and fail in this empty folder, if it did not take the stamp's word
+        return fill_wheelhouse(tmp_path, requirements, NODE, lambda _m: None, timeout_s=0.001)
+
+    assert fill() == names and missing_wheels(tmp_path, names) == []
+    assert prune_wheelhouse(tmp_path) == 2000 and prune_wheelhouse(tmp_path) == 0
+    assert fill() == names
+    assert missing_wheels(tmp_path, names) == names
+    forget_wheelhouse(tmp_path)
+    assert not (tmp_path / STAMP).exists()
+    forget_wheelhouse(tmp_path)  # nothing to forget
+
+
+def test_a_stamp_written_before_it_named_its_wheels_takes_the_files_names(tmp_path):
+    (tmp_path / STAMP).write_text(json.dumps({"requirements": ["numpy"], "target": asdict(NODE)}))
+    (tmp_path / "numpy-2.3.5-cp311-cp311-manylinux_2_27_x86_64.whl").write_bytes(b"")
+    assert fill_wheelhouse(tmp_path, ["numpy"], NODE, lambda _m: None) == ["numpy-2.3.5-cp311-cp311-manylinux_2_27_x86_64.whl"]
