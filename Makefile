@@ -120,8 +120,10 @@ image-cuda: image
 
 # The node image with a second torch release, for the version-mismatch scenario: the CUDA image at
 # torch 2.14.1, built once (a few minutes, several GB from pip's index) and cached like any image.
-image-mismatch: image
-	$(LABCTL) build --mismatch-image $(CUDA_BUILD_FLAGS)
+# (With --cuda the command's first image is the CUDA one, up to date by then, so --lean leaves the
+# CPU image's cache alone: the suite builds that image again under other tags.)
+image-mismatch: image-cuda
+	$(LABCTL) build --cuda --mismatch-image $(CUDA_BUILD_FLAGS)
 
 down: venv
 	$(LABCTL) down
