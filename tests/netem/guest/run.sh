@@ -40,16 +40,20 @@ load_late_modules() {
   for module in /late-modules/*.ko; do insmod "$module" || return 1; done
 }
 
+start_server() { in_ns B iperf3 -s -D -B "$B_ADDR" >/dev/null 2>&1; sleep 0.2; }
+
 # iperf3 -u starts a test with one datagram each way (its UDP connect message and the reply), which
 # iperf 3.12 never sends again: the case's own netem loss can drop either, and the client then gives
-# up after 30 s of guest time ("unable to read from stream socket"). That is not the datagram loss
-# being measured, so such a run is tried again, up to 3 times, with a line saying so.
+# up after 30 s of guest time ("unable to read from stream socket") while the server stays busy with
+# the test that never began. That is not the datagram loss being measured, so the server is started
+# afresh and the run tried again, up to 3 times in all, with a line saying so.
 udp_tries() {
   for attempt in 1 2 3; do
     out=$("$@" 2>&1)
     rc=$?
     case "$out" in
       *"unable to read from stream socket"*)
+        killall iperf3 2>/dev/null; sleep 0.2; start_server
         if [ "$attempt" -lt 3 ]; then echo "retry: try $attempt lost iperf3's UDP handshake"; continue; fi ;;
     esac
     printf '%s\n' "$out"
@@ -73,8 +77,7 @@ block probe-before probe in_ns A sh "$PLAN/probe.sh"
 block load-netem insmod load_late_modules
 block probe-after probe in_ns A sh "$PLAN/probe.sh"
 
-in_ns B iperf3 -s -D -B "$B_ADDR" >/dev/null 2>&1
-sleep 0.2
+start_server
 
 while read -r name what args; do
   [ -n "$name" ] || continue
