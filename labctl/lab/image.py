@@ -302,8 +302,9 @@ def build_missing(client, config: LabConfig, images: set[str], report: Report, p
 def build_image(client, config: LabConfig, report: Report, progress_factory=None, force: bool = False,
                 cuda: bool = False, lean: bool = False) -> BuildResult:
     """Build the node image (config.image_tag; with `cuda`, config.cuda_image_tag from Dockerfile.cuda)
-    unless an image with the same input hash exists; with `lean`, then remove the build's
-    intermediate stages (labctl/lab/builder.py)."""
+    unless an image with the same input hash exists. With `lean`, remove what the image does not
+    need afterwards: the build's intermediate stages (labctl/lab/builder.py) and, built or not, the
+    wheel files (their names stay: prune_wheelhouse)."""
     started = time.monotonic()
     tag = image_tag(config, cuda)
     inputs = gather_inputs(client, config, report, cuda=cuda)
