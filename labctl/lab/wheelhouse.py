@@ -190,7 +190,9 @@ def fill_wheelhouse(wheelhouse: Path, requirements: list[str], target: Target, r
     stamp = {"requirements": requirements, "target": asdict(target)}
     known = read_stamp(wheelhouse)
     if {key: known.get(key) for key in stamp} == stamp:  # the wheels may be pruned: their names stay
-        return known.get("wheels") or sorted(p.name for p in wheelhouse.glob("*.whl"))
+        names = known.get("wheels") or sorted(p.name for p in wheelhouse.glob("*.whl"))
+        if names:
+            return names
     if wheelhouse.exists():
         shutil.rmtree(wheelhouse)
     wheelhouse.mkdir(parents=True)
@@ -235,9 +237,16 @@ def missing_wheels(wheelhouse: Path, names: Iterable[str]) -> list[str]:
 
 def prune_wheelhouse(wheelhouse: Path) -> int:
     """Remove the wheel files but keep the stamp (`build --lean`): their names still make the image's
-    hash, and a build that needs the files fetches them again. Returns the bytes freed."""
+    hash, and a build that needs the files fetches them again. Returns the bytes freed. A stamp
+    written before stamps named their wheels gets the names first; without a stamp nothing goes."""
+    known = read_stamp(wheelhouse)
+    files = sorted(wheelhouse.glob("*.whl"))
+    if not known or not files:
+        return 0
+    if "wheels" not in known:
+        (wheelhouse / STAMP).write_text(json.dumps({**known, "wheels": [p.name for p in files]}, indent=1) + "\n")
     freed = 0
-    for path in wheelhouse.glob("*.whl"):
+    for path in files:
         freed += path.stat().st_size
         path.unlink()
     return freed

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from labctl.lab.engine import normalize_machine
-from labctl.errors import LabError
+from labctl.errors import CommandError, LabError
 from labctl.lab.wheelhouse import (
     STAMP, Target, Wheel, fill_wheelhouse, forget_wheelhouse, missing_wheels, pip_download_argv, prune_wheelhouse,
     read_wheel, target_from_probe, wheel_closure,
@@ -215,7 +215,24 @@ def test_a_pruned_wheelhouse_still_names_its_wheels_and_a_build_can_ask_for_them
     forget_wheelhouse(tmp_path)  # nothing to forget
 
 
-def test_a_stamp_written_before_it_named_its_wheels_takes_the_files_names(tmp_path):
+def test_a_stamp_written_before_it_named_its_wheels_takes_the_files_names_and_keeps_them_when_pruned(tmp_path):
+    wheel = "numpy-2.3.5-cp311-cp311-manylinux_2_27_x86_64.whl"
     (tmp_path / STAMP).write_text(json.dumps({"requirements": ["numpy"], "target": asdict(NODE)}))
-    (tmp_path / "numpy-2.3.5-cp311-cp311-manylinux_2_27_x86_64.whl").write_bytes(b"")
-    assert fill_wheelhouse(tmp_path, ["numpy"], NODE, lambda _m: None) == ["numpy-2.3.5-cp311-cp311-manylinux_2_27_x86_64.whl"]
+    (tmp_path / wheel).write_bytes(b"x")
+
+    def fill():  # pip would fail in this empty folder
+        return fill_wheelhouse(tmp_path, ["numpy"], NODE, lambda _m: None, timeout_s=0.001)
+
+    assert fill() == [wheel]
+    assert prune_wheelhouse(tmp_path) == 1
+    assert json.loads((tmp_path / STAMP).read_text())["wheels"] == [wheel]
+    assert fill() == [wheel]
+
+
+def test_an_old_stamp_whose_wheels_are_gone_fetches_them_again_and_nothing_is_pruned_without_a_stamp(tmp_path):
+    (tmp_path / STAMP).write_text(json.dumps({"requirements": ["numpy"], "target": asdict(NODE)}))
+    with pytest.raises(CommandError, match="(?s)pip download .*timed out"):  # the stamp names nothing to use: pip runs
+        fill_wheelhouse(tmp_path, ["numpy"], NODE, lambda _m: None, timeout_s=0.001)
+    (tmp_path / "stray-1.0-py3-none-any.whl").write_bytes(b"x")
+    (tmp_path / STAMP).unlink(missing_ok=True)
+    assert prune_wheelhouse(tmp_path) == 0 and (tmp_path / "stray-1.0-py3-none-any.whl").exists()
