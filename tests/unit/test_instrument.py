@@ -1,5 +1,6 @@
 """Step-time accounting: the comm hook timer, the run summary, and naming the straggler."""
 
+import gc
 import time
 
 import pytest
@@ -43,8 +44,10 @@ def test_single_step_run_is_measured_not_dropped():
 
 @pytest.fixture
 def world_of_one():
+    """As test_trainer's gloo_world_of_one: models are collected while their group still exists."""
     dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
     yield
+    gc.collect()
     dist.destroy_process_group()
 
 

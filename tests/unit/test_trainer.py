@@ -179,10 +179,16 @@ def test_torchrun_two_processes(tmp_path):
 
 @pytest.fixture
 def gloo_world_of_one():
+    """A gloo group in this process. The test's DDP models are collected before the group goes: one
+    left to a later garbage collection runs ~ProcessGroupGloo from its Reducer, as in 6031887, and
+    once aborted the pytest worker while the next test made its group (a fresh clone, 2026-11-26)."""
+    import gc
+
     import torch.distributed as dist
 
     dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
     yield
+    gc.collect()
     dist.destroy_process_group()
 
 
