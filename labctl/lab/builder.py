@@ -35,8 +35,8 @@ def stage_images(chunks: Iterable[Mapping]) -> list[str]:
 def unused_stages(stages: list[str], ancestry: Iterable[str]) -> list[str]:
     """Of `stages` (stage_images), those the built image does not stand on: its own layers' images
     (`ancestry`, from `docker history`) are the stages it was built FROM."""
-    kept = set(ancestry)
-    return [image for image in stages[:-1] if image not in kept and image != stages[-1]]
+    kept = set(ancestry)  # the built image's history begins with the image itself
+    return [image for image in stages[:-1] if image not in kept]
 
 
 def unique_bytes(history: Iterable[Mapping], kept: Iterable[str]) -> int:
