@@ -24,7 +24,9 @@ from labctl.diagnose.traps import SCENARIOS, Context, Env, Scenario
 from labctl.errors import LabError
 from labctl.lab import lifecycle as lab_mod
 from labctl.lab.image import ensure_mismatch_image
-from labctl.lab.up import render_project
+from labctl.lab.engine import usable_engine
+from labctl.lab.gpus import build_gpu_plan
+from labctl.lab.up import UpPlan, apply_up_plan, render_project
 from labctl.run.launch import Launch, run_env
 from labctl.run.plan import RunPlan, new_run
 from labctl.session import LabSession
@@ -93,18 +95,14 @@ def run_scenario(client, config, workspace, scenario: Scenario, report) -> Outco
     """The whole story on a throwaway lab (config.lab), which is removed whatever happens."""
     other_image, timeline, kept = None, "", None
     if scenario.other_torch_on_last_node:  # built once and cached, before the clock starts
-
         other_image = ensure_mismatch_image(client, config, report)
     started = time.monotonic()
     lab_mod.apply_down(client, config.lab, volumes=True)
     try:
-        report(f"{scenario.name}: bringing up {config.nodes} nodes ({config.lab})")
-        document, env_files, subnet = render_project(client, config, workspace)
+        plan, nodes = bring_up(client, config, workspace, other_image, lambda m: report(f"{scenario.name}: {m}"))
+        document, env_files, subnet = plan.document, plan.env_files, plan.subnet
         if other_image:
-            last = config.node_names[-1]
-            document["services"][last]["image"] = other_image
-            report(f"{scenario.name}: {last} runs {other_image}")
-        nodes = lab_mod.apply_up(client, config, workspace, document, env_files, lambda _m: None)
+            report(f"{scenario.name}: {config.node_names[-1]} runs {other_image}")
         ctx = Context(client, config.lab, nodes, config.iface)
         session = LabSession(config, workspace, client)
         node_env = session.node_env(ctx.names)  # the env files up wrote: the same for both runs
@@ -151,6 +149,18 @@ def run_scenario(client, config, workspace, scenario: Scenario, report) -> Outco
         remove_lab_folder(lab_mod.lab_dir(workspace, config.lab), keep=kept)
     return Outcome(scenario.name, symptom, shown_at - t0, broken_exit, diagnosis, doctor_s, scenario.fix, fixed_ok,
                    fixed_s, time.monotonic() - started, scenario.bound_s, scenario.symptom_required, timeline)
+
+
+def bring_up(client, config, workspace, other_image: str | None, report) -> tuple[UpPlan, list]:
+    """The scenario's lab, the last node on `other_image` where given, brought up as `labctl up`
+    brings a lab up: on a free subnet, picked again when a concurrent lab took it meanwhile."""
+    engine = usable_engine(client)
+    gpus = build_gpu_plan(config, None)
+    if other_image:
+        gpus = gpus.with_image(config.node_names[-1], other_image)
+    document, env_files, subnet = render_project(client, config, workspace, engine=engine, gpus=gpus)
+    plan = UpPlan(config, engine, False, document, env_files, subnet, None, gpus)
+    return apply_up_plan(client, plan, workspace, report)
 
 
 def broken_timeline(run_dir: Path) -> tuple[str, Path | None]:

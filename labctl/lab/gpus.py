@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import shutil
 import subprocess
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Mapping, Sequence
 
 from labctl.config import LabConfig, shown_key, shown_source
@@ -70,6 +70,10 @@ class GpuPlan:
     @property
     def env(self) -> dict[str, Mapping[str, str]]:
         return {n.node: n.env for n in self.nodes if n.env}
+
+    def with_image(self, name: str, image: str) -> GpuPlan:
+        """The same plan with node `name` on `image` (a scenario's node on another torch)."""
+        return GpuPlan(tuple(replace(n, image=image) if n.node == name else n for n in self.nodes))
 
     def describe(self) -> list[str]:
         """One line per node: its GPUs and its image (`up --dry-run`)."""

@@ -324,3 +324,14 @@ def test_status_shows_a_gpu_column_only_in_a_lab_with_gpus():
     assert "GPU" not in text(cpu) and "gpus" not in status_json("demo", cpu)["nodes"][0]
     assert "GPU" in text(gpu) and "0,1" in text(gpu)
     assert [row.get("gpus") for row in status_json("demo", gpu)["nodes"]] == [[0, 1], None]
+
+
+def test_with_image_puts_one_node_on_another_image_and_keeps_the_rest():
+    # The version-mismatch scenario's last node runs another torch; the retry of a subnet race
+    # renders the document again from this plan, so the image must live in the plan.
+    settings = config(nodes=3)
+    plan = build_gpu_plan(settings, None).with_image("node2", "ddplab-node:other")
+    services = build_compose(settings, ComposePlan(subnet="172.28.5.0/24", workspace=Path("/w"), user="1000:1000",
+                                                   gpus=plan), load_template())["services"]
+    assert [services[n]["image"] for n in ("node0", "node1", "node2")] == [settings.image_tag] * 2 + ["ddplab-node:other"]
+    assert plan.env == {} and "deploy" not in services["node2"]
