@@ -43,6 +43,7 @@ from labctl.lab.wheelhouse import (
     forget_wheelhouse,
     missing_wheels,
     prune_wheelhouse,
+    stamped_wheels,
     target_from_probe,
 )
 from labctl.proc import run
@@ -165,9 +166,11 @@ def ensure_cuda_wheelhouse(config: LabConfig, target: Target, report: Report, wh
     """torch's CUDA build, numpy and their dependencies (the CUDA runtime, cuDNN and NCCL as nvidia-*
     wheels) through pip's own index: PyPI's torch for Linux is the CUDA build. For another CUDA
     release, point pip at PyTorch's index for it (PIP_INDEX_URL=https://download.pytorch.org/whl/cu126)."""
-    report(f"wheelhouse: torch {config.torch_version} CUDA build and its nvidia-* packages (GBs; once per release)")
+    requirements = wheel_requirements(config.torch_version, cuda=True)
+    if not stamped_wheels(wheelhouse, requirements, target):
+        report(f"wheelhouse: torch {config.torch_version} CUDA build and its nvidia-* packages (GBs; once per release)")
     try:
-        names = fill_wheelhouse(wheelhouse, wheel_requirements(config.torch_version, cuda=True), target, report)
+        names = fill_wheelhouse(wheelhouse, requirements, target, report)
     except CommandError as exc:
         raise LabError(f"could not download torch=={config.torch_version} (CUDA build) for {target.describe()}: {exc}",
                        hint="point pip at an index that has it (PIP_INDEX_URL, e.g. https://download.pytorch.org/whl/cu126)"

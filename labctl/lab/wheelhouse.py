@@ -178,6 +178,16 @@ def read_stamp(wheelhouse: Path) -> dict:
         return {}
 
 
+def stamped_wheels(wheelhouse: Path, requirements: list[str], target: Target) -> list[str]:
+    """The wheels' names where `wheelhouse` was filled for the same requirements and target (the
+    files may be pruned: their names stay in the stamp); [] where it must be filled."""
+    stamp = {"requirements": requirements, "target": asdict(target)}
+    known = read_stamp(wheelhouse)
+    if {key: known.get(key) for key in stamp} != stamp:
+        return []
+    return known.get("wheels") or sorted(p.name for p in wheelhouse.glob("*.whl"))
+
+
 def fill_wheelhouse(wheelhouse: Path, requirements: list[str], target: Target, report: Report, *,
                     cpu_index_url: str | None = None, timeout_s: float = 1800) -> list[str]:
     """Make `wheelhouse` hold exactly the wheels `requirements` need on `target`; returns their file
@@ -187,12 +197,9 @@ def fill_wheelhouse(wheelhouse: Path, requirements: list[str], target: Target, r
     local copies (find-links) if they have it for the node, else from that index. Plain PyPI would
     hand over torch's CUDA build, several GB.
     """
-    stamp = {"requirements": requirements, "target": asdict(target)}
-    known = read_stamp(wheelhouse)
-    if {key: known.get(key) for key in stamp} == stamp:  # the wheels may be pruned: their names stay
-        names = known.get("wheels") or sorted(p.name for p in wheelhouse.glob("*.whl"))
-        if names:
-            return names
+    names = stamped_wheels(wheelhouse, requirements, target)
+    if names:
+        return names
     if wheelhouse.exists():
         shutil.rmtree(wheelhouse)
     wheelhouse.mkdir(parents=True)
@@ -227,7 +234,8 @@ def fill_wheelhouse(wheelhouse: Path, requirements: list[str], target: Target, r
     for wheel in wheels:
         if wheel.file not in needed:
             (wheelhouse / wheel.file).unlink()  # needed only by this host's Python, never by a node
-    (wheelhouse / STAMP).write_text(json.dumps({**stamp, "wheels": sorted(needed)}, indent=1) + "\n")
+    stamp = {"requirements": requirements, "target": asdict(target), "wheels": sorted(needed)}
+    (wheelhouse / STAMP).write_text(json.dumps(stamp, indent=1) + "\n")
     return sorted(needed)
 
 

@@ -16,7 +16,7 @@ from labctl.lab.engine import normalize_machine
 from labctl.errors import CommandError, LabError
 from labctl.lab.wheelhouse import (
     STAMP, Target, Wheel, fill_wheelhouse, forget_wheelhouse, missing_wheels, pip_download_argv, prune_wheelhouse,
-    read_wheel, target_from_probe, wheel_closure,
+    read_wheel, stamped_wheels, target_from_probe, wheel_closure,
 )
 
 NODE = Target()  # CPython 3.11 on Debian bookworm, x86_64: the default node image
@@ -210,8 +210,12 @@ def test_a_pruned_wheelhouse_still_names_its_wheels_and_a_build_can_ask_for_them
     assert prune_wheelhouse(tmp_path) == 2000 and prune_wheelhouse(tmp_path) == 0
     assert fill() == names
     assert missing_wheels(tmp_path, names) == names
+    # What the build asks before it says it is about to download GBs: the stamp answers.
+    assert stamped_wheels(tmp_path, requirements, NODE) == names
+    assert stamped_wheels(tmp_path, ["torch==2.14.1", "numpy"], NODE) == [] == stamped_wheels(tmp_path, requirements,
+                                                                                               ARM_NODE)
     forget_wheelhouse(tmp_path)
-    assert not (tmp_path / STAMP).exists()
+    assert not (tmp_path / STAMP).exists() and stamped_wheels(tmp_path, requirements, NODE) == []
     forget_wheelhouse(tmp_path)  # nothing to forget
 
 
