@@ -52,6 +52,8 @@ REGISTRY = "workers"  # next to the socket: /tmp/ddplab/workers = stop.py's REGI
 # torch._dynamo: torch.optim imports it on a first optimizer, 1.3 s of every trainer run here.
 DEFAULT_PRELOAD = ("torch", "torch.distributed", "torch._dynamo", "numpy", "trainer.*")
 FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+
+
 def ignored_signals():
     """Signals this process was started with ignored (Python itself ignores SIGPIPE and SIGXFSZ)."""
     return [int(s) for s in signal.valid_signals() if s not in (signal.SIGPIPE, signal.SIGXFSZ)
