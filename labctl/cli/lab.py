@@ -40,8 +40,9 @@ from labctl.ui import BuildProgress, info, stdout_console
               help="Also build the image with another torch release that `scenario run version-mismatch` puts on one "
                    "node (the CUDA image at torch 2.14.1).")
 @click.option("--print-hash", is_flag=True,
-              help="Print the hash of the image's inputs (after fetching the base image and wheels it is computed "
-                   "from) and build nothing: a CI cache key for a saved image.")
+              help="Print the hash of the image's inputs (after fetching the base image and the wheels it is "
+                   "computed from; for the CUDA image, only the wheels' names) and build nothing: a CI cache key "
+                   "for a saved image.")
 @click.option("--lean", is_flag=True,
               help="Keep only the images: remove a build's intermediate stages (the venv torch is installed in, as "
                    "big as the image again: about 8 GB for a CUDA image) and the wheelhouse's wheels (2.8 GB for "

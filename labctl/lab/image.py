@@ -43,6 +43,7 @@ from labctl.lab.wheelhouse import (
     forget_wheelhouse,
     missing_wheels,
     prune_wheelhouse,
+    resolve_wheelhouse,
     stamped_wheels,
     target_from_probe,
 )
@@ -162,24 +163,42 @@ def ensure_wheelhouse(config: LabConfig, target: Target, report: Report, wheelho
     return names
 
 
-def ensure_cuda_wheelhouse(config: LabConfig, target: Target, report: Report, wheelhouse: Path) -> list[str]:
+def ensure_cuda_wheelhouse(config: LabConfig, target: Target, report: Report, wheelhouse: Path,
+                           fetch: bool = True) -> list[str]:
     """torch's CUDA build, numpy and their dependencies (the CUDA runtime, cuDNN and NCCL as nvidia-*
     wheels) through pip's own index: PyPI's torch for Linux is the CUDA build. For another CUDA
-    release, point pip at PyTorch's index for it (PIP_INDEX_URL=https://download.pytorch.org/whl/cu126)."""
+    release, point pip at PyTorch's index for it (PIP_INDEX_URL=https://download.pytorch.org/whl/cu126).
+    Without `fetch`, only their names (resolve_wheelhouse): GBs that an image found up to date never needs."""
     requirements = wheel_requirements(config.torch_version, cuda=True)
-    if not stamped_wheels(wheelhouse, requirements, target):
-        report(f"wheelhouse: torch {config.torch_version} CUDA build and its nvidia-* packages (GBs; once per release)")
-    try:
-        names = fill_wheelhouse(wheelhouse, requirements, target, report)
-    except CommandError as exc:
-        raise LabError(f"could not download torch=={config.torch_version} (CUDA build) for {target.describe()}: {exc}",
-                       hint="point pip at an index that has it (PIP_INDEX_URL, e.g. https://download.pytorch.org/whl/cu126)"
-                       ) from None
+    names = resolve_cuda_wheels(wheelhouse, requirements, target, report) if not fetch else []
+    if not names:
+        if not stamped_wheels(wheelhouse, requirements, target):
+            report(f"wheelhouse: torch {config.torch_version} CUDA build and its nvidia-* packages "
+                   "(GBs; once per release)")
+        try:
+            names = fill_wheelhouse(wheelhouse, requirements, target, report)
+        except CommandError as exc:
+            raise LabError(f"could not download torch=={config.torch_version} (CUDA build) for "
+                           f"{target.describe()}: {exc}",
+                           hint="point pip at an index that has it (PIP_INDEX_URL, e.g. "
+                                "https://download.pytorch.org/whl/cu126)") from None
     if not cuda_wheels(names):
         raise LabError(f"the wheelhouse for the CUDA image got no nvidia-* packages ({', '.join(names[:4])}, ...): "
                        "that torch wheel is not a CUDA build",
                        hint="point pip at an index with CUDA builds (PyPI, or https://download.pytorch.org/whl/cu126)")
     return names
+
+
+def resolve_cuda_wheels(wheelhouse: Path, requirements: list[str], target: Target, report: Report) -> list[str]:
+    """The wheels' names without their GBs, or [] where pip cannot tell them so (a pip before 22.2
+    has no `install --dry-run --report`): then they are fetched, as before."""
+    try:
+        return resolve_wheelhouse(wheelhouse, requirements, target, report)
+    except CommandError as exc:
+        why = (exc.stderr or exc.stdout).strip().splitlines()[-1:] or [f"status {exc.returncode}"]
+        report(f"wheelhouse: pip could not resolve the wheels by name ({why[0][:200]}); fetching them")
+        forget_wheelhouse(wheelhouse)
+        return []
 
 
 def node_target(client, image: str, report: Report, cache: Path) -> Target:
@@ -271,16 +290,20 @@ def image_tag(config: LabConfig, cuda: bool = False) -> str:
     return cuda_tag(config.torch_version) if cuda else config.image_tag
 
 
-def gather_inputs(client, config: LabConfig, report: Report, cuda: bool = False) -> BuildInputs:
-    """The base image, the wheelhouse and the build context made ready, and their hash; builds nothing."""
+def gather_inputs(client, config: LabConfig, report: Report, cuda: bool = False,
+                  fetch: bool = False) -> BuildInputs:
+    """The base image, the wheelhouse and the build context made ready, and their hash; builds nothing.
+    The CUDA image's wheels are only resolved, by name, unless `fetch`."""
     if cuda:
         context = assets.prepare_build_context(assets.cuda_build_context(config.cache_dir, config.torch_version))
     else:
         context = assets.prepare_build_context(assets.build_context(config.cache_dir))
     base = ensure_base(client, config, report)
     target = node_target(client, base, report, assets.cache_dir(config.cache_dir) / TARGET_CACHE)
-    fill = ensure_cuda_wheelhouse if cuda else ensure_wheelhouse
-    wheels = fill(config, target, report, assets.wheelhouse(context))
+    if cuda:  # its GBs of wheels are fetched only for a build: build_image
+        wheels = ensure_cuda_wheelhouse(config, target, report, assets.wheelhouse(context), fetch=fetch)
+    else:
+        wheels = ensure_wheelhouse(config, target, report, assets.wheelhouse(context))
     build_args = {"BASE_IMAGE": base, "TORCH_VERSION": config.torch_version}
     dockerfile = dockerfile_name(cuda)
     digest = build_hash(image_inputs(context, dockerfile), wheels, build_args, context)
@@ -314,9 +337,9 @@ def build_image(client, config: LabConfig, report: Report, progress_factory=None
     cached = not force and image_hash(client, tag) == inputs.digest
     if not cached:
         if missing_wheels(inputs.wheelhouse, inputs.wheels):
-            report("wheelhouse: fetching the wheels again (a `build --lean` removed them)")
+            report("wheelhouse: fetching the wheels (resolved by name only, or removed by a `build --lean`)")
             forget_wheelhouse(inputs.wheelhouse)
-            inputs = gather_inputs(client, config, report, cuda=cuda)
+            inputs = gather_inputs(client, config, report, cuda=cuda, fetch=True)
         stages = docker_build(client, tag, context=str(inputs.context), dockerfile=inputs.dockerfile,
                               build_args=inputs.build_args, labels={LABEL_BUILD_HASH: inputs.digest},
                               progress=progress_factory() if progress_factory else NullProgress())

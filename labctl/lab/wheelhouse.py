@@ -14,6 +14,10 @@ One gap remains in pip: with a target given, it still evaluates dependency marke
 the target's markers: whatever the node needs and pip skipped is fetched, whatever only the host
 would need is removed, and the wheelhouse (and so the image's build hash) is identical from every
 host.
+
+The hash needs only the wheels' names. `resolve_wheelhouse` gets them from pip's installation
+report (`install --dry-run --report`), walked the same way, with nothing downloaded: the CUDA
+image's GBs are fetched only for a build.
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ from dataclasses import asdict, dataclass
 from email.parser import HeaderParser
 from pathlib import Path
 from typing import Callable, Iterable, Mapping
+from urllib.parse import unquote, urlsplit
 
 from labctl.errors import CommandError, LabError
 from labctl.lab.engine import normalize_machine
@@ -95,15 +100,37 @@ def target_from_probe(probe: Mapping[str, object]) -> Target:
 # ------------------------------------------------------------------------------------- pure
 
 
+def pip_target_options(target: Target) -> list[str]:
+    """What tells pip the node's interpreter and platform, whatever Python runs it."""
+    argv = ["--quiet", "--disable-pip-version-check", "--only-binary=:all:", "--python-version", target.python,
+            "--implementation", target.implementation, "--abi", target.abi]
+    for platform in target.platforms():
+        argv += ["--platform", platform]
+    return argv
+
+
+def pip_report_argv(python: str, target: Target, report: Path, requirements: Iterable[str]) -> list[str]:
+    """`pip install --dry-run --report` of `requirements` for the node: what `pip download` would
+    fetch, resolved from the index's metadata, with nothing downloaded or installed."""
+    return [python, "-m", "pip", "install", "--dry-run", "--ignore-installed", "--report", str(report),
+            *pip_target_options(target), *requirements]
+
+
+def report_wheels(report: dict) -> list[Wheel]:
+    """The wheels of a pip installation report (its `install` items), as read_wheel reads a file."""
+    from packaging.utils import canonicalize_name
+
+    return [Wheel(unquote(urlsplit(item["download_info"]["url"]).path.rsplit("/", 1)[-1]),
+                  canonicalize_name(item["metadata"]["name"]), str(item["metadata"]["version"]),
+                  tuple(item["metadata"].get("requires_dist") or ())) for item in report.get("install", [])]
+
+
 def pip_download_argv(python: str, target: Target, wheelhouse: Path, requirements: Iterable[str], *,
                       no_deps: bool = False, no_index: bool = False, index_url: str | None = None) -> list[str]:
     """`pip download` of `requirements` for the node's interpreter and platform, whatever `python`
     (the host's interpreter, whose pip does the work) is. Extra wheels come from the wheelhouse itself."""
-    argv = [python, "-m", "pip", "download", "--quiet", "--disable-pip-version-check", "--only-binary=:all:",
-            "--python-version", target.python, "--implementation", target.implementation, "--abi", target.abi]
-    for platform in target.platforms():
-        argv += ["--platform", platform]
-    argv += ["-d", str(wheelhouse), "--find-links", str(wheelhouse)]
+    argv = [python, "-m", "pip", "download", *pip_target_options(target), "-d", str(wheelhouse),
+            "--find-links", str(wheelhouse)]
     if no_deps:
         argv.append("--no-deps")
     if no_index:
@@ -234,6 +261,36 @@ def fill_wheelhouse(wheelhouse: Path, requirements: list[str], target: Target, r
     for wheel in wheels:
         if wheel.file not in needed:
             (wheelhouse / wheel.file).unlink()  # needed only by this host's Python, never by a node
+    stamp = {"requirements": requirements, "target": asdict(target), "wheels": sorted(needed)}
+    (wheelhouse / STAMP).write_text(json.dumps(stamp, indent=1) + "\n")
+    return sorted(needed)
+
+
+def resolve_wheelhouse(wheelhouse: Path, requirements: list[str], target: Target, report: Report, *,
+                       timeout_s: float = 600) -> list[str]:
+    """The file names `fill_wheelhouse` would fetch, resolved without fetching them: the stamp gets
+    the names and the folder no wheel, as after a `build --lean`, so an image's hash costs no
+    download and a build that needs the files fetches them (build_image). Reused when stamped."""
+    names = stamped_wheels(wheelhouse, requirements, target)
+    if names:
+        return names
+    if wheelhouse.exists():
+        shutil.rmtree(wheelhouse)
+    wheelhouse.mkdir(parents=True)
+    answer = wheelhouse / "pip-report.json"
+    report(f"wheelhouse: resolving {', '.join(requirements)} for {target.describe()} (names only, nothing downloaded)")
+    asked = list(requirements)
+    for _ in range(MAX_ROUNDS):
+        run(pip_report_argv(sys.executable, target, answer, asked), timeout_s=timeout_s)
+        wheels = report_wheels(json.loads(answer.read_text()))
+        needed, missing = wheel_closure(wheels, requirements, target)
+        if not missing:
+            break
+        asked += missing  # what pip skipped by the host's markers: resolved together with the rest
+    else:
+        raise LabError(f"the wheels for {target.describe()} still lack {', '.join(missing)}",
+                       hint=f"check that your package index has wheels of them for {target.abi} on {target.machine}")
+    answer.unlink()
     stamp = {"requirements": requirements, "target": asdict(target), "wheels": sorted(needed)}
     (wheelhouse / STAMP).write_text(json.dumps(stamp, indent=1) + "\n")
     return sorted(needed)

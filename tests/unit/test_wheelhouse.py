@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -16,7 +17,7 @@ from labctl.lab.engine import normalize_machine
 from labctl.errors import CommandError, LabError
 from labctl.lab.wheelhouse import (
     STAMP, Target, Wheel, fill_wheelhouse, forget_wheelhouse, missing_wheels, pip_download_argv, prune_wheelhouse,
-    read_wheel, stamped_wheels, target_from_probe, wheel_closure,
+    read_wheel, resolve_wheelhouse, stamped_wheels, target_from_probe, wheel_closure,
 )
 
 NODE = Target()  # CPython 3.11 on Debian bookworm, x86_64: the default node image
@@ -240,3 +241,42 @@ def test_an_old_stamp_whose_wheels_are_gone_fetches_them_again_and_nothing_is_pr
     (tmp_path / "stray-1.0-py3-none-any.whl").write_bytes(b"x")
     (tmp_path / STAMP).unlink(missing_ok=True)
     assert prune_wheelhouse(tmp_path) == 0 and (tmp_path / "stray-1.0-py3-none-any.whl").exists()
+
+
+@pytest.fixture
+def local_index(tmp_path, monkeypatch):
+    """pip on a folder of tiny real wheels, nothing of this machine's pip configuration: `demo`
+    needs `dep` everywhere, `old` below Python 3.12 and `new` from 3.12 on."""
+    index = tmp_path / "index"
+    index.mkdir()
+    make_wheel(index, "demo-1.0-py3-none-any.whl", ["dep", "old; python_version < '3.12'",
+                                                     "new; python_version >= '3.12'"])
+    for name in ("dep", "old", "new"):
+        make_wheel(index, f"{name}-1.0-py3-none-any.whl", [])
+    monkeypatch.setenv("PIP_CONFIG_FILE", os.devnull)
+    monkeypatch.setenv("PIP_NO_INDEX", "1")
+    monkeypatch.setenv("PIP_FIND_LINKS", str(index))
+    return index
+
+
+def test_resolving_by_name_gives_what_a_fetch_gives_and_downloads_nothing(local_index, tmp_path):
+    """The CUDA image's hash is made of its wheels' names: pip's --dry-run --report tells them
+    without the GBs. For a 3.12 node from this host's 3.11 pip, the markers are the node's: `new`,
+    which pip skips by the host's, is resolved in a second round, and `old` is left out."""
+    node_312 = Target(python="3.12")
+    lines = []
+    resolved = resolve_wheelhouse(tmp_path / "resolved", ["demo"], node_312, lines.append)
+    fetched = fill_wheelhouse(tmp_path / "fetched", ["demo"], node_312, lambda _m: None)
+    assert resolved == fetched == ["demo-1.0-py3-none-any.whl", "dep-1.0-py3-none-any.whl", "new-1.0-py3-none-any.whl"]
+    assert sorted(p.name for p in (tmp_path / "resolved").iterdir()) == [STAMP]  # no wheel, no pip report
+    assert missing_wheels(tmp_path / "resolved", resolved) == resolved and "names only" in lines[0]
+    assert stamped_wheels(tmp_path / "resolved", ["demo"], node_312) == resolved  # the next ask costs no pip
+
+
+def test_where_pip_cannot_resolve_by_name_the_wheels_are_fetched_and_it_says_why(local_index, tmp_path):
+    from labctl.lab.image import resolve_cuda_wheels
+
+    lines = []
+    assert resolve_cuda_wheels(tmp_path / "w", ["ddplab-no-such-package"], NODE, lines.append) == []
+    assert "could not resolve the wheels by name" in lines[-1] and "fetching them" in lines[-1]
+    assert not (tmp_path / "w" / STAMP).exists()  # so the fetch starts afresh
