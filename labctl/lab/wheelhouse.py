@@ -205,14 +205,27 @@ def read_stamp(wheelhouse: Path) -> dict:
         return {}
 
 
+def write_stamp(wheelhouse: Path, requirements: list[str], target: Target, wheels: Iterable[str]) -> list[str]:
+    """Record what `wheelhouse` was made for and the wheels' names; returns the names, sorted."""
+    names = sorted(wheels)
+    stamp = {"requirements": requirements, "target": asdict(target), "wheels": names}
+    (wheelhouse / STAMP).write_text(json.dumps(stamp, indent=1) + "\n")
+    return names
+
+
 def stamped_wheels(wheelhouse: Path, requirements: list[str], target: Target) -> list[str]:
-    """The wheels' names where `wheelhouse` was filled for the same requirements and target (the
-    files may be pruned: their names stay in the stamp); [] where it must be filled."""
-    stamp = {"requirements": requirements, "target": asdict(target)}
+    """The wheels' names where `wheelhouse` was made for the same requirements and target (the
+    files may be pruned, or never fetched: their names stay in the stamp); [] where it must be made."""
     known = read_stamp(wheelhouse)
-    if {key: known.get(key) for key in stamp} != stamp:
+    if known.get("requirements") != requirements or known.get("target") != asdict(target):
         return []
     return known.get("wheels") or sorted(p.name for p in wheelhouse.glob("*.whl"))
+
+
+def empty_wheelhouse(wheelhouse: Path) -> None:
+    if wheelhouse.exists():
+        shutil.rmtree(wheelhouse)
+    wheelhouse.mkdir(parents=True)
 
 
 def fill_wheelhouse(wheelhouse: Path, requirements: list[str], target: Target, report: Report, *,
@@ -227,9 +240,7 @@ def fill_wheelhouse(wheelhouse: Path, requirements: list[str], target: Target, r
     names = stamped_wheels(wheelhouse, requirements, target)
     if names:
         return names
-    if wheelhouse.exists():
-        shutil.rmtree(wheelhouse)
-    wheelhouse.mkdir(parents=True)
+    empty_wheelhouse(wheelhouse)
 
     def pip(reqs: list[str], check: bool = True, **options):
         return run(pip_download_argv(sys.executable, target, wheelhouse, reqs, **options), check=check,
@@ -261,9 +272,7 @@ def fill_wheelhouse(wheelhouse: Path, requirements: list[str], target: Target, r
     for wheel in wheels:
         if wheel.file not in needed:
             (wheelhouse / wheel.file).unlink()  # needed only by this host's Python, never by a node
-    stamp = {"requirements": requirements, "target": asdict(target), "wheels": sorted(needed)}
-    (wheelhouse / STAMP).write_text(json.dumps(stamp, indent=1) + "\n")
-    return sorted(needed)
+    return write_stamp(wheelhouse, requirements, target, needed)
 
 
 def resolve_wheelhouse(wheelhouse: Path, requirements: list[str], target: Target, report: Report, *,
@@ -274,9 +283,7 @@ def resolve_wheelhouse(wheelhouse: Path, requirements: list[str], target: Target
     names = stamped_wheels(wheelhouse, requirements, target)
     if names:
         return names
-    if wheelhouse.exists():
-        shutil.rmtree(wheelhouse)
-    wheelhouse.mkdir(parents=True)
+    empty_wheelhouse(wheelhouse)
     answer = wheelhouse / "pip-report.json"
     report(f"wheelhouse: resolving {', '.join(requirements)} for {target.describe()} (names only, nothing downloaded)")
     asked = list(requirements)
@@ -291,9 +298,7 @@ def resolve_wheelhouse(wheelhouse: Path, requirements: list[str], target: Target
         raise LabError(f"the wheels for {target.describe()} still lack {', '.join(missing)}",
                        hint=f"check that your package index has wheels of them for {target.abi} on {target.machine}")
     answer.unlink()
-    stamp = {"requirements": requirements, "target": asdict(target), "wheels": sorted(needed)}
-    (wheelhouse / STAMP).write_text(json.dumps(stamp, indent=1) + "\n")
-    return sorted(needed)
+    return write_stamp(wheelhouse, requirements, target, needed)
 
 
 def missing_wheels(wheelhouse: Path, names: Iterable[str]) -> list[str]:
