@@ -205,6 +205,22 @@ def read_stamp(wheelhouse: Path) -> dict:
         return {}
 
 
+def settle(requirements: list[str], target: Target, ask: Callable[[list[str]], list[Wheel]],
+           report: Report) -> tuple[set[str], list[Wheel]]:
+    """Ask pip for `requirements` (`ask` returns every wheel it has given so far), then again for what
+    the node needs and pip skipped, until nothing is missing: (the files the node needs, the wheels)."""
+    wheels = ask(requirements)
+    for _ in range(MAX_ROUNDS):
+        needed, missing = wheel_closure(wheels, requirements, target)
+        if not missing:
+            return needed, wheels
+        report(f"wheelhouse: pip skipped {', '.join(missing)} (it read their markers for this host's Python); "
+               "asking for them")
+        wheels = ask(missing)
+    raise LabError(f"the wheelhouse for {target.describe()} still lacks {', '.join(missing)}",
+                   hint=f"check that your package index has wheels of them for {target.abi} on {target.machine}")
+
+
 def write_stamp(wheelhouse: Path, requirements: list[str], target: Target, wheels: Iterable[str]) -> list[str]:
     """Record what `wheelhouse` was made for and the wheels' names; returns the names, sorted."""
     names = sorted(wheels)
@@ -257,18 +273,12 @@ def fill_wheelhouse(wheelhouse: Path, requirements: list[str], target: Target, r
                 raise LabError(f"could not get a wheel of {torch} for {target.describe()}: {exc}",
                                hint="set DDPLAB_TORCH_INDEX_URL to an index with CPU builds, "
                                     "or put the wheel in PIP_FIND_LINKS") from None
+    def fetch(reqs: list[str]) -> list[Wheel]:
+        pip(reqs)
+        return [read_wheel(p) for p in wheelhouse.glob("*.whl")]
+
     report(f"wheelhouse: downloading {', '.join(requirements)} and their dependencies for {target.describe()}")
-    pip(requirements)
-    for _ in range(MAX_ROUNDS):
-        wheels = [read_wheel(p) for p in wheelhouse.glob("*.whl")]
-        needed, missing = wheel_closure(wheels, requirements, target)
-        if not missing:
-            break
-        report(f"wheelhouse: pip skipped {', '.join(missing)} (it read their markers for this host's Python); fetching")
-        pip(missing)
-    else:
-        raise LabError(f"the wheelhouse for {target.describe()} still lacks {', '.join(missing)}",
-                       hint=f"check that your package index has wheels of them for {target.abi} on {target.machine}")
+    needed, wheels = settle(requirements, target, fetch, report)
     for wheel in wheels:
         if wheel.file not in needed:
             (wheelhouse / wheel.file).unlink()  # needed only by this host's Python, never by a node
@@ -284,19 +294,15 @@ def resolve_wheelhouse(wheelhouse: Path, requirements: list[str], target: Target
     if names:
         return names
     empty_wheelhouse(wheelhouse)
-    answer = wheelhouse / "pip-report.json"
-    report(f"wheelhouse: resolving {', '.join(requirements)} for {target.describe()} (names only, nothing downloaded)")
-    asked = list(requirements)
-    for _ in range(MAX_ROUNDS):
+    answer, asked = wheelhouse / "pip-report.json", []
+
+    def resolve(reqs: list[str]) -> list[Wheel]:  # what pip skipped is resolved together with the rest
+        asked.extend(reqs)
         run(pip_report_argv(sys.executable, target, answer, asked), timeout_s=timeout_s)
-        wheels = report_wheels(json.loads(answer.read_text()))
-        needed, missing = wheel_closure(wheels, requirements, target)
-        if not missing:
-            break
-        asked += missing  # what pip skipped by the host's markers: resolved together with the rest
-    else:
-        raise LabError(f"the wheels for {target.describe()} still lack {', '.join(missing)}",
-                       hint=f"check that your package index has wheels of them for {target.abi} on {target.machine}")
+        return report_wheels(json.loads(answer.read_text()))
+
+    report(f"wheelhouse: resolving {', '.join(requirements)} for {target.describe()} (names only, nothing downloaded)")
+    needed, _ = settle(requirements, target, resolve, report)
     answer.unlink()
     return write_stamp(wheelhouse, requirements, target, needed)
 

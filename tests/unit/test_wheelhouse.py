@@ -270,6 +270,7 @@ def test_resolving_by_name_gives_what_a_fetch_gives_and_downloads_nothing(local_
     assert resolved == fetched == ["demo-1.0-py3-none-any.whl", "dep-1.0-py3-none-any.whl", "new-1.0-py3-none-any.whl"]
     assert sorted(p.name for p in (tmp_path / "resolved").iterdir()) == [STAMP]  # no wheel, no pip report
     assert missing_wheels(tmp_path / "resolved", resolved) == resolved and "names only" in lines[0]
+    assert "pip skipped new" in lines[1]  # the second round, by the node's markers
     assert stamped_wheels(tmp_path / "resolved", ["demo"], node_312) == resolved  # the next ask costs no pip
 
 
