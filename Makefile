@@ -24,20 +24,33 @@ demo: image
 	$(LABCTL) run -- -m trainer --epochs 3
 	@echo "The lab is still up: '$(LABCTL) status' shows it, '$(LABCTL) down' removes it."
 
-# The unit tests in two processes (pytest-xdist), then the tests that drive real labs: two at a time,
-# a module per worker (their labs are the module's), and last, one at a time, those marked `alone`,
-# which measure links, round trips and CPU shares that a second test would skew. Each step runs
-# whatever the ones before gave; make fails if any did (5, "no tests selected" by a PYTEST_ARGS
-# filter, is not a failure).
+# The unit tests in two processes (pytest-xdist), then the tests that drive real labs, a module per
+# worker (their labs are the module's), INTEGRATION_WORKERS at a time, and last, one at a time, those
+# marked `alone`, which measure links, round trips and CPU shares that a second test would skew. Each
+# step runs whatever the ones before gave; make fails if any did (5, "no tests selected" by a
+# PYTEST_ARGS filter, is not a failure).
+#
+# Three workers on two cores: a lab test waits as well as computes (containers starting, timeouts,
+# shaped links), and a third worker fills those waits. Here, three took 12 min 34 s and 13 min 39 s
+# (the machine 94% busy), two 16 min 4 s (89% busy), same tree, same hour (measurements.md).
+INTEGRATION_WORKERS ?= 3
 INTEGRATION := tests/docs tests/integration
 PYTEST := $(BIN)/python -m pytest
-RUN_INTEGRATION := $(PYTEST) $(INTEGRATION) -n 2 --dist loadfile -m "not alone" $(PYTEST_ARGS) || passed_or_empty $$?; \
+RUN_INTEGRATION := $(PYTEST) $(INTEGRATION) -n $(INTEGRATION_WORKERS) --dist loadfile -m "not alone" $(PYTEST_ARGS) \
+	|| passed_or_empty $$?; \
 	$(PYTEST) $(INTEGRATION) -m alone $(PYTEST_ARGS) || passed_or_empty $$?
 define TRACK_STATUS
 status=0; passed_or_empty() { [ "$$1" -eq 5 ] || status=$$1; }
 endef
 
-test: docs image image-cuda image-mismatch host-torch netem-vm
+# The node images and torch on the host, side by side (make -j2): one is pip unpacking and compiling
+# torch into the venv (about 45 s on a fresh clone), the other the engine and pip resolving the nodes'
+# wheels (about 30 s), each mostly on one core. What may run apt (netem-vm, engine, tools) runs first,
+# one at a time, so two apt-gets never meet; in the -j2 part engine and tools find everything there.
+SETUP_IMAGES_AND_HOST_TORCH := $(MAKE) --no-print-directory -j2 --output-sync=target image-mismatch host-torch
+
+test: docs netem-vm engine tools
+	+@$(SETUP_IMAGES_AND_HOST_TORCH)
 	@$(TRACK_STATUS); \
 	$(PYTEST) tests/unit -n 2 $(PYTEST_ARGS) || passed_or_empty $$?; \
 	$(RUN_INTEGRATION); \
@@ -46,7 +59,8 @@ test: docs image image-cuda image-mismatch host-torch netem-vm
 unit: venv host-torch tools
 	$(PYTEST) tests/unit $(PYTEST_ARGS)
 
-integration: image image-cuda image-mismatch host-torch netem-vm
+integration: netem-vm engine tools
+	+@$(SETUP_IMAGES_AND_HOST_TORCH)
 	@$(TRACK_STATUS); $(RUN_INTEGRATION); exit $$status
 
 # The documentation site (mkdocs.yml, docs/): built strict into site/, so a broken link or a page

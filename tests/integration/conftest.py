@@ -31,8 +31,8 @@ INTEGRATION_TIMEOUT_S = 900
 
 
 # The longest modules (a minute or more each, measured), handed out first: `make test` spreads the
-# integration tests over two workers a module at a time (pytest-xdist --dist loadfile), and a long
-# module dealt last would run on alone while the other worker idles. Only the order changes.
+# integration tests over its workers a module at a time (pytest-xdist --dist loadfile), and a long
+# module dealt last would run on alone while the other workers idle. Only the order changes.
 LONG_FIRST = ("test_slurm_cluster.py", "test_scenarios.py", "test_pytest_plugin.py", "test_ci_workflow.py",
               "test_faults.py", "test_netem_kernel.py", "test_other_python.py", "test_hosts.py")
 
