@@ -31,8 +31,9 @@ demo: image
 # PYTEST_ARGS filter, is not a failure).
 #
 # Three workers on two cores: a lab test waits as well as computes (containers starting, timeouts,
-# shaped links), and a third worker fills those waits. Here, three took 12 min 34 s and 13 min 39 s
-# (the machine 94% busy), two 16 min 4 s (89% busy), same tree, same hour (measurements.md).
+# shaped links), and a third worker fills those waits: alternated on one tree here, three took 12 min
+# 33 s to 13 min 51 s (cores idle 5.5 to 8.5%), two 14 min 33 s and 16 min 2 s (idle 11%); see
+# docs/explanation/measurements.md.
 INTEGRATION_WORKERS ?= 3
 INTEGRATION := tests/docs tests/integration
 PYTEST := $(BIN)/python -m pytest
