@@ -273,6 +273,7 @@ def fill_wheelhouse(wheelhouse: Path, requirements: list[str], target: Target, r
                 raise LabError(f"could not get a wheel of {torch} for {target.describe()}: {exc}",
                                hint="set DDPLAB_TORCH_INDEX_URL to an index with CPU builds, "
                                     "or put the wheel in PIP_FIND_LINKS") from None
+
     def fetch(reqs: list[str]) -> list[Wheel]:
         pip(reqs)
         return [read_wheel(p) for p in wheelhouse.glob("*.whl")]
