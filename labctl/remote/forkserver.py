@@ -4,10 +4,10 @@
   python -c TEXT request SOCKET_PATH [WORKER_TEXT] -- [-m MODULE | SCRIPT] ARGS...    (each worker)
 
 Why: a cold `python` spends seconds importing torch, twice per node under torchrun, on every run.
-serve imports it once (PRELOAD, default DEFAULT_PRELOAD; `trainer.*` means the package and its
-modules), prints `READY pid=N threads=T preloaded=A,B missing=C|-`, and then forks each request's
-worker: copy-on-write pages, no import. WORKER_TEXT is worker.py's text: the child runs a script
-with it, as `python -c WORKER_TEXT SCRIPT` would. One request at a time in one loop: no threads.
+serve imports it once (the PRELOAD modules: labctl.run.warm.PRELOAD), prints `READY pid=N threads=T
+preloaded=A,B missing=C|-`, and then forks each request's worker: copy-on-write pages, no import.
+WORKER_TEXT is worker.py's text: the child runs a script with it, as `python -c WORKER_TEXT SCRIPT`
+would. One request at a time in one loop: no threads.
 
 request sends {"argv", "env", "cwd", "umask", "ignored", "blocked"} as one JSON line with its own
 fds 0, 1, 2 (SCM_RIGHTS): the worker writes straight to the request's stdout and stderr (the
@@ -49,8 +49,6 @@ LOST_STATUS = 70  # EX_SOFTWARE: the worker was killed with its server connectio
 RUN_ID_VAR = "DDPLAB_RUN_ID"  # = labctl.run.launch.RUN_ID_VAR
 SOCKET_PATH = "/tmp/ddplab/fork.sock"  # in a node
 REGISTRY = "workers"  # next to the socket: /tmp/ddplab/workers = stop.py's REGISTRY_DIR
-# torch._dynamo: torch.optim imports it on a first optimizer, 1.3 s of every trainer run here.
-DEFAULT_PRELOAD = ("torch", "torch.distributed", "torch._dynamo", "numpy", "trainer.*")
 FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 
 
@@ -196,28 +194,17 @@ class Server:
         """Import them here, in the main thread, starting no thread pool: numpy's OpenBLAS would start one
         at import, and libgomp and MKL read their thread counts now (a worker is given the run's)."""
         import importlib
-        import pkgutil
         held = {var: os.environ.pop(var, None) for var in self.worker.THREAD_VARS}
         os.environ["OPENBLAS_NUM_THREADS"] = "1"
         done, missing = [], []
         try:
             for name in names:
-                todo = [name[:-2] if name.endswith(".*") else name]  # "pkg.*": pkg, then its modules
-                while todo:
-                    try:
-                        module = importlib.import_module(todo[0])
-                    except Exception as exc:
-                        missing.append(todo[0])
-                        log("no %s (%s: %s)" % (todo[0], type(exc).__name__, exc))
-                        continue
-                    finally:
-                        del todo[0]
-                    if module.__name__ == name[:-2]:
-                        done.append(name)
-                        todo += [name[:-1] + m.name for m in pkgutil.iter_modules(module.__path__)
-                                 if m.name != "__main__"]
-                    elif module.__name__ == name:
-                        done.append(name)
+                try:
+                    importlib.import_module(name)
+                    done.append(name)
+                except Exception as exc:
+                    missing.append(name)
+                    log("no %s (%s: %s)" % (name, type(exc).__name__, exc))
         finally:
             del os.environ["OPENBLAS_NUM_THREADS"]
             os.environ.update({var: value for var, value in held.items() if value is not None})
@@ -397,7 +384,7 @@ def alive(entry):
 if __name__ == "__main__":
     args = sys.argv[1:]
     if len(args) >= 3 and args[0] == "serve":
-        Server(args[1], args[2], args[3:] or DEFAULT_PRELOAD).serve()
+        Server(args[1], args[2], args[3:]).serve()
     elif len(args) >= 4 and args[0] == "request" and "--" in args[2:4] and args.index("--", 2) < len(args) - 1:
         dashes = args.index("--", 2)
         status = request(args[1], args[dashes + 1:], quiet_absent=dashes == 3)

@@ -1,10 +1,11 @@
 """The warm path's servers: one fork server per node (labctl/remote/forkserver.py), started by `up`,
 which imports torch once so that a run's workers start in milliseconds (labctl.run.launch.warm_argv).
 
-The server preloads torch, torch.distributed, torch._dynamo (which torch.optim imports at a first
-optimizer step: 1.3 s of every trainer run) and numpy: what DDP scripts import and what costs the
-seconds. Nothing of the workspace (the trainer package included) is preloaded: a script and the
-modules it imports are read afresh by every run, so a file edited between two runs is never run stale.
+The server preloads torch, torch.distributed, torch._dynamo (which torch.optim imports when a script
+makes its first optimizer: about as long again as torch itself, 1.5 to 1.8 s in a node here) and
+numpy: what DDP scripts import and what costs the seconds. Nothing of the workspace (the trainer
+package included) is preloaded: a script and the modules it imports are read afresh by every run, so
+a file edited between two runs is never run stale.
 The server does not hold up `up`: it binds its socket first and imports while requests wait in its
 backlog, so a run right after `up` waits for the import once, as a cold start would.
 

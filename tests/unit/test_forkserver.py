@@ -2,9 +2,10 @@
 machine's Python and torch, a real server process on a socket under tmp_path, real workers.
 
 What a worker sees is checked against plain `python SCRIPT` with the same environment and working
-directory, key by key. The server preloads torch once for the module (a few seconds); a few tests
-also need a cold `python` that imports torch (the reference for ATEN_CPU_CAPABILITY, MKL_CBWR and
-thread counts), and one runs a gloo script 50 times: those take seconds, the rest well under one.
+directory, key by key. The server preloads what `up` has a node's server preload (labctl.run.warm.PRELOAD)
+once for the module (a few seconds); a few tests also need a cold `python` that imports torch (the
+reference for ATEN_CPU_CAPABILITY, MKL_CBWR and thread counts), and one runs a gloo script 50 times:
+those take seconds, the rest well under one.
 """
 
 import json
@@ -20,6 +21,7 @@ import pytest
 
 from labctl import remote
 from labctl.remote import stop
+from labctl.run.warm import PRELOAD
 
 FORKSERVER, WORKER = remote.load("forkserver.py"), remote.load("worker.py")
 TIMEOUT_S = 60  # only a stuck test waits this long
@@ -80,7 +82,7 @@ def end(proc):
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
     sock = tmp_path_factory.mktemp("fs") / "ddplab" / "fork.sock"
-    proc = start_server(sock, ignore=(signal.SIGINT, signal.SIGQUIT))
+    proc = start_server(sock, preload=PRELOAD, ignore=(signal.SIGINT, signal.SIGQUIT))
     proc.sock, proc.registry = str(sock), str(sock.parent / "workers")
     yield proc
     end(proc)
@@ -108,7 +110,7 @@ def write(path, text):
 
 def test_the_server_says_ready_after_the_preload_with_one_thread(server):
     pid, threads, preloaded, missing = READY.fullmatch(server.ready).groups()
-    assert (threads, preloaded, missing) == ("1", "torch,torch.distributed,torch._dynamo,numpy,trainer.*", "-")
+    assert (threads, preloaded, missing) == ("1", ",".join(PRELOAD), "-")
     assert os.listdir(f"/proc/{pid}/task") == [pid]  # and still one: no OpenMP or OpenBLAS pool
     assert oct(os.stat(os.path.dirname(server.sock)).st_mode & 0o777) == "0o700"
 
