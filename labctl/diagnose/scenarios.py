@@ -13,6 +13,7 @@ in .lab/scn-NAME/runs/ when the rest of the lab goes.
 
 from __future__ import annotations
 
+import os
 import re
 import shutil
 import time
@@ -25,8 +26,8 @@ from labctl.errors import LabError
 from labctl.lab import lifecycle as lab_mod
 from labctl.lab.image import ensure_mismatch_image
 from labctl.lab.engine import usable_engine
-from labctl.lab.gpus import build_gpu_plan
-from labctl.lab.up import UpPlan, apply_up_plan, render_project
+from labctl.lab.owner import owner_of
+from labctl.lab.up import UpPlan, apply_up_plan, build_up_plan
 from labctl.run.launch import Launch, run_env
 from labctl.run.plan import RunPlan, new_run
 from labctl.session import LabSession
@@ -152,14 +153,13 @@ def run_scenario(client, config, workspace, scenario: Scenario, report) -> Outco
 
 
 def bring_up(client, config, workspace, other_image: str | None, report) -> tuple[UpPlan, list]:
-    """The scenario's lab, the last node on `other_image` where given, brought up as `labctl up`
-    brings a lab up: on a free subnet, picked again when a concurrent lab took it meanwhile."""
-    engine = usable_engine(client)
-    gpus = build_gpu_plan(config, None)
-    if other_image:
-        gpus = gpus.with_image(config.node_names[-1], other_image)
-    document, env_files, subnet = render_project(client, config, workspace, engine=engine, gpus=gpus)
-    plan = UpPlan(config, engine, False, document, env_files, subnet, None, gpus)
+    """The scenario's lab, the last node on `other_image` where given, planned and brought up as
+    `labctl up` brings a lab up (the same TCP congestion control, on a free subnet, picked again when
+    a concurrent lab took it meanwhile), and owned by this process: `labctl gc` removes a lab that a
+    killed `labctl scenario` left."""
+    plan = build_up_plan(client, config, workspace, engine=usable_engine(client), existing=[],
+                         owner=owner_of(os.environ, "scenario", os.getpid()).labels(),
+                         images={config.node_names[-1]: other_image} if other_image else None)
     return apply_up_plan(client, plan, workspace, report)
 
 

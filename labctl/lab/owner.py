@@ -3,15 +3,17 @@
 removed later by `labctl gc`, and nobody else's lab is touched.
 
 - `io.ddplab.owner.user`, `io.ddplab.owner.host`: who brought it up, on which machine;
-- `io.ddplab.owner.session`: `cli` for `labctl up`, `api` for the Python API, or what the owner
-  said in DDPLAB_OWNER_SESSION (the pytest plugin: `pytest-<id>`);
+- `io.ddplab.owner.session`: `cli` for `labctl up`, `api` for the Python API, `scenario` for the
+  throwaway lab of `labctl scenario`, or what the owner said in DDPLAB_OWNER_SESSION (the pytest
+  plugin: `pytest-<id>`);
 - `io.ddplab.owner.pid`, `io.ddplab.owner.pid-start` and `io.ddplab.owner.pid-ns`: the process
   whose life the lab's is tied to, its start time (so a pid reused by another process does not
   keep a dead lab alive), and the boot and PID namespace its pid means something in (a test
   session in another container that shares the engine, or before a reboot, is never judged from
-  here: its pids are not ours). Only a lab with an owner process has them: `with Lab(...)` (this process), or a process
-  that set DDPLAB_OWNER_PID (the pytest plugin: the test session). A lab from `labctl up` is
-  meant to outlive labctl, so it has none, and only `labctl gc --all` removes it.
+  here: its pids are not ours). Only a lab with an owner process has them: `with Lab(...)` and a
+  scenario's lab (this process), or a process that set DDPLAB_OWNER_PID (the pytest plugin: the
+  test session). A lab from `labctl up` is meant to outlive labctl, so it has none, and only
+  `labctl gc --all` removes it.
 """
 
 from __future__ import annotations

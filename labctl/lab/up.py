@@ -92,11 +92,14 @@ def settle(config: LabConfig, existing: list[dict]) -> LabConfig:
 
 
 def build_up_plan(client, config: LabConfig, workspace: Path, *, engine: Engine, existing: list[dict],
-                  public_key: str | None = None, owner: Mapping[str, str] | None = None) -> UpPlan:
+                  public_key: str | None = None, owner: Mapping[str, str] | None = None,
+                  images: Mapping[str, str] | None = None) -> UpPlan:
     """Validate a settled config against the engine and render everything; creates nothing. A running
     lab keeps the owner it has (a change of labels would make Compose recreate every node); a new one
-    gets `owner`."""
+    gets `owner`. `images` puts nodes, by name, on another image (a scenario's node on another torch)."""
     gpu_plan = plan_gpus(config, engine)
+    for name, image in (images or {}).items():
+        gpu_plan = gpu_plan.with_image(name, image)
     labels = owner_labels(existing[0].get("Labels") or {}) if existing else dict(owner or {})
     tcp_cc, tcp_note = plan_tcp(config, engine)
     document, env_files, subnet = render_project(client, config, workspace, public_key, engine, labels, gpu_plan,

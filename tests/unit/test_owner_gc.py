@@ -103,3 +103,31 @@ def test_a_subnet_race_keeps_the_owner_labels_on_the_next_attempt(tmp_path, monk
     applied, _ = up.apply_up_plan(None, plan, tmp_path, lambda message: None)
     assert planned == [(owner, "cubic")] and applied.owner == owner and applied.subnet == "172.28.1.0/24"
     assert [a.rsplit(" ", 1)[-1] for a in attempts] == ["172.28.0.0/24", "172.28.1.0/24"]
+
+
+def test_a_scenario_lab_is_planned_as_up_plans_one_and_owned_by_the_scenario(tmp_path, monkeypatch):
+    # `labctl scenario` brings up a throwaway lab: the same TCP congestion control as `up` gives, the
+    # other torch on the last node where the scenario asks, and this process as its owner, so that
+    # `labctl gc` removes the lab a killed scenario left.
+    from labctl.config import load_config
+    from labctl.diagnose import scenarios
+    from labctl.lab import up
+    from labctl.lab.engine import Engine
+
+    config = load_config(tmp_path, {}, {"lab": "scenario-x", "nodes": "2"})
+    engine = Engine(kind="docker", product="Docker Engine", version="27", endpoint="unix:///var/run/docker.sock",
+                    context=None, os="Debian", arch="x86_64", cpus=2, engine_id="x")
+    rendered = []
+
+    def render_project(client, config, workspace, public_key, engine, owner=None, gpus=None, tcp_cc=None):
+        rendered.append((dict(owner or {}), gpus, tcp_cc))
+        return {"services": {}}, {}, "172.28.0.0/24"
+
+    monkeypatch.setattr(up, "render_project", render_project)
+    monkeypatch.setattr(up, "apply_up", lambda *args, started: [])
+    monkeypatch.setattr(up, "plan_tcp", lambda config, engine: ("cubic", None))
+    monkeypatch.setattr(scenarios, "usable_engine", lambda client: engine)
+    plan, _ = scenarios.bring_up(None, config, tmp_path, "ddplab-node:other", lambda message: None)
+    (owner, gpus, tcp_cc), = rendered
+    assert (owner[LABEL_SESSION], owner[LABEL_PID], tcp_cc) == ("scenario", str(os.getpid()), "cubic")
+    assert [n.image for n in gpus.nodes] == [config.image_tag, "ddplab-node:other"] and plan.owner == owner
