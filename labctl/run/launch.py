@@ -183,8 +183,10 @@ def threads_per_process(cpus: int, nodes: int, nproc_per_node: int) -> int:
 
 
 # Elastic runs: a lost node's heartbeat goes stale after 10 s, and once the minimum number of nodes
-# has joined a new round the others get 3 s more (torch's defaults: 30 s and 30 s).
-ELASTIC_RDZV_CONF = "last_call_timeout=3,heartbeat_timeout=10,keep_alive_interval=2"
+# has joined a round the others get 10 s more (torch's defaults: 30 s and 30 s). Every node's agent
+# starts at once, but each imports torch first, cold: on a loaded machine one came more than 3 s
+# after the others, missed the first round, and a `--nnodes 2:3` run trained on 2 of its 3 nodes.
+ELASTIC_RDZV_CONF = "last_call_timeout=10,heartbeat_timeout=10,keep_alive_interval=2"
 PG_TIMEOUT_VAR = "DDPLAB_PG_TIMEOUT_S"
 
 

@@ -17,14 +17,10 @@ import shlex
 from dataclasses import dataclass
 
 from labctl.errors import ConfigError
+from labctl.run.launch import ELASTIC_RDZV_CONF
 
 DEFAULT_TIME = "00:30:00"
 DEFAULT_PORT = 29500
-# Elastic rendezvous under Slurm: a lost node's heartbeat is stale after 10 s; once the minimum has
-# joined a round, the others get 10 s more (torch's default is 30). 10, not `labctl run`'s 3: srun
-# starts every node's torchrun at once, but on a busy machine one may import torch seconds after the
-# others, and a first round closed without it leaves the job a node short from the start.
-SLURM_ELASTIC_RDZV_CONF = "last_call_timeout=10,heartbeat_timeout=10,keep_alive_interval=2"
 
 
 @dataclass(frozen=True)
@@ -78,7 +74,7 @@ def build_job_script(spec: JobSpec) -> str:
                 "# survivors form a new rendezvous round of at least the minimum and resume from the checkpoint.",
                 "# shellcheck disable=SC2016",
                 "srun --no-kill --label bash -c '"]
-        conf = f",{SLURM_ELASTIC_RDZV_CONF}"
+        conf = f",{ELASTIC_RDZV_CONF}"  # as `labctl run` has it, for the same reasons
         restarts = [f"    --max-restarts={spec.max_restarts} \\"]
     else:
         nnodes = "$SLURM_JOB_NUM_NODES"
