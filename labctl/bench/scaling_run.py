@@ -246,7 +246,8 @@ def run_host(config: Config, trainer_args: list[str], run_dir: Path, threads: in
     if config.nproc_per_node == 1 and not cuda:
         argv = [python, "-m", "trainer", *args]
     else:
-        argv = [python, "-m", "torch.distributed.run", "--standalone",
+        # --log-dir: torchrun's per-attempt folders go into the run's, not into a /tmp/torchelastic_* of their own
+        argv = [python, "-m", "torch.distributed.run", "--standalone", "--log-dir", str(run_dir / "torchrun"),
                 "--nproc-per-node", str(config.nproc_per_node), "-m", "trainer", *args]
     run_dir.mkdir(parents=True, exist_ok=True)
     proc = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=HOST_TIMEOUT_S)

@@ -53,7 +53,8 @@ def test_gpt_on_two_nodes_trains_on_the_same_text_to_the_same_loss_as_one_proces
     # The host computes with the nodes' CPU kernels (AVX2 by default, labctl.config.CPU_KERNEL_ENV): with
     # its own best (AVX-512 here) the loss differs in the seventh digit.
     kernels = LabConfig().node_env
-    host = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=1", *GPT,
+    host = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=1",
+                           "--log-dir", str(tmp_path / "torchrun"), *GPT,
                            "--data-dir", str(tmp_path / "data"), "--run-dir", str(tmp_path / "run")],
                           cwd=REPO, capture_output=True, text=True, timeout=300, env={**os.environ, **kernels})
     assert host.returncode == 0, host.stderr

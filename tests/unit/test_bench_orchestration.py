@@ -284,8 +284,10 @@ def test_scaling_runs_the_1_gpu_row_on_nccl_or_says_why_not(tmp_path, events, en
     written = json.loads((tmp_path / "out" / "scaling.json").read_text())
     if gpu:
         assert [r.name for r in result.rows] == ["host, 1 proc", "host, 1 GPU", "1 node"]
-        log = (tmp_path / "out" / "host-runs" / "host-1GPU" / "host.log").read_text()
-        assert "torch.distributed.run --standalone --nproc-per-node 1 -m trainer" in log
+        run_dir = tmp_path / "out" / "host-runs" / "host-1GPU"
+        log = (run_dir / "host.log").read_text()
+        torchrun = f"torch.distributed.run --standalone --log-dir {run_dir / 'torchrun'} --nproc-per-node 1"
+        assert f"{torchrun} -m trainer" in log
         assert "--backend nccl" in log and "CVD=unset" in log
         # One GPU on the host, none in the lab: the GPU-node rows are named as not measured, once.
         assert result.notes == [scaling_run.no_gpu_nodes_note("fake", 0)] and written["host_gpu"] == gpu

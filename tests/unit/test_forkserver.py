@@ -180,11 +180,11 @@ def test_the_locale_is_compared_as_the_interpreter_takes_it(tmp_path):
 
 
 DESTROY = """
-import gc, os, sys, tempfile
+import gc, os, sys
 import torch.distributed as dist
 def gloo_threads():
     return sum(open("/proc/self/task/%s/comm" % t).read().strip() == "pt_gloo_runloop" for t in os.listdir("/proc/self/task"))
-store = os.path.join(tempfile.mkdtemp(), "store")
+store = os.path.join(os.path.dirname(os.path.abspath(__file__)), "store-%d" % os.getpid())  # beside the script
 dist.init_process_group("gloo", init_method="file://" + store, rank=0, world_size=1)
 dist.barrier()
 dist.destroy_process_group()

@@ -16,10 +16,11 @@ REPO = Path(__file__).resolve().parents[2]
 LAUNCH_VARS = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_RUN_ID")
 
 
-def test_a_script_of_ones_own_gets_a_timeline_and_its_profiler_traces_merged(tmp_path):
+def test_a_script_of_ones_own_gets_a_timeline_and_its_profiler_traces_merged(tmp_path, tmp_path_factory):
     env = {k: v for k, v in os.environ.items() if k not in LAUNCH_VARS}
     env.update(DDPLAB_RUN_DIR=str(tmp_path), PYTHONPATH=str(REPO), OMP_NUM_THREADS="1", CUDA_VISIBLE_DEVICES="")
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+           "--log-dir", str(tmp_path_factory.mktemp("torchrun")),  # not a /tmp/torchelastic_* left behind
            str(REPO / "examples" / "trace" / "my_ddp_script.py"), "--steps", "8"]
     proc = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=180)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]

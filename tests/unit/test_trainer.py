@@ -143,11 +143,12 @@ def test_unwritable_run_dir_names_the_path(tmp_path, no_launcher_env):
 
 # (d) torchrun, two processes --------------------------------------------------------
 
-def test_torchrun_two_processes(tmp_path):
+def test_torchrun_two_processes(tmp_path, tmp_path_factory):
     env = {k: v for k, v in os.environ.items() if k not in LAUNCH_VARS}
     env["OMP_NUM_THREADS"] = "1"  # also keeps torchrun from warning about it
     env["CUDA_VISIBLE_DEVICES"] = ""  # test the CPU/gloo path even on a GPU box
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+           "--log-dir", str(tmp_path_factory.mktemp("torchrun")),  # not a /tmp/torchelastic_* left behind
            "-m", "trainer", "--epochs", "2", "--run-dir", str(tmp_path), "--timeout-s", "60"]
     proc = subprocess.run(cmd, cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=120)
     output = proc.stdout + proc.stderr

@@ -55,7 +55,8 @@ def test_two_ranks_leave_a_timeline(tmp_path):
     env = {k: v for k, v in os.environ.items() if k not in LAUNCH_VARS}
     env["OMP_NUM_THREADS"] = "1"
     env["CUDA_VISIBLE_DEVICES"] = ""
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "-m", "trainer",
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+           "--log-dir", str(tmp_path / "torchrun"), "-m", "trainer",
            *SMALL, "--global-batch", "32", "--micro-batch", "8", "--steps", "4", "--run-dir", str(tmp_path),
            "--timeout-s", "60"]
     proc = subprocess.run(cmd, cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=120)
