@@ -47,6 +47,7 @@ import re
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -222,12 +223,16 @@ def run_source(block: Block, lab: str) -> tuple[int, str, float]:
     else:
         argv = [sys.executable, "-c", block.source]
     started = time.monotonic()
-    try:
-        done = subprocess.run(argv, cwd=REPO, env=environment(lab), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                              text=True, timeout=block.timeout_s, stdin=subprocess.DEVNULL, check=False)
-    except subprocess.TimeoutExpired as exc:
-        out = exc.stdout.decode(errors="replace") if isinstance(exc.stdout, bytes) else (exc.stdout or "")
-        raise AssertionError(f"{block.id}: still running after {block.timeout_s:.0f} s:\n{out}") from None
+    # The block's TMPDIR goes with it: what it leaves there (torchrun's /tmp/torchelastic_* logs from
+    # the tutorial's one-machine step, which a reader's own machine keeps) is not left by the tests.
+    with tempfile.TemporaryDirectory(prefix="ddplab-docblock-") as scratch:
+        try:
+            done = subprocess.run(argv, cwd=REPO, env={**environment(lab), "TMPDIR": scratch}, text=True,
+                                  stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                  timeout=block.timeout_s, check=False)
+        except subprocess.TimeoutExpired as exc:
+            out = exc.stdout.decode(errors="replace") if isinstance(exc.stdout, bytes) else (exc.stdout or "")
+            raise AssertionError(f"{block.id}: still running after {block.timeout_s:.0f} s:\n{out}") from None
     return done.returncode, normalize(done.stdout, lab), time.monotonic() - started
 
 
