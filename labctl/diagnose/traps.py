@@ -129,7 +129,10 @@ def firewall_off(ctx: Context) -> None:
 
 
 def slow_last(ctx: Context) -> None:
-    apply_node_cpus(ctx.client, ctx.lab, ctx.names[-1], 0.3)
+    # A CPU limit is a quota per 100 ms CFS period: a step must want more CPU than that (the
+    # straggler's 32 sequences a rank: about 60 ms) or, on a loaded machine where steps take 100 ms
+    # and more anyway, it fits in one period's quota and the node is not slowed (docs/how-to/failed-run.md).
+    apply_node_cpus(ctx.client, ctx.lab, ctx.names[-1], 0.25)
 
 
 def unslow_last(ctx: Context) -> None:
@@ -231,7 +234,7 @@ SCENARIOS = {s.name: s for s in [
         fixed=lambda ctx: torchrun_env(ctx),
         fix="find out why the node is slow (here: `labctl slow NODE --clear`), or give it less work with "
             "--rank-micro-batch (see `labctl bench straggler`)",
-        trainer=["-m", "trainer", "--workload", "gpt", "--steps", "12", "--threads", "1"],
+        trainer=["-m", "trainer", "--workload", "gpt", "--steps", "12", "--micro-batch", "32", "--threads", "1"],
         timeline=True,
     ),
 ]}
