@@ -26,9 +26,12 @@ def up_again(lab: str) -> None:
     labctl("up", "--lab", lab, check=True)  # restores a killed node
 
 
-def run_with_fault(lab: str, run_args: list[str], fault: str, node: str, after_steps: int) -> tuple[subprocess.CompletedProcess, float]:
-    """Start `labctl run`, inject the fault once rank 0 has logged `after_steps` steps, wait for the end.
-    Returns the run's result and the seconds from the fault to labctl's exit."""
+def run_with_fault(lab: str, run_args: list[str], fault: str, node: str, after_steps: int,
+                   ranks: int = 1) -> tuple[subprocess.CompletedProcess, float]:
+    """Start `labctl run`, inject the fault once rank 0 has logged `after_steps` steps and rank
+    `ranks - 1` a step (an elastic run's first round may form without a node that starts late: the
+    node killed must be one it trains on), wait for the end. Returns the run's result and the
+    seconds from the fault to labctl's exit."""
     latest = REPO / ".lab" / lab / "runs" / "latest"
     before = latest.resolve() if latest.exists() else None
     proc = subprocess.Popen([sys.executable, "-m", "labctl", "run", "--lab", lab, *run_args], cwd=REPO,
@@ -37,7 +40,9 @@ def run_with_fault(lab: str, run_args: list[str], fault: str, node: str, after_s
     while time.monotonic() < deadline and proc.poll() is None:
         run_dir = latest.resolve() if latest.exists() else None
         metrics = run_dir / "metrics-rank0.jsonl" if run_dir and run_dir != before else None
-        if metrics and metrics.exists() and metrics.read_text().count('"kind": "step"') >= after_steps:
+        last = run_dir / f"metrics-rank{ranks - 1}.jsonl" if metrics else None
+        if (metrics and metrics.exists() and metrics.read_text().count('"kind": "step"') >= after_steps
+                and last.exists() and '"kind": "step"' in last.read_text()):
             break
         time.sleep(0.2)
     assert proc.poll() is None, "the run ended before the fault could be injected"
@@ -67,7 +72,7 @@ def test_crash_with_a_restart_resumes_to_the_same_parameters(docker_client, node
 
 def test_killed_node_is_survived_with_an_elastic_range(lab):
     result, _ = run_with_fault(lab, ["--max-restarts", "2", "--nnodes", "2:3", "--", *GPT, "--steps", "150",
-                                     "--global-batch", "48"], "kill", "node2", after_steps=30)
+                                     "--global-batch", "48"], "kill", "node2", after_steps=30, ranks=3)
     try:
         assert result.returncode == 0, result.stdout[-3000:] + result.stderr
         s = summary_of(result.stdout)
