@@ -42,7 +42,7 @@ kind "clock", twice per run, to line up the ranks' timelines: moments every rank
                   Without a process group (world size 1) there is no barrier to wait for.
   host            the machine's hostname (in a lab, the node's name): which node the rank ran on
   t_barriers      unix seconds, on the same clock as the steps' t_* fields, as this rank left each of
-                  16 barriers passed back to back (train.log_clock says why several). Ranks leave a
+                  32 barriers passed back to back (train.log_clock says why several). Ranks leave a
                   barrier within about one message's latency of each other, so differences between
                   their times at one barrier are mostly differences between their clocks.
   t               the first of t_barriers

@@ -32,7 +32,7 @@ from trainer.schedule import schedule_for
 from trainer.state import Result, Run
 from trainer.workloads import gpt_workload, toy_workload
 
-CLOCK_BARRIERS = 16  # barriers stamped for each "clock" record (see log_clock)
+CLOCK_BARRIERS = 32  # barriers stamped for each "clock" record (see log_clock)
 # A finished run's DDP model, kept until the process leaves (by os._exit: dist.exit_done). Its
 # Reducer holds the gloo process group; freed by Python as main() returns, the group's destructor
 # joins gloo's worker thread while holding the GIL, and that thread, freeing the last barrier's work,
@@ -202,10 +202,12 @@ def log_clock(run, event, left_at=None):
     Several, not one: a rank that is descheduled just as it leaves a barrier stamps it late. On a node
     limited to a quarter of a CPU that happened to the start barrier in one run of three here, 68 ms
     late, when the ranks' clocks (one kernel's) agreed to the microsecond. Whoever lines up the ranks
-    (labctl trace) keeps the barrier that explains the others with the least lateness. Why 16: on a
-    2-core machine under a load of 20, 5 once left no barrier undisturbed (3 ms off); in a simulation
-    of stamps each late with probability 0.5, 16 left an error over 1 ms in 2% of runs, 10 in 8%, 5
-    in 29%. A barrier costs about half a millisecond."""
+    (labctl trace) keeps the barrier that explains the others with the least lateness. Why 32: on a
+    2-core machine under a load of 20, 5 once left no barrier undisturbed (3 ms off), and 16 once
+    left 1.004 ms (a fresh `make test`, node2 at a quarter of a CPU); in a simulation of 3 ranks whose
+    stamps are each late with probability 0.5 (exponential, mean 2 ms), the residual was over 1 ms in
+    0.05% of runs with 32, 0.3% with 24, 2% with 16, 10% with 10, 40% with 5. A barrier costs about
+    half a millisecond."""
     first = [left_at] if left_at is not None else []
     times = first + barrier_times(CLOCK_BARRIERS - len(first), wall_now)
     run.metrics.log(kind="clock", event=event, rank=run.c.rank, host=socket.gethostname(), t=round(times[0], 6),
