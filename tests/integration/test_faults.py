@@ -8,6 +8,7 @@ import json
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -26,6 +27,12 @@ def up_again(lab: str) -> None:
     labctl("up", "--lab", lab, check=True)  # restores a killed node
 
 
+def steps_logged(run_dir: Path, rank: int) -> int:
+    """How many steps `rank` has written to the run's metrics so far."""
+    metrics = run_dir / f"metrics-rank{rank}.jsonl"
+    return metrics.read_text().count('"kind": "step"') if metrics.exists() else 0
+
+
 def run_with_fault(lab: str, run_args: list[str], fault: str, node: str, after_steps: int,
                    ranks: int = 1) -> tuple[subprocess.CompletedProcess, float]:
     """Start `labctl run`, inject the fault once rank 0 has logged `after_steps` steps and rank
@@ -39,10 +46,8 @@ def run_with_fault(lab: str, run_args: list[str], fault: str, node: str, after_s
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline and proc.poll() is None:
         run_dir = latest.resolve() if latest.exists() else None
-        metrics = run_dir / "metrics-rank0.jsonl" if run_dir and run_dir != before else None
-        last = run_dir / f"metrics-rank{ranks - 1}.jsonl" if metrics else None
-        if (metrics and metrics.exists() and metrics.read_text().count('"kind": "step"') >= after_steps
-                and last.exists() and '"kind": "step"' in last.read_text()):
+        if (run_dir and run_dir != before and steps_logged(run_dir, 0) >= after_steps
+                and steps_logged(run_dir, ranks - 1)):
             break
         time.sleep(0.2)
     assert proc.poll() is None, "the run ended before the fault could be injected"
