@@ -127,9 +127,9 @@ image: venv engine tools
 # CUDA_BUILD_FLAGS: on CI (CI set), which builds each image once, `--lean` removes what each CUDA
 # build keeps as cache: its wheels-and-venv stage (8 to 9 GB apiece; the engine holds about 30 GB
 # after `make test` without it, 13 GB with it) and, even where the image is up to date, the wheels
-# (2.8 and 3.0 GB in .lab/). Elsewhere the cache stays: a trainer change then redoes only each CUDA
-# image's last steps, not the torch install (281 s here); `make test CUDA_BUILD_FLAGS=--lean` saves the
-# space there too.
+# (2.8 and 3.0 GB in .lab/). A trainer change is built on each image's tagged runtime either way
+# (seconds); only a new torch or other wheels then install torch again (281 s here). Elsewhere the
+# cache stays; `make test CUDA_BUILD_FLAGS=--lean` saves the space there too.
 CUDA_BUILD_FLAGS ?= $(if $(CI),--lean)
 image-cuda: image
 	$(LABCTL) build --cuda $(CUDA_BUILD_FLAGS)

@@ -47,8 +47,10 @@ from labctl.ui import BuildProgress, info, stdout_console
               help="Keep only the images: remove a build's intermediate stages (the venv torch is installed in, as "
                    "big as the image again: about 8 GB for a CUDA image) and the wheelhouse's wheels (2.8 GB for "
                    "CUDA), also where the image was up to date. For a machine that builds once, such as CI; a later "
-                   "build with changed inputs fetches the wheels and installs torch again (minutes).")
-@json_option("With --print-hash: one JSON document (tag, hash, the existing image's hash, up_to_date, base, context).")
+                   "build for another torch or other wheels fetches them and installs torch again (minutes), one for "
+                   "a changed trainer only puts it on the runtime image (seconds).")
+@json_option("With --print-hash: one JSON document (tag, hash, the existing image's hash, up_to_date, base, context, "
+             "runtime).")
 def build(torch_version, cuda, base_image, image, force, verbose_build, mismatch_image, print_hash, lean,
           as_json) -> None:
     """Build the node image (torch CPU build, iproute2, iperf3, the trainer); with --cuda, the GPU

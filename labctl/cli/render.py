@@ -27,7 +27,7 @@ def print_build_hash(tag: str, inputs, existing: str | None, as_json: bool) -> N
         click.echo(inputs.digest)
         return
     emit_json({"tag": tag, "hash": inputs.digest, "image_hash": existing, "up_to_date": existing == inputs.digest,
-               "base": inputs.base, "context": str(inputs.context)})
+               "base": inputs.base, "context": str(inputs.context), "runtime": inputs.runtime_tag})
 
 
 def seconds_text(value: float) -> str:

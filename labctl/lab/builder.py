@@ -3,16 +3,17 @@ after a lean build the intermediate stages removed.
 
 Each stage of a multi-stage build leaves its last image behind as build cache, and the node images'
 `packages` stage (the wheels, and the venv pip installed from them) is as big as the image again:
-about 8 GB more for a CUDA image, 1.2 GB for the CPU one. With that cache, a rebuild after a trainer
-change redoes only the Dockerfile's last steps; without it, torch is installed again (281 s for
-torch 2.13.0's CUDA image here). That is worth the space on a machine that builds again; a CI
-machine builds once, so `labctl build --lean` removes those stages once the image is built. The
+about 8 GB more for a CUDA image, 1.2 GB for the CPU one. Only a new runtime (another torch, other
+wheels, a change to the Dockerfile before `FROM runtime`) builds that stage again, and the tagged
+runtime image, not that cache, is what a change to the trainer is built on (labctl/lab/image.py),
+so `labctl build --lean` removes those stages once the runtime is built. The
 classic builder reports the image each stage ended with (an `aux` ID message), so the removal
 touches nothing but what this build made, and never an image the built one stands on.
 """
 
 from __future__ import annotations
 
+import io
 import re
 from collections.abc import Callable, Iterable, Mapping
 
@@ -53,11 +54,13 @@ def unique_bytes(history: Iterable[Mapping], kept: Iterable[str]) -> int:
 # ------------------------------------------------------------------------------ side effects
 
 
-def docker_build(client, tag: str, *, context: str, dockerfile: str, build_args: dict[str, str],
-                 labels: dict[str, str], progress) -> list[str]:
-    """Build `tag`, moving `progress` step by step; returns stage_images of the build."""
-    stream = client.api.build(path=context, dockerfile=dockerfile, tag=tag, buildargs=build_args, labels=labels,
-                              rm=True, forcerm=True, decode=True)
+def docker_build(client, tag: str, *, context: str | None = None, fileobj: bytes | None = None, dockerfile: str,
+                 build_args: dict[str, str], labels: dict[str, str], progress, target: str | None = None) -> list[str]:
+    """Build `tag` from the folder `context`, or from `fileobj`, a tar of the context, up to stage `target`
+    (None: the last), moving `progress` step by step; returns stage_images of the build."""
+    stream = client.api.build(path=context, fileobj=io.BytesIO(fileobj) if fileobj is not None else None,
+                              custom_context=fileobj is not None, dockerfile=dockerfile, target=target, tag=tag,
+                              buildargs=build_args, labels=labels, rm=True, forcerm=True, decode=True)
     lines: list[str] = []
     chunks: list[Mapping] = []
     with progress:

@@ -1,14 +1,23 @@
 """Build the node image, also where no container registry answers.
 
 1. Base: the configured BASE_IMAGE if it is local or can be pulled; otherwise a local Debian base
-   (debootstrap from the apt mirror this machine already uses, then `docker import`), built once.
+   (debootstrap from the apt mirror this machine already uses, then `docker import`), built once
+   (labctl/lab/base.py).
 2. Wheelhouse: the host's pip downloads torch (CPU build) and its dependencies into
    .lab/wheelhouse of the build context for the base image's own Python and platform, which a short
    run of the base image reports (labctl/lab/wheelhouse.py), and the Dockerfile installs from there
    with --no-index.
 3. Build with the Docker SDK, showing the Dockerfile's steps as a progress bar (labctl/lab/builder.py,
-   which after `build --lean` also removes the build's intermediate stages). The image carries a
-   hash of its inputs as a label, so an up-to-date image is recognised without building.
+   which after `build --lean` also removes the build's intermediate stages), in two parts that the
+   Dockerfile's `FROM runtime` line divides:
+   - the runtime: the base, torch and its packages installed from the wheels (the `runtime` stage,
+     tagged ddplab-runtime:HASH, HASH made of that part of the Dockerfile, the wheels' names and
+     the build arguments), built only where no image has that tag;
+   - the node's own files (the entry points, the trainer): the rest of the Dockerfile, built FROM
+     that runtime image with a context of those files alone. A change to the trainer is seconds,
+     with no wheel needed, even after `build --lean` removed the stage that installed torch.
+   The node image carries a hash of all its inputs as a label, so an up-to-date image is recognised
+   without building.
 
 The build context is the checkout, or for an installed labctl a folder in its cache laid out the
 same way (labctl/assets.py), so the hash is the same for both.
@@ -23,11 +32,9 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
-import json
-import os
-import shutil
-import subprocess
-import tempfile
+import io
+import re
+import tarfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -36,6 +43,7 @@ from typing import Callable, Iterable, Iterator
 from labctl import assets
 from labctl.config import LabConfig, cuda_tag
 from labctl.errors import CommandError, LabError
+from labctl.lab.base import TARGET_CACHE, ensure_base, image_exists, node_target
 from labctl.lab.builder import NullProgress, docker_build, remove_stages
 from labctl.lab.wheelhouse import (
     Target,
@@ -45,18 +53,13 @@ from labctl.lab.wheelhouse import (
     prune_wheelhouse,
     resolve_wheelhouse,
     stamped_wheels,
-    target_from_probe,
 )
-from labctl.proc import run
 from labctl.units import format_bytes
 
 LABEL_BUILD_HASH = "io.ddplab.build-hash"
-TARGET_CACHE = "node-python.json"  # in the cache folder: the base image's Python, by base image id
-TARGET_PROBE = Path(__file__).resolve().parents[1] / "remote" / "python_target.py"
-BASE_PACKAGES = ("python3,python3-venv,python3-pip,iproute2,iperf3,procps,util-linux,ca-certificates,"
-                 "openssh-server,rsync,libnss-wrapper,slurmd,slurmctld,slurm-client,munge")
-# The local base's tag names its package list, so a base made before the list changed is not reused.
-LOCAL_BASE = f"ddplab-base:bookworm-{hashlib.sha256(BASE_PACKAGES.encode()).hexdigest()[:8]}"
+LABEL_RUNTIME_HASH = "io.ddplab.runtime-hash"
+RUNTIME_STAGE = "runtime"  # the Dockerfile's stage with torch installed: `FROM runtime` begins the node's own files
+RUNTIME_REPOSITORY = "ddplab-runtime"
 
 Report = Callable[[str], None]
 
@@ -79,10 +82,15 @@ class BuildInputs:
     build_args: dict[str, str]
     digest: str  # build_hash of it all: the image's LABEL_BUILD_HASH
     wheels: tuple[str, ...] = ()  # the wheelhouse's file names
+    runtime_digest: str = ""  # runtime_hash: of what the runtime stage is made of
 
     @property
     def wheelhouse(self) -> Path:
         return assets.wheelhouse(self.context)
+
+    @property
+    def runtime_tag(self) -> str:
+        return f"{RUNTIME_REPOSITORY}:{self.runtime_digest}"
 
 
 # --------------------------------------------------------------------------------------- pure
@@ -109,10 +117,20 @@ def dockerfile_name(cuda: bool) -> str:
 def build_hash(files: Iterable[Path], wheel_names: Iterable[str], build_args: dict[str, str], root: Path) -> str:
     """Content hash of everything the image is made from: files (named relative to the build
     context `root`, so a checkout and an installed package's copy hash alike), wheels, build arguments."""
+    return content_hash(((str(p.relative_to(root)), p.read_bytes()) for p in sorted(files)), wheel_names, build_args)
+
+
+def runtime_hash(dockerfile: str, text: str, wheel_names: Iterable[str], build_args: dict[str, str]) -> str:
+    """Content hash of what the runtime stage is made from: the Dockerfile's text before `FROM runtime`
+    (split_dockerfile), the wheels and the build arguments; not the node's own files."""
+    return content_hash([(dockerfile, split_dockerfile(text, dockerfile)[0].encode())], wheel_names, build_args)
+
+
+def content_hash(parts: Iterable[tuple[str, bytes]], wheel_names: Iterable[str], build_args: dict[str, str]) -> str:
     digest = hashlib.sha256()
-    for path in sorted(files):
-        digest.update(str(path.relative_to(root)).encode())
-        digest.update(path.read_bytes())
+    for name, data in parts:
+        digest.update(name.encode())
+        digest.update(data)
     for name in sorted(wheel_names):
         digest.update(name.encode())
     for key in sorted(build_args):
@@ -122,31 +140,46 @@ def build_hash(files: Iterable[Path], wheel_names: Iterable[str], build_args: di
 
 def image_inputs(root: Path, dockerfile: str = "Dockerfile") -> list[Path]:
     """The files of build context `root` that the Dockerfile copies into the image (and itself)."""
-    files = [root / dockerfile, root / "compose" / "node-entrypoint.sh", root / "compose" / "slurm-node.sh"]
-    files += [p for p in (root / "trainer").rglob("*.py") if "__pycache__" not in p.parts]
+    return [root / dockerfile, *node_files(root)]
+
+
+def node_files(root: Path) -> list[Path]:
+    """The node's own files, which the Dockerfile copies after `FROM runtime`: what .dockerignore lets
+    through of compose/ and trainer/."""
+    files = [root / "compose" / "node-entrypoint.sh", root / "compose" / "slurm-node.sh"]
+    files += sorted(p for p in (root / "trainer").rglob("*") if p.is_file() and "__pycache__" not in p.parts
+                    and p.suffix != ".pyc")
     return files
 
 
-def debian_mirror_from_apt(sources_dir: Path = Path("/etc/apt")) -> str:
-    """The Debian mirror apt uses here: the route to packages that is known to work on this machine."""
-    candidates: list[Path] = [sources_dir / "sources.list"]
-    candidates += sorted((sources_dir / "sources.list.d").glob("*")) if (sources_dir / "sources.list.d").is_dir() else []
-    for path in candidates:
-        try:
-            text = path.read_text()
-        except OSError:
-            continue
-        for line in text.splitlines():
-            line = line.strip()
-            uris = []
-            if line.startswith("URIs:"):
-                uris = line.split()[1:]
-            elif line.startswith("deb ") and "bookworm" in line:
-                uris = [w for w in line.split() if "://" in w]
-            for uri in uris:
-                if uri.rstrip("/").endswith("/debian"):
-                    return uri
-    return "http://deb.debian.org/debian"
+def split_dockerfile(text: str, name: str = "Dockerfile") -> tuple[str, str]:
+    """(the runtime stages, the node's own files' steps): the Dockerfile's text cut at its one
+    `FROM runtime` line, which the second part replaces with FROM the runtime image."""
+    lines = text.splitlines(keepends=True)
+    cuts = [i for i, line in enumerate(lines) if line.split() == ["FROM", RUNTIME_STAGE]]
+    if len(cuts) != 1:
+        raise LabError(f"{name} has {len(cuts)} lines `FROM {RUNTIME_STAGE}`; labctl builds it in two parts cut at one",
+                       hint=f"keep the stage that installs torch named `{RUNTIME_STAGE}` and the node's files after "
+                            f"one `FROM {RUNTIME_STAGE}`, as this project's Dockerfile does")
+    return "".join(lines[:cuts[0]]), "".join(lines[cuts[0] + 1:])
+
+
+def node_files_context(root: Path, dockerfile: str, runtime_tag: str,
+                       build_args: dict[str, str]) -> tuple[bytes, dict[str, str]]:
+    """The build of the node's own files: a tar of node_files and a Dockerfile that is the given
+    one's steps after `FROM runtime`, FROM the runtime image; and the build arguments those steps
+    declare (ARG NAME: the engine warns of any other)."""
+    top = split_dockerfile((root / dockerfile).read_text(), dockerfile)[1]
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w") as tar:
+        for path in node_files(root):
+            tar.add(path, arcname=str(path.relative_to(root)), recursive=False)
+        text = f"FROM {runtime_tag}\n{top}".encode()
+        info = tarfile.TarInfo("Dockerfile")
+        info.size, info.mode = len(text), 0o644
+        tar.addfile(info, io.BytesIO(text))
+    declared = set(re.findall(r"^ARG\s+(\w+)", top, re.M))
+    return buffer.getvalue(), {k: v for k, v in build_args.items() if k in declared}
 
 
 # ------------------------------------------------------------------------------ side effects
@@ -201,91 +234,6 @@ def resolve_cuda_wheels(wheelhouse: Path, requirements: list[str], target: Targe
         return []
 
 
-def node_target(client, image: str, report: Report, cache: Path) -> Target:
-    """The interpreter and platform of an image's python3, asked of the image itself (half a
-    second, once per image: answers are kept by image id)."""
-    image_id = client.images.get(image).id
-    try:
-        known = json.loads(cache.read_text())
-    except (OSError, ValueError):
-        known = {}
-    if isinstance(known.get(image_id), dict):
-        try:
-            return Target(**known[image_id])
-        except TypeError:
-            pass
-    report(f"image: asking {image} which Python it has")
-    output = client.containers.run(image, ["python3", "-c", TARGET_PROBE.read_text()], entrypoint=[], remove=True,
-                                   network_disabled=True, user="0:0").decode(errors="replace")
-    try:
-        target = target_from_probe(json.loads(output.strip().splitlines()[-1]))
-    except (ValueError, IndexError, KeyError):
-        raise LabError(f"{image} did not say which Python it has: {output[:300]!r}",
-                       hint="the base image needs python3 on its PATH (DDPLAB_BASE_IMAGE)") from None
-    cache.parent.mkdir(parents=True, exist_ok=True)
-    cache.write_text(json.dumps({**known, image_id: dataclasses.asdict(target)}, indent=1) + "\n")
-    return target
-
-
-def image_exists(client, tag: str) -> bool:
-    import docker.errors
-
-    try:
-        client.images.get(tag)
-        return True
-    except docker.errors.ImageNotFound:
-        return False
-
-
-def ensure_base(client, config: LabConfig, report: Report) -> str:
-    """The base image to build FROM: the configured one if we have or can pull it, else a local one."""
-    import docker.errors
-
-    if image_exists(client, config.base_image):
-        return config.base_image
-    report(f"base: pulling {config.base_image}")
-    try:
-        client.images.pull(config.base_image)
-        return config.base_image
-    except docker.errors.APIError as exc:
-        reason = str(exc.explanation or exc).splitlines()[0][:160]
-        report(f"base: cannot pull {config.base_image} ({reason}); using a local Debian base instead")
-    if not image_exists(client, LOCAL_BASE):
-        build_local_base(config, report)
-    return LOCAL_BASE
-
-
-def build_local_base(config: LabConfig, report: Report) -> None:
-    """debootstrap a minimal bookworm with Python 3.11 and import it as an image (about a minute)."""
-    if os.geteuid() != 0:
-        raise LabError(f"cannot pull {config.base_image} and building a local base needs root (debootstrap)",
-                       hint="make the base image available (docker pull or docker load), or run as root")
-    if shutil.which("debootstrap") is None:
-        report("base: installing debootstrap")
-        run(["apt-get", "install", "-y", "-qq", "debootstrap"], check=False)
-        if shutil.which("debootstrap") is None:
-            run(["apt-get", "update", "-qq"])
-            run(["apt-get", "install", "-y", "-qq", "debootstrap"])
-    mirror = config.debian_mirror or debian_mirror_from_apt()
-    report(f"base: debootstrap bookworm from {mirror} (about a minute, once)")
-    with tempfile.TemporaryDirectory(prefix="ddplab-rootfs-") as tmp:
-        rootfs = Path(tmp) / "rootfs"
-        run(["debootstrap", "--variant=minbase", f"--include={BASE_PACKAGES}", "bookworm", str(rootfs), mirror])
-        # openssh-server's install made host keys: no image layer may carry them (nodes make their own).
-        for key in (rootfs / "etc" / "ssh").glob("ssh_host_*"):
-            key.unlink()
-        report(f"base: importing as {LOCAL_BASE}")
-        tar = subprocess.Popen(["tar", "-C", str(rootfs), "-c", "."], stdout=subprocess.PIPE)
-        try:
-            run_import = subprocess.run(["docker", "import", "-c", "ENV LANG=C.UTF-8", "-", LOCAL_BASE],
-                                        stdin=tar.stdout, capture_output=True, text=True)
-        finally:
-            tar.stdout.close()
-            tar.wait()
-        if run_import.returncode != 0:
-            raise CommandError(["docker", "import", "-", LOCAL_BASE], run_import.returncode, run_import.stdout, run_import.stderr)
-
-
 def image_tag(config: LabConfig, cuda: bool = False) -> str:
     return cuda_tag(config.torch_version) if cuda else config.image_tag
 
@@ -307,7 +255,8 @@ def gather_inputs(client, config: LabConfig, report: Report, cuda: bool = False,
     build_args = {"BASE_IMAGE": base, "TORCH_VERSION": config.torch_version}
     dockerfile = dockerfile_name(cuda)
     digest = build_hash(image_inputs(context, dockerfile), wheels, build_args, context)
-    return BuildInputs(context, dockerfile, base, build_args, digest, tuple(wheels))
+    runtime = runtime_hash(dockerfile, (context / dockerfile).read_text(), wheels, build_args)
+    return BuildInputs(context, dockerfile, base, build_args, digest, tuple(wheels), runtime)
 
 
 def image_hash(client, tag: str) -> str | None:
@@ -328,27 +277,43 @@ def build_missing(client, config: LabConfig, images: set[str], report: Report, p
 def build_image(client, config: LabConfig, report: Report, progress_factory=None, force: bool = False,
                 cuda: bool = False, lean: bool = False) -> BuildResult:
     """Build the node image (config.image_tag; with `cuda`, config.cuda_image_tag from Dockerfile.cuda)
-    unless an image with the same input hash exists. With `lean`, remove what the image does not
-    need afterwards: the build's intermediate stages (labctl/lab/builder.py) and, built or not, the
-    wheel files (their names stay: prune_wheelhouse)."""
+    unless an image with the same input hash exists: its runtime where no image has the runtime's
+    tag (or with `force`), then the node's own files on it. With `lean`, remove what the images do
+    not need afterwards: the runtime build's intermediate stages (labctl/lab/builder.py) and, built
+    or not, the wheel files (their names stay: prune_wheelhouse)."""
     started = time.monotonic()
     tag = image_tag(config, cuda)
     inputs = gather_inputs(client, config, report, cuda=cuda)
     cached = not force and image_hash(client, tag) == inputs.digest
     if not cached:
-        if missing_wheels(inputs.wheelhouse, inputs.wheels):
-            report("wheelhouse: fetching the wheels (resolved by name only, or removed by a `build --lean`)")
-            forget_wheelhouse(inputs.wheelhouse)
-            inputs = gather_inputs(client, config, report, cuda=cuda, fetch=True)
-        stages = docker_build(client, tag, context=str(inputs.context), dockerfile=inputs.dockerfile,
-                              build_args=inputs.build_args, labels={LABEL_BUILD_HASH: inputs.digest},
-                              progress=progress_factory() if progress_factory else NullProgress())
-        if lean:
-            remove_stages(client, stages, report)
+        progress = progress_factory or NullProgress
+        if force or not image_exists(client, inputs.runtime_tag):
+            inputs = build_runtime(client, config, inputs, report, progress(), cuda=cuda, lean=lean)
+        else:
+            report(f"image: torch and its packages are built ({inputs.runtime_tag}); building the node's files on it")
+        context, args = node_files_context(inputs.context, inputs.dockerfile, inputs.runtime_tag, inputs.build_args)
+        docker_build(client, tag, fileobj=context, dockerfile="Dockerfile", build_args=args,
+                     labels={LABEL_BUILD_HASH: inputs.digest}, progress=progress())
     if lean and (freed := prune_wheelhouse(inputs.wheelhouse)):
         report(f"lean: removed the wheelhouse's wheels ({format_bytes(freed)}; their names, which the image's hash is "
                "made of, stay, and a build fetches them again)")
     return BuildResult(tag, inputs.base, cached, time.monotonic() - started)
+
+
+def build_runtime(client, config: LabConfig, inputs: BuildInputs, report: Report, progress, cuda: bool,
+                  lean: bool) -> BuildInputs:
+    """The Dockerfile's stages up to `runtime`, tagged inputs.runtime_tag, from the wheels (fetched
+    where a `build --lean` removed them, or only their names were resolved); returns the inputs then."""
+    if missing_wheels(inputs.wheelhouse, inputs.wheels):
+        report("wheelhouse: fetching the wheels (resolved by name only, or removed by a `build --lean`)")
+        forget_wheelhouse(inputs.wheelhouse)
+        inputs = gather_inputs(client, config, report, cuda=cuda, fetch=True)
+    stages = docker_build(client, inputs.runtime_tag, context=str(inputs.context), dockerfile=inputs.dockerfile,
+                          target=RUNTIME_STAGE, build_args=inputs.build_args,
+                          labels={LABEL_RUNTIME_HASH: inputs.runtime_digest}, progress=progress)
+    if lean:
+        remove_stages(client, stages, report)
+    return inputs
 
 
 def build_images(client, config: LabConfig, report: Report, progress_factory=None, *, force: bool = False,

@@ -85,6 +85,17 @@ def cuda_image(docker_client):
                           "labctl build --cuda")
 
 
+def copy_workspace(root: Path) -> Path:
+    """The workspace's files into `root`, as a fresh clone has them (tracked and new, nothing ignored)."""
+    files = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"], cwd=REPO,
+                           capture_output=True, text=True, check=True).stdout.split("\0")
+    for name in filter(None, files):
+        if (REPO / name).is_file():
+            (root / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(REPO / name, root / name)
+    return root
+
+
 def labctl(*args: str, timeout: float = 300, check: bool | None = None, env: dict | None = None,
            cwd: Path = REPO) -> subprocess.CompletedProcess:
     """Run the real CLI in a subprocess, as a user would."""

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import REPO, summary_of
+from conftest import REPO, copy_workspace, summary_of
 from labctl.lab.wheelhouse import read_stamp
 
 OTHER_PYTHON = "python3.12"  # Ubuntu 24.04's and GitHub's ubuntu-latest's; the nodes run 3.11
@@ -31,14 +31,7 @@ def sh(argv: list[str], cwd: Path, env: dict | None = None, timeout: float = 600
 def clone(tmp_path_factory, docker_client, node_image) -> Path:
     """The workspace's files as a fresh clone has them (tracked and new, nothing ignored), with
     .venv made by `make venv PYTHON=python3.12`."""
-    root = tmp_path_factory.mktemp("py312") / "ddplab"
-    files = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"], cwd=REPO,
-                           capture_output=True, text=True, check=True).stdout.split("\0")
-    for name in filter(None, files):
-        source = REPO / name
-        if source.is_file():
-            (root / name).parent.mkdir(parents=True, exist_ok=True)
-            shutil.copy2(source, root / name)
+    root = copy_workspace(tmp_path_factory.mktemp("py312") / "ddplab")
     sh(["make", "venv", f"PYTHON={OTHER_PYTHON}"], root)
     yield root
     shutil.rmtree(root, ignore_errors=True)
