@@ -25,10 +25,11 @@ demo: image
 	@echo "The lab is still up: '$(LABCTL) status' shows it, '$(LABCTL) down' removes it."
 
 # The unit tests in two processes (pytest-xdist), then the tests that drive real labs, a module per
-# worker (their labs are the module's), INTEGRATION_WORKERS at a time, and last, one at a time, those
-# marked `alone`, which measure links, round trips and CPU shares that a second test would skew. Each
-# step runs whatever the ones before gave; make fails if any did (5, "no tests selected" by a
-# PYTEST_ARGS filter, is not a failure).
+# worker (their labs are the module's; the longest modules first, in the order
+# tests/integration/conftest.py gives them, which --no-loadscope-reorder keeps), INTEGRATION_WORKERS
+# at a time, and last, one at a time, those marked `alone`, which measure links, round trips and CPU
+# shares that a second test would skew. Each step runs whatever the ones before gave; make fails if
+# any did (5, "no tests selected" by a PYTEST_ARGS filter, is not a failure).
 #
 # Three workers on two cores: a lab test waits as well as computes (containers starting, timeouts,
 # shaped links), and a third worker fills those waits: alternated on one tree here, three took 12 min
@@ -37,7 +38,8 @@ demo: image
 INTEGRATION_WORKERS ?= 3
 INTEGRATION := tests/docs tests/integration
 PYTEST := $(BIN)/python -m pytest
-RUN_INTEGRATION := $(PYTEST) $(INTEGRATION) -n $(INTEGRATION_WORKERS) --dist loadfile -m "not alone" $(PYTEST_ARGS) \
+RUN_INTEGRATION := $(PYTEST) $(INTEGRATION) -n $(INTEGRATION_WORKERS) --dist loadfile --no-loadscope-reorder \
+	-m "not alone" $(PYTEST_ARGS) \
 	|| passed_or_empty $$?; \
 	$(PYTEST) $(INTEGRATION) -m alone $(PYTEST_ARGS) || passed_or_empty $$?
 define TRACK_STATUS

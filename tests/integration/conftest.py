@@ -30,11 +30,14 @@ PNG_MAGIC = b"\x89PNG\r\n\x1a\n"  # the first 8 bytes of every PNG file: a pictu
 INTEGRATION_TIMEOUT_S = 900
 
 
-# The longest modules (a minute or more each, measured), handed out first: `make test` spreads the
-# integration tests over its workers a module at a time (pytest-xdist --dist loadfile), and a long
-# module dealt last would run on alone while the other workers idle. Only the order changes.
-LONG_FIRST = ("test_slurm_cluster.py", "test_scenarios.py", "test_pytest_plugin.py", "test_ci_workflow.py",
-              "test_faults.py", "test_netem_kernel.py", "test_other_python.py", "test_hosts.py")
+# The longest modules (a minute or more each, measured on 2026-11-27, longest first), handed out
+# first: `make test` spreads the integration tests over its workers a module at a time
+# (pytest-xdist --dist loadfile --no-loadscope-reorder: xdist would otherwise deal the modules with
+# the most tests first), and a long module dealt last would run on alone while the other workers
+# idle. Only the order changes.
+LONG_FIRST = ("test_slurm_cluster.py", "test_scenarios.py", "test_faults.py", "test_pytest_plugin.py",
+              "test_other_python.py", "test_warm.py", "test_ci_workflow.py", "test_lab.py", "test_hosts.py",
+              "test_netem_kernel.py", "test_packaging.py", "test_failed_runs.py", "test_equivalence.py")
 
 
 def pytest_collection_modifyitems(items):
