@@ -24,16 +24,17 @@ def last_lines(result, n: int = 3) -> list[str]:
     return result.stderr.strip().splitlines()[-n:]
 
 
-def test_sys_exit_3_exits_3_naming_the_rank_and_its_node_every_time(lab3):
+def test_sys_exit_3_exits_3_naming_the_rank_and_its_node(lab3):
+    # Once per rank. That the status is 3 every time, which gloo's threads once made 134 in 3 runs of
+    # 20, is test_warm.py's to repeat (12 runs warm, 3 under torchrun; start-up.md has 100 of each).
     name, _ = lab3
-    for attempt in range(10):
-        rank = attempt % 3
+    for rank in range(3):
         result = labctl("run", "--lab", name, "--no-preflight", "--", FAIL_HOW, "exit", str(rank), "3")
         node = node_of(result.stdout, rank)
         headline, *_ = last_lines(result)
-        assert result.returncode == 3, (attempt, result.stdout[-2000:], result.stderr)
+        assert result.returncode == 3, (rank, result.stdout[-2000:], result.stderr)
         assert re.match(rf"run failed: rank {rank} on {node} failed first \(\d\d:\d\d:\d\d\): exited with status 3$",
-                        headline), (attempt, result.stderr)
+                        headline), (rank, result.stderr)
         assert last_lines(result)[-1].strip().startswith(f"logs: .lab/{name}/runs/"), result.stderr
 
 
