@@ -321,7 +321,7 @@ def prune_wheelhouse(wheelhouse: Path) -> int:
     if not known or not files:
         return 0
     if "wheels" not in known:
-        (wheelhouse / STAMP).write_text(json.dumps({**known, "wheels": [p.name for p in files]}, indent=1) + "\n")
+        write_stamp(wheelhouse, known["requirements"], Target(**known["target"]), (p.name for p in files))
     freed = 0
     for path in files:
         freed += path.stat().st_size
