@@ -77,11 +77,16 @@ class Tallied:
             session.config.workeroutput.setdefault("summary_lines", []).append(Tallied.line())
 
 
+# Where each page begins: the README reads as after `make demo` (a 3-node lab up), the tutorial from
+# no lab at all (its step 2 brings one up). Each page runs in a pytest of its own in `make test`.
+PAGE_START = {"README.md": ("up", "--nodes", "3"), "tutorial.md": ("down",)}
+
+
 @pytest.fixture(scope="module")
 def docs_lab(request):
-    """A 3-node lab named doc<random>, up before the first block as `make demo` leaves one, and
-    gone (volumes too, and its folder under .lab/) after the last. A missing engine or node image
-    fails here: `make test` provides both."""
+    """labctl for a lab named doc<random>, which each page's first example finds as the page begins
+    (PAGE_START), and which is gone (volumes too, and its folder under .lab/) after the last. A
+    missing engine or node image fails here: `make test` provides both."""
     import docker
 
     from labctl.config import resolve_config
@@ -107,9 +112,9 @@ def docs_lab(request):
         assert not check or done.returncode == 0, f"labctl {' '.join(args)}: {done.stdout}{done.stderr}"
         return done
 
+    labctl.name = name
     try:
-        labctl("up", "--nodes", "3", check=True)
-        yield name
+        yield labctl
     finally:
         labctl("down", "--volumes")
         shutil.rmtree(REPO / ".lab" / name, ignore_errors=True)
@@ -117,7 +122,9 @@ def docs_lab(request):
 
 @pytest.mark.parametrize("example", list(items()))
 def test_example(example, docs_lab):
-    example.namespace["lab"] = docs_lab
+    if "lab" not in example.namespace:  # the page's first example: the lab as the page begins
+        docs_lab(*PAGE_START[Path(example.path).name], check=True)
+    example.namespace["lab"] = docs_lab.name
     example.evaluate()
     if not isinstance(example.parsed, Block):
         TALLY.checks += 1
