@@ -38,6 +38,7 @@ import importlib.machinery
 import os
 import signal
 import sys
+import time
 import types
 
 
@@ -193,8 +194,29 @@ def after_import(name, then):
     sys.meta_path.insert(0, Finder)
 
 
+MEMBERS = "members.jsonl"  # = labctl.run.result.MEMBERS, in the folder DDPLAB_RUN_DIR names
+
+
+def record_member(env):
+    """Under torchrun's contract (GROUP_WORLD_SIZE set), a line in the run's folder: host, rank, node
+    rank, restart count, its world's node count and the time, which `labctl run` reads to say whom
+    an elastic run's first workers went without. No json: the script finds sys.modules as `python`
+    leaves them (time is there already)."""
+    run_dir, nodes = env.get("DDPLAB_RUN_DIR"), env.get("GROUP_WORLD_SIZE", "")
+    if run_dir and nodes.isdigit():
+        ints = [int(env.get(k) or 0) if (env.get(k) or "0").isdigit() else -1
+                for k in ("RANK", "GROUP_RANK", "TORCHELASTIC_RESTART_COUNT")]
+        line = '{"host": "%s", "rank": %d, "group_rank": %d, "restart": %d, "group_world_size": %s, "time": %.3f}\n'
+        try:
+            with open(os.path.join(run_dir, MEMBERS), "ab") as f:  # one write, O_APPEND: lines never mix
+                f.write((line % (os.uname().nodename, ints[0], ints[1], ints[2], nodes, time.time())).encode())
+        except OSError:  # a folder this host cannot write to: the record is a nicety, the run is not
+            pass
+
+
 def run(argv):
     """Run the script; (status, interrupted): interrupted when a KeyboardInterrupt ended it."""
+    record_member(os.environ)
     after_import("torch.distributed", hold_process_groups)
     try:
         run_script(argv)

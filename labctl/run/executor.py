@@ -82,9 +82,13 @@ def execute(nodes: Nodes, plan: RunPlan, *, echo: bool | str = True, check: bool
 
 
 def conclude(result: RunResult, echo: bool | str, check: bool) -> RunResult:
-    """How every run ends, whatever launched it: an elastic run that went on without a node says so;
-    with `check`, a failed run raises RunFailed with the root cause's exit status."""
+    """How every run ends, whatever launched it: an elastic run whose first round formed without some
+    of its nodes, or that went on without a node, says so; with `check`, a failed run raises RunFailed
+    with the root cause's exit status."""
     lost = result.lost_nodes()
+    note = result.first_round_note()
+    if note and echo:
+        Echo(echo).console.print(f"[yellow]labctl: {note}[/yellow]", markup=True)
     if result.ok and lost and echo:
         Echo(echo).console.print(f"[yellow]labctl: the run completed without {', '.join(lost)} (lost during the "
                                   f"run; elastic range allowed it)[/yellow]", markup=True)

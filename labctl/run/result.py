@@ -21,6 +21,7 @@ from labctl.run.failures import (
 from labctl.run.launch import Launch
 
 RESULT_FILE = "result.json"  # in the run folder, written when the run ends (`labctl logs -f` stops there)
+MEMBERS = "members.jsonl"  # in the run folder: a line per worker started under torchrun's contract (worker.py)
 SUMMARY_PREFIX = "SUMMARY "  # the trainer's last line on rank 0: SUMMARY {...json...}
 # Ways a process dies whose last error line does not say why, and what is going on.
 KNOWN_DEATHS = (
@@ -106,6 +107,20 @@ class RunResult:
         """Processes that failed (for an elastic run that went on without them)."""
         return [o.launch.label for o in self.outcomes if o.exit_code not in (0, None)]
 
+    def members(self) -> list[dict]:
+        """Each worker that started under torchrun's contract: where, its rank, restart count, world's node
+        count and start time (MEMBERS)."""
+        try:
+            text = (self.run_dir / MEMBERS).read_text()
+        except OSError:
+            return []
+        return [json.loads(line) for line in text.splitlines() if line.startswith("{") and line.endswith("}")]
+
+    def first_round_note(self) -> str | None:
+        """For an elastic run whose first workers started without some of its nodes: which, and when they came."""
+        nodes = len(dict.fromkeys(o.launch.node for o in self.outcomes))
+        return first_round_note(self.members(), nodes) if self.min_nodes is not None else None
+
     def explain(self) -> str:
         """The last lines of a failed run: who failed first and how, who after, and where the logs are."""
         verdict = self.verdict
@@ -164,6 +179,31 @@ def _shown(path: Path) -> str:
         return str(path)
     relative = os.path.relpath(path, here)
     return str(path) if relative.startswith("../../../") else relative
+
+
+def first_round_note(members: list[dict], nodes: int) -> str | None:
+    """What `labctl run` says when an elastic run's first workers started in a world of fewer than
+    the run's `nodes` (MEMBERS, in the order they started): the nodes they were on, those that joined
+    later and when, and how many never did. None when the first world had them all."""
+    if not members:
+        return None
+    members = sorted(members, key=lambda m: m["time"])
+    start, size = members[0]["time"], members[0]["group_world_size"]
+    if size >= nodes:
+        return None
+    world = next((i for i, m in enumerate(members) if m["group_world_size"] != size), len(members))
+    first = {m["host"] for m in members[:world]}
+    joined: dict[str, float] = {}
+    for m in members[world:]:
+        if m["host"] not in first:
+            joined.setdefault(m["host"], m["time"] - start)
+    note = f"the run's first workers started on {size} of {nodes} nodes ({', '.join(sorted(first))})"
+    if joined:
+        note += ("; " + ", ".join(f"{host} joined {later:.1f} s later" for host, later in joined.items())
+                 + ", and every node restarted its workers to let it in")
+    if size + len(joined) < nodes:  # the world's size, not the lines: a host's lines may not have come back
+        note += f"; {nodes - size - len(joined)} never joined"
+    return note + " (an agent that comes after the rendezvous's last call waits for the next round)"
 
 
 def find_summary(lines) -> dict | None:

@@ -84,6 +84,14 @@ def test_killed_node_is_survived_with_an_elastic_range(lab):
         assert s["world_size"] == 2 and s["steps"] == 150 and s["resumed_from_step"] >= 30
         assert s["accum_steps"] == 3  # the same global batch of 48, now over 2 ranks
         assert "completed without node2" in result.stdout
+        # every worker's line (worker.py), as they started: each node trained, the last world had two
+        members = sorted((json.loads(line) for line in (REPO / ".lab" / lab / "runs" / "latest" / "members.jsonl")
+                          .read_text().splitlines()), key=lambda m: m["time"])
+        assert {m["host"] for m in members} == {"node0", "node1", "node2"}
+        assert [m["group_world_size"] for m in members[-2:]] == [2, 2], members
+        # and labctl says when the first workers started without a node (a late agent), only then
+        late = members[0]["group_world_size"] < 3
+        assert ("labctl: the run's first workers started on 2 of 3 nodes" in result.stdout) == late, members
         # the survivors' errors are consequences: their tracebacks and callback stacks stay in the logs
         stacks = ("]: At:", "Traceback (most recent call last):")
         assert not [line for line in result.stdout.splitlines() if line.endswith(stacks)]
