@@ -88,13 +88,17 @@ def node_target(client, image: str, report: Report, cache: Path) -> Target:
 
 
 def image_exists(client, tag: str) -> bool:
+    return image_id(client, tag) is not None
+
+
+def image_id(client, tag: str) -> str | None:
+    """The id of the image `tag` names; None where there is none."""
     import docker.errors
 
     try:
-        client.images.get(tag)
-        return True
+        return client.images.get(tag).id
     except docker.errors.ImageNotFound:
-        return False
+        return None
 
 
 def ensure_base(client, config: LabConfig, report: Report) -> str:

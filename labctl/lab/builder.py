@@ -105,6 +105,26 @@ def remove_stages(client, stages: list[str], report: Report) -> int:
     return freed
 
 
+def remove_replaced(client, before: str | None, tag: str, report: Report) -> None:
+    """The image `tag` named before a build that gave it another: no name is left for it, and after a
+    new torch it is GBs. Kept where some other tag still names it, or a container uses it (a lab up
+    on it: docker refuses, and the line says so)."""
+    import docker.errors
+
+    if before is None or client.images.get(tag).id == before:
+        return
+    try:
+        if client.images.get(before).tags:
+            return
+        client.api.remove_image(before)
+    except docker.errors.ImageNotFound:
+        return
+    except docker.errors.APIError as exc:
+        report(f"image: kept the image {tag} named before ({short_id(before)}): {exc.explanation or exc}")
+        return
+    report(f"image: removed the image {tag} named before ({short_id(before)}), which nothing names now")
+
+
 def short_id(image: str) -> str:
     return image.split(":", 1)[-1][:12]
 

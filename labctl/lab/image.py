@@ -43,8 +43,8 @@ from typing import Callable, Iterable, Iterator
 from labctl import assets
 from labctl.config import LabConfig, cuda_tag
 from labctl.errors import CommandError, LabError
-from labctl.lab.base import TARGET_CACHE, ensure_base, image_exists, node_target
-from labctl.lab.builder import NullProgress, docker_build, remove_stages
+from labctl.lab.base import TARGET_CACHE, ensure_base, image_exists, image_id, node_target
+from labctl.lab.builder import NullProgress, docker_build, remove_replaced, remove_stages
 from labctl.lab.wheelhouse import (
     Target,
     fill_wheelhouse,
@@ -278,9 +278,10 @@ def build_image(client, config: LabConfig, report: Report, progress_factory=None
                 cuda: bool = False, lean: bool = False) -> BuildResult:
     """Build the node image (config.image_tag; with `cuda`, config.cuda_image_tag from Dockerfile.cuda)
     unless an image with the same input hash exists: its runtime where no image has the runtime's
-    tag (or with `force`), then the node's own files on it. With `lean`, remove what the images do
-    not need afterwards: the runtime build's intermediate stages (labctl/lab/builder.py) and, built
-    or not, the wheel files (their names stay: prune_wheelhouse)."""
+    tag (or with `force`), then the node's own files on it, and the image the tag named before goes
+    (remove_replaced). With `lean`, remove what the images do not need afterwards: the runtime
+    build's intermediate stages (labctl/lab/builder.py) and, built or not, the wheel files (their
+    names stay: prune_wheelhouse)."""
     started = time.monotonic()
     tag = image_tag(config, cuda)
     inputs = gather_inputs(client, config, report, cuda=cuda)
@@ -292,8 +293,10 @@ def build_image(client, config: LabConfig, report: Report, progress_factory=None
         else:
             report(f"image: torch and its packages are built ({inputs.runtime_tag}); building the node's files on it")
         context, args = node_files_context(inputs.context, inputs.dockerfile, inputs.runtime_tag, inputs.build_args)
+        before = image_id(client, tag)
         docker_build(client, tag, fileobj=context, dockerfile="Dockerfile", build_args=args,
                      labels={LABEL_BUILD_HASH: inputs.digest}, progress=progress())
+        remove_replaced(client, before, tag, report)
     if lean and (freed := prune_wheelhouse(inputs.wheelhouse)):
         report(f"lean: removed the wheelhouse's wheels ({format_bytes(freed)}; their names, which the image's hash is "
                "made of, stay, and a build fetches them again)")
