@@ -105,13 +105,13 @@ def remove_stages(client, stages: list[str], report: Report) -> int:
     return freed
 
 
-def remove_replaced(client, before: str | None, tag: str, report: Report) -> None:
-    """The image `tag` named before a build that gave it another: no name is left for it, and after a
+def remove_replaced(client, before: str | None, built: str, tag: str, report: Report) -> None:
+    """The image `tag` named before a build that gave it `built`: no name is left for it, and after a
     new torch it is GBs. Kept where some other tag still names it, or a container uses it (a lab up
     on it: docker refuses, and the line says so)."""
     import docker.errors
 
-    if before is None or client.images.get(tag).id == before:
+    if before is None or before == built:
         return
     try:
         if client.images.get(before).tags:

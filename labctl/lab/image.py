@@ -294,9 +294,9 @@ def build_image(client, config: LabConfig, report: Report, progress_factory=None
             report(f"image: torch and its packages are built ({inputs.runtime_tag}); building the node's files on it")
         context, args = node_files_context(inputs.context, inputs.dockerfile, inputs.runtime_tag, inputs.build_args)
         before = image_id(client, tag)
-        docker_build(client, tag, fileobj=context, dockerfile="Dockerfile", build_args=args,
-                     labels={LABEL_BUILD_HASH: inputs.digest}, progress=progress())
-        remove_replaced(client, before, tag, report)
+        built = docker_build(client, tag, fileobj=context, dockerfile="Dockerfile", build_args=args,
+                             labels={LABEL_BUILD_HASH: inputs.digest}, progress=progress())[-1]
+        remove_replaced(client, before, built, tag, report)
     if lean and (freed := prune_wheelhouse(inputs.wheelhouse)):
         report(f"lean: removed the wheelhouse's wheels ({format_bytes(freed)}; their names, which the image's hash is "
                "made of, stay, and a build fetches them again)")

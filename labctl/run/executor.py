@@ -86,8 +86,7 @@ def conclude(result: RunResult, echo: bool | str, check: bool) -> RunResult:
     of its nodes, or that went on without a node, says so; with `check`, a failed run raises RunFailed
     with the root cause's exit status."""
     lost = result.lost_nodes()
-    note = result.first_round_note()
-    if note and echo:
+    if echo and (note := result.first_round_note()):
         Echo(echo).console.print(f"[yellow]labctl: {note}[/yellow]", markup=True)
     if result.ok and lost and echo:
         Echo(echo).console.print(f"[yellow]labctl: the run completed without {', '.join(lost)} (lost during the "

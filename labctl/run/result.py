@@ -111,10 +111,18 @@ class RunResult:
         """Each worker that started under torchrun's contract: where, its rank, restart count, world's node
         count and start time (MEMBERS)."""
         try:
-            text = (self.run_dir / MEMBERS).read_text()
+            lines = (self.run_dir / MEMBERS).read_text().splitlines()
         except OSError:
             return []
-        return [json.loads(line) for line in text.splitlines() if line.startswith("{") and line.endswith("}")]
+        members = []
+        for line in lines:
+            try:
+                member = json.loads(line)
+            except ValueError:
+                continue  # not a worker's line: what the run's own script wrote there, say
+            if isinstance(member, dict) and {"host", "group_world_size", "time"} <= member.keys():
+                members.append(member)
+        return members
 
     def first_round_note(self) -> str | None:
         """For an elastic run whose first workers started without some of its nodes: which, and when they came."""

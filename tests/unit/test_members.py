@@ -86,3 +86,11 @@ def test_only_an_elastic_run_reads_its_members(tmp_path):
     assert RunResult(tmp_path, outcomes, None).first_round_note() is None
     assert RunResult(tmp_path, outcomes, None, min_nodes=2).first_round_note().startswith(
         "the run's first workers started on 2 of 3 nodes (node0, node1); 1 never joined")
+
+
+def test_lines_that_are_not_a_workers_are_passed_over(tmp_path):
+    good = [member(f"node{i}", i, 2) for i in range(2)]
+    (tmp_path / MEMBERS).write_text("not json\n" + json.dumps(good[0]) + '\n{"host": "x"}\n[1]\n{"tru\n'
+                                    + json.dumps(good[1]) + "\n")
+    outcomes = [Outcome(Launch(f"node{i}", f"node{i}", ["x"], {}), exit_code=0) for i in range(3)]
+    assert RunResult(tmp_path, outcomes, None, min_nodes=2).members() == good
