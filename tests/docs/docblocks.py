@@ -20,8 +20,9 @@ The conventions, for whoever writes a page (docs/tutorial.md says them to its re
       line for any text. For output that is the same on every run.
     - otherwise (`pattern`): every line shown must be found in the output, in any order (ranks print
       in the order they finish), with every number standing for any number, runs of spaces and
-      table rules of any length, and any run's id (20261126-101555-5929) for a run's id; `...` as
-      above; without a `...` line, no line may be left over.
+      table rules of any length, any run's id (20261126-101555-5929) for a run's id and any quoted
+      16-hex-digit checksum for a checksum; `...` as above; without a `...` line, no line may be left
+      over.
 - `<!-- exit: N -->` before a runnable block: its expected exit status (default 0).
 - `<!-- timeout: S -->`: seconds it may take (default 240).
 - `<!-- skip: REASON -->`: a runnable block that is not run here, and why (`make test` itself).
@@ -76,7 +77,9 @@ DIRECTIVES = ("output", "exit", "timeout", "skip", "covered-by", "excerpt-of")
 COMMENT = re.compile(r"[ \t]*<!--.*-->[ \t]*$")  # any other one-line comment (a snippet marker) is passed over
 ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
 NUMBER = re.compile(r"((?:(?<![\w.])[-+])?\d+(?:[.,]\d+)*)")  # with its sign, where it has one
-RUN_ID = re.compile(r"\d{8}-\d{6}-[0-9a-f]{4}")  # a run's folder: any run stands for any other
+# A run's folder (any run stands for any other) and a checksum of 16 hex digits (SUMMARY's
+# param_checksum: a number too, whose last digits follow the CPU's maker; see same-numbers.md).
+RUN_ID = re.compile(r"\d{8}-\d{6}-[0-9a-f]{4}|(?<=\")[0-9a-f]{16}(?=\")")
 RULES = re.compile(r"([ ─━═])\1+")
 
 
@@ -287,7 +290,7 @@ def line_pattern(line: str, numbers: bool) -> str:
         if numbers:
             for j, chunk in enumerate(RUN_ID.split(piece)):
                 if j:
-                    parts.append(RUN_ID.pattern)
+                    parts.append(f"(?:{RUN_ID.pattern})")
                 parts.append("".join(r"[-+]?\d+(?:[.,]\d+)*" if NUMBER.fullmatch(t) else re.escape(t)
                                      for t in NUMBER.split(chunk) if t))
         else:

@@ -26,7 +26,7 @@ import uuid
 from pathlib import Path
 
 import pytest
-from docblocks import DOCUMENTS, REPO, RUNNABLE, TALLY, Block, environment, parse
+from docblocks import DOCUMENTS, REPO, RUNNABLE, TALLY, Block, compare, environment, parse
 
 PAGES = {path: parse(path) for path in DOCUMENTS}
 COVERED = sum(1 for _, parser in PAGES.values() for b in parser.blocks if b.covered_by)
@@ -128,6 +128,16 @@ def test_example(example, docs_lab):
     example.evaluate()
     if not isinstance(example.parsed, Block):
         TALLY.checks += 1
+
+
+def test_a_pattern_takes_any_checksum_for_a_checksum_and_nothing_else_for_a_word():
+    """A gpt run's checksum follows the CPU's maker (same-numbers.md), as its times follow the machine."""
+    shown = 'SUMMARY {"final_loss": 3.413775682449341, "param_checksum": "ce8bd364e4ca2c9c", "ok": true}'
+    ran = 'SUMMARY {"final_loss": 3.41, "param_checksum": "f8cc5e04feddb9de", "ok": true}'
+    assert compare(shown, ran, "pattern") is None
+    assert compare(shown, ran.replace("true", "false"), "pattern") is not None
+    assert compare(shown, ran.replace("f8cc5e04feddb9de", "f8cc5e04"), "pattern") is not None
+    assert compare(shown, ran, "exact") is not None
 
 
 # ------------------------------------------------------------------------------ the pages' shape
