@@ -79,7 +79,7 @@ ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
 NUMBER = re.compile(r"((?:(?<![\w.])[-+])?\d+(?:[.,]\d+)*)")  # with its sign, where it has one
 # A run's folder (any run stands for any other) and a checksum of 16 hex digits (SUMMARY's
 # param_checksum: a number too, whose last digits follow the CPU's maker; see same-numbers.md).
-RUN_ID = re.compile(r"\d{8}-\d{6}-[0-9a-f]{4}|(?<=\")[0-9a-f]{16}(?=\")")
+IDS = re.compile(r"\d{8}-\d{6}-[0-9a-f]{4}|(?<=\")[0-9a-f]{16}(?=\")")
 RULES = re.compile(r"([ ─━═])\1+")
 
 
@@ -288,9 +288,9 @@ def line_pattern(line: str, numbers: bool) -> str:
         if i:
             parts.append(".*?")
         if numbers:
-            for j, chunk in enumerate(RUN_ID.split(piece)):
+            for j, chunk in enumerate(IDS.split(piece)):
                 if j:
-                    parts.append(f"(?:{RUN_ID.pattern})")
+                    parts.append(f"(?:{IDS.pattern})")
                 parts.append("".join(r"[-+]?\d+(?:[.,]\d+)*" if NUMBER.fullmatch(t) else re.escape(t)
                                      for t in NUMBER.split(chunk) if t))
         else:
