@@ -88,15 +88,15 @@ def node_target(client, image: str, report: Report, cache: Path) -> Target:
 
 
 def image_exists(client, tag: str) -> bool:
-    return image_id(client, tag) is not None
+    return find_image(client, tag) is not None
 
 
-def image_id(client, tag: str) -> str | None:
-    """The id of the image `tag` names; None where there is none."""
+def find_image(client, tag: str):
+    """The image `tag` names (a docker Image: id, labels, tags), or None where there is none."""
     import docker.errors
 
     try:
-        return client.images.get(tag).id
+        return client.images.get(tag)
     except docker.errors.ImageNotFound:
         return None
 

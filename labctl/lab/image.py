@@ -43,7 +43,7 @@ from typing import Callable, Iterable, Iterator
 from labctl import assets
 from labctl.config import LabConfig, cuda_tag
 from labctl.errors import CommandError, LabError
-from labctl.lab.base import TARGET_CACHE, ensure_base, image_exists, image_id, node_target
+from labctl.lab.base import TARGET_CACHE, ensure_base, find_image, image_exists, node_target
 from labctl.lab.builder import NullProgress, docker_build, remove_replaced, remove_stages
 from labctl.lab.wheelhouse import (
     Target,
@@ -261,9 +261,12 @@ def gather_inputs(client, config: LabConfig, report: Report, cuda: bool = False,
 
 def image_hash(client, tag: str) -> str | None:
     """The input hash an existing image was built with; None when there is no such image."""
-    if not image_exists(client, tag):
-        return None
-    return (client.images.get(tag).labels or {}).get(LABEL_BUILD_HASH)
+    return built_hash(find_image(client, tag))
+
+
+def built_hash(image) -> str | None:
+    """The input hash of a docker Image (find_image), or None for no image or one without it."""
+    return (image.labels or {}).get(LABEL_BUILD_HASH) if image is not None else None
 
 
 def build_missing(client, config: LabConfig, images: set[str], report: Report, progress_factory=None) -> None:
@@ -285,7 +288,8 @@ def build_image(client, config: LabConfig, report: Report, progress_factory=None
     started = time.monotonic()
     tag = image_tag(config, cuda)
     inputs = gather_inputs(client, config, report, cuda=cuda)
-    cached = not force and image_hash(client, tag) == inputs.digest
+    existing = find_image(client, tag)
+    cached = not force and built_hash(existing) == inputs.digest
     if not cached:
         progress = progress_factory or NullProgress
         if force or not image_exists(client, inputs.runtime_tag):
@@ -293,10 +297,9 @@ def build_image(client, config: LabConfig, report: Report, progress_factory=None
         else:
             report(f"image: torch and its packages are built ({inputs.runtime_tag}); building the node's files on it")
         context, args = node_files_context(inputs.context, inputs.dockerfile, inputs.runtime_tag, inputs.build_args)
-        before = image_id(client, tag)
         built = docker_build(client, tag, fileobj=context, dockerfile="Dockerfile", build_args=args,
                              labels={LABEL_BUILD_HASH: inputs.digest}, progress=progress())[-1]
-        remove_replaced(client, before, built, tag, report)
+        remove_replaced(client, existing.id if existing else None, built, tag, report)
     if lean and (freed := prune_wheelhouse(inputs.wheelhouse)):
         report(f"lean: removed the wheelhouse's wheels ({format_bytes(freed)}; their names, which the image's hash is "
                "made of, stay, and a build fetches them again)")
