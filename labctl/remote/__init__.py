@@ -30,5 +30,5 @@ def name_of(text: str) -> str | None:
     """Which script of this folder `text` is (one that was loaded), for showing a command line."""
     if len(text) < 200:  # not one of ours: spare the comparison
         return None
-    return next((name for name in ("worker.py", "forkserver.py", "store.py", "stop.py", "port_check.py", "crash.py",
+    return next((name for name in ("worker.py", "forkserver.py", "forkchild.py", "store.py", "stop.py", "port_check.py", "crash.py",
                                    "node_info.py", "probe.py") if load(name) == text), None)

@@ -1,13 +1,14 @@
 """A node's fork server: one process that has imported torch, forking a run's workers. Linux only.
 
-  python -c TEXT serve SOCKET_PATH WORKER_TEXT [PRELOAD...]    (`labctl up`, once per node)
+  python -c TEXT serve SOCKET_PATH WORKER_TEXT CHILD_TEXT [PRELOAD...]    (`labctl up`, once per node)
   python -c TEXT request SOCKET_PATH [WORKER_TEXT] -- [-m MODULE | SCRIPT] ARGS...    (each worker)
 
 Why: a cold `python` spends seconds importing torch, twice per node under torchrun, on every run.
 serve imports it once (the PRELOAD modules: labctl.run.warm.PRELOAD), prints `READY pid=N threads=T
 preloaded=A,B missing=C|-`, and then forks each request's worker: copy-on-write pages, no import.
 WORKER_TEXT is worker.py's text: the child runs a script with it, as `python -c WORKER_TEXT SCRIPT`
-would. One request at a time in one loop: no threads.
+would, once CHILD_TEXT (forkchild.py) has given it the request's world. One request at a time in
+one loop: no threads.
 
 request sends {"argv", "env", "cwd", "umask", "ignored", "blocked"} as one JSON line with its own
 fds 0, 1, 2 (SCM_RIGHTS): the worker writes straight to the request's stdout and stderr (the
@@ -23,7 +24,7 @@ what it left running in its session (a stray child) goes with it, so a run that 
 
 Forking is only safe from a quiet parent: before each fork the server counts its threads and refuses
 if there is more than one (or a process group is initialised); the preload must leave it so. A few
-settings are read once, when a library or the interpreter starts (worker.py's LOAD_TIME): a request
+settings are read once, when a library or the interpreter starts (forkchild.py's LOAD_TIME): a request
 whose value differs from the server's is refused rather than run in a world it did not ask for.
 
 A forked worker's /proc/PID/environ shows the server's environment, so `stop` (stop.py) finds it
@@ -150,14 +151,15 @@ def die_by(sig):
 
 
 class Server:
-    def __init__(self, path, worker_text, preload):
-        import types
+    def __init__(self, path, worker_text, child_text, preload):
         open_stdio()
         self.path, self.env = path, dict(os.environ)
         self.ignored = ignored_signals()  # e.g. SIGINT and SIGQUIT under `sh -c 'serve &'`
-        self.worker = types.ModuleType("ddplab_worker")  # worker.py: one implementation, both ways
-        exec(compile(worker_text, "worker.py", "exec"), self.worker.__dict__)
-        self.start = self.worker.snapshot()  # before the preload adds to sys.path or the filters
+        import types
+        self.worker, self.forkchild = types.ModuleType("ddplab_worker"), types.ModuleType("ddplab_forkchild")
+        exec(compile(worker_text, "worker.py", "exec"), self.worker.__dict__)  # one implementation, both ways
+        exec(compile(child_text, "forkchild.py", "exec"), self.forkchild.__dict__)
+        self.start = self.forkchild.snapshot()  # before the preload adds to sys.path or the filters
         self.workers = {}  # pid -> its request's connection, or None once the request has gone
         self.registry = os.path.join(os.path.dirname(os.path.abspath(path)), REGISTRY)
         self.listen()
@@ -194,7 +196,7 @@ class Server:
         """Import them here, in the main thread, starting no thread pool: numpy's OpenBLAS would start one
         at import, and libgomp and MKL read their thread counts now (a worker is given the run's)."""
         import importlib
-        held = {var: os.environ.pop(var, None) for var in self.worker.THREAD_VARS}
+        held = {var: os.environ.pop(var, None) for var in self.forkchild.THREAD_VARS}
         os.environ["OPENBLAS_NUM_THREADS"] = "1"
         done, missing = [], []
         try:
@@ -307,7 +309,7 @@ class Server:
         dist = sys.modules.get("torch.distributed")
         if dist is not None and dist.is_available() and dist.is_initialized():
             return "the fork server has a torch process group; restart it"
-        changed = self.worker.load_time_change(req["env"], self.env)
+        changed = self.forkchild.load_time_change(req["env"], self.env)
         if changed:
             return changed
         if not os.path.isdir(req["cwd"]):
@@ -334,7 +336,7 @@ class Server:
                 sock.close()
             for fd in self.own_fds:
                 os.close(fd)
-            self.worker.become(req, fds, self.ignored, self.start)
+            self.forkchild.become(req, fds, self.ignored, self.start)
             self.worker.run_and_exit(req["argv"])
         except BaseException:
             import traceback
@@ -383,8 +385,8 @@ def alive(entry):
 
 if __name__ == "__main__":
     args = sys.argv[1:]
-    if len(args) >= 3 and args[0] == "serve":
-        Server(args[1], args[2], args[3:]).serve()
+    if len(args) >= 4 and args[0] == "serve":
+        Server(args[1], args[2], args[3], args[4:]).serve()
     elif len(args) >= 4 and args[0] == "request" and "--" in args[2:4] and args.index("--", 2) < len(args) - 1:
         dashes = args.index("--", 2)
         status = request(args[1], args[dashes + 1:], quiet_absent=dashes == 3)
@@ -393,5 +395,5 @@ if __name__ == "__main__":
             os.execv(sys.executable, [getattr(sys, "orig_argv", [sys.executable])[0], "-c", args[2]] + args[4:])
         os._exit(status)
     else:
-        sys.exit("usage: serve SOCKET_PATH WORKER_TEXT [PRELOAD...]\n"
+        sys.exit("usage: serve SOCKET_PATH WORKER_TEXT CHILD_TEXT [PRELOAD...]\n"
                  "       request SOCKET_PATH [WORKER_TEXT] -- [-m MODULE | SCRIPT] ARGS...")

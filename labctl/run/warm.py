@@ -11,15 +11,16 @@ backlog, so a run right after `up` waits for the import once, as a cold start wo
 
 A node whose server is gone (the container restarted by hand, the server killed) runs its workers
 cold, the same way (forkserver.py's request does that itself); `up` starts a missing server again.
-The socket's name carries a digest of the server's and worker.py's text (launch.FORK_SOCKET): `up`
-after an upgrade of labctl ends the servers of the old text and starts one of the new.
+The socket's name carries a digest of the server's, worker.py's and forkchild.py's text
+(launch.FORK_SOCKET): `up` after an upgrade of labctl ends the servers of the old text and starts one
+of the new.
 """
 
 from __future__ import annotations
 
 from concurrent.futures import ThreadPoolExecutor
 
-from labctl.run.launch import FORK_SOCKET, FORKSERVER_SCRIPT, WORKER_SCRIPT
+from labctl.run.launch import FORK_SOCKET, FORKCHILD_SCRIPT, FORKSERVER_SCRIPT, WORKER_SCRIPT
 
 PRELOAD = ("torch", "torch.distributed", "torch._dynamo", "numpy")
 # What one idle server holds (its proportional set size after the preload, measured here: 229 MB), and
@@ -55,7 +56,7 @@ def gib(size: int) -> str:
 
 def server_argv() -> list[str]:
     """The command that starts a node's fork server in the background (a no-op where one runs)."""
-    return ["sh", "-c", _START, FORKSERVER_SCRIPT, FORK_SOCKET, WORKER_SCRIPT, *PRELOAD]
+    return ["sh", "-c", _START, FORKSERVER_SCRIPT, FORK_SOCKET, WORKER_SCRIPT, FORKCHILD_SCRIPT, *PRELOAD]
 
 
 STOP = "pkill -f 'serve /tmp/ddplab/fork-[0-9a-f]+[.]sock' || true"

@@ -23,7 +23,7 @@ from labctl import remote
 from labctl.remote import stop
 from labctl.run.warm import PRELOAD
 
-FORKSERVER, WORKER = remote.load("forkserver.py"), remote.load("worker.py")
+FORKSERVER, WORKER, CHILD = remote.load("forkserver.py"), remote.load("worker.py"), remote.load("forkchild.py")
 TIMEOUT_S = 60  # only a stuck test waits this long
 READY = re.compile(r"DDPLAB_FORKSERVER_READY pid=(\d+) threads=(\d+) preloaded=(\S+) missing=(\S+)\n")
 
@@ -68,7 +68,7 @@ def start_server(path, preload=(), env=None, ignore=()):
     def pre():
         for sig in ignore:
             signal.signal(sig, signal.SIG_IGN)
-    proc = subprocess.Popen([sys.executable, "-c", FORKSERVER, "serve", str(path), WORKER, *preload],
+    proc = subprocess.Popen([sys.executable, "-c", FORKSERVER, "serve", str(path), WORKER, CHILD, *preload],
                             stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, text=True, env=env, preexec_fn=pre)
     proc.ready = proc.stdout.readline()
     return proc
