@@ -15,7 +15,7 @@ import shutil
 import sys
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Callable, Mapping, Protocol
+from typing import Callable, Iterable, Mapping, Protocol
 
 from labctl.config import (
     AUTO,
@@ -108,8 +108,10 @@ def build_up_plan(client, config: LabConfig, workspace: Path, *, engine: Engine,
                   labels)
 
 
-def choose_subnet(client, config: LabConfig) -> str:
-    """The lab keeps the subnet it runs on; a new lab takes the configured or a free one."""
+def choose_subnet(client, config: LabConfig, raced: Iterable[str] = ()) -> str:
+    """The lab keeps the subnet it runs on; a new lab takes the configured or a free one, none of
+    `raced` (those an earlier attempt lost to a concurrent `up`: one can look free again a moment
+    later, and the lowest free subnet would be the same one every time)."""
     own = [s for n in lab_networks(client, config.lab) for s in network_subnets(n)]
     if own:
         if config.subnet != AUTO and config.subnet != own[0]:
@@ -121,7 +123,7 @@ def choose_subnet(client, config: LabConfig) -> str:
         for subnet in network_subnets(network):
             others[subnet] = network.name
     if config.subnet == AUTO:
-        return pick_free_subnet(list(others))
+        return pick_free_subnet([*others, *raced])
     clash = overlaps(config.subnet, list(others))
     if clash:
         names = ", ".join(f"{others[c]} ({c})" for c in clash)
@@ -138,10 +140,11 @@ def check_host_limits(client, config: LabConfig) -> None:
 
 def render_project(client, config: LabConfig, workspace: Path, ssh_public_key: str | None = None,
                    engine: Engine | None = None, owner: Mapping[str, str] | None = None, gpus: GpuPlan | None = None,
-                   tcp_cc: str | None = None) -> tuple[dict, dict[str, str], str]:
+                   tcp_cc: str | None = None, raced: Iterable[str] = ()) -> tuple[dict, dict[str, str], str]:
     """The lab's Compose document, env files and subnet, validated against the engine; creates
     nothing. `gpus`: each node's GPUs and image (labctl.lab.up.plan_gpus), None for CPU nodes all;
-    `tcp_cc`: the nodes' TCP congestion control (labctl.lab.up.plan_tcp), None for the host's."""
+    `tcp_cc`: the nodes' TCP congestion control (labctl.lab.up.plan_tcp), None for the host's;
+    `raced`: subnets not to pick (choose_subnet)."""
     engine = engine or engine_mod.usable_engine(client)
     node_cpus = config.node_cpu_limits
     if config.cpus is not None or node_cpus:
@@ -149,7 +152,7 @@ def render_project(client, config: LabConfig, workspace: Path, ssh_public_key: s
         refused = engine_mod.cpu_limits_refusal(engine, given)
         if refused:
             raise refused
-    subnet = choose_subnet(client, config)
+    subnet = choose_subnet(client, config, raced)
     check_fits(config, subnet)
     check_host_limits(client, config)
     plan = ComposePlan(subnet=subnet, workspace=workspace, user=engine_mod.node_user(engine, invoking_user()),
@@ -213,6 +216,7 @@ def apply_up_plan(client, plan: UpPlan, workspace: Path, report: Report,
     created is removed again when bring-up fails: never a half-built lab."""
     verb = "reconciling" if plan.existing else "starting"
     config = plan.config
+    lost: list[str] = []  # subnets an attempt lost to a concurrent `up`
     for attempt in range(1, SUBNET_ATTEMPTS + 1):
         started = f"{verb} lab {config.lab}: {config.nodes} nodes on {plan.subnet}"
         if services:  # before the nodes start: their entry point starts the services from these files
@@ -227,8 +231,9 @@ def apply_up_plan(client, plan: UpPlan, workspace: Path, report: Report,
             if not raced or attempt == SUBNET_ATTEMPTS:
                 raise
             report(f"{plan.subnet} was taken meanwhile; picking another subnet")
+            lost.append(plan.subnet)
             document, env_files, subnet = render_project(client, config, workspace, plan.public_key, plan.engine,
-                                                         plan.owner, plan.gpus, plan.tcp_cc)
+                                                         plan.owner, plan.gpus, plan.tcp_cc, lost)
             plan = replace(plan, document=document, env_files=env_files, subnet=subnet)
             continue
         if services:

@@ -86,8 +86,8 @@ def test_a_subnet_race_keeps_the_owner_labels_on_the_next_attempt(tmp_path, monk
     owner = {LABEL_USER: "someone", LABEL_PID: "4242"}
     planned, attempts = [], []
 
-    def render_project(client, config, workspace, public_key, engine, owner=None, gpus=None, tcp_cc=None):
-        planned.append((dict(owner or {}), tcp_cc))
+    def render_project(client, config, workspace, public_key, engine, owner=None, gpus=None, tcp_cc=None, raced=()):
+        planned.append((dict(owner or {}), tcp_cc, list(raced)))
         return {"services": {}}, {}, "172.28.1.0/24"
 
     def apply_up(client, config, workspace, document, env_files, report, engine, started):
@@ -101,8 +101,25 @@ def test_a_subnet_race_keeps_the_owner_labels_on_the_next_attempt(tmp_path, monk
     plan = up.UpPlan(config, engine=None, existing=False, document={}, env_files={}, subnet="172.28.0.0/24",
                      public_key=None, gpus=None, tcp_cc="cubic", owner=owner)
     applied, _ = up.apply_up_plan(None, plan, tmp_path, lambda message: None)
-    assert planned == [(owner, "cubic")] and applied.owner == owner and applied.subnet == "172.28.1.0/24"
+    assert planned == [(owner, "cubic", ["172.28.0.0/24"])] and applied.owner == owner and applied.subnet == "172.28.1.0/24"
     assert [a.rsplit(" ", 1)[-1] for a in attempts] == ["172.28.0.0/24", "172.28.1.0/24"]
+
+
+def test_a_subnet_lost_to_a_concurrent_up_is_not_picked_again_though_it_looks_free(tmp_path):
+    # A fresh clone's make test: a lab picked 172.28.0.0/24 twice and 172.28.1.0/24 twice, each time
+    # refused by Docker ("Pool overlaps") and each time listed free again by the engine a moment later.
+    from labctl.config import load_config
+    from labctl.lab.up import choose_subnet
+
+    class Engine:  # no network at all: what the engine listed between the attempts
+        class networks:
+            @staticmethod
+            def list(**filters):
+                return []
+
+    config = load_config(tmp_path, {}, {"lab": "race"})
+    assert choose_subnet(Engine, config) == "172.28.0.0/24"
+    assert choose_subnet(Engine, config, ["172.28.0.0/24", "172.28.1.0/24"]) == "172.28.2.0/24"
 
 
 def test_a_scenario_lab_is_planned_as_up_plans_one_and_owned_by_the_scenario(tmp_path, monkeypatch):
