@@ -12,14 +12,19 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Callable
 
-from labctl.config import LabConfig, node_ip
+from labctl import assets
+from labctl.config import LabConfig, node_ip, shown_key, shown_source
 from labctl.hosts import labnodes
 from labctl.lab import engine as engine_mod
 from labctl.lab import image as image_mod
+from labctl.lab.base import TARGET_CACHE, node_target
 from labctl.lab.docker import lab_containers
 from labctl.lab.lifecycle import NodeState, lab_dir
 from labctl.lab.owner import Owner
-from labctl.lab.up import UpPlan, apply_up_plan, build_up_plan, settle
+from labctl.lab.package_image import package_images
+from labctl.lab.packages import LOCK_FILE, read_declaration, render_lock
+from labctl.lab.resolve import ensure_lock, write_atomic
+from labctl.lab.up import UpPlan, apply_up_plan, build_up_plan, kept_packages, settle
 from labctl.net.apply import apply_shape, read_links, settle_neighbors
 from labctl.net.tc import LinkState, parse_shape
 from labctl.run.warm import plan_servers, start_servers, stop_servers
@@ -51,7 +56,10 @@ def plan_up(client, config: LabConfig, workspace: Path, *, owner: Owner | None =
         parse_shape(config.bw)
     engine = engine_mod.usable_engine(client)
     existing = lab_containers(client, config.lab)
-    config = settle(config, existing)
+    directory = lab_dir(workspace, config.lab)
+    config = kept_packages(settle(config, existing), existing, directory)
+    packages = read_declaration(config.requirements, config.with_packages, workspace, shown_key(config, "requirements"),
+                                shown_source(config, "requirements"))
     if config.scheduler == "slurm":
         refused = cluster.refusal(engine)
         if refused:
@@ -59,11 +67,10 @@ def plan_up(client, config: LabConfig, workspace: Path, *, owner: Owner | None =
     refused = engine_mod.ssh_refusal(engine) if config.ssh else None
     if refused:
         raise refused
-    directory = lab_dir(workspace, config.lab)
     public_key = labnodes.lab_public_key(directory, config.lab, make=not dry_run) if config.ssh else None
     plan = build_up_plan(client, config, workspace, engine=engine, existing=existing, public_key=public_key,
                          owner=owner.labels() if owner else None)
-    return with_slurm_conf(plan)
+    return with_slurm_conf(replace(plan, packages=packages))
 
 
 def with_slurm_conf(plan: UpPlan) -> UpPlan:
@@ -101,6 +108,7 @@ def bring_up(session: LabSession, plan: UpPlan, report: Report, build_progress=N
     client, config = session.client, plan.config
     started = time.monotonic()
     image_mod.build_missing(client, config, {n.image for n in plan.gpus.nodes}, report, build_progress)
+    plan = with_packages(client, plan, report)
     for warning in (engine_mod.limits_warning(plan.engine, config.memory, config.pids_limit), plan.tcp_note):
         if warning:
             report(warning)
@@ -114,7 +122,36 @@ def bring_up(session: LabSession, plan: UpPlan, report: Report, build_progress=N
         apply_shape(client, config.lab, names, parse_shape(config.bw), config.iface)
         links = read_links(client, config.lab, names, config.iface)
     inventory = write_inventory(session, nodes, plan.ssh, report)
+    write_lab_lock(session.directory, plan)
     return UpResult(nodes, plan.subnet, links, inventory, time.monotonic() - started)
+
+
+def with_packages(client, plan: UpPlan, report: Report) -> UpPlan:
+    """The plan with every node on the package image of its node image: the lock resolved (or found)
+    and the images made, before anything of the lab changes, so that bad requirements leave a running
+    lab as it was."""
+    if plan.packages is None:
+        return plan
+    config = plan.config
+    cache = assets.cache_dir(config.cache_dir)
+    bases = {n.image for n in plan.gpus.nodes}
+    target = node_target(client, config.image_tag if config.image_tag in bases else min(bases), report,
+                         cache / TARGET_CACHE)
+    node_wheels = assets.wheelhouse(assets.build_context(config.cache_dir))
+    lock = ensure_lock(plan.packages, torch=config.torch_version, target=target, cache=cache, report=report,
+                       find_links=[node_wheels])
+    images = package_images(client, lock, bases, cache, target, report)
+    return plan.with_package_images(lock, images, render_lock(lock, target))
+
+
+def write_lab_lock(directory: Path, plan: UpPlan) -> None:
+    """.lab/<lab>/pylock.toml: the lock every node runs, for doctor, `run --dry-run` and the next `up`;
+    removed where the lab has no packages now. The lab's own lock, kept, is left as it is."""
+    path = directory / LOCK_FILE
+    if plan.lock is None:
+        path.unlink(missing_ok=True)
+    elif plan.packages is not None and plan.packages.file != path.resolve():
+        write_atomic(path, plan.lock_text)
 
 
 def start_warm(session: LabSession, config: LabConfig, engine, names: list[str], report: Report) -> None:

@@ -35,6 +35,7 @@ from labctl.parsers import (
 from labctl.parsers import (
     parse_node_cpus as parse_node_cpus_syntax,
 )
+from labctl.parsers import parse_modules, parse_requirement_list, parse_requirements_file
 from labctl.units import format_rate, parse_rate
 
 MAX_NPROC_PER_NODE = 32
@@ -115,6 +116,15 @@ class LabConfig:
     cache_dir: str = ""
     """Where `labctl build` keeps its wheelhouse and build context; empty means the checkout's .lab/, or for an
     installed labctl $XDG_CACHE_HOME/ddplab (~/.cache/ddplab)."""
+    requirements: str = ""
+    """The project's packages every node gets: a requirements file, a pyproject.toml (`pyproject.toml:GROUP` for a
+    dependency group) or a pylock.toml, resolved on the host into the lab's lock (labctl.lab.packages); empty: none.
+    A running lab keeps its packages unless this or `with_packages` is given."""
+    with_packages: tuple[str, ...] = ()
+    """One-off requirements besides `requirements` (`up --with tqdm --with einops==0.8.1`)."""
+    preload: tuple[str, ...] = ()
+    """Modules each node's fork server imports besides torch and numpy, so a run's workers find them imported
+    (`up --preload lightning`); a running lab keeps its own unless given."""
     sources: Mapping[str, str] = field(default_factory=dict, compare=False, repr=False)
     """Where each setting came from ('default', '.env', 'environment', 'flag')."""
 
@@ -203,10 +213,14 @@ SETTINGS: dict[str, tuple[str, Callable[[str], Any]]] = {
     "inventory": ("DDPLAB_INVENTORY", matching(_PATH, "must be a file path, or empty")),
     "host_python": ("DDPLAB_HOST_PYTHON", matching(_PATH, "must be the path of a Python interpreter, or empty")),
     "cache_dir": ("DDPLAB_CACHE_DIR", matching(_PATH, "must be a folder path, or empty")),
+    "requirements": ("DDPLAB_REQUIREMENTS", parse_requirements_file),
+    "with_packages": ("DDPLAB_WITH", parse_requirement_list),
+    "preload": ("DDPLAB_PRELOAD", parse_modules),
 }
 
 FLAG_NAMES = {name: "--" + name.replace("_", "-") for name in SETTINGS}
 FLAG_NAMES["lab"] = "--lab"
+FLAG_NAMES["with_packages"] = "--with"
 
 
 def resolve_config(
@@ -356,9 +370,11 @@ def check_node_cpus(limits: tuple[tuple[str, float], ...] | Mapping[str, float],
 
 def setting_text(name: str, value: Any) -> Any:
     """A keyword argument as its setting spells it, for the parsers: {'node2': 0.25} is 'node2=0.25',
-    GPU indices [1] are '1,' (GPU 1, not one GPU), node names ['node0'] 'node0', 3 is '3'."""
+    GPU indices [1] are '1,' (GPU 1, not one GPU), requirements one per line, node names ['node0'] 'node0', 3 is '3'."""
     if isinstance(value, Mapping):
         return ",".join(f"{k}={v}" for k, v in value.items())
+    if isinstance(value, (list, tuple)) and name == "with_packages":  # a requirement may hold commas
+        return "\n".join(map(str, value))
     if isinstance(value, (list, tuple)):
         return ",".join(map(str, value)) + ("," if name == "gpus" and len(value) == 1 else "")
     return str(value)

@@ -189,3 +189,50 @@ def parse_node_cpus(raw: str) -> tuple[tuple[str, float], ...]:
     if not limits:
         raise ValueError("must name at least one node, e.g. node2=0.25")
     return tuple(sorted(limits.items(), key=lambda item: int(item[0][4:])))
+
+
+NONE_WORDS = ("", "none")
+_MODULE_RE = re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)*$")
+
+
+def parse_requirements_file(raw: str) -> str:
+    """A requirements file, a pyproject.toml (`pyproject.toml:GROUP` for one dependency group, as
+    pip's --group spells it) or a pylock.toml, as given; '' for none ('none' says so outright, to
+    take a running lab's packages away). Whether the file exists is checked where it is read."""
+    value = str(raw).strip()
+    if value.lower() in NONE_WORDS:
+        return ""
+    if "\x00" in value or "\n" in value:
+        raise ValueError("must be a file path")
+    return value
+
+
+def parse_requirement_list(raw: str) -> tuple[str, ...]:
+    """'tqdm einops==0.8.1' -> ('tqdm', 'einops==0.8.1'): requirements as pip takes them, one per
+    line or separated by blanks (then without blanks inside one), each checked by `packaging`. A
+    direct URL or a path is refused: the nodes get released wheels from the package index."""
+    from packaging.requirements import InvalidRequirement, Requirement
+
+    text = str(raw)
+    parts = [p.strip() for p in (text.splitlines() if "\n" in text else text.split())]
+    out = []
+    for part in (p for p in parts if p):
+        try:
+            requirement = Requirement(part)
+        except InvalidRequirement as exc:
+            raise ValueError(f"{part!r} is not a requirement ({exc}); give NAME[==VERSION], e.g. tqdm==4.67.1") from None
+        if requirement.url:
+            raise ValueError(f"{part!r} names a URL: the nodes install released wheels from the package index "
+                             "(your own code is in the workspace, which every node mounts)")
+        out.append(str(requirement))
+    return tuple(dict.fromkeys(out))
+
+
+def parse_modules(raw: str) -> tuple[str, ...]:
+    """'lightning,transformers' -> ('lightning', 'transformers'): module names, comma- or
+    blank-separated, as `import` takes them."""
+    names = [p for p in re.split(r"[,\s]+", str(raw).strip()) if p]
+    bad = [n for n in names if not _MODULE_RE.match(n)]
+    if bad:
+        raise ValueError(f"{bad[0]!r} is not a module name; give names as `import` takes them, e.g. lightning,yaml")
+    return tuple(dict.fromkeys(names))

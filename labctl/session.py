@@ -11,6 +11,7 @@ a LabSession too.
 from __future__ import annotations
 
 import shutil
+from dataclasses import replace
 from functools import cached_property
 from pathlib import Path
 from typing import Any, Callable, Iterator, Mapping
@@ -31,6 +32,7 @@ from labctl.lab.docker import (
 )
 from labctl.lab.envfiles import read_node_envs
 from labctl.lab.lifecycle import NodeState, lab_dir, lab_status, require_running
+from labctl.lab.packages import LOCK_FILE, describe_lock_file
 from labctl.run.executor import execute
 from labctl.run.launch import Elastic
 from labctl.run.logs import check_tail, follow_run_logs, run_logs
@@ -164,10 +166,11 @@ class LabSession:
         """The run plan for `script_args` on the lab's nodes (or the nodes of `node_env`, a subset).
         With `share_cpus`, every process gets OMP_NUM_THREADS from the engine's CPUs; `env` is
         added to every process's environment (as `labctl run -e`)."""
-        return build_run_plan(node_env if node_env is not None else self.node_env(), script_args, self.directory,
+        plan = build_run_plan(node_env if node_env is not None else self.node_env(), script_args, self.directory,
                               launcher=launcher, nproc_per_node=nproc_per_node,
                               cpus=self.cpus if share_cpus else None, elastic=elastic or Elastic(),
                               pg_timeout_s=pg_timeout_s, user_env=env, timeout_s=timeout_s)
+        return replace(plan, packages=describe_lock_file(self.directory / LOCK_FILE))
 
     def execute(self, plan: RunPlan, *, echo: bool | str = True, check: bool = True) -> RunResult:
         """Run a plan on the lab's nodes (see labctl.run.executor.execute)."""

@@ -20,6 +20,8 @@ from labctl.cli.options import (
     json_option,
     lab_option,
     nproc_option,
+    package_options,
+    package_settings,
     torchrun_option,
 )
 from labctl.lab import image as image_mod
@@ -124,10 +126,18 @@ def build(torch_version, cuda, base_image, image, force, verbose_build, mismatch
 @click.option("--scheduler", type=click.Choice(["none", "slurm"], case_sensitive=False), default=None,
               help="slurm: the nodes also form a Slurm cluster for `labctl slurm` [env DDPLAB_SCHEDULER; default none; "
                    "a running lab keeps its own].")
+@package_options
+@click.option("--preload", multiple=True, metavar="MODULE",
+              help="A module each node's fork server imports besides torch and numpy, so a run's workers find it "
+                   "imported, e.g. lightning; repeat or comma-separate [env DDPLAB_PRELOAD; a running lab keeps its "
+                   "own].")
+@click.option("--torch-version", metavar="X.Y.Z",
+              help="The torch release the nodes run; its node image is built first where missing "
+                   "[env DDPLAB_TORCH_VERSION; default 2.13.0].")
 @dry_run_option("Print each node's GPUs and image, and the Compose file and env files that would be used; "
                 "change nothing (refused as `up` is where the machine cannot give the GPUs).")
 @json_option("Print the node table as JSON (as `status --json`).")
-def up(lab, dry_run, as_json, **settings) -> None:
+def up(lab, dry_run, as_json, requirements, with_packages, preload, **settings) -> None:
     """Start (or reconcile) the lab: nodes node0..node{N-1} on their own bridge network.
 
     On a running lab, `up` reconciles instead of failing: `--nodes 5` on a 3-node lab adds two
@@ -144,7 +154,20 @@ def up(lab, dry_run, as_json, **settings) -> None:
     Every option has a DDPLAB_* setting (.env, the environment) that it overrides; they make one
     lab spec, as `labctl.api.Lab(...)` and the pytest marker do. The options torchrun has too take
     its spellings as well (--nproc_per_node, --master_port).
+
+    With --requirements and --with, every node also gets your project's packages: resolved once on
+    this machine for the nodes' Python, written as .lab/<lab>/pylock.toml, and installed into one
+    image every node runs (made once per lock). A running lab keeps its packages unless told
+    otherwise; `--requirements none` takes them away.
+
+    \b
+    Examples:
+      labctl up --nodes 3
+      labctl up --nodes 3 --with tqdm
+      labctl up --requirements requirements.txt --preload lightning
+      labctl up --requirements pyproject.toml:train
     """
+    settings.update(package_settings(requirements, with_packages, session().cwd), preload=tuple(preload) or None)
     the_lab = session().lab(lab, **settings)
     if dry_run:
         from labctl.cli import render

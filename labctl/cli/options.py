@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+from pathlib import Path
 
 import click
 
@@ -108,3 +109,22 @@ def _check_script(ctx: click.Context, _param, value: tuple[str, ...]) -> tuple[s
 
 def script_argument(f):
     return click.argument("script", nargs=-1, type=click.UNPROCESSED, callback=_check_script)(f)
+
+
+def package_options(f):
+    """`--requirements FILE` and `--with PKG` (repeatable): the project's packages on every node or host."""
+    f = click.option("--with", "with_packages", multiple=True, metavar="PKG[==VERSION]",
+                     help="A one-off requirement besides --requirements; repeat for more, e.g. --with tqdm "
+                          "--with einops==0.8.1 [env DDPLAB_WITH].")(f)
+    return click.option("--requirements", metavar="FILE",
+                        help="Your project's packages: a requirements file, a pyproject.toml (pyproject.toml:GROUP for "
+                             "one dependency group) or a pylock.toml, resolved once on this machine for the nodes' "
+                             "Python into .lab/<lab>/pylock.toml; none for none [env DDPLAB_REQUIREMENTS].")(f)
+
+
+def package_settings(requirements: str | None, with_packages: tuple[str, ...], cwd) -> dict:
+    """The settings `--requirements` and `--with` give (None where not given): a relative FILE is taken
+    from where the user stands, as a shell would."""
+    if requirements and requirements.strip().lower() not in ("", "none"):
+        requirements = str(Path(cwd) / Path(requirements).expanduser())
+    return {"requirements": requirements, "with_packages": tuple(with_packages) or None}

@@ -40,11 +40,14 @@ def seconds_text(value: float) -> str:
 def nodes_table(lab: str, nodes, title: str | None = None, links: dict | None = None) -> Table:
     table = Table(title=title or f"lab {lab}", title_justify="left")
     gpus = any(n.gpus for n in nodes)  # a GPU column in a lab with GPUs only
-    for column in ("node", "IP", "torch", "state") + (("GPU",) if gpus else ()) + (("link",) if links else ()):
+    packages = any(n.packages for n in nodes)  # and a packages column in a lab with packages
+    columns = ("node", "IP", "torch", "state") + (("GPU",) if gpus else ()) + (("packages",) if packages else ())
+    for column in columns + (("link",) if links else ()):
         table.add_column(column)
     for node in nodes:
         colour = "green" if node.state == "running" else "red"
         cells = [node.name, node.ip, node.torch, f"[{colour}]{node.state}[/{colour}]"] + ([node.gpus or "-"] if gpus else [])
+        cells += [node.packages or "-"] if packages else []
         if links:
             cells.append(describe(links[node.name]) if node.name in links else "-")
         table.add_row(*cells)
@@ -54,7 +57,7 @@ def nodes_table(lab: str, nodes, title: str | None = None, links: dict | None = 
 def status_json(lab: str, nodes, links: dict | None = None) -> dict:
     rows = []
     for n in nodes:
-        row = {"name": n.name, "ip": n.ip, "torch": n.torch, "state": n.state}
+        row = {"name": n.name, "ip": n.ip, "torch": n.torch, "state": n.state, "packages": n.packages or None}
         if n.gpus:
             row["gpus"] = [int(i) for i in n.gpus.split(",")]
         if links is not None and n.name in links:
@@ -143,6 +146,8 @@ def print_launches(plan, address) -> None:
     and where."""
     if plan.launcher:
         console.print(f"# launcher: {plan.launcher} ({plan.why})", markup=False, soft_wrap=True)
+    if plan.packages:
+        console.print(f"# packages: {plan.packages}", markup=False, soft_wrap=True)
     for launch in plan.launches:
         console.print(f"[bold]{launch.label}[/bold] ({address(launch.node)}): {launch.display()}", markup=True,
                       soft_wrap=True)

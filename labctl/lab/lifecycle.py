@@ -36,6 +36,7 @@ from labctl.lab.docker import (
     name_of,
 )
 from labctl.lab.engine import Engine
+from labctl.lab.packages import LABEL_PACKAGES
 from labctl.lab.envfiles import (
     write_env_files,
     write_if_changed,
@@ -57,6 +58,7 @@ class NodeState:
     state: str
     rank: int
     gpus: str = ""  # the machine's GPU indices the node has ("0,1"), from its label; "" for none
+    packages: str = ""  # the hash of the package set its image was made with (labctl.lab.packages); "" for none
 
 
 def lab_dir(workspace: Path, lab: str) -> Path:
@@ -216,7 +218,8 @@ def lab_status(client, lab: str, ready_lines: dict[str, str] | None = None) -> l
         if line is None and container["State"] == "running":
             line = _ready_line(client, container["Id"])
         return NodeState(name=name, ip=ip, torch=_torch_from(line), state=container["State"],
-                         rank=int(labels.get(LABEL_RANK, "0")), gpus=labels.get(compose_mod.LABEL_GPUS, ""))
+                         rank=int(labels.get(LABEL_RANK, "0")), gpus=labels.get(compose_mod.LABEL_GPUS, ""),
+                         packages=labels.get(LABEL_PACKAGES, "")[:12])
 
     with ThreadPoolExecutor(max_workers=8) as pool:
         # helper containers (a pending --duration undo) carry the lab's label but no node's: not nodes

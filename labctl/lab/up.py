@@ -40,6 +40,7 @@ from labctl.lab.envfiles import build_env_files, topology_for_lab
 from labctl.lab.gpus import GpuPlan
 from labctl.lab.lifecycle import NodeState, apply_down, apply_up, invoking_user, lab_dir
 from labctl.lab.owner import owner_labels
+from labctl.lab.packages import LABEL_PACKAGES, LOCK_FILE, Declaration, Lock, base_of
 
 SUBNET_ATTEMPTS = 4  # `up` picks again when a concurrent `up` took the same free subnet
 Report = Callable[[str], None]
@@ -61,6 +62,21 @@ class UpPlan:
     tcp_note: str | None = None  # why the nodes keep the host's, where the default could not be had
     owner: Mapping[str, str] = field(default_factory=dict)  # the owner labels every resource gets
     files: Mapping[str, str] = field(default_factory=dict)  # more files the nodes start from, by path in the lab's folder
+    packages: Declaration | None = None  # the project's packages (labctl.lab.packages): resolved at bring-up
+    lock: Lock | None = None  # their lock, once resolved; every node then runs a package image
+    package_images: Mapping[str, str] = field(default_factory=dict)  # node image -> its package image
+    lock_text: str = ""  # the lock as the lab's pylock.toml says it
+
+    def with_package_images(self, lock: Lock, images: Mapping[str, str], text: str | None = None) -> UpPlan:
+        """The plan with every node on the package image of its node image (`images`: node image ->
+        package image), as resolved from `lock`."""
+        gpus = self.gpus
+        for node in gpus.nodes:
+            gpus = gpus.with_image(node.node, images.get(node.image, node.image))
+        services = {name: {**service, "image": images.get(service.get("image"), service.get("image"))}
+                    for name, service in self.document.get("services", {}).items()}
+        return replace(self, gpus=gpus, document={**self.document, "services": services}, lock=lock,
+                       package_images=dict(images), lock_text=self.lock_text if text is None else text)
 
     @property
     def ssh(self) -> bool:
@@ -89,6 +105,16 @@ def settle(config: LabConfig, existing: list[dict]) -> LabConfig:
         config = replace(config, ssh=any(label.get(LABEL_SSH) == "true" for label in labels))
     check_node_cpus(config.node_cpus, config.nodes, shown_key(config, "node_cpus"))
     return config
+
+
+def kept_packages(config: LabConfig, existing: list[dict], directory: Path) -> LabConfig:
+    """A running lab keeps its packages (its lock, .lab/<lab>/pylock.toml) unless `requirements` or
+    `with_packages` says otherwise, as it keeps its node count."""
+    asked = any(config.sources.get(name, "default") != "default" for name in ("requirements", "with_packages"))
+    lock = directory / LOCK_FILE
+    if asked or not lock.is_file() or not any((c.get("Labels") or {}).get(LABEL_PACKAGES) for c in existing):
+        return config
+    return replace(config, requirements=str(lock))
 
 
 def build_up_plan(client, config: LabConfig, workspace: Path, *, engine: Engine, existing: list[dict],
@@ -186,7 +212,8 @@ def kept_gpus(config: LabConfig, existing: list[dict]) -> LabConfig:
             if config.sources.get("gpus_per_node") == "default":
                 config = replace(config, gpus_per_node=len(held[0].split(",")))
     if config.sources.get("cuda") == "default" and config.sources.get("gpus") == "default":
-        cuda = [(c.get("Labels") or {}).get(LABEL_NODE, "") for c in ranked if c.get("Image") == config.cuda_image_tag]
+        cuda = [(c.get("Labels") or {}).get(LABEL_NODE, "") for c in ranked
+                if base_of(c.get("Image") or "") == config.cuda_image_tag]
         if cuda:
             config = replace(config, cuda=",".join(cuda))
     return config
@@ -235,6 +262,8 @@ def apply_up_plan(client, plan: UpPlan, workspace: Path, report: Report,
             document, env_files, subnet = render_project(client, config, workspace, plan.public_key, plan.engine,
                                                          plan.owner, plan.gpus, plan.tcp_cc, lost)
             plan = replace(plan, document=document, env_files=env_files, subnet=subnet)
+            if plan.lock is not None:  # the document was rendered again, on the node images
+                plan = plan.with_package_images(plan.lock, plan.package_images)
             continue
         if services:
             try:

@@ -1,6 +1,7 @@
 """What `labctl doctor` reads of a node or host: `python -c TEXT` (labctl.diagnose.doctor).
 
-Prints one line of JSON: hostname, Python, torch, CUDA and NCCL versions (null where absent),
+Prints one line of JSON: hostname, Python, torch, CUDA and NCCL versions (null where absent), every
+distribution the node's Python sees (name and version: doctor compares them with the lab's lock),
 whether rsync is installed (`labctl hosts sync` needs it at both ends), each interface's IPv4
 addresses as ADDRESS/PREFIX, from `ip -j -4 addr` (an empty map without iproute2), the NVIDIA
 driver's version and the GPUs this node's processes can use (see gpus()). Fast: it reads torch's
@@ -30,16 +31,23 @@ def torch_versions():
     return version
 
 
-def nccl_version():
-    """NCCL ships as a pip package (nvidia-nccl-cu12, -cu13) beside CUDA builds of torch: its
-    metadata's version, or None."""
+def distributions():
+    """{name: version} of every distribution this Python sees, names normalised as PEP 503 does; where
+    two folders on sys.path hold one name, the first, as `import` finds it."""
     import importlib.metadata
 
-    found = None
+    found = {}
     for dist in importlib.metadata.distributions():
-        if (dist.metadata["Name"] or "").lower().startswith("nvidia-nccl"):
-            found = dist.version
+        name = re.sub(r"[-_.]+", "-", dist.metadata["Name"] or "").lower()
+        if name and name not in found:
+            found[name] = dist.version
     return found
+
+
+def nccl_version(packages):
+    """NCCL ships as a pip package (nvidia-nccl-cu12, -cu13) beside CUDA builds of torch: its
+    metadata's version, or None."""
+    return next((version for name, version in sorted(packages.items()) if name.startswith("nvidia-nccl")), None)
 
 
 def interfaces():
@@ -116,7 +124,8 @@ def info():
     out = {"hostname": socket.gethostname(), "python": sys.version.split()[0]}
     version = torch_versions()
     out["torch"], out["cuda"] = version.get("__version__"), version.get("cuda")
-    out["nccl"] = nccl_version() if out["cuda"] else None
+    out["packages"] = distributions()
+    out["nccl"] = nccl_version(out["packages"]) if out["cuda"] else None
     out["rsync"] = shutil.which("rsync") is not None
     out["ifaces"] = interfaces()
     out["gpus"], out["gpu_source"] = gpus()

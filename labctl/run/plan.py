@@ -31,6 +31,7 @@ class RunPlan:
     timeout_s: float | None = None  # --timeout-s: the run is stopped after this long (exit 124); None: no limit
     launcher: str = ""  # how the workers start: warm, torchrun or static (`--dry-run` says it, and why)
     why: str = ""
+    packages: str = ""  # the lock the nodes' packages come from, as `--dry-run` names it; "" for none
 
     @property
     def nodes(self) -> list[str]:
