@@ -26,10 +26,11 @@ from labctl.diagnose.findings import Diagnosis
 from labctl.errors import LabError
 from labctl.hosts.machines import Hosts, SyncResult
 from labctl.lab.docker import apply_node_cpus, check_cpus, docker_client
-from labctl.lab.gc import Verdict, collect_garbage
+from labctl.lab.gc import ImageVerdict, Verdict, collect_garbage
 from labctl.lab.lifecycle import apply_down, lab_resources
 from labctl.lab.listing import LabListing, list_labs
 from labctl.lab.owner import owner_of
+from labctl.lab.packages import LOCK_FILE, Lock, read_lab_lock
 from labctl.lab.up import UpPlan
 from labctl.net.apply import apply_shape, clear_shape, read_link, read_links
 from labctl.net.faults import inject
@@ -53,9 +54,10 @@ def _quiet(_message: str) -> None:
     pass
 
 
-def gc(*, everything: bool = False, dry_run: bool = False, client=None) -> list[Verdict]:
-    """Remove the labs whose owner process is gone (all labs with `everything`), as `labctl gc`
-    does: a verdict for every lab on the engine (`remove`: removed, or with `dry_run` would be; `why`)."""
+def gc(*, everything: bool = False, dry_run: bool = False, client=None) -> list[Verdict | ImageVerdict]:
+    """Remove the labs whose owner process is gone (all labs with `everything`), then the package
+    images no lab's node runs, as `labctl gc` does: a verdict for every lab on the engine, then for
+    every package image (`remove`: removed, or with `dry_run` would be; `why`)."""
     return collect_garbage(client or docker_client(), everything=everything, dry_run=dry_run)
 
 
@@ -198,14 +200,20 @@ class Lab(LabSession):
 
     def doctor(self, *, cheap: bool = False) -> Diagnosis:
         """doctor's checks on the running lab (`cheap`: without the reachability probes)."""
-        return diagnose(self.client, self.name, self.running(), self.subnet(), cheap=cheap)
+        return diagnose(self.client, self.name, self.running(), self.subnet(), cheap=cheap, lock=self.lock())
+
+    def lock(self) -> tuple[str, Lock] | None:
+        """(its path, the Lock) of the packages the lab's nodes run (.lab/<lab>/pylock.toml), or None."""
+        path = self.directory / LOCK_FILE
+        lock = read_lab_lock(path)
+        return (str(path), lock) if lock is not None else None
 
     def preflight(self, nproc_per_node: int | None = None, env: Mapping[str, str] | None = None) -> Diagnosis:
         """doctor's cheap checks, for a run with `nproc_per_node` processes per node (default the lab's)
         and `env` added to every process's (a -e DDPLAB_BACKEND=gloo counts)."""
         overrides = {n: dict(env) for n in self.node_names()} if env else None
         return diagnose(self.client, self.name, self.running(), self.subnet(), cheap=True, env_overrides=overrides,
-                        nproc_per_node=nproc_per_node)
+                        nproc_per_node=nproc_per_node, lock=self.lock())
 
     # ----------------------------------------------------------------------- network, faults
 

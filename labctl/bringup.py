@@ -34,6 +34,7 @@ from labctl.slurm.conf import SlurmNode, build_slurm_conf
 
 Report = Callable[[str], None]
 SLURM_CONF = "slurm/slurm.conf"  # in the lab's folder, where the nodes' entry point reads it
+PRELOAD_FILE = "preload"  # in the lab's folder: the modules `up --preload` named, one per line
 
 
 @dataclass(frozen=True)
@@ -155,14 +156,21 @@ def write_lab_lock(directory: Path, plan: UpPlan) -> None:
 
 
 def start_warm(session: LabSession, config: LabConfig, engine, names: list[str], report: Report) -> None:
-    """Each node's fork server, where the `warm` setting and the engine's memory allow (labctl.run.warm)."""
+    """Each node's fork server, where the `warm` setting and the engine's memory allow (labctl.run.warm),
+    importing the lab's --preload modules too: those given now, else those it was given before."""
     start, note = plan_servers(config.warm, len(names), engine.memory_bytes)
     if note:
         report(note)
     if not start:
         stop_servers(session.nodes(), names)
         return
-    for node, why in start_servers(session.nodes(), names).items():
+    saved = session.directory / PRELOAD_FILE
+    if config.sources.get("preload", "default") != "default" and config.preload:
+        saved.write_text("".join(f"{m}\n" for m in config.preload))
+    elif config.sources.get("preload", "default") != "default":
+        saved.unlink(missing_ok=True)
+    preload = tuple(saved.read_text().split()) if saved.is_file() else ()
+    for node, why in start_servers(session.nodes(), names, preload).items():
         report(f"{node}: no fork server ({why}); its runs start cold")
 
 

@@ -220,7 +220,8 @@ def parse_requirement_list(raw: str) -> tuple[str, ...]:
         try:
             requirement = Requirement(part)
         except InvalidRequirement as exc:
-            raise ValueError(f"{part!r} is not a requirement ({exc}); give NAME[==VERSION], e.g. tqdm==4.67.1") from None
+            why = " ".join(str(exc).split())
+            raise ValueError(f"{part!r} is not a requirement ({why}); give NAME[==VERSION], e.g. tqdm==4.67.1") from None
         if requirement.url:
             raise ValueError(f"{part!r} names a URL: the nodes install released wheels from the package index "
                              "(your own code is in the workspace, which every node mounts)")

@@ -309,11 +309,14 @@ def ls(as_json) -> None:
 @main.command("gc", context_settings=CONTEXT)
 @click.option("--all", "everything", is_flag=True, help="Remove every ddplab lab on this engine, whoever owns it.")
 @dry_run_option("Say what would be removed and why; remove nothing.")
-@json_option('Print [{"lab", "remove", "why"}].')
+@json_option('Print [{"lab", "remove", "why"}, ..., {"image", "remove", "why"}, ...].')
 def gc(everything, dry_run, as_json) -> None:
     """Remove the labs whose owner process is gone: a test session killed with -9, a script that
     crashed inside `with Lab(...)`. Labs from `labctl up` have no owner process and are kept
     (`--all` removes them too). Containers, networks and volumes go; run logs in the workspace stay.
+
+    Then the package images (your project's packages on a node image, one per lock) that no lab's
+    node runs any more: the next `up` that asks for one makes it again from the cached wheels.
     """
     from labctl.cli import render
 

@@ -226,10 +226,11 @@ def print_gc(verdicts, dry_run: bool, as_json: bool) -> None:
         return
     verb = "would remove" if dry_run else "removed"
     for v in verdicts:
+        what = f"lab {v.lab}" if hasattr(v, "lab") else f"package image {v.image}"
         if v.remove:
-            info(f"{verb} lab {v.lab}: {escape(v.why)}")
+            info(f"{verb} {what}: {escape(v.why)}")
         else:
-            info(f"[dim]kept lab {v.lab}: {escape(v.why)}[/dim]")
+            info(f"[dim]kept {what}: {escape(v.why)}[/dim]")
     if not any(v.remove for v in verdicts):
         info("nothing to remove" + ("" if verdicts else ": no labs on this engine"))
 

@@ -9,6 +9,8 @@ Each check names the node, what is wrong and the fix. The checks, cheapest first
              is_host=true on exactly one node (the hostname-matching trap), a socket interface set
   versions   torch (its release: 2.13.0+cpu and 2.13.0 agree) and Python identical on every node, CUDA and
              NCCL on every node that has them (torch itself never checks)
+  packages   every other distribution the nodes' Python sees, the same on every node and as the lab's
+             lock says where it has one (labctl/diagnose/packages.py)
   gpus       one backend for every rank ($DDPLAB_BACKEND, else nccl where CUDA is), and on nccl a GPU
              of its own for every rank: no node with more ranks than visible GPUs, no GPU on two
              nodes (NCCL: "Duplicate GPU detected"), no CPU node (labctl/diagnose/gpus.py)
@@ -38,9 +40,11 @@ from labctl import remote
 from labctl.diagnose import slurm as slurm_checks
 from labctl.diagnose.findings import Diagnosis, Finding
 from labctl.diagnose.gpus import check_gpus
+from labctl.diagnose.packages import check_packages
 from labctl.lab.compose import container_name
 from labctl.lab.docker import DockerNodes, node_cpus_limit
 from labctl.lab.engine import inspect_engine, refusal
+from labctl.lab.packages import Lock
 from labctl.slurm.cluster import is_slurm_lab
 
 CONNECT_S = 1.5  # how long a probe keeps trying one target (peers may still be starting to listen)
@@ -284,10 +288,12 @@ def check_cpus(limits: dict[str, float | None]) -> list[Finding]:
 
 
 def diagnose(client, lab: str, nodes: list, subnet: str | None, cheap: bool = False,
-             env_overrides: dict[str, dict[str, str]] | None = None, nproc_per_node: int | None = None) -> Diagnosis:
+             env_overrides: dict[str, dict[str, str]] | None = None, nproc_per_node: int | None = None,
+             lock: tuple[str, Lock] | None = None) -> Diagnosis:
     """doctor on the lab's running `nodes`. `cheap` skips the reachability probes;
-    `env_overrides` checks an environment a launch would add on top of each node's own, and
-    `nproc_per_node` a launch's processes per node (for the GPU checks)."""
+    `env_overrides` checks an environment a launch would add on top of each node's own,
+    `nproc_per_node` a launch's processes per node (for the GPU checks), and `lock` (its path, the
+    Lock) the packages every node should have."""
     t0 = time.monotonic()
     names = [n.name for n in nodes]
     engine = inspect_engine(client)
@@ -298,8 +304,9 @@ def diagnose(client, lab: str, nodes: list, subnet: str | None, cheap: bool = Fa
         envs[node] = {**envs.get(node, {}), **extra}
     docker_nodes = DockerNodes(client, lab)
     info = gather_info(docker_nodes, names)
-    findings = (check_engine(engine) + check_env(envs) + check_versions(info) + check_gpus(info, envs, nproc_per_node)
-                + check_iface(info, envs, subnet) + check_cpus({n: node_cpus_limit(client, lab, n, cpus) for n in names}))
+    findings = (check_engine(engine) + check_env(envs) + check_versions(info)
+                + check_packages(info, lock[1] if lock else None, *(lock[:1] if lock else ()))
+                + check_gpus(info, envs, nproc_per_node) + check_iface(info, envs, subnet) + check_cpus({n: node_cpus_limit(client, lab, n, cpus) for n in names}))
     if not cheap:
         first = envs[names[0]]
         master_node = next((n for n in names if envs[n].get("NODE_RANK") == "0"), names[0])
@@ -313,6 +320,7 @@ def diagnose(client, lab: str, nodes: list, subnet: str | None, cheap: bool = Fa
     if is_slurm_lab(client, lab):
         findings += slurm_checks.check(lab, *slurm_checks.gather(client, lab, names), names)
     for node in names:
+        info[node].pop("packages", None)  # compared above; the report keeps what it shows per node
         info[node]["ip"] = next(n.ip for n in nodes if n.name == node)
         info[node]["iface"] = envs[node].get("GLOO_SOCKET_IFNAME")
     return Diagnosis(f"lab {lab}: nodes", findings, info, time.monotonic() - t0)

@@ -3,6 +3,9 @@ every ddplab lab on the engine. `plan_gc` decides from the labels alone (pure); 
 asks the engine and removes what the plan says, containers, networks and volumes, as
 `labctl down --volumes` does. Run folders and env files in the workspace stay (a crashed test
 session's logs are what one wants to read).
+
+Then the package images no container uses any more (labctl.lab.package_image: one per lock and
+node image, each a layer of the project's packages): `plan_images` decides from the engine's lists.
 """
 
 from __future__ import annotations
@@ -10,9 +13,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable, Mapping, Sequence
 
+from labctl.lab.compose import LABEL_LAB
 from labctl.lab.lifecycle import apply_down
 from labctl.lab.listing import LabListing, engine_labs
 from labctl.lab.owner import LABEL_HOST, LABEL_PID, LABEL_SESSION, owner_gone
+from labctl.lab.packages import LABEL_PACKAGES
 
 
 @dataclass(frozen=True)
@@ -23,6 +28,16 @@ class Verdict:
 
     def as_dict(self) -> dict:
         return {"lab": self.lab, "remove": self.remove, "why": self.why}
+
+
+@dataclass(frozen=True)
+class ImageVerdict:
+    image: str  # its tag, or its id where nothing names it now
+    remove: bool
+    why: str
+
+    def as_dict(self) -> dict:
+        return {"image": self.image, "remove": self.remove, "why": self.why}
 
 
 def plan_gc(listings: Sequence[LabListing], *, everything: bool = False,
@@ -47,12 +62,34 @@ def plan_gc(listings: Sequence[LabListing], *, everything: bool = False,
     return verdicts
 
 
-def collect_garbage(client, *, everything: bool = False, dry_run: bool = False) -> list[Verdict]:
-    """Remove the labs `plan_gc` condemns (none with `dry_run`); every lab's verdict."""
+def plan_images(images: Sequence[Mapping], used: set[str], going: set[str] = frozenset()) -> list[ImageVerdict]:
+    """For each package image (the engine's list, `docker images` fields): remove it where no container
+    uses it (`used`: image ids), or only containers of the labs about to go (`going`: image ids)."""
+    verdicts = []
+    for image in images:
+        name = next((t for t in image.get("RepoTags") or [] if t != "<none>:<none>"), image["Id"][7:19])
+        if image["Id"] in used - going:
+            verdicts.append(ImageVerdict(name, False, "a lab's nodes run it"))
+        else:
+            verdicts.append(ImageVerdict(name, True, "no lab's node runs it (a package set no lab uses now)"))
+    return verdicts
+
+
+def collect_garbage(client, *, everything: bool = False, dry_run: bool = False) -> list[Verdict | ImageVerdict]:
+    """Remove the labs `plan_gc` condemns, then the package images no remaining container uses (none
+    with `dry_run`); every lab's verdict, then every package image's."""
     listings, _ = engine_labs(client)
     verdicts = plan_gc(listings, everything=everything)
+    going = {c["ImageID"] for v in verdicts if v.remove
+             for c in client.api.containers(all=True, filters={"label": f"{LABEL_LAB}={v.lab}"})}
     if not dry_run:
         for verdict in verdicts:
             if verdict.remove:
                 apply_down(client, verdict.lab, volumes=True)
-    return verdicts
+    used = {c["ImageID"] for c in client.api.containers(all=True)}
+    images = plan_images(client.api.images(filters={"label": LABEL_PACKAGES}), used, going if dry_run else set())
+    if not dry_run:
+        for image in images:
+            if image.remove:
+                client.api.remove_image(image.image, noprune=False)
+    return [*verdicts, *images]

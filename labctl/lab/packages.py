@@ -73,7 +73,8 @@ class Declaration:
 
     @property
     def shown(self) -> str:
-        return " ".join(self.declared[:1] if self.file else ()) + "".join(f" --with {r}" for r in self.extra)
+        given = [self.declared[0]] if self.file else []
+        return " ".join(given + [f"--with {r}" for r in self.extra])
 
 
 def read_declaration(requirements: str, extra: Iterable[str], workspace: Path, key: str = "--requirements",
@@ -164,7 +165,7 @@ def check_torch(requirements: Iterable[str], pinned: str, where: str) -> None:
 def torch_refusal(who: str, pinned: str, wanted: str) -> LabError:
     other = re.search(r"\d+\.\d+\.\d+", wanted)
     version = other.group(0) if other else "X.Y.Z"
-    return LabError(f"{who}, but this lab's nodes run torch {pinned} ({wanted} wanted): torch stays what the lab pins",
+    return LabError(f"{who}, but this lab's nodes run torch {pinned}: torch stays what the lab pins",
                     hint=f"--torch-version {version} (DDPLAB_TORCH_VERSION) brings the lab up on another release, its "
                          f"node image built first; or ask for a version that works with torch {pinned}")
 
@@ -283,28 +284,33 @@ def render_lock(lock: Lock, target: Target) -> str:
     return header + tomli_w.dumps(dict(pylock.to_dict()))
 
 
-def parse_lock(text: str, source: str, target: Target) -> Lock:
+def parse_lock(text: str, source: str, target: Target | None = None) -> Lock:
     """A pylock.toml (the lab's own, or one the user gives) as the node installs it: the one wheel
-    `packaging.pylock` selects for the node's Python from every package that applies to it."""
+    `packaging.pylock` selects for the node's Python (`target`) from every package that applies to it.
+    Without `target`, a lock this module wrote: every package, each with its one wheel."""
     from packaging.pylock import PackageWheel, Pylock, PylockSelectError, PylockValidationError
 
     try:
         pylock = Pylock.from_dict(tomllib.loads(text))
-        chosen = list(pylock.select(environment=dict(target.markers()), tags=target_tags(target)))
+        if target is None:
+            chosen = [(p, p.wheels[0] if p.wheels and len(p.wheels) == 1 else p) for p in pylock.packages]
+        else:
+            chosen = list(pylock.select(environment=dict(target.markers()), tags=target_tags(target)))
     except tomllib.TOMLDecodeError as exc:
         raise LabError(f"{source} is not valid TOML: {exc}") from None
     except PylockValidationError as exc:
         raise LabError(f"{source} is not a valid pylock.toml (PEP 751): {exc}") from None
     except PylockSelectError as exc:
-        raise LabError(f"{source} has nothing the nodes can install ({target.describe()}): {exc}",
+        raise LabError(f"{source} has nothing the nodes can install ({target.describe() if target else ''}): {exc}",
                        hint="lock for Linux and the nodes' Python, e.g. `uv pip compile --python-platform "
                             f"{target.machine}-manylinux_2_28 --python-version {target.python} -o pylock.toml`") from None
     pins = []
+    node = target.describe() if target else "the nodes"
     for package, distribution in chosen:
         if not isinstance(distribution, PackageWheel):
             kind = type(distribution).__name__.removeprefix("Package").lower()
-            raise LabError(f"{source}: {package.name} comes as a {kind}, not a wheel; the nodes install wheels only",
-                           hint=f"lock a version of {package.name} that publishes a wheel for {target.describe()}")
+            raise LabError(f"{source}: {package.name} comes as a {kind}, not one wheel; the nodes install wheels only",
+                           hint=f"lock a version of {package.name} that publishes a wheel for {node}")
         sha256 = distribution.hashes.get("sha256", "")
         if not sha256:
             raise LabError(f"{source}: the wheel of {package.name} has no sha256 hash (it has "
@@ -373,6 +379,15 @@ def to_install(lock: Lock, installed: Mapping[str, str]) -> list[Pin]:
     return [p for p in lock.pins if p.name != TORCH and not same_version(installed.get(p.name), p.version)]
 
 
+def read_lab_lock(path: Path) -> Lock | None:
+    """A lab's own lock (.lab/<lab>/pylock.toml), or None where the lab has none."""
+    try:
+        text = path.read_text()
+    except OSError:
+        return None
+    return parse_lock(text, str(path))
+
+
 def describe_lock_file(path: Path) -> str:
     """'PATH (packages 3fa2b1c9d0e1, 27 pinned)' for a lab's lock, read without parsing the TOML (a
     run's plan names it); "" where there is none."""
@@ -405,9 +420,11 @@ _BAD_LINE = re.compile(r"Invalid requirement: (.*?)(?:\n\s+.*?)*?\(from line (\d
 _DEPENDS = re.compile(r"^\s*(\S+) (\S+) depends on torch(\S*)", re.M)
 _USER_TORCH = re.compile(r"^\s*The user requested torch(\S+)$", re.M)
 _CONFLICT = re.compile(r"The conflict is caused by:\n((?:\s+.+\n?)+)")
-UNREACHABLE = ("Failed to establish a new connection", "NewConnectionError", "Max retries exceeded",
-               "Temporary failure in name resolution", "Name or service not known", "Network is unreachable",
-               "ProxyError", "ConnectTimeout", "Connection refused")
+# What pip's warnings say when no index answered (it retries, and says why, before giving up).
+UNREACHABLE = ("after connection broken by", "Failed to establish a new connection", "NewConnectionError",
+               "NameResolutionError", "Max retries exceeded", "Temporary failure in name resolution",
+               "Name or service not known", "Network is unreachable", "ProxyError", "ConnectTimeout",
+               "Could not fetch URL")
 
 
 def explain_pip_failure(output: str, target: Target, pinned: str, cached: Iterable[str] = ()) -> LabError | None:

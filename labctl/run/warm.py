@@ -20,6 +20,7 @@ from __future__ import annotations
 
 from concurrent.futures import ThreadPoolExecutor
 
+from labctl import remote
 from labctl.run.launch import FORK_SOCKET, FORKCHILD_SCRIPT, FORKSERVER_SCRIPT, WORKER_SCRIPT
 
 PRELOAD = ("torch", "torch.distributed", "torch._dynamo", "numpy")
@@ -28,14 +29,7 @@ PRELOAD = ("torch", "torch.distributed", "torch._dynamo", "numpy")
 SERVER_BYTES = 230 * 1024**2
 AUTO_SHARE = 0.4
 SERVER_LOG = "/tmp/ddplab/fork.log"  # in each node: the server's own lines (READY, refusals)
-# End the servers of another labctl's text (another socket), then `nohup ... &` with every stream
-# redirected: the exec (docker exec, an SSH session) returns at once and the server lives on in the
-# node. A server of this text already answering makes the new one exit (RUNNING).
-_START = ('mkdir -p "$(dirname "$1")" || exit 1\n'
-          "for pid in $(pgrep -f 'serve /tmp/ddplab/fork-[0-9a-f]+[.]sock'); do\n"
-          '  tr "\\0" "\\n" < /proc/$pid/cmdline 2>/dev/null | grep -qxF "$1" || kill "$pid" 2>/dev/null\n'
-          "done\n"
-          'nohup python -c "$0" serve "$@" </dev/null >>' + SERVER_LOG + " 2>&1 &")
+START_SCRIPT = remote.load("start-forkserver.sh")  # `sh -c TEXT ...`: see the file
 
 
 def plan_servers(setting: str, nodes: int, memory_bytes: int) -> tuple[bool, str | None]:
@@ -54,9 +48,11 @@ def gib(size: int) -> str:
     return f"{size / 1024**3:.1f} GiB"
 
 
-def server_argv() -> list[str]:
-    """The command that starts a node's fork server in the background (a no-op where one runs)."""
-    return ["sh", "-c", _START, FORKSERVER_SCRIPT, FORK_SOCKET, WORKER_SCRIPT, FORKCHILD_SCRIPT, *PRELOAD]
+def server_argv(preload: tuple[str, ...] = ()) -> list[str]:
+    """The command that starts a node's fork server in the background, importing PRELOAD and `preload`
+    (the user's modules, `up --preload`): a no-op where one of the same command line runs."""
+    modules = [*PRELOAD, *(m for m in preload if m not in PRELOAD)]
+    return ["sh", "-c", START_SCRIPT, FORKSERVER_SCRIPT, FORK_SOCKET, WORKER_SCRIPT, FORKCHILD_SCRIPT, *modules]
 
 
 STOP = "pkill -f 'serve /tmp/ddplab/fork-[0-9a-f]+[.]sock' || true"
@@ -68,11 +64,12 @@ def stop_servers(nodes, names: list[str]) -> None:
         list(pool.map(lambda node: nodes.run(node, ["sh", "-c", STOP]), names))
 
 
-def start_servers(nodes, names: list[str]) -> dict[str, str]:
-    """Start the fork server on every node of `names` (a run.executor.Nodes); what failed, by node."""
+def start_servers(nodes, names: list[str], preload: tuple[str, ...] = ()) -> dict[str, str]:
+    """Start the fork server on every node of `names` (a run.executor.Nodes), importing `preload` too;
+    what failed, by node."""
     def start(node: str) -> tuple[str, str]:
         try:
-            code, output = nodes.run(node, server_argv())
+            code, output = nodes.run(node, server_argv(preload))
         except Exception as exc:  # noqa: BLE001 - a node that cannot start one runs its workers cold
             return node, str(exc)
         return node, "" if code == 0 else output.strip() or f"exit status {code}"

@@ -20,6 +20,7 @@ import sys
 import threading
 import time
 import uuid
+from importlib.metadata import version
 
 import pytest
 
@@ -29,7 +30,7 @@ from labctl.errors import LabError
 from labctl.hosts import ssh
 from labctl.hosts.inventory import Host, Inventory
 from labctl.net import faults
-from labctl.run import executor, launch
+from labctl.run import executor, launch, warm
 from labctl.run.launch import RUN_ID_VAR, Launch
 
 SCRIPTS = sorted(p for p in remote.HERE.iterdir() if p.suffix in (".py", ".sh") and p.name != "__init__.py")
@@ -147,13 +148,15 @@ def test_the_constants_the_scripts_write_out_are_labctls():
     assert stop.REPORT == executor.STOP_REPORT
     assert (store.STORE_READY, store.STORE_FAILED) == (launch.STORE_READY, launch.STORE_FAILED)
     assert re.findall(r"^marker=(\S+)", remote.load("prepare-workspace.sh"), re.M) == [ssh.MARKER]
+    assert re.findall(r"^log=(\S+)", remote.load("start-forkserver.sh"), re.M) == [warm.SERVER_LOG]
 
 
 def test_labctl_ships_the_files_text():
     assert remote.load("stop.py") is remote.load("stop.py")  # read once
     shipped = {launch.STORE_SCRIPT: "store.py", launch.PORT_CHECK_SCRIPT: "port_check.py",
                launch.STOP_SCRIPT: "stop.py", faults.CRASH_SCRIPT: "crash.py", ssh.PREPARE_SCRIPT: "prepare-workspace.sh",
-               doctor.INFO_SCRIPT: "node_info.py", doctor.PROBE_SCRIPT: "probe.py"}
+               doctor.INFO_SCRIPT: "node_info.py", doctor.PROBE_SCRIPT: "probe.py",
+               warm.START_SCRIPT: "start-forkserver.sh"}
     for text, name in shipped.items():
         assert text == (remote.HERE / name).read_text()
 
@@ -374,6 +377,8 @@ def test_node_info_describes_this_machine(host):
     assert isinstance(info["rsync"], bool) and isinstance(info["ifaces"], dict)
     if shutil.which("ip"):
         assert "127.0.0.1/8" in info["ifaces"]["lo"]
+    assert info["packages"]["pytest"] == version("pytest") and info["packages"]["torch"] == info["torch"]
+    assert info["packages"]["typing-extensions"]  # names as PEP 503 normalises them (typing_extensions)
 
 
 # ---------------------------------------------------------------------------- prepare-workspace
