@@ -60,7 +60,7 @@ class Session:
         config = self.config(lab=lab, inventory=inventory)
         path = Path(config.inventory) if config.inventory else lab_dir(self.workspace, config.lab) / INVENTORY_FILE
         return Hosts(load_inventory(path, given=bool(config.inventory)), accept_new=accept_new,
-                     workspace=self.workspace, report=info)
+                     workspace=self.workspace, report=info, cache_dir=config.cache_dir)
 
 
 def session() -> Session:

@@ -18,6 +18,8 @@ from labctl.cli.options import (
     lab_option,
     nccl_debug_option,
     nproc_option,
+    package_options,
+    package_settings,
     run_options,
     script_argument,
 )
@@ -60,19 +62,29 @@ def hosts_check(lab, inventory, accept_new, as_json) -> None:
 @inventory_option
 @accept_new_option
 @exclude_option
+@package_options
 @dry_run_option("Print the rsync command for each host; change nothing.")
-def hosts_sync(lab, inventory, accept_new, excludes, dry_run) -> None:
+def hosts_sync(lab, inventory, accept_new, excludes, requirements, with_packages, dry_run) -> None:
     """Mirror the workspace (the directory you run labctl from) to every host's workspace folder
     with rsync, leaving out virtual environments, .lab/ outputs, .git and caches, and write each
     host's env file there (under .lab/<name>/). Only a folder that is empty or was made by an
-    earlier sync is mirrored into: --delete never empties a folder of yours."""
+    earlier sync is mirrored into: --delete never empties a folder of yours.
+
+    Every host also gets the same packages: those of --requirements and --with, resolved for the
+    hosts' Python into .lab/<name>/pylock.toml, else that lock where it exists (the lab's own, for
+    the inventory `labctl up --ssh` writes). The wheels go over with rsync (the hosts need no index),
+    each host's Python installs them into .lab/<name>/packages-<hash>, and its env file puts that
+    folder first on PYTHONPATH; `labctl hosts check` then compares every host with the lock."""
     from labctl.cli import render
 
-    the_hosts = session().hosts(lab, inventory, accept_new)
+    where = session()
+    the_hosts = where.hosts(lab, inventory, accept_new)
     if dry_run:
         render.print_host_commands(the_hosts.sync_commands(excludes))
         return
-    render.print_sync(the_hosts, the_hosts.sync(excludes))
+    config = where.config(**package_settings(requirements, with_packages, where.cwd))
+    render.print_sync(the_hosts, the_hosts.sync(excludes, requirements=config.requirements,
+                                                with_packages=config.with_packages))
 
 
 @hosts.command("run", context_settings=SCRIPT_CONTEXT)

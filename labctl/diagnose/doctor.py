@@ -239,9 +239,10 @@ def _parse_json(node: str, output: str) -> dict:
     raise ValueError(f"{node}: no report ({output.strip()[-200:]})")
 
 
-def node_info(nodes, node: str) -> dict:
-    """What INFO_SCRIPT reports of one node: hostname, versions, interfaces and their addresses."""
-    code, output = nodes.run(node, ["python", "-c", INFO_SCRIPT])
+def node_info(nodes, node: str, path: tuple[str, ...] = ()) -> dict:
+    """What INFO_SCRIPT reports of one node: hostname, versions, packages, interfaces and their
+    addresses; `path`: folders the job will have first on sys.path (a host's packages folder)."""
+    code, output = nodes.run(node, ["python", "-c", INFO_SCRIPT, *path])
     return _parse_json(node, output)
 
 

@@ -49,8 +49,10 @@ def check_packages(info: Mapping[str, Mapping], lock: Lock | None, lock_path: st
     if out:
         return out
     count = len(next(iter(seen.values())))
-    where = f"as {lock_path} says ({lock.short})" if lock else "the same on every node"
-    return [Finding("packages", "all", True, f"{count} distributions on every node, {where}")]
+    if lock:
+        return [Finding("packages", "all", True, f"{count} distributions on every node, as {lock_path} says "
+                                                 f"({lock.short})")]
+    return [Finding("packages", "all", True, f"the same {count} distributions on every node")]
 
 
 def drift(seen: Mapping[str, Mapping[str, str]], checked: set[str], fix: str) -> list[Finding]:

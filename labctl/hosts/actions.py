@@ -35,8 +35,10 @@ from labctl.diagnose.doctor import (
 )
 from labctl.diagnose.findings import Diagnosis, Finding
 from labctl.diagnose.gpus import check_gpus
+from labctl.diagnose.packages import check_packages
 from labctl.errors import CommandError, LabError, StateError
 from labctl.hosts.inventory import Inventory
+from labctl.hosts.packages import HostPackages, install, packages_path, with_pythonpath
 from labctl.hosts.ssh import (
     PREPARE_SCRIPT,
     SSHError,
@@ -47,6 +49,7 @@ from labctl.hosts.ssh import (
     rsync_push_argv,
     rsync_stats,
 )
+from labctl.lab.packages import Lock
 from labctl.proc import run
 from labctl.run.executor import execute
 from labctl.run.plan import RunPlan, build_run_plan
@@ -125,15 +128,17 @@ def report_recorded(hosts: SSHHosts, names: set[str], report: Report) -> None:
                    f"{host.known_hosts or '~/.ssh/known_hosts'} (--accept-new)")
 
 
-def connect(hosts: SSHHosts, report: Report) -> Reached:
-    """Reach every host at once and gather doctor's facts; a host SSH refuses is a failure, not an abort."""
+def connect(hosts: SSHHosts, report: Report, packages: str = "") -> Reached:
+    """Reach every host at once and gather doctor's facts (the packages as a job sees them, with
+    `packages`, the folder of the inventory's lock, first on sys.path); a host SSH refuses is a
+    failure, not an abort."""
     inventory = hosts.inventory
     new = unknown_hosts(hosts)
 
     def ask(name: str) -> dict:
         host = inventory.host(name)
         try:
-            info = node_info(hosts, name)
+            info = node_info(hosts, name, (f"{host.workspace}/{packages}",) if packages else ())
         except ValueError as exc:  # the Python named in the inventory did not run: what the shell said
             said = re.search(r"no report \((.*)\)$", str(exc), re.S)
             raise LabError(f"{name} ({host.destination}): {host.python} did not run there: "
@@ -147,8 +152,10 @@ def connect(hosts: SSHHosts, report: Report) -> Reached:
     return Reached(info, failed)
 
 
-def host_findings(inventory: Inventory, reached: Reached, nproc_per_node: int | None = None) -> list[Finding]:
-    """Everything doctor checks that needs no traffic between the hosts."""
+def host_findings(inventory: Inventory, reached: Reached, nproc_per_node: int | None = None,
+                  lock: tuple[str, Lock] | None = None) -> list[Finding]:
+    """Everything doctor checks that needs no traffic between the hosts; with `lock` (its path, the
+    Lock), every host's packages against it too."""
     out = [Finding("ssh" if isinstance(exc, SSHError) else "python", name, False, exc.message, exc.hint or "")
            for name, exc in reached.failed.items()]
     if not reached.failed:
@@ -164,6 +171,9 @@ def host_findings(inventory: Inventory, reached: Reached, nproc_per_node: int | 
                            "install the same torch release as on the other hosts, or point python (or venv) in "
                            "the inventory at the environment that has it"))
     checked = check_versions(with_torch) if with_torch else []
+    fix = (f"`labctl hosts sync --inventory {inventory.path}` installs the lock's packages on every host" if lock else
+           "install the same versions on every host, or give them one lock: `labctl hosts sync --requirements FILE`")
+    checked += check_packages(info, lock[1] if lock else None, lock[0] if lock else "", fix=fix)
     checked += check_gpus(with_torch, {name: envs[name] for name in with_torch})  # envs carry nproc_per_node
     if info:
         checked += check_iface(info, {name: envs[name] for name in info}, None,
@@ -198,19 +208,21 @@ def reach_findings(hosts: SSHHosts, reached: Reached) -> list[Finding]:
     return check_reach(results, master, port, connect_s=PROBE_CONNECT_S)
 
 
-def check(hosts: SSHHosts, report: Report) -> Diagnosis:
-    """doctor over SSH: every host's facts and the reachability between them."""
+def check(hosts: SSHHosts, report: Report, lock: tuple[str, Lock] | None = None) -> Diagnosis:
+    """doctor over SSH: every host's facts (their packages against `lock` too) and the reachability between them."""
     started = time.monotonic()
-    reached = connect(hosts, report)
-    findings = host_findings(hosts.inventory, reached)
+    reached = connect(hosts, report, packages_path(hosts.inventory, lock[1]) if lock else "")
+    findings = host_findings(hosts.inventory, reached, lock=lock)
     findings += reach_findings(hosts, reached)
     return Diagnosis(f"hosts of {hosts.inventory.path}", findings, reached.info, time.monotonic() - started)
 
 
-def preflight(hosts: SSHHosts, nproc_per_node: int | None, report: Report) -> Diagnosis:
+def preflight(hosts: SSHHosts, nproc_per_node: int | None, report: Report,
+              lock: tuple[str, Lock] | None = None) -> Diagnosis:
     """The cheap checks before `hosts run` (no reachability probes)."""
     started = time.monotonic()
-    findings = host_findings(hosts.inventory, connect(hosts, report), nproc_per_node)
+    reached = connect(hosts, report, packages_path(hosts.inventory, lock[1]) if lock else "")
+    findings = host_findings(hosts.inventory, reached, nproc_per_node, lock)
     return Diagnosis(f"hosts of {hosts.inventory.path}", findings, {}, time.monotonic() - started)
 
 
@@ -260,13 +272,18 @@ def push(hosts: SSHHosts, workspace: Path, excludes: list[str]) -> dict[str, dic
 
 
 def sync(hosts: SSHHosts, workspace: Path, excludes: list[str], env_texts: dict[str, str],
-         report: Report) -> dict[str, dict[str, int]]:
+         report: Report, packages: HostPackages | None = None, cache: Path | None = None) -> dict[str, dict[str, int]]:
+    """Every host's workspace prepared and its env file written, the workspace mirrored, and with
+    `packages` the lock's packages installed (labctl.hosts.packages)."""
     new = unknown_hosts(hosts)
     try:
         prepare(hosts, env_texts)
     finally:
         report_recorded(hosts, new, report)
-    return push(hosts, workspace, excludes)
+    stats = push(hosts, workspace, excludes)
+    if packages is not None:
+        install(hosts, packages, cache or workspace / ".lab", report, on_every_host)
+    return stats
 
 
 def fetch_outputs(hosts: SSHHosts, remote_run_dir: str, run_dir: Path, report: Report) -> None:
@@ -298,26 +315,32 @@ class HostsRun:
 
 def plan_run(inventory: Inventory, workspace: Path, script_args: list[str], *, launcher: str,
              nproc_per_node: int | None, pg_timeout_s: float | None, accept_new: bool,
-             env: Mapping[str, str] | None = None, timeout_s: float | None = None) -> HostsRun:
+             env: Mapping[str, str] | None = None, timeout_s: float | None = None, packages: str = "") -> HostsRun:
+    """The run on the hosts; `packages`: the folder of the inventory's lock, which the env files put
+    first on PYTHONPATH."""
     env_texts = inventory.env_files(nproc_per_node)
+    if packages:
+        env_texts = with_pythonpath(env_texts, packages)
     node_env = {name: parse_env_text(text) for name, text in env_texts.items()}
     job = build_run_plan(node_env, script_args, local_dir(workspace, inventory), launcher=launcher,
                          nproc_per_node=nproc_per_node, pg_timeout_s=pg_timeout_s,
                          remote_runs_parent=state_dir(inventory), user_env=env, timeout_s=timeout_s)
     hosts = SSHHosts(inventory, accept_new=accept_new,
-                     env_files={name: env_file(inventory, name) for name in inventory.names})
+                     env_files={name: env_file(inventory, name) for name in inventory.names}, packages=packages)
     return HostsRun(hosts, env_texts, job)
 
 
 def execute_run(plan: HostsRun, workspace: Path, excludes: list[str] | None, report: Report,
-                echo: bool | str = True, check: bool = True):
-    """Sync (unless `excludes` is None: then only the env files are written), run on every host
-    through the one executor, as `labctl run` does, and copy each host's outputs back, whatever happened."""
+                echo: bool | str = True, check: bool = True, packages: HostPackages | None = None,
+                cache: Path | None = None):
+    """Sync (unless `excludes` is None: then only the env files are written), with `packages` the
+    lock's packages too, run on every host through the one executor, as `labctl run` does, and copy
+    each host's outputs back, whatever happened."""
     if excludes is None:
         prepare(plan.hosts, plan.env_texts)
     else:
         started = time.monotonic()
-        stats = sync(plan.hosts, workspace, excludes, plan.env_texts, report)
+        stats = sync(plan.hosts, workspace, excludes, plan.env_texts, report, packages, cache)
         report(f"synced {len(stats)} hosts in {time.monotonic() - started:.1f} s "
                f"({sum(s['files'] for s in stats.values())} files changed)")
     report(f"run {plan.job.run_id} on {', '.join(plan.hosts.inventory.names)} (logs: {plan.job.run_dir})")

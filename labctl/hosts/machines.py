@@ -15,11 +15,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Mapping
 
+from labctl import assets
 from labctl.config import check_nproc
 from labctl.diagnose.findings import Diagnosis
 from labctl.hosts import actions
 from labctl.hosts.inventory import Inventory, load_inventory
+from labctl.hosts.packages import host_packages, hosts_lock_path, packages_path, with_pythonpath
 from labctl.hosts.ssh import SSHHosts, require_tools, rsync_push_argv, sync_excludes
+from labctl.lab.packages import Lock, read_declaration, read_lab_lock
 from labctl.run.launch import job_args
 from labctl.run.plan import Launcher
 from labctl.run.result import RunResult
@@ -42,27 +45,48 @@ class Hosts:
     """Real machines over SSH, from an inventory (TOML): `check()`, `sync()`, `run(...)`."""
 
     def __init__(self, inventory, *, accept_new: bool = False, workspace: str | Path | None = None,
-                 report: Report | None = None):
+                 report: Report | None = None, cache_dir: str = ""):
+        """`cache_dir`: where resolved locks and wheels are kept (DDPLAB_CACHE_DIR; "" for labctl's default)."""
         self.inventory = inventory if isinstance(inventory, Inventory) else load_inventory(Path(inventory))
         self.accept_new = accept_new
         self.workspace = Path(workspace or Path.cwd()).resolve()
         self.report = report or _quiet
+        self.cache = assets.cache_dir(cache_dir)
 
     def _ssh(self):
         return SSHHosts(self.inventory, accept_new=self.accept_new)
 
-    def check(self) -> Diagnosis:
-        """doctor over SSH: host keys, versions, interfaces, and reachability between every pair."""
-        require_tools("ssh")
-        return actions.check(self._ssh(), self.report)
+    @property
+    def lock_path(self) -> Path:
+        """The hosts' lock: .lab/<inventory name>/hosts-pylock.toml where `sync` resolved one, else the
+        lab's own pylock.toml there (for `up --ssh`'s inventory)."""
+        return hosts_lock_path(self.workspace, self.inventory)
 
-    def sync(self, excludes: tuple[str, ...] = ()) -> SyncResult:
-        """Mirror the workspace to every host and write each host's env file."""
+    def lock(self) -> tuple[str, Lock] | None:
+        """(its path, the Lock) of the packages the hosts get, or None."""
+        lock = read_lab_lock(self.lock_path)
+        return (str(self.lock_path), lock) if lock is not None else None
+
+    def check(self) -> Diagnosis:
+        """doctor over SSH: host keys, versions, packages, interfaces, and reachability between every pair."""
+        require_tools("ssh")
+        return actions.check(self._ssh(), self.report, self.lock())
+
+    def sync(self, excludes: tuple[str, ...] = (), *, requirements: str | None = None,
+             with_packages: tuple[str, ...] = ()) -> SyncResult:
+        """Mirror the workspace to every host, write each host's env file, and give every host the
+        hosts' packages: those of `requirements` (a file, relative to the workspace, as for `Lab`) and
+        `with_packages`, resolved for the hosts, else the inventory's lock where it has one."""
         require_tools("ssh", "rsync")
         started = time.monotonic()
         hosts = self._ssh()
-        stats = actions.sync(hosts, self.workspace, sync_excludes(self.workspace, excludes),
-                             self.inventory.env_files(), self.report)
+        declaration = read_declaration(requirements or "", with_packages, self.workspace)
+        packages = host_packages(hosts, declaration, self.workspace, self.cache, self.report)
+        env_texts = self.inventory.env_files()
+        if packages is not None:
+            env_texts = with_pythonpath(env_texts, packages.path)
+        stats = actions.sync(hosts, self.workspace, sync_excludes(self.workspace, excludes), env_texts, self.report,
+                             packages, self.cache)
         return SyncResult(stats, time.monotonic() - started, actions.manual_commands(hosts))
 
     def sync_commands(self, excludes: tuple[str, ...] = ()) -> list[tuple[str, str]]:
@@ -75,15 +99,17 @@ class Hosts:
                  pg_timeout_s: float | None = 30.0, env: Mapping[str, str] | None = None,
                  cwd: str | Path | None = None, timeout_s: float | None = None):
         """What `run(*argv)` will do on each host, as data (a hosts.actions.HostsRun)."""
+        lock = self.lock()
         return actions.plan_run(self.inventory, self.workspace, job_args(argv, self.workspace, cwd), launcher=launcher,
                                 nproc_per_node=check_nproc(nproc_per_node), pg_timeout_s=pg_timeout_s,
-                                accept_new=self.accept_new, env=env, timeout_s=timeout_s)
+                                accept_new=self.accept_new, env=env, timeout_s=timeout_s,
+                                packages=packages_path(self.inventory, lock[1]) if lock else "")
 
     def preflight(self, plan, nproc_per_node: int | None = None) -> Diagnosis:
         """doctor's cheap checks on the plan's hosts, over SSH, before a run."""
         nproc = check_nproc(nproc_per_node)
         require_tools("ssh")
-        return actions.preflight(plan.hosts, nproc, self.report)
+        return actions.preflight(plan.hosts, nproc, self.report, self.lock())
 
     def run(self, *argv: str, timeout_s: float | None = None, launcher: Launcher = "auto",
             nproc_per_node: int | None = None, pg_timeout_s: float | None = 30.0, env: Mapping[str, str] | None = None,
@@ -106,4 +132,6 @@ class Hosts:
         """Run a plan from `run_plan`: sync (or only write the env files), run, copy the outputs back."""
         require_tools("ssh", *(["rsync"] if sync else []))
         excluded = sync_excludes(self.workspace, excludes) if sync else None
-        return actions.execute_run(plan, self.workspace, excluded, self.report, echo=echo, check=check)
+        packages = host_packages(plan.hosts, None, self.workspace, self.cache, self.report) if sync else None
+        return actions.execute_run(plan, self.workspace, excluded, self.report, echo=echo, check=check,
+                                   packages=packages, cache=self.cache)

@@ -135,6 +135,12 @@ def rsync_push_argv(host: Host, source: Path, excludes: list[str], *, accept_new
             _rsync_remote(host, f"{host.workspace}/")]
 
 
+def rsync_files_argv(host: Host, files: list[Path], remote_dir: str, *, accept_new: bool = False) -> list[str]:
+    """Copy `files` into a folder under the host's workspace (made if missing; its parent must exist)."""
+    return ["rsync", "--archive", "-e", _rsync_shell(host, accept_new), "--", *map(str, files),
+            _rsync_remote(host, f"{host.workspace}/{remote_dir}/")]
+
+
 def rsync_pull_argv(host: Host, remote_dir: str, dest: Path) -> list[str]:
     """Copy a folder under the host's workspace back (what the job wrote there: per-rank metrics)."""
     return ["rsync", "--archive", "-e", _rsync_shell(host, False), "--",
@@ -213,10 +219,12 @@ class SSHHosts:
     so a vanished labctl (Ctrl-C, kill -9, a dropped link) stops the run on the host.
     """
 
-    def __init__(self, inventory: Inventory, *, accept_new: bool = False, env_files: Mapping[str, str] | None = None):
+    def __init__(self, inventory: Inventory, *, accept_new: bool = False, env_files: Mapping[str, str] | None = None,
+                 packages: str = ""):
         self.inventory = inventory
         self.accept_new = accept_new
         self.env_files = dict(env_files or {})  # host name -> its env file, relative to the workspace
+        self.packages = packages  # the folder of the hosts' packages (labctl.hosts.packages), first on PYTHONPATH
         self.port_hint = f"set another master_port in {inventory.path}"
         self._procs: list[subprocess.Popen] = []
         self._lock = threading.Lock()
@@ -261,6 +269,9 @@ class SSHHosts:
         argv = [*resolve_argv(host, ["python"]), "-c", STOP_SCRIPT, "watch", f"{STOP_GRACE_S:g}",
                 *resolve_argv(host, launch.argv)]
         env = {"PYTHONUNBUFFERED": "1", **host.env, **launch.env}
+        if self.packages and host.env.get("PYTHONPATH") and "PYTHONPATH" not in launch.env:
+            # the inventory's PYTHONPATH would replace the env file's, which puts the packages first
+            env["PYTHONPATH"] = f"{self.packages}{os.pathsep}{host.env['PYTHONPATH']}"
         command = remote_command(argv, workdir=launch.workdir or host.workspace,
                                  env_file=self.env_files.get(launch.node), env=env)
         ssh = self.argv(launch.node, command)

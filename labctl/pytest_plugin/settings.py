@@ -22,10 +22,12 @@ DEFAULT_NODES = 3
 DEFAULT_RUN_TIMEOUT_S = 300.0  # every run through the fixture's lab; a hang fails its test, never the suite
 NoEngine = Literal["fail", "skip"]
 MARKER = "ddplab"
-MARKER_DOC = ("ddplab(nodes=3, nproc_per_node=1, bw=None, delay=None, node_cpus=None, fresh=False): the lab the "
-              "ddp_lab fixture hands this test; bw and delay (either, or both) shape its links for this test alone, fresh=True gives it a "
-              "lab no other test has used")
-MARKER_KEYS = ("nodes", "nproc_per_node", "bw", "delay", "node_cpus", "fresh")
+MARKER_DOC = ("ddplab(nodes=3, nproc_per_node=1, bw=None, delay=None, node_cpus=None, requirements=None, "
+              "with_packages=(), preload=(), fresh=False): the lab the ddp_lab fixture hands this test; requirements "
+              "(a file) and with_packages give its nodes your project's packages, as `labctl up --requirements/--with`; "
+              "bw and delay (either, or both) shape its links for this test alone, fresh=True gives it a lab no other "
+              "test has used")
+MARKER_KEYS = ("nodes", "nproc_per_node", "bw", "delay", "node_cpus", "requirements", "with_packages", "preload", "fresh")
 LAB_PREFIX = "pt"  # pt-<session8>-<worker>-<n>: a pytest session's labs, told apart at a glance in `labctl ls`
 
 
@@ -62,7 +64,8 @@ class LabRequest:
     def key(self) -> tuple:
         """Labs with the same key are interchangeable between tests: what is fixed at `up`. The
         links are not part of it (set per test), nor `fresh` (a fresh lab is never pooled)."""
-        return (self.lab.nodes, self.lab.nproc_per_node, self.lab.node_cpus, self.lab.image)
+        return (self.lab.nodes, self.lab.nproc_per_node, self.lab.node_cpus, self.lab.image, self.lab.requirements,
+                self.lab.with_packages, self.lab.preload)
 
     @property
     def shaped(self) -> bool:
@@ -74,6 +77,8 @@ class LabRequest:
             parts.append(f"{self.lab.nproc_per_node} processes per node")
         if self.lab.node_cpus:
             parts.append("cpus " + ",".join(f"{n}={c:g}" for n, c in self.lab.node_cpus))
+        if self.lab.requirements or self.lab.with_packages:
+            parts.append("packages " + " ".join(filter(None, (self.lab.requirements, *self.lab.with_packages))))
         if self.shaped:
             parts.append("links " + " ".join(filter(None, (self.bw, self.delay and f"+{self.delay}"))))
         return ", ".join(parts)
@@ -182,10 +187,18 @@ def lab_request(marks: list[tuple[tuple, Mapping[str, Any]]], settings: Settings
         # checked now: a typo fails before any lab (delay alone is latency shaping, netem at the root)
         parse_shape(None if bw is None else str(bw), None if delay is None else str(delay))
     given = {"nodes": nodes, "nproc_per_node": nproc, "node_cpus": dict(_node_cpus(merged.get("node_cpus"), nodes)),
-             "image": settings.image}
+             "image": settings.image, "requirements": merged.get("requirements"),
+             "with_packages": _listed(merged.get("with_packages")), "preload": _listed(merged.get("preload"))}
     lab = load_config(workspace, environ, {key: value for key, value in given.items() if value})
     return LabRequest(lab=lab, bw=None if bw is None else str(bw), delay=None if delay is None else str(delay),
                       fresh=_flag(merged.get("fresh", False), f"{MARKER}(fresh=)") or settings.fresh)
+
+
+def _listed(raw: Any) -> tuple[str, ...] | None:
+    """A marker's list argument: one string, or a list or tuple of them (None or empty: not given)."""
+    if raw is None or raw == "":
+        return None
+    return (str(raw),) if isinstance(raw, str) else tuple(str(r) for r in raw) or None
 
 
 def _node_cpus(raw: Any, nodes: int) -> tuple[tuple[str, float], ...]:

@@ -134,4 +134,7 @@ def info():
 
 
 if __name__ == "__main__":
+    # `python -c TEXT [FOLDER...]`: folders a job's PYTHONPATH puts first (a host's packages folder),
+    # so the distributions are the ones the job will see
+    sys.path[:0] = [os.path.abspath(folder) for folder in sys.argv[1:]]
     print(json.dumps(info()))
