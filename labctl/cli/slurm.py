@@ -127,10 +127,15 @@ def slurm_export(lab, nodes, nproc_per_node, time_limit, nnodes, max_restarts, p
     """Write the sbatch script for SCRIPT [ARGS...] to take to a real Slurm cluster.
 
     It is the script `slurm submit` and `slurm run` run in the lab: the nodes, the rendezvous and
-    the node that hosts it all come from Slurm's variables; comments say what to change.
+    the node that hosts it all come from Slurm's variables; comments say what to change. A lab with
+    packages (`up --requirements/--with`) also gets its lock written beside the script, and the
+    lines that install it into the job's environment.
     """
     jobs, spec = lab_and_spec(lab, script, nodes, nproc_per_node, time_limit, nnodes, max_restarts, partition,
                               account)
-    path = jobs.export(spec, out)
+    path, *lock = jobs.export(spec, out)
     if not is_stdout(path):
         info(f"wrote {path}: `sbatch {path.name}` on the cluster's login node, from your project's folder")
+    if lock:
+        info(f"wrote the lab's lock beside it ({', '.join(p.name for p in lock)}): the job installs the same "
+             "packages into its environment, each wheel checked against the lock")

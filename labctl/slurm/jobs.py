@@ -23,14 +23,15 @@ import re
 import shlex
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Iterator
 
 from labctl.errors import ConfigError, LabError, StateError
 from labctl.lab.compose import LABEL_SCHEDULER, container_name
 from labctl.lab.docker import exec_in, exec_user, lab_containers
-from labctl.outfile import write_text
+from labctl.lab.packages import LOCK_FILE, TORCH, hash_requirements, read_lab_lock
+from labctl.outfile import is_stdout, write_text
 from labctl.run.executor import Echo, NodeLogs, OutputStream, conclude, link_latest, save_result
 from labctl.run.launch import PG_TIMEOUT_VAR, Launch, parse_nnodes, run_env, threads_per_process
 from labctl.run.plan import new_run
@@ -38,7 +39,7 @@ from labctl.run.result import Outcome, RunResult
 from labctl.ui import node_colour
 from labctl.session import LabSession
 from labctl.slurm.cluster import CONTROLLER
-from labctl.slurm.script import DEFAULT_TIME, JobSpec, build_job_script, check_time
+from labctl.slurm.script import DEFAULT_TIME, LOCK_DIR_VAR, JobSpec, build_job_script, check_time
 
 SCRIPT_FILE = "job.sbatch"  # in the run folder: the script the job ran, as `slurm export` writes it
 JOB_FILE = "job.json"  # in the run folder: the job id and how it was started
@@ -137,26 +138,45 @@ class Slurm:
         run_id, run_dir = new_run(self.session.directory)
         run_dir.mkdir(parents=True)
         script = run_dir / SCRIPT_FILE
-        script.write_text(build_job_script(spec))
+        script.write_text(build_job_script(replace(spec, packages=self._write_lock(run_dir, SCRIPT_FILE))))
         return run_id, run_dir, script
+
+    def _write_lock(self, folder: Path, script: str) -> str | None:
+        """The lab's lock beside a job script: pylock.<name>.toml as it is, and <name>.requirements.txt in
+        pip's hash-checking form without torch (the cluster's own); the latter's name, or None without a lock."""
+        lock_path = self.session.directory / LOCK_FILE
+        lock = read_lab_lock(lock_path)
+        if lock is None:
+            return None
+        stem = Path(script).stem
+        write_text(folder / f"pylock.{stem}.toml", lock_path.read_text())
+        name = f"{stem}.requirements.txt"
+        write_text(folder / name, hash_requirements(p for p in lock.pins if p.name != TORCH))
+        return name
 
     def _job_env(self, spec: JobSpec, run_id: str, run_dir: Path) -> dict[str, str]:
         """What the job's processes get besides the script's own: the run's folder, and threads that
         share the machine's CPUs out as `labctl run` does (srun passes the environment on)."""
         threads = threads_per_process(self.session.cpus, spec.nodes, spec.nproc_per_node)
-        return {**run_env(run_id, run_dir), "OMP_NUM_THREADS": str(threads), PG_TIMEOUT_VAR: f"{PG_TIMEOUT_S:g}"}
+        return {**run_env(run_id, run_dir), "OMP_NUM_THREADS": str(threads), PG_TIMEOUT_VAR: f"{PG_TIMEOUT_S:g}",
+                LOCK_DIR_VAR: str(run_dir)}
 
     # ------------------------------------------------------------------------------ commands
 
-    def export(self, spec: JobSpec, path: Path) -> Path:
-        """Write the job script for a real cluster (`-`: to standard output); needs no lab."""
+    def export(self, spec: JobSpec, path: Path) -> list[Path]:
+        """Write the job script for a real cluster (`-`: to standard output), and beside it the lab's
+        lock where it has one (_write_lock: not with `-`); needs no running lab. Returns what it wrote:
+        the script, then the lock's files."""
+        if not is_stdout(path):
+            spec = replace(spec, packages=self._write_lock(path.parent, path.name))
         text = build_job_script(spec)
         try:
             write_text(path, text, mode=0o755)
         except OSError as exc:
             raise ConfigError("--out", str(path), f"must be a file that can be written ({exc.strerror})",
                               hint="labctl slurm export -o train.sbatch -- -m trainer") from None
-        return path
+        lock = [path.parent / f"pylock.{path.stem}.toml", path.parent / spec.packages] if spec.packages else []
+        return [path, *lock]
 
     def run(self, spec: JobSpec, *, echo: bool | str = True, check: bool = True) -> RunResult:
         """salloc + the job script, streamed as `labctl run` streams (echo: True, "stderr" or False),

@@ -39,6 +39,7 @@ class JobSpec:
     port: int = DEFAULT_PORT
     min_nodes: int | None = None  # elastic: the job goes on with this many nodes (torchrun --nnodes MIN:MAX)
     max_restarts: int = 0  # torchrun restarts every worker up to this many times after a failure
+    packages: str | None = None  # the lab's lock in pip's hash-checking form: its file name, beside the script
 
     @property
     def elastic(self) -> bool:
@@ -56,6 +57,21 @@ def check_time(text: str) -> str:
 def _sbatch(option: str, value: object | None, comment: str = "") -> str:
     line = f"#SBATCH --{option}={value}" if value is not None else f"##SBATCH --{option}=CHANGE-ME"
     return f"{line:<40} # {comment}" if comment else line
+
+
+LOCK_DIR_VAR = "DDPLAB_LOCK_DIR"  # where the job finds the lock's files; default: the folder sbatch ran in
+
+
+def packages_block(requirements: str | None) -> list[str]:
+    """The lines that give the job's environment the lab's packages, from the lock's file `requirements`."""
+    if not requirements:
+        return []
+    return ["# --- your project's packages: the lab's lock, beside this script as a pylock.toml and, in pip's",
+            f"# hash-checking form, as {requirements}. Into the environment above: what it has at the lock's",
+            "# versions stays as it is, the rest comes from your index, every wheel checked against the lock's",
+            "# sha256. torch stays your cluster's own (the lock's torch line is left out).",
+            f"python -m pip install --quiet --no-deps --require-hashes -r \"${{{LOCK_DIR_VAR}:-$SLURM_SUBMIT_DIR}}/{requirements}\"",
+            ""]
 
 
 def build_job_script(spec: JobSpec) -> str:
@@ -108,6 +124,7 @@ def build_job_script(spec: JobSpec) -> str:
         "# module load python/3.11 cuda/12.4",
         "# source \"$HOME/venvs/train/bin/activate\"",
         "",
+        *packages_block(spec.packages),
         f"export NPROC_PER_NODE=${{NPROC_PER_NODE:-{spec.nproc_per_node}}}",
         f"NET_IFNAME=${{NET_IFNAME:-{spec.iface}}}",
         "export GLOO_SOCKET_IFNAME=\"$NET_IFNAME\" NCCL_SOCKET_IFNAME=\"$NET_IFNAME\"",
