@@ -12,18 +12,16 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Callable
 
-from labctl import assets
 from labctl.config import LabConfig, node_ip, shown_key, shown_source
 from labctl.hosts import labnodes
 from labctl.lab import engine as engine_mod
 from labctl.lab import image as image_mod
-from labctl.lab.base import TARGET_CACHE, node_target
 from labctl.lab.docker import lab_containers
 from labctl.lab.lifecycle import NodeState, lab_dir
 from labctl.lab.owner import Owner
-from labctl.lab.package_image import package_images
-from labctl.lab.packages import LOCK_FILE, read_declaration, render_lock
-from labctl.lab.resolve import ensure_lock, write_atomic
+from labctl.lab.package_image import prepare_packages
+from labctl.lab.packages import LOCK_FILE, read_declaration
+from labctl.lab.resolve import write_atomic
 from labctl.lab.up import UpPlan, apply_up_plan, build_up_plan, kept_packages, settle
 from labctl.net.apply import apply_shape, read_links, settle_neighbors
 from labctl.net.tc import LinkState, parse_shape
@@ -109,7 +107,7 @@ def bring_up(session: LabSession, plan: UpPlan, report: Report, build_progress=N
     client, config = session.client, plan.config
     started = time.monotonic()
     image_mod.build_missing(client, config, {n.image for n in plan.gpus.nodes}, report, build_progress)
-    plan = with_packages(client, plan, report)
+    plan = prepare_packages(client, plan, report)
     for warning in (engine_mod.limits_warning(plan.engine, config.memory, config.pids_limit), plan.tcp_note):
         if warning:
             report(warning)
@@ -125,24 +123,6 @@ def bring_up(session: LabSession, plan: UpPlan, report: Report, build_progress=N
     inventory = write_inventory(session, nodes, plan.ssh, report)
     write_lab_lock(session.directory, plan)
     return UpResult(nodes, plan.subnet, links, inventory, time.monotonic() - started)
-
-
-def with_packages(client, plan: UpPlan, report: Report) -> UpPlan:
-    """The plan with every node on the package image of its node image: the lock resolved (or found)
-    and the images made, before anything of the lab changes, so that bad requirements leave a running
-    lab as it was."""
-    if plan.packages is None:
-        return plan
-    config = plan.config
-    cache = assets.cache_dir(config.cache_dir)
-    bases = {n.image for n in plan.gpus.nodes}
-    target = node_target(client, config.image_tag if config.image_tag in bases else min(bases), report,
-                         cache / TARGET_CACHE)
-    node_wheels = assets.wheelhouse(assets.build_context(config.cache_dir))
-    lock = ensure_lock(plan.packages, torch=config.torch_version, target=target, cache=cache, report=report,
-                       find_links=[node_wheels])
-    images = package_images(client, lock, bases, cache, target, report)
-    return plan.with_package_images(lock, images, render_lock(lock, target))
 
 
 def write_lab_lock(directory: Path, plan: UpPlan) -> None:

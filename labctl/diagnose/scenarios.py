@@ -20,13 +20,19 @@ import time
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+from labctl import assets
 from labctl.diagnose import doctor
 from labctl.diagnose.traps import SCENARIOS, Context, Env, Scenario
 from labctl.errors import LabError
 from labctl.lab import lifecycle as lab_mod
+from labctl.lab.base import TARGET_CACHE, node_target
+from labctl.lab.compose import container_name
 from labctl.lab.image import ensure_mismatch_image
 from labctl.lab.engine import usable_engine
 from labctl.lab.owner import owner_of
+from labctl.lab.package_image import prepare_packages
+from labctl.lab.packages import Declaration
+from labctl.lab.resolve import fetch_requirement
 from labctl.lab.up import UpPlan, apply_up_plan, build_up_plan
 from labctl.run.launch import Launch, run_env
 from labctl.run.plan import RunPlan, new_run
@@ -94,9 +100,13 @@ def first_symptom(pattern: str, outcomes) -> str:
 
 def run_scenario(client, config, workspace, scenario: Scenario, report) -> Outcome:
     """The whole story on a throwaway lab (config.lab), which is removed whatever happens."""
-    other_image, timeline, kept = None, "", None
+    other_image, timeline, kept, drift = None, "", None, None
     if scenario.other_torch_on_last_node:  # built once and cached, before the clock starts
         other_image = ensure_mismatch_image(client, config, report)
+    if scenario.packages:
+        config = replace(config, with_packages=scenario.packages)
+    if scenario.drift:  # downloaded once and cached, before the clock starts
+        drift = download_requirement(client, config, scenario.drift, report)
     started = time.monotonic()
     lab_mod.apply_down(client, config.lab, volumes=True)
     try:
@@ -104,7 +114,7 @@ def run_scenario(client, config, workspace, scenario: Scenario, report) -> Outco
         document, env_files, subnet = plan.document, plan.env_files, plan.subnet
         if other_image:
             report(f"{scenario.name}: {config.node_names[-1]} runs {other_image}")
-        ctx = Context(client, config.lab, nodes, config.iface)
+        ctx = Context(client, config.lab, nodes, config.iface, notes={"drift": drift} if drift else {})
         session = LabSession(config, workspace, client)
         node_env = session.node_env(ctx.names)  # the env files up wrote: the same for both runs
         if scenario.prepare:
@@ -123,7 +133,8 @@ def run_scenario(client, config, workspace, scenario: Scenario, report) -> Outco
         broken_exit = max((o.exit_code or 0 for o in broken.outcomes), default=0)
 
         report(f"{scenario.name}: labctl doctor on the same configuration")
-        found = doctor.diagnose(client, config.lab, nodes, subnet, env_overrides=broken_env)
+        found = doctor.diagnose(client, config.lab, nodes, subnet, env_overrides=broken_env,
+                                lock=("the lab's lock", plan.lock) if plan.lock else None)
         doctor_s, diagnosis = found.seconds, group_findings(found.problems)
         if scenario.timeline:
             report(f"{scenario.name}: labctl trace of the broken run")
@@ -133,6 +144,9 @@ def run_scenario(client, config, workspace, scenario: Scenario, report) -> Outco
             scenario.repair(ctx)
         if other_image:  # the fix: the same image on every node (Compose recreates the odd one)
             document["services"][config.node_names[-1]]["image"] = config.image_tag
+        if drift:  # the fix: the odd node made from the lab's image again (its container goes, with the change)
+            client.containers.get(container_name(config.lab, config.node_names[-1])).remove(force=True)
+        if other_image or drift:
             nodes = lab_mod.apply_up(client, config, workspace, document, env_files, lambda _m: None)
             ctx.nodes = nodes
         ctx.run_id, run_dir = new_run(session.directory)
@@ -141,7 +155,7 @@ def run_scenario(client, config, workspace, scenario: Scenario, report) -> Outco
         fixed = session.execute(scenario_plan(ctx, scenario, scenario.fixed(ctx), run_dir, node_env,
                                               max(10.0, scenario.bound_s - (t1 - started))), echo=False, check=False)
         fixed_s = time.monotonic() - t1
-        if scenario.name == "straggler":  # fixed means: no straggler named any more
+        if scenario.fixed_without_symptom:  # fixed means: the symptom is gone (no straggler, no drift named)
             fixed_ok = fixed.ok and not first_symptom(scenario.symptom, fixed.outcomes)
         else:
             fixed_ok = fixed.ok
@@ -155,12 +169,21 @@ def run_scenario(client, config, workspace, scenario: Scenario, report) -> Outco
 def bring_up(client, config, workspace, other_image: str | None, report) -> tuple[UpPlan, list]:
     """The scenario's lab, the last node on `other_image` where given, planned and brought up as
     `labctl up` brings a lab up (the same TCP congestion control, on a free subnet, picked again when
-    a concurrent lab took it meanwhile), and owned by this process: `labctl gc` removes a lab that a
-    killed `labctl scenario` left."""
+    a concurrent lab took it meanwhile; its packages, `with_packages`, on every node), and owned by
+    this process: `labctl gc` removes a lab that a killed `labctl scenario` left."""
     plan = build_up_plan(client, config, workspace, engine=usable_engine(client), existing=[],
                          owner=owner_of(os.environ, "scenario", os.getpid()).labels(),
                          images={config.node_names[-1]: other_image} if other_image else None)
+    if config.with_packages:
+        plan = prepare_packages(client, replace(plan, packages=Declaration(extra=config.with_packages)), report)
     return apply_up_plan(client, plan, workspace, report)
+
+
+def download_requirement(client, config, requirement: str, report) -> Path:
+    """The wheel of one pinned requirement for the nodes' Python, in the package cache (fetched once)."""
+    cache = assets.cache_dir(config.cache_dir)
+    target = node_target(client, config.image_tag, report, cache / TARGET_CACHE)
+    return fetch_requirement(requirement, cache, target)
 
 
 def broken_timeline(run_dir: Path) -> tuple[str, Path | None]:

@@ -4,10 +4,14 @@ change to the machine), what torch prints, and the fix. `scenarios.py` runs them
 
 from __future__ import annotations
 
+import io
+import tarfile
 from dataclasses import dataclass, field
 from typing import Callable
 
+from labctl import remote
 from labctl.errors import LabError
+from labctl.lab.compose import container_name
 from labctl.lab.docker import apply_node_cpus
 from labctl.net.apply import run_on_nodes
 from labctl.net.tc import Command
@@ -53,6 +57,9 @@ class Scenario:
     other_torch_on_last_node: bool = False  # version-mismatch: the last node runs another torch release
     symptom_required: bool = True  # False where the honest symptom may be "nothing at all"
     timeline: bool = False  # diagnose the broken run with its timeline too (labctl trace): who waited for whom
+    packages: tuple[str, ...] = ()  # the lab's packages (`up --with`): its nodes run the package image
+    drift: str = ""  # package-drift: the requirement the last node gets besides its image's (ctx.notes["drift"])
+    fixed_without_symptom: bool = False  # the fixed run must not show the symptom (it ends well either way)
 
 
 # ------------------------------------------------------------------------------ environments
@@ -126,6 +133,26 @@ def firewall_on(ctx: Context) -> None:
 
 def firewall_off(ctx: Context) -> None:
     run_on_nodes(ctx.client, ctx.lab, ctx.names, lambda _node: [Command(("tc", "qdisc", "del", "dev", ctx.iface, "root"), True)])
+
+
+def drift_last(ctx: Context) -> None:
+    """Someone ran `pip install` on one node: the last node gets another version of a package, from the
+    wheel the runner fetched (ctx.notes["drift"]), into its own container, as root."""
+    wheel = ctx.notes["drift"]
+    node = container_name(ctx.lab, ctx.names[-1])
+    container = ctx.client.containers.get(node)
+    container.put_archive("/tmp", tar_of(wheel))
+    code, output = container.exec_run(["python", "-m", "pip", "install", "--quiet", "--no-deps", "--no-index",
+                                       f"/tmp/{wheel.name}"], user="0:0")
+    if code != 0:
+        raise LabError(f"could not install {wheel.name} on {ctx.names[-1]}: {output.decode(errors='replace')[-300:]}")
+
+
+def tar_of(path) -> bytes:
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w") as tar:
+        tar.add(path, arcname=path.name)
+    return buffer.getvalue()
 
 
 def slow_last(ctx: Context) -> None:
@@ -236,5 +263,27 @@ SCENARIOS = {s.name: s for s in [
             "--rank-micro-batch (see `labctl bench straggler`)",
         trainer=["-m", "trainer", "--workload", "gpt", "--steps", "12", "--micro-batch", "32", "--threads", "1"],
         timeline=True,
+        fixed_without_symptom=True,
+    ),
+    Scenario(
+        name="package-drift",
+        title="One node has another version of a package",
+        lesson="The version-mismatch trap, for every package and not only torch. Every node was made from the "
+               "lab's lock (tqdm 4.67.1); then someone ran `pip install tqdm==4.66.6` on node1, as happens on a "
+               "cluster where one machine was set up by hand. Nothing compares versions between nodes: the job runs, "
+               "each rank with its own node's tqdm, and a tokenizer or a data pipeline that changed between "
+               "releases would quietly give the ranks different data.",
+        bound_s=120,
+        symptom=r"package drift: .*",
+        launcher="static",
+        broken=lambda ctx: static_env(ctx, list(range(len(ctx.names)))),
+        fixed=lambda ctx: static_env(ctx, list(range(len(ctx.names)))),
+        fix="make every node from the lab's image again: `labctl down && labctl up --requirements "
+            ".lab/<lab>/pylock.toml` (what was installed into one node by hand lives in its container)",
+        prepare=drift_last,
+        trainer=["-c", remote.load("package_versions.py"), "tqdm"],
+        packages=("tqdm==4.67.1",),
+        drift="tqdm==4.66.6",
+        fixed_without_symptom=True,
     ),
 ]}

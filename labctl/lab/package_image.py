@@ -22,12 +22,21 @@ import time
 from pathlib import Path
 from typing import Callable
 
-from labctl import remote
+from labctl import assets, remote
 from labctl.errors import LabError
-from labctl.lab.base import find_image
+from labctl.lab.base import TARGET_CACHE, find_image, node_target
 from labctl.lab.builder import remove_replaced
-from labctl.lab.packages import LABEL_PACKAGES, LABEL_PACKAGES_BASE, Lock, hash_requirements, package_tag, to_install
-from labctl.lab.resolve import fetch_wheels
+from labctl.lab.packages import (
+    LABEL_PACKAGES,
+    LABEL_PACKAGES_BASE,
+    Lock,
+    hash_requirements,
+    package_tag,
+    render_lock,
+    to_install,
+)
+from labctl.lab.resolve import ensure_lock, fetch_wheels
+from labctl.lab.up import UpPlan
 from labctl.lab.wheelhouse import Target
 
 Report = Callable[[str], None]
@@ -105,3 +114,21 @@ def ensure_package_image(client, base: str, lock: Lock, cache: Path, target: Tar
 def package_images(client, lock: Lock, bases: set[str], cache: Path, target: Target, report: Report) -> dict[str, str]:
     """{node image: its package image} for every node image a lab runs."""
     return {base: ensure_package_image(client, base, lock, cache, target, report) for base in sorted(bases)}
+
+
+def prepare_packages(client, plan: UpPlan, report: Report) -> UpPlan:
+    """The plan with every node on the package image of its node image: the lock resolved (or found)
+    and the images made, before anything of the lab changes, so that bad requirements leave a running
+    lab as it was."""
+    if plan.packages is None:
+        return plan
+    config = plan.config
+    cache = assets.cache_dir(config.cache_dir)
+    bases = {n.image for n in plan.gpus.nodes}
+    target = node_target(client, config.image_tag if config.image_tag in bases else min(bases), report,
+                         cache / TARGET_CACHE)
+    node_wheels = assets.wheelhouse(assets.build_context(config.cache_dir))
+    lock = ensure_lock(plan.packages, torch=config.torch_version, target=target, cache=cache, report=report,
+                       find_links=[node_wheels])
+    images = package_images(client, lock, bases, cache, target, report)
+    return plan.with_package_images(lock, images, render_lock(lock, target))

@@ -203,6 +203,31 @@ def download(pins: list[Pin], folder: Path, target: Target) -> None:
             raise LabError(f"pip could not download the lock's wheels: {exc}") from None
 
 
+def fetch_requirement(requirement: str, cache: Path, target: Target) -> Path:
+    """The wheel of one pinned requirement (NAME==VERSION) for the node, from the cache or the index
+    (pip download, for the node's Python): its path in the cache."""
+    from packaging.requirements import Requirement
+    from packaging.utils import canonicalize_name, parse_wheel_filename
+
+    wanted = Requirement(requirement)
+    folder = wheels_dir(cache)
+
+    def cached() -> Path | None:
+        return next((p for p in sorted(folder.glob("*.whl"))
+                     if canonicalize_name(parse_wheel_filename(p.name)[0]) == canonicalize_name(wanted.name)
+                     and wanted.specifier.contains(parse_wheel_filename(p.name)[1], prereleases=True)), None)
+
+    if cached() is None:
+        folder.mkdir(parents=True, exist_ok=True)
+        argv = [sys.executable, "-m", "pip", "download", "--no-deps", *pip_target_options(target), "-d", str(folder),
+                requirement]
+        try:
+            run(argv, timeout_s=PIP_TIMEOUT_S)
+        except CommandError as exc:
+            raise explain_pip_failure(f"{exc.stdout}\n{exc.stderr}", target, "") or LabError(str(exc)) from None
+    return cached()
+
+
 def write_atomic(path: Path, text: str) -> None:
     """Write `text` to `path` so that a concurrent reader sees the old file or the new, never half of one."""
     path.parent.mkdir(parents=True, exist_ok=True)
