@@ -133,11 +133,12 @@ def remove_torchx_objects(client, before: dict[str, set[str]]) -> None:
 
 
 def measure(client, workspace: Path, nodes: int = 3, rounds: int = 5, torchx: str | None = None,
-            report: Callable[[str], None] = lambda _line: None) -> StartReport:
-    """Bring up bench-start, time every way `rounds` times, alternating, and remove the lab."""
+            report: Callable[[str], None] = lambda _line: None, up_args: list[str] | None = None) -> StartReport:
+    """Bring up bench-start (with `up_args` besides: packages, --preload), time every way `rounds`
+    times, alternating, and remove the lab."""
     if torchx and not shutil.which(torchx):
         raise StateError(f"no torchx command at {torchx}", hint="pip install torchx, then --torchx $(which torchx)")
-    up = [sys.executable, "-m", "labctl", "up", "--lab", BENCH_LAB, "--nodes", str(nodes), "--json"]
+    up = [sys.executable, "-m", "labctl", "up", "--lab", BENCH_LAB, "--nodes", str(nodes), "--json", *(up_args or [])]
     apply_down(client, BENCH_LAB, volumes=True)
     torchx_before = torchx_objects(client) if torchx else None
     try:

@@ -10,7 +10,7 @@ from labctl.bench import allreduce, scaling_run, startup, straggler
 from labctl.bench.bringup import bench_up
 from labctl.bench.cost import estimate, parse_params
 from labctl.cli.app import CONTEXT, main, session
-from labctl.cli.options import lab_option, nccl_debug_option
+from labctl.cli.options import lab_option, nccl_debug_option, package_options
 from labctl.config import parse_cpu_limit, parse_nodes_list
 from labctl.run.userenv import NCCL_DEBUG_ENV
 from labctl.outfile import is_stdout
@@ -53,6 +53,12 @@ def cost(params, dtype, ranks, links, delay, compute_s, collective, grad_accum, 
 # ----------------------------------------------------------------------------------------- bench
 
 
+def up_package_args(requirements: str | None, with_packages: tuple[str, ...]) -> list[str]:
+    """`labctl up`'s arguments for the packages a bench's lab gets (a relative FILE from where you stand)."""
+    args = ["--requirements", str(Path(session().cwd) / requirements)] if requirements else []
+    return args + [a for requirement in with_packages for a in ("--with", requirement)]
+
+
 @main.group(context_settings=CONTEXT)
 def bench() -> None:
     """Benchmarks: ratios measured side by side in one run (docs/explanation/measurements.md has ours)."""
@@ -62,16 +68,22 @@ def bench() -> None:
 @click.option("--nodes-list", default="3,16", show_default=True, metavar="N,N,...", help="Lab sizes to time.")
 @click.option("--repeats", type=click.IntRange(1, 20), default=3, show_default=True, help="Timed runs of each, alternated.")
 @click.option("--json", "as_json", is_flag=True, help="Print the results as a JSON list.")
-def bench_up_cmd(nodes_list, repeats, as_json) -> None:
+@package_options
+def bench_up_cmd(nodes_list, repeats, as_json, requirements, with_packages) -> None:
     """Time `labctl up --nodes N` against a raw `docker compose up -d` of the same generated file.
 
     Uses a lab named bench-up (image must be built), removed at the end. Reports medians and
     their ratio; the two are alternated so a change in the machine's load hits both alike.
+
+    With --requirements or --with, `labctl up` with those packages joins the rounds (its lock and
+    package image already made: an `up` with unchanged requirements), and the first such `up` is
+    timed once from nothing (a cache folder of its own, the package image removed).
     """
     from labctl.cli import render_bench
 
     counts = parse_nodes_list(nodes_list)
-    results = bench_up(session().client, session().workspace, counts, repeats, info)
+    results = bench_up(session().client, session().workspace, counts, repeats, info,
+                       packages=up_package_args(requirements, with_packages))
     render_bench.print_up_timings(results, repeats, as_json)
 
 
@@ -82,16 +94,21 @@ def bench_up_cmd(nodes_list, repeats, as_json) -> None:
 @click.option("--torchx", metavar="COMMAND", help="Also time TorchX's local_docker scheduler with this torchx command "
                                                   "(pip install torchx).")
 @click.option("--json", "as_json", is_flag=True, help="Print the timings as JSON.")
-def bench_start_cmd(nodes, rounds, torchx, as_json) -> None:
+@package_options
+@click.option("--preload", multiple=True, metavar="MODULE", help="Modules the bench lab's fork servers import too "
+                                                                 "(as `up --preload`).")
+def bench_start_cmd(nodes, rounds, torchx, as_json, requirements, with_packages, preload) -> None:
     """What a run costs from the shell to its last process's exit, every way of starting one.
 
     A no-op DDP script (join, barrier, leave) through `labctl run` warm, static and under torchrun;
     the same by hand with `docker exec` on every node; a typical DDP tutorial train.py for one epoch,
-    warm and under torchrun; TorchX with --torchx. On a lab named bench-start, removed at the end.
+    warm and under torchrun; TorchX with --torchx. On a lab named bench-start, removed at the end;
+    with --requirements/--with (and --preload), a lab with those packages.
     """
     from labctl.cli import render_bench
 
-    report = startup.measure(session().client, session().workspace, nodes, rounds, torchx, info)
+    up_args = up_package_args(requirements, with_packages) + [a for m in preload for a in ("--preload", m)]
+    report = startup.measure(session().client, session().workspace, nodes, rounds, torchx, info, up_args)
     render_bench.print_start(report, as_json)
 
 

@@ -40,10 +40,15 @@ def print_up_timings(results, repeats: int, as_json: bool) -> None:
         emit_json([r.as_dict() for r in results])
         return
     table = Table(title=f"labctl up vs docker compose up -d (median of {repeats})", title_justify="left")
-    for column in ("nodes", "labctl up (s)", "compose up -d (s)", "ratio"):
+    packages = any(r.packages_s is not None for r in results)
+    columns = ("nodes", "labctl up (s)", "compose up -d (s)", "ratio")
+    for column in columns + (("with packages (s)", "added (s)", "first with packages (s)") if packages else ()):
         table.add_column(column, justify="right")
     for r in results:
-        table.add_row(str(r.nodes), f"{r.labctl_s:.2f}", f"{r.compose_s:.2f}", f"{r.ratio:.2f}")
+        cells = [str(r.nodes), f"{r.labctl_s:.2f}", f"{r.compose_s:.2f}", f"{r.ratio:.2f}"]
+        if packages:
+            cells += [f"{r.packages_s:.2f}", f"{r.packages_added_s:+.2f}", f"{r.first_packages_s:.2f}"]
+        table.add_row(*cells)
     console.print(table)
 
 

@@ -129,6 +129,6 @@ def prepare_packages(client, plan: UpPlan, report: Report) -> UpPlan:
                          cache / TARGET_CACHE)
     node_wheels = assets.wheelhouse(assets.build_context(config.cache_dir))
     lock = ensure_lock(plan.packages, torch=config.torch_version, target=target, cache=cache, report=report,
-                       find_links=[node_wheels])
+                       find_links=[node_wheels], torch_index_url=config.torch_index_url)
     images = package_images(client, lock, bases, cache, target, report)
     return plan.with_package_images(lock, images, render_lock(lock, target))

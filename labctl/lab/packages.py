@@ -231,6 +231,9 @@ class Lock:
     target: str = ""  # the node's Python, as Target.describe() says it
     meta: Mapping[str, str] = field(default_factory=dict, compare=False)
 
+    def __post_init__(self):
+        object.__setattr__(self, "pins", tuple(sorted(self.pins)))  # one order, whoever made it
+
     @property
     def digest(self) -> str:
         """The package set's hash: names, versions and wheels' hashes, whatever else the file says."""
@@ -287,7 +290,7 @@ def render_lock(lock: Lock, target: Target) -> str:
 def parse_lock(text: str, source: str, target: Target | None = None) -> Lock:
     """A pylock.toml (the lab's own, or one the user gives) as the node installs it: the one wheel
     `packaging.pylock` selects for the node's Python (`target`) from every package that applies to it.
-    Without `target`, a lock this module wrote: every package, each with its one wheel."""
+    Without `target`: every package, each with its one wheel (a lock made for one environment)."""
     from packaging.pylock import PackageWheel, Pylock, PylockSelectError, PylockValidationError
 
     try:
@@ -380,12 +383,20 @@ def to_install(lock: Lock, installed: Mapping[str, str]) -> list[Pin]:
 
 
 def read_lab_lock(path: Path) -> Lock | None:
-    """A lab's own lock (.lab/<lab>/pylock.toml), or None where the lab has none."""
+    """A lock this module wrote (the lab's .lab/<lab>/pylock.toml), or None where there is none: read
+    with tomllib alone, since every run's preflight reads it and packaging.pylock's checks (and
+    imports) cost tens of milliseconds; a file that is not one is read with them, and refused."""
     try:
-        text = path.read_text()
+        data = tomllib.loads(path.read_text())
+        meta = dict((data.get("tool") or {}).get(TOOL) or {})
+        pins = [Pin(p["name"], p["version"], p["wheels"][0]["name"], p["wheels"][0].get("url", ""),
+                    p["wheels"][0]["hashes"]["sha256"]) for p in data["packages"]]
     except OSError:
         return None
-    return parse_lock(text, str(path))
+    except (tomllib.TOMLDecodeError, KeyError, IndexError, TypeError):
+        return parse_lock(path.read_text(), str(path))
+    return Lock(tuple(sorted(pins)), str(meta.get("inputs", "")), tuple(meta.get("declared") or ()),
+                str(meta.get("torch", "")), str(meta.get("target", "")), meta)
 
 
 def describe_lock_file(path: Path) -> str:
@@ -419,7 +430,7 @@ _NOT_FOUND = re.compile(r"Could not find a version that satisfies the requiremen
 _BAD_LINE = re.compile(r"Invalid requirement: (.*?)(?:\n\s+.*?)*?\(from line (\d+) of (.+?)\)", re.S)
 _DEPENDS = re.compile(r"^\s*(\S+) (\S+) depends on torch(\S*)", re.M)
 _USER_TORCH = re.compile(r"^\s*The user requested torch(\S+)$", re.M)
-_CONFLICT = re.compile(r"The conflict is caused by:\n((?:\s+.+\n?)+)")
+_CONFLICT = re.compile(r"The conflict is caused by:\n((?:[ \t]+\S.*\n?)+)")
 # What pip's warnings say when no index answered (it retries, and says why, before giving up).
 UNREACHABLE = ("after connection broken by", "Failed to establish a new connection", "NewConnectionError",
                "NameResolutionError", "Max retries exceeded", "Temporary failure in name resolution",

@@ -73,7 +73,7 @@ def wheels_dir(cache: Path) -> Path:
 
 
 def ensure_lock(declaration: Declaration, *, torch: str, target: Target, cache: Path, report: Report,
-                find_links: Iterable[Path] = ()) -> Lock:
+                find_links: Iterable[Path] = (), torch_index_url: str | None = None) -> Lock:
     """The lock for `declaration`: a pylock.toml given is the lock itself; otherwise the one resolved
     before from the same inputs, else pip's resolution now (cached for next time). Refuses a
     requirement of another torch than `torch`, before pip runs where it can tell."""
@@ -92,7 +92,8 @@ def ensure_lock(declaration: Declaration, *, torch: str, target: Target, cache: 
     check_torch(roots, torch, declaration.shown)
     args = ["-r", str(declaration.file), *roots] if declaration.kind == "requirements" else roots
     report(f"packages: resolving {declaration.shown} with torch {torch} for the nodes ({target.describe()})")
-    pins = resolve(args, torch=torch, target=target, find_links=[wheels_dir(cache), *find_links])
+    pins = resolve(args, torch=torch, target=target, find_links=[wheels_dir(cache), *find_links],
+                   torch_index_url=torch_index_url)
     lock = Lock(tuple(pins), inputs, declaration.declared, torch, target.describe())
     write_atomic(cached, render_lock(lock, target))
     return parse_lock(cached.read_text(), str(cached), target)
@@ -107,11 +108,28 @@ def given_lock(declaration: Declaration, torch: str, target: Target) -> Lock:
     return lock
 
 
-def resolve(args: list[str], *, torch: str, target: Target, find_links: Iterable[Path] = ()) -> list[Pin]:
+def resolve(args: list[str], *, torch: str, target: Target, find_links: Iterable[Path] = (),
+            torch_index_url: str | None = None) -> list[Pin]:
     """pip's resolution of `args` (requirements, or -r FILE) together with the lab's torch and numpy,
-    for the node; every package the node's Python would see, as pins with hashes."""
-    asked = [*wheel_requirements(torch), *args]
+    for the node; every package the node's Python would see, as pins with hashes. torch's CPU build
+    comes from `find_links` (the node image's wheelhouse) or pip's own find-links, as the node image's
+    did; where they have none, pip gets PyPI's torch for Linux, which is the CUDA build, and then the
+    resolution is made again with `torch_index_url` (the CPU index) beside pip's index."""
     links = [arg for path in find_links if Path(path).is_dir() for arg in ("--find-links", str(path))]
+    pins = resolve_with(args, links, torch, target)
+    if torch_index_url and cuda_pins(pins):
+        pins = resolve_with(args, [*links, "--extra-index-url", torch_index_url], torch, target)
+    cuda = cuda_pins(pins)
+    if cuda:
+        raise LabError(f"the resolution took torch {torch}'s CUDA build, with {', '.join(cuda[:3])}, ...: GBs the "
+                       "nodes' CPU build of torch does not need",
+                       hint="let pip find the CPU build: PIP_FIND_LINKS with the wheel, or DDPLAB_TORCH_INDEX_URL "
+                            "(https://download.pytorch.org/whl/cpu)")
+    return pins
+
+
+def resolve_with(args: list[str], links: list[str], torch: str, target: Target) -> list[Pin]:
+    asked = [*wheel_requirements(torch), *args]
     with tempfile.TemporaryDirectory(prefix="ddplab-resolve-") as tmp:
         answer = Path(tmp) / "report.json"
         for _ in range(MAX_ROUNDS):
@@ -123,6 +141,11 @@ def resolve(args: list[str], *, torch: str, target: Target, find_links: Iterable
             asked += missing  # what pip skipped, reading markers for this host's Python
     raise LabError(f"the resolution for {target.describe()} still lacks {', '.join(missing)}",
                    hint=f"check that your package index has wheels of them for {target.abi} on {target.machine}")
+
+
+def cuda_pins(pins: list[Pin]) -> list[str]:
+    """The CUDA runtime's packages among pins: what only torch's CUDA build brings."""
+    return [p.line for p in pins if p.name.startswith("nvidia-")]
 
 
 def requested(items: list[dict]) -> list[str]:
