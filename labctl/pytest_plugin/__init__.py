@@ -205,7 +205,7 @@ def ddp_lab(request: pytest.FixtureRequest):
     # the one message and not "During handling of the above exception, another exception occurred".
     spec, refused = None, None
     try:
-        spec = lab_request(marks, state.settings, state.workspace, os.environ)
+        spec = lab_request(marks, state.settings, state.workspace, os.environ, root=state.rootpath)
     except LabError as exc:
         refused = f"ddplab: {exc}"
     if refused:

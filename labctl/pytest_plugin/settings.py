@@ -161,10 +161,11 @@ def resolve_settings(options: Mapping[str, Any], ini: Mapping[str, Any]) -> Sett
 # -------------------------------------------------------------------------------------- marker
 
 def lab_request(marks: list[tuple[tuple, Mapping[str, Any]]], settings: Settings, workspace: Path,
-                environ: Mapping[str, str]) -> LabRequest:
+                environ: Mapping[str, str], root: Path | None = None) -> LabRequest:
     """A test's LabRequest from its `ddplab` markers, closest first (a test's own over its class's
     over its module's, key by key), over the session's settings. The lab's spec resolves as
-    `labctl up`'s does: defaults, the workspace's .env, DDPLAB_* in `environ`, then these."""
+    `labctl up`'s does: defaults, the workspace's .env, DDPLAB_* in `environ`, then these. A relative
+    `requirements` file is taken from `root` (pytest's rootdir; default the workspace)."""
     merged: dict[str, Any] = {}
     for args, kwargs in reversed(marks):
         if args:
@@ -187,11 +188,18 @@ def lab_request(marks: list[tuple[tuple, Mapping[str, Any]]], settings: Settings
         # checked now: a typo fails before any lab (delay alone is latency shaping, netem at the root)
         parse_shape(None if bw is None else str(bw), None if delay is None else str(delay))
     given = {"nodes": nodes, "nproc_per_node": nproc, "node_cpus": dict(_node_cpus(merged.get("node_cpus"), nodes)),
-             "image": settings.image, "requirements": merged.get("requirements"),
+             "image": settings.image, "requirements": _path(merged.get("requirements"), root or workspace),
              "with_packages": _listed(merged.get("with_packages")), "preload": _listed(merged.get("preload"))}
     lab = load_config(workspace, environ, {key: value for key, value in given.items() if value})
     return LabRequest(lab=lab, bw=None if bw is None else str(bw), delay=None if delay is None else str(delay),
                       fresh=_flag(merged.get("fresh", False), f"{MARKER}(fresh=)") or settings.fresh)
+
+
+def _path(raw: Any, root: Path) -> str | None:
+    """A marker's file, relative to `root`; "none" and None as they are."""
+    if raw is None or str(raw).strip().lower() in ("", "none"):
+        return raw
+    return str(root / Path(str(raw)).expanduser())
 
 
 def _listed(raw: Any) -> tuple[str, ...] | None:

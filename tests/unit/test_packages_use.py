@@ -156,7 +156,7 @@ def test_the_marker_gives_a_lab_its_packages_and_labs_differ_by_them():
     plain, tqdm = request(), request(with_packages=["tqdm"], preload="tqdm")
     assert (tqdm.lab.with_packages, tqdm.lab.preload) == (("tqdm",), ("tqdm",))
     assert tqdm.key != plain.key and request(with_packages="tqdm").key != tqdm.key
-    assert request(requirements="req.txt").lab.requirements == "req.txt" and "packages req.txt" in \
-        request(requirements="req.txt").describe()
+    assert request(requirements="req.txt").lab.requirements == "/nonexistent-workspace/req.txt"  # from the rootdir
+    assert "packages /nonexistent-workspace/req.txt" in request(requirements="req.txt").describe()
     with pytest.raises(Exception, match="with"):
         request(with_packages=["foo=="])
