@@ -258,6 +258,30 @@ def test_a_failing_host_stops_the_others_and_is_named(ssh_lab):
         assert run_processes(inventory, host) == [], host
 
 
+def test_hosts_sync_gives_every_host_the_same_packages_and_check_compares_them(own_ssh_lab):
+    """The lab's plain nodes as real hosts: the hosts' lock is resolved for their Python, the wheels
+    go over with rsync (the nodes reach no index) and every host's job imports the lock's tqdm."""
+    name, inventory, _ = own_ssh_lab
+    synced = hosts_cmd("sync", "--inventory", str(inventory), "--with", "tqdm==4.67.1", timeout=600)
+    assert synced.returncode == 0, synced.stderr
+    assert re.search(r"packages [0-9a-f]{12}: node0 got \d+, node1 got \d+", synced.stderr), synced.stderr
+    ran = hosts_cmd("run", "--inventory", str(inventory), "--", "examples/packages/tqdm_ddp.py", "--steps", "3")
+    assert ran.returncode == 0, ran.stderr
+    assert summary_of(ran.stdout)["tqdm"] == ["4.67.1", "4.67.1"]
+    checked = json.loads(hosts_cmd("check", "--inventory", str(inventory), "--json").stdout)
+    [packages] = [f for f in checked["findings"] if f["check"] == "packages"]
+    assert packages["ok"] and f".lab/{name}/hosts-pylock.toml" in packages["message"], packages
+    again = hosts_cmd("sync", "--inventory", str(inventory), check=True)  # the lock kept: nothing to install
+    assert "node0 has them, node1 has them" in again.stderr, again.stderr
+    # node1's copy of tqdm goes (as if its install had been cut short): check names the host and the package
+    gone = plain_ssh(inventory, "node1", "rm -r ddplab-workspace/.lab/*/packages-*/tqdm*")
+    assert gone.returncode == 0, gone.stderr
+    checked = json.loads(hosts_cmd("check", "--inventory", str(inventory), "--json").stdout)
+    problems = [(f["node"], f["message"]) for f in checked["findings"] if f["check"] == "packages" and not f["ok"]]
+    assert problems and problems[0][0] == "node1" and "tqdm" in problems[0][1], checked["findings"]
+    assert checked["ok"] is False
+
+
 def test_sync_never_mirrors_into_a_folder_it_did_not_make(ssh_lab):
     name, inventory, _ = ssh_lab
     assert plain_ssh(inventory, "node1", "mkdir -p theirs && echo precious > theirs/notes.txt").returncode == 0

@@ -126,3 +126,17 @@ def test_preloaded_packages_are_imported_before_the_script_starts(tqdm_lab, dock
     labctl("up", "--lab", lab, "--preload", "", check=True)  # none: the servers start again without it
     out = labctl("run", "--lab", lab, "--launcher", "warm", "--", script, "jinja2", check=True).stdout
     assert out.count("jinja2 preloaded: False") == 3, out
+
+
+@pytest.mark.alone  # gc removes every package image no container runs: no other test's lab may be mid-`up`
+def test_gc_removes_package_images_no_lab_runs_and_up_makes_them_again(docker_client, lab_name):
+    up = labctl("up", "--lab", lab_name, "--nodes", "2", "--with", "tqdm", timeout=600, check=True)
+    tag = docker_client.containers.get(f"{lab_name}-node0").attrs["Config"]["Image"]
+    assert "-pkgs-" in tag, up.stderr
+    labctl("down", "--lab", lab_name, check=True)
+    verdicts = json.loads(labctl("gc", "--json", check=True).stdout)
+    assert {"image": tag, "remove": True, "why": "no lab's node runs it (a package set no lab uses now)"} in verdicts
+    assert not docker_client.images.list(name=tag)
+    again = labctl("up", "--lab", lab_name, "--nodes", "2", "--with", "tqdm", timeout=600, check=True)
+    assert f"packages: image {tag} made" in again.stderr, again.stderr  # from the cached lock and wheels:
+    assert "resolving" not in again.stderr and "downloading" not in again.stderr  # no index asked

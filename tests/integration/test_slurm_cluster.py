@@ -1,10 +1,11 @@
 """The lab as a Slurm cluster (issue 17), for real: slurmctld, slurmd and munged in the nodes, jobs
 through salloc and sbatch, torch.distributed across them.
 
-One 3-node lab for the module. It checks that `slurm run` trains to the same loss as `labctl run`
-on the same lab, that the exported script is the one `submit` ran, that a batch job can be followed
-and cancelled with nothing left running, that a failing rank and a killed node are named, and
-that `down` leaves nothing."""
+One 3-node lab for the module, with tqdm (the project's packages, issue 39). It checks that `slurm
+run` trains to the same loss as `labctl run` on the same lab, that the exported script is the one
+`submit` ran and has the lab's lock beside it, that a job's ranks import the lock's tqdm, that a batch
+job can be followed and cancelled with nothing left running, that a failing rank and a killed node
+are named, and that `down` leaves nothing."""
 
 from __future__ import annotations
 
@@ -25,7 +26,7 @@ TRAIN = ["-m", "trainer", "--workload", "gpt", "--steps", "50"]
 @pytest.fixture(scope="module")
 def lab(docker_client, node_image):
     name = new_lab_name()
-    up = labctl("up", "--lab", name, "--nodes", "3", "--scheduler", "slurm", timeout=300)
+    up = labctl("up", "--lab", name, "--nodes", "3", "--scheduler", "slurm", "--with", "tqdm", timeout=600)
     assert up.returncode == 0, up.stderr
     assert "slurm: 3 nodes idle, controller node0" in up.stderr
     yield name
@@ -61,7 +62,10 @@ def test_the_exported_script_is_the_one_submit_ran_and_a_batch_job_is_followed(l
     exported = tmp_path / "job.sbatch"
     slurm("export", "--lab", lab, "-o", str(exported), "--", "-m", "trainer", "--workload", "toy").check_returncode()
     ran = (REPO / job["run_dir"] / "job.sbatch").read_text()
-    assert exported.read_text() == ran
+    assert exported.read_text() == ran and "--require-hashes -r" in ran
+    for lock in ("pylock.job.toml", "job.requirements.txt"):  # beside both, the lab's lock
+        assert (tmp_path / lock).read_text() == (REPO / job["run_dir"] / lock).read_text()
+    assert "tqdm==" in (tmp_path / "job.requirements.txt").read_text()
     deadline = time.monotonic() + 120
     state = {}
     while time.monotonic() < deadline:
@@ -73,6 +77,13 @@ def test_the_exported_script_is_the_one_submit_ran_and_a_batch_job_is_followed(l
     assert state["NodeList"] == "node[0-2]"
     output = slurm("logs", "--lab", lab, job["job_id"]).stdout
     assert '"replicas_consistent": true' in output and output.count("SUMMARY") == 1
+
+
+def test_a_jobs_ranks_import_the_labs_packages(lab):
+    done = slurm("run", "--lab", lab, "-N", "3", "--json", "--", "examples/packages/tqdm_ddp.py", "--steps", "3")
+    assert done.returncode == 0, done.stdout + done.stderr
+    summary = json.loads(done.stdout)["summary"]
+    assert summary["same_tqdm"] and len(summary["tqdm"]) == 3, summary
 
 
 def test_a_cancelled_job_leaves_nothing_running(lab):
