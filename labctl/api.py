@@ -94,7 +94,8 @@ class Lab(LabSession):
                  environ: Mapping[str, str] | None = None, client=None, connect: Callable | None = None,
                  report: Report | None = None, build_progress=None, **settings: Any):
         """`settings`: the lab as `labctl up`'s options say it, resolved by `lab_spec` (nodes=3,
-        bw='1gbit', gpus='all', scheduler='slurm', ...); or `spec`, a LabConfig already resolved
+        bw='1gbit', gpus='all', scheduler='slurm', requirements='requirements.txt' (relative to the
+        workspace), with_packages=['tqdm'], preload=['lightning'], ...); or `spec`, a LabConfig already resolved
         (`labctl.api.lab_spec`, or the pytest plugin's). `report` receives progress lines and
         `build_progress` makes progress bars for an image build; `client` is a docker.DockerClient
         to use, else `connect` makes one on first need."""

@@ -183,10 +183,11 @@ def up(lab, dry_run, as_json, requirements, with_packages, preload, **settings) 
 
 @main.command(context_settings=CONTEXT)
 @lab_option
-@json_option('Print {"lab": ..., "nodes": [{"name", "ip", "torch", "state"}]}.')
+@json_option('Print {"lab": ..., "nodes": [{"name", "ip", "torch", "state", "packages", "link"}]}.')
 def status(lab, as_json) -> None:
-    """Show each node as Docker sees it now: IP, torch version, state, and its link as the kernel
-    reports it (read back with tc, not from a cache)."""
+    """Show each node as Docker sees it now: IP, torch version, state, the hash of its packages
+    (`up --requirements/--with`), and its link as the kernel reports it (read back with tc, not from
+    a cache)."""
     from labctl.cli import render
 
     the_lab = session().lab(lab)
