@@ -32,7 +32,8 @@ from labctl.lab.docker import (
 )
 from labctl.lab.envfiles import read_node_envs
 from labctl.lab.lifecycle import NodeState, lab_dir, lab_status, require_running
-from labctl.lab.packages import LOCK_FILE, describe_lock_file
+from labctl.lab.lockfile import describe_lock_file
+from labctl.lab.packages import LOCK_FILE
 from labctl.run.executor import execute
 from labctl.run.launch import Elastic
 from labctl.run.logs import check_tail, follow_run_logs, run_logs

@@ -44,7 +44,7 @@ from labctl.diagnose.packages import check_packages
 from labctl.lab.compose import container_name
 from labctl.lab.docker import DockerNodes, node_cpus_limit
 from labctl.lab.engine import inspect_engine, refusal
-from labctl.lab.packages import Lock
+from labctl.lab.lockfile import Lock
 from labctl.slurm.cluster import is_slurm_lab
 
 CONNECT_S = 1.5  # how long a probe keeps trying one target (peers may still be starting to listen)

@@ -15,7 +15,8 @@ from collections import Counter
 from typing import Mapping
 
 from labctl.diagnose.findings import Finding
-from labctl.lab.packages import TORCH, Lock, same_version
+from labctl.lab.lockfile import Lock, same_version
+from labctl.lab.packages import TORCH
 
 CUDA_BUILD = ("nvidia-", "triton", "cuda-")  # what torch's CUDA build brings besides itself
 

@@ -49,7 +49,7 @@ from labctl.hosts.ssh import (
     rsync_push_argv,
     rsync_stats,
 )
-from labctl.lab.packages import Lock
+from labctl.lab.lockfile import Lock
 from labctl.proc import run
 from labctl.run.executor import execute
 from labctl.run.plan import RunPlan, build_run_plan

@@ -22,16 +22,8 @@ from labctl.diagnose.doctor import node_info
 from labctl.errors import CommandError, LabError, StateError
 from labctl.hosts.inventory import Inventory
 from labctl.hosts.ssh import SSHHosts, rsync_files_argv
-from labctl.lab.packages import (
-    LOCK_FILE,
-    Declaration,
-    Lock,
-    hash_requirements,
-    read_lab_lock,
-    release,
-    render_lock,
-    to_install,
-)
+from labctl.lab.lockfile import Lock, hash_requirements, read_lab_lock, release, render_lock, to_install
+from labctl.lab.packages import LOCK_FILE, Declaration
 from labctl.lab.resolve import ensure_lock, fetch_wheels, write_atomic
 from labctl.lab.wheelhouse import Target, target_from_probe
 from labctl.proc import run

@@ -26,15 +26,8 @@ from labctl import assets, remote
 from labctl.errors import LabError
 from labctl.lab.base import TARGET_CACHE, find_image, node_target
 from labctl.lab.builder import remove_replaced
-from labctl.lab.packages import (
-    LABEL_PACKAGES,
-    LABEL_PACKAGES_BASE,
-    Lock,
-    hash_requirements,
-    package_tag,
-    render_lock,
-    to_install,
-)
+from labctl.lab.lockfile import Lock, hash_requirements, render_lock, to_install
+from labctl.lab.packages import LABEL_PACKAGES, LABEL_PACKAGES_BASE, package_tag
 from labctl.lab.resolve import ensure_lock, fetch_wheels
 from labctl.lab.up import UpPlan
 from labctl.lab.wheelhouse import Target

@@ -1,5 +1,5 @@
 """Resolve a lab's packages once, on the host, for the node, and fetch the wheels: the side effects
-behind labctl.lab.packages.
+behind labctl.lab.packages and labctl.lab.lockfile.
 
 The resolver is the host's pip, told the node's interpreter and platform (`--python-version
 --implementation --abi --platform --only-binary=:all:`, as the node image's wheelhouse already is:
@@ -32,24 +32,26 @@ from urllib.parse import unquote, urlsplit
 
 from labctl.errors import CommandError, LabError, StateError
 from labctl.lab.image import wheel_requirements
-from labctl.lab.packages import (
-    Declaration,
+from labctl.lab.lockfile import (
     Lock,
-    TORCH,
     Pin,
-    check_torch,
-    checked_requirements,
-    explain_pip_failure,
     hash_requirements,
-    inputs_digest,
     lock_from_report,
     parse_lock,
-    pyproject_requirements,
     release,
     render_lock,
     same_version,
+)
+from labctl.lab.packages import (
+    TORCH,
+    Declaration,
+    check_torch,
+    checked_requirements,
+    inputs_digest,
+    pyproject_requirements,
     torch_refusal,
 )
+from labctl.lab.piperrors import explain_pip_failure
 from labctl.lab.wheelhouse import (
     MAX_ROUNDS,
     Target,

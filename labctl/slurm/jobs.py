@@ -30,7 +30,8 @@ from typing import Iterator
 from labctl.errors import ConfigError, LabError, StateError
 from labctl.lab.compose import LABEL_SCHEDULER, container_name
 from labctl.lab.docker import exec_in, exec_user, lab_containers
-from labctl.lab.packages import LOCK_FILE, TORCH, hash_requirements, read_lab_lock
+from labctl.lab.lockfile import hash_requirements, read_lab_lock
+from labctl.lab.packages import LOCK_FILE, TORCH
 from labctl.outfile import is_stdout, write_text
 from labctl.run.executor import Echo, NodeLogs, OutputStream, conclude, link_latest, save_result
 from labctl.run.launch import PG_TIMEOUT_VAR, Launch, parse_nnodes, run_env, threads_per_process

@@ -11,25 +11,27 @@ import pytest
 
 from labctl.config import resolve_config, setting_text
 from labctl.errors import ConfigError, LabError, StateError
-from labctl.lab.packages import (
-    Declaration,
+from labctl.lab.lockfile import (
     Lock,
     Pin,
-    base_of,
-    check_torch,
     describe_lock_file,
-    explain_pip_failure,
     hash_requirements,
-    inputs_digest,
     lock_from_report,
-    package_tag,
     parse_lock,
-    pyproject_requirements,
-    read_declaration,
     read_lab_lock,
     render_lock,
     to_install,
 )
+from labctl.lab.packages import (
+    Declaration,
+    base_of,
+    check_torch,
+    inputs_digest,
+    package_tag,
+    pyproject_requirements,
+    read_declaration,
+)
+from labctl.lab.piperrors import explain_pip_failure
 from labctl.lab.wheelhouse import Target
 from labctl.parsers import parse_modules, parse_requirement_list, parse_requirements_file
 

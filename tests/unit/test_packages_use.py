@@ -14,7 +14,8 @@ from labctl.diagnose.packages import check_packages
 from labctl.hosts.packages import with_pythonpath
 from labctl.lab.gc import plan_images
 from labctl.lab.gpus import GpuPlan, NodeGpus
-from labctl.lab.packages import LABEL_PACKAGES, LOCK_FILE, Lock, Pin, render_lock
+from labctl.lab.lockfile import Lock, Pin, render_lock
+from labctl.lab.packages import LABEL_PACKAGES, LOCK_FILE
 from labctl.lab.up import UpPlan, kept_packages
 from labctl.lab.wheelhouse import Target
 from labctl.pytest_plugin.settings import Settings, lab_request
