@@ -29,8 +29,8 @@ from labctl.lab.docker import apply_node_cpus, check_cpus, docker_client
 from labctl.lab.gc import ImageVerdict, Verdict, collect_garbage
 from labctl.lab.lifecycle import apply_down, lab_resources
 from labctl.lab.listing import LabListing, list_labs
-from labctl.lab.owner import owner_of
 from labctl.lab.lockfile import Lock, read_lab_lock
+from labctl.lab.owner import owner_of
 from labctl.lab.packages import LOCK_FILE
 from labctl.lab.up import UpPlan
 from labctl.net.apply import apply_shape, clear_shape, read_link, read_links

@@ -144,14 +144,22 @@ def start_warm(session: LabSession, config: LabConfig, engine, names: list[str],
     if not start:
         stop_servers(session.nodes(), names)
         return
-    saved = session.directory / PRELOAD_FILE
-    if config.sources.get("preload", "default") != "default" and config.preload:
-        saved.write_text("".join(f"{m}\n" for m in config.preload))
-    elif config.sources.get("preload", "default") != "default":
-        saved.unlink(missing_ok=True)
-    preload = tuple(saved.read_text().split()) if saved.is_file() else ()
+    given = config.preload if config.sources.get("preload", "default") != "default" else None
+    preload = kept_preload(session.directory / PRELOAD_FILE, given)
     for node, why in start_servers(session.nodes(), names, preload).items():
         report(f"{node}: no fork server ({why}); its runs start cold")
+
+
+def kept_preload(saved: Path, given: tuple[str, ...] | None) -> tuple[str, ...]:
+    """The lab's --preload modules: those `given` (kept in `saved` for the next `up`; none removes the
+    file), else those kept there."""
+    if given is not None:
+        if given:
+            saved.write_text("".join(f"{module}\n" for module in given))
+        else:
+            saved.unlink(missing_ok=True)
+        return given
+    return tuple(saved.read_text().split()) if saved.is_file() else ()
 
 
 def write_inventory(session: LabSession, nodes: list[NodeState], ssh: bool, report: Report) -> Path | None:

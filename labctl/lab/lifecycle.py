@@ -36,11 +36,11 @@ from labctl.lab.docker import (
     name_of,
 )
 from labctl.lab.engine import Engine
-from labctl.lab.packages import LABEL_PACKAGES
 from labctl.lab.envfiles import (
     write_env_files,
     write_if_changed,
 )
+from labctl.lab.packages import LABEL_PACKAGES
 
 log = logging.getLogger("labctl.lab.lifecycle")
 READY_PREFIX = "DDPLAB_READY"

@@ -39,8 +39,8 @@ from labctl.lab.engine import Engine
 from labctl.lab.envfiles import build_env_files, topology_for_lab
 from labctl.lab.gpus import GpuPlan
 from labctl.lab.lifecycle import NodeState, apply_down, apply_up, invoking_user, lab_dir
-from labctl.lab.owner import owner_labels
 from labctl.lab.lockfile import Lock
+from labctl.lab.owner import owner_labels
 from labctl.lab.packages import LABEL_PACKAGES, LOCK_FILE, Declaration, base_of
 
 SUBNET_ATTEMPTS = 4  # `up` picks again when a concurrent `up` took the same free subnet
