@@ -10,7 +10,7 @@ from __future__ import annotations
 import hashlib
 import re
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Iterable, Mapping
 from urllib.parse import unquote, urlsplit
@@ -29,6 +29,7 @@ if TYPE_CHECKING:
     from labctl.lab.wheelhouse import Target
 
 TOOL = "ddplab"  # the lock's [tool.ddplab] table: what it was made from
+
 
 @dataclass(frozen=True, order=True)
 class Pin:
@@ -55,7 +56,6 @@ class Lock:
     declared: tuple[str, ...] = ()  # what was asked for, as given
     torch: str = ""  # the release the lab pins
     target: str = ""  # the node's Python, as Target.describe() says it
-    meta: Mapping[str, str] = field(default_factory=dict, compare=False)
 
     def __post_init__(self):
         object.__setattr__(self, "pins", tuple(sorted(self.pins)))  # one order, whoever made it
@@ -69,9 +69,6 @@ class Lock:
     @property
     def short(self) -> str:
         return self.digest[:12]
-
-    def versions(self) -> dict[str, str]:
-        return {p.name: p.version for p in self.pins}
 
     def pin(self, name: str) -> Pin | None:
         return next((p for p in self.pins if p.name == name), None)
@@ -146,9 +143,14 @@ def parse_lock(text: str, source: str, target: Target | None = None) -> Lock:
                            f"{', '.join(distribution.hashes) or 'none'}); the nodes install only what they can verify")
         pins.append(Pin(package.name, str(package.version or _wheel_version(distribution.filename)),
                         distribution.filename, distribution.url or "", sha256))
-    meta = dict((pylock.tool or {}).get(TOOL) or {})
-    return Lock(tuple(sorted(pins)), str(meta.get("inputs", "")), tuple(meta.get("declared") or ()),
-                str(meta.get("torch", "")), str(meta.get("target", "")), meta)
+    return with_meta(pins, pylock.tool)
+
+
+def with_meta(pins: Iterable[Pin], tool: Mapping | None) -> Lock:
+    """A Lock of `pins`, with what its [tool.ddplab] table says it was made from."""
+    meta = dict((tool or {}).get(TOOL) or {})
+    return Lock(tuple(pins), str(meta.get("inputs", "")), tuple(meta.get("declared") or ()),
+                str(meta.get("torch", "")), str(meta.get("target", "")))
 
 
 def _wheel_version(filename: str) -> str:
@@ -214,15 +216,13 @@ def read_lab_lock(path: Path) -> Lock | None:
     imports) cost tens of milliseconds; a file that is not one is read with them, and refused."""
     try:
         data = tomllib.loads(path.read_text())
-        meta = dict((data.get("tool") or {}).get(TOOL) or {})
         pins = [Pin(p["name"], p["version"], p["wheels"][0]["name"], p["wheels"][0].get("url", ""),
                     p["wheels"][0]["hashes"]["sha256"]) for p in data["packages"]]
     except OSError:
         return None
     except (tomllib.TOMLDecodeError, KeyError, IndexError, TypeError):
         return parse_lock(path.read_text(), str(path))
-    return Lock(tuple(sorted(pins)), str(meta.get("inputs", "")), tuple(meta.get("declared") or ()),
-                str(meta.get("torch", "")), str(meta.get("target", "")), meta)
+    return with_meta(pins, data.get("tool"))
 
 
 def describe_lock_file(path: Path) -> str:
