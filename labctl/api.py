@@ -26,7 +26,7 @@ from labctl.diagnose.findings import Diagnosis
 from labctl.errors import LabError
 from labctl.hosts.machines import Hosts, SyncResult
 from labctl.lab.docker import apply_node_cpus, check_cpus, docker_client
-from labctl.lab.gc import ImageVerdict, Verdict, collect_garbage
+from labctl.lab.gc import ImageVerdict, Verdict, collect_garbage, collect_package_images
 from labctl.lab.lifecycle import apply_down, lab_resources
 from labctl.lab.listing import LabListing, list_labs
 from labctl.lab.lockfile import Lock, read_lab_lock
@@ -48,18 +48,25 @@ Fault = Literal["kill", "crash", "pause", "unpause", "partition", "heal"]
 Report = Callable[[str], None]
 
 __all__ = ["Lab", "LabConfig", "lab_spec", "Hosts", "SyncResult", "RunResult", "RunPlan", "Diagnosis", "UpResult", "Fault",
-           "gc", "labs"]
+           "gc", "gc_images", "labs"]
 
 
 def _quiet(_message: str) -> None:
     pass
 
 
-def gc(*, everything: bool = False, dry_run: bool = False, client=None) -> list[Verdict | ImageVerdict]:
-    """Remove the labs whose owner process is gone (all labs with `everything`), then the package
-    images no lab's node runs, as `labctl gc` does: a verdict for every lab on the engine, then for
-    every package image (`remove`: removed, or with `dry_run` would be; `why`)."""
+def gc(*, everything: bool = False, dry_run: bool = False, client=None) -> list[Verdict]:
+    """Remove the labs whose owner process is gone (all labs with `everything`), as `labctl gc`
+    does: a verdict for every lab on the engine (`remove`: removed, or with `dry_run` would be; `why`).
+    `gc_images` then removes the package images no lab runs any more."""
     return collect_garbage(client or docker_client(), everything=everything, dry_run=dry_run)
+
+
+def gc_images(*, dry_run: bool = False, going: list[str] | tuple[str, ...] = (), client=None) -> list[ImageVerdict]:
+    """Remove the package images (a lab's packages on a node image, one per lock) that no container
+    runs, as `labctl gc` does after the labs: a verdict for each (`remove`, `why`). With `dry_run`,
+    the containers of the labs in `going` count as gone."""
+    return collect_package_images(client or docker_client(), dry_run=dry_run, going=going)
 
 
 def labs(client=None) -> list[LabListing]:

@@ -310,7 +310,7 @@ def ls(as_json) -> None:
 @main.command("gc", context_settings=CONTEXT)
 @click.option("--all", "everything", is_flag=True, help="Remove every ddplab lab on this engine, whoever owns it.")
 @dry_run_option("Say what would be removed and why; remove nothing.")
-@json_option('Print [{"lab", "remove", "why"}, ..., {"image", "remove", "why"}, ...].')
+@json_option('Print [{"lab", "remove", "why"}]; the package images are said on stderr.')
 def gc(everything, dry_run, as_json) -> None:
     """Remove the labs whose owner process is gone: a test session killed with -9, a script that
     crashed inside `with Lab(...)`. Labs from `labctl up` have no owner process and are kept
@@ -321,4 +321,7 @@ def gc(everything, dry_run, as_json) -> None:
     """
     from labctl.cli import render
 
-    render.print_gc(api.gc(everything=everything, dry_run=dry_run, client=session().client), dry_run, as_json)
+    client = session().client
+    labs = api.gc(everything=everything, dry_run=dry_run, client=client)
+    images = api.gc_images(dry_run=dry_run, going=[v.lab for v in labs if v.remove], client=client)
+    render.print_gc(labs, images, dry_run, as_json)

@@ -219,19 +219,22 @@ def print_labs(labs, as_json: bool, now: float) -> None:
              f"{', '.join(lab.name for lab in empty)} (`labctl down --lab NAME --volumes` removes what a lab left)")
 
 
-def print_gc(verdicts, dry_run: bool, as_json: bool) -> None:
-    """`gc`: each lab removed (or that would be) and why; the labs kept and why, dimmed."""
+def print_gc(verdicts, images, dry_run: bool, as_json: bool) -> None:
+    """`gc`: each lab removed (or that would be) and why, the labs kept and why, dimmed; then each
+    package image removed (or that would be). With --json the labs' verdicts go to stdout, the images
+    to stderr as ever."""
+    verb = "would remove" if dry_run else "removed"
     if as_json:
         emit_json([v.as_dict() for v in verdicts])
-        return
-    verb = "would remove" if dry_run else "removed"
-    for v in verdicts:
-        what = f"lab {v.lab}" if hasattr(v, "lab") else f"package image {v.image}"
-        if v.remove:
-            info(f"{verb} {what}: {escape(v.why)}")
-        else:
-            info(f"[dim]kept {what}: {escape(v.why)}[/dim]")
-    if not any(v.remove for v in verdicts):
+    else:
+        for v in verdicts:
+            if v.remove:
+                info(f"{verb} lab {v.lab}: {escape(v.why)}")
+            else:
+                info(f"[dim]kept lab {v.lab}: {escape(v.why)}[/dim]")
+    for image in (i for i in images if i.remove):
+        info(f"{verb} package image {image.image}: {escape(image.why)}")
+    if not as_json and not any(v.remove for v in [*verdicts, *images]):
         info("nothing to remove" + ("" if verdicts else ": no labs on this engine"))
 
 

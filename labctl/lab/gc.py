@@ -75,21 +75,26 @@ def plan_images(images: Sequence[Mapping], used: set[str], going: set[str] = fro
     return verdicts
 
 
-def collect_garbage(client, *, everything: bool = False, dry_run: bool = False) -> list[Verdict | ImageVerdict]:
-    """Remove the labs `plan_gc` condemns, then the package images no remaining container uses (none
-    with `dry_run`); every lab's verdict, then every package image's."""
+def collect_garbage(client, *, everything: bool = False, dry_run: bool = False) -> list[Verdict]:
+    """Remove the labs `plan_gc` condemns (none with `dry_run`); every lab's verdict."""
     listings, _ = engine_labs(client)
     verdicts = plan_gc(listings, everything=everything)
-    going = {c["ImageID"] for v in verdicts if v.remove
-             for c in client.api.containers(all=True, filters={"label": f"{LABEL_LAB}={v.lab}"})}
     if not dry_run:
         for verdict in verdicts:
             if verdict.remove:
                 apply_down(client, verdict.lab, volumes=True)
+    return verdicts
+
+
+def collect_package_images(client, *, dry_run: bool = False, going: Sequence[str] = ()) -> list[ImageVerdict]:
+    """Remove the package images no container uses (none with `dry_run`, which counts the containers
+    of the labs in `going`, about to be removed, as gone); every package image's verdict."""
+    going_ids = {c["ImageID"] for lab in going
+                 for c in client.api.containers(all=True, filters={"label": f"{LABEL_LAB}={lab}"})}
     used = {c["ImageID"] for c in client.api.containers(all=True)}
-    images = plan_images(client.api.images(filters={"label": LABEL_PACKAGES}), used, going if dry_run else set())
+    images = plan_images(client.api.images(filters={"label": LABEL_PACKAGES}), used, going_ids if dry_run else set())
     if not dry_run:
         for image in images:
             if image.remove:
-                client.api.remove_image(image.image, noprune=False)
-    return [*verdicts, *images]
+                client.api.remove_image(image.image)
+    return images

@@ -134,8 +134,8 @@ def test_gc_removes_package_images_no_lab_runs_and_up_makes_them_again(docker_cl
     tag = docker_client.containers.get(f"{lab_name}-node0").attrs["Config"]["Image"]
     assert "-pkgs-" in tag, up.stderr
     labctl("down", "--lab", lab_name, check=True)
-    verdicts = json.loads(labctl("gc", "--json", check=True).stdout)
-    assert {"image": tag, "remove": True, "why": "no lab's node runs it (a package set no lab uses now)"} in verdicts
+    collected = labctl("gc", check=True)
+    assert f"removed package image {tag}: no lab's node runs it (a package set no lab uses now)" in collected.stderr
     assert not docker_client.images.list(name=tag)
     again = labctl("up", "--lab", lab_name, "--nodes", "2", "--with", "tqdm", timeout=600, check=True)
     assert f"packages: image {tag} made" in again.stderr, again.stderr  # from the cached lock and wheels:

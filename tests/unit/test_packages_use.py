@@ -105,6 +105,8 @@ def test_gc_removes_the_package_images_no_container_uses():
     assert [(v.image, v.remove) for v in verdicts] == [("ddplab-node:cpu-pkgs-aaaa", False),
                                                        ("ddplab-node:cpu-pkgs-bbbb", True), ("333333333333", True)]
     assert plan_images(images, used, going=used)[0].remove  # only the labs that go use it (gc --dry-run)
+    assert verdicts[1].as_dict() == {"image": "ddplab-node:cpu-pkgs-bbbb", "remove": True,
+                                     "why": "no lab's node runs it (a package set no lab uses now)"}
 
 
 # --------------------------------------------------------------------------------------- Slurm
