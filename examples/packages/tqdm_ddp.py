@@ -11,6 +11,7 @@ imported; rank 0 then prints `SUMMARY {"world_size", "tqdm": [each rank's versio
 
 import argparse
 import json
+import sys
 
 import torch
 import torch.distributed as dist
@@ -28,7 +29,8 @@ def main():
     torch.manual_seed(0)
     model = DDP(nn.Linear(8, 1))
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
-    for _ in tqdm.trange(args.steps, disable=rank != 0, desc="steps", mininterval=1.0):
+    # The bar on stdout, where the lines below go too: one stream keeps them in order in the node's log.
+    for _ in tqdm.trange(args.steps, disable=rank != 0, desc="steps", mininterval=1.0, file=sys.stdout):
         x = torch.randn(16, 8)
         loss = nn.functional.mse_loss(model(x), x.sum(dim=1, keepdim=True))
         opt.zero_grad()
