@@ -37,7 +37,6 @@ SHIPPED = ("Dockerfile", "Dockerfile.cuda", ".dockerignore", "compose/lab.yaml",
 # A checkout has all of these at its top; site-packages, the parent of an installed labctl, has none.
 CHECKOUT_MARKERS = ("pyproject.toml", "Dockerfile", "compose/lab.yaml")
 STATE_DIR = ".lab"  # where a checkout keeps its caches, and where the Dockerfile reads the wheelhouse from
-CACHE_ENV = "DDPLAB_CACHE_DIR"
 
 
 def is_checkout(checkout: Path = CHECKOUT_DIR) -> bool:
@@ -66,10 +65,6 @@ def dockerfile() -> Path:
 def compose_template() -> Path:
     """compose/lab.yaml: the template every lab's Compose file is rendered from."""
     return source_root() / "compose" / "lab.yaml"
-
-
-def node_entrypoint() -> Path:
-    return source_root() / "compose" / "node-entrypoint.sh"
 
 
 def trainer_dir() -> Path:

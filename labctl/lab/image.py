@@ -338,10 +338,6 @@ def build_images(client, config: LabConfig, report: Report, progress_factory=Non
 MISMATCH_VERSION = "2.14.1"  # the "other" release for the version-mismatch scenario
 
 
-def mismatch_tag(config: LabConfig, version: str = MISMATCH_VERSION) -> str:
-    return cuda_tag(version)
-
-
 def ensure_mismatch_image(client, config: LabConfig, report: Report, version: str = MISMATCH_VERSION,
                           progress_factory=None) -> str:
     """The node image with a different torch release, for one node of the version-mismatch scenario:

@@ -27,7 +27,6 @@ AGENT_FAILED = re.compile(r"^[EW](\d\d)(\d\d) (\d\d:\d\d:\d\d\.\d+) +\d+ \S+\] f
                           r"local_rank: (\d+)")
 REPORT_ENTRY = re.compile(r"^\[\d+\]:\s*$")
 REPORT_FIELD = re.compile(r"^\s+(time|host|rank|exitcode|error_file|traceback)\s*:\s*(.*?)\s*$")
-EXCEPTION_LINE = re.compile(r"^([A-Za-z_][\w.]*)(: .*)?$")
 LOST_LINE = re.compile(r"^labctl: (.*(node lost|lost \S+:|connection dropped).*)$")
 # What a rank says when it failed only because another one did, and that in a word.
 CONSEQUENCES = (

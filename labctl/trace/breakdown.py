@@ -31,7 +31,6 @@ from labctl.trace.align import Alignment
 from labctl.trace.records import RankRecords, Step
 
 COMPUTE, OVERLAP, WAITING = "compute", "overlap", "waiting"
-KINDS = (COMPUTE, OVERLAP, WAITING)
 EXPOSED = "all-reduce, exposed"  # the waiting that is communication, not another rank
 WINDOW_STEPS = 8  # the picture's default: 8 steps from the middle of the steady ones
 STEPS_ALLOWED = "A:B (steps A to B), A: (from A) or :B (up to B), with step numbers from 1 and A <= B, e.g. 10:20"
