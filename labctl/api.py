@@ -25,8 +25,8 @@ from labctl.diagnose.doctor import diagnose
 from labctl.diagnose.findings import Diagnosis
 from labctl.errors import LabError
 from labctl.hosts.machines import Hosts, SyncResult
-from labctl.lab.docker import apply_node_cpus, check_cpus, docker_client
-from labctl.lab.gc import ImageVerdict, Verdict, collect_garbage, collect_package_images
+from labctl.lab.docker import apply_node_cpus, check_cpu_limits, docker_client
+from labctl.lab.gc import ImageVerdict, LabVerdict, collect_garbage, collect_package_images
 from labctl.lab.lifecycle import apply_down, lab_resources
 from labctl.lab.listing import LabListing, list_labs
 from labctl.lab.lockfile import Lock, read_lab_lock
@@ -55,7 +55,7 @@ def _quiet(_message: str) -> None:
     pass
 
 
-def gc(*, everything: bool = False, dry_run: bool = False, client=None) -> list[Verdict]:
+def gc(*, everything: bool = False, dry_run: bool = False, client=None) -> list[LabVerdict]:
     """Remove the labs whose owner process is gone (all labs with `everything`), as `labctl gc`
     does: a verdict for every lab on the engine (`remove`: removed, or with `dry_run` would be; `why`).
     `gc_images` then removes the package images no lab runs any more."""
@@ -270,5 +270,5 @@ class Lab(LabSession):
         """Change a running node's CPU limit in place (None lifts it); the limit read back."""
         self.require_node(node)
         if cpus is not None:
-            check_cpus(self.client, {"--cpus": cpus})
+            check_cpu_limits(self.client, {"--cpus": cpus})
         return apply_node_cpus(self.client, self.name, node, cpus)

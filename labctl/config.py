@@ -30,12 +30,12 @@ from labctl.parsers import (
     parse_gpus,
     parse_memory,
     parse_memory_limit,
+    parse_modules,
+    parse_node_cpus,
+    parse_requirement_list,
+    parse_requirements_file,
     parse_subnet,
 )
-from labctl.parsers import (
-    parse_node_cpus as parse_node_cpus_syntax,
-)
-from labctl.parsers import parse_modules, parse_requirement_list, parse_requirements_file
 from labctl.units import format_rate, parse_rate
 
 MAX_NPROC_PER_NODE = 32
@@ -193,7 +193,7 @@ SETTINGS: dict[str, tuple[str, Callable[[str], Any]]] = {
     "base_image": ("DDPLAB_BASE_IMAGE", matching(re.compile(r"^\S+$"), "must be an image reference such as python:3.11-slim-bookworm")),
     "image": ("DDPLAB_IMAGE", matching(re.compile(r"^\S*$"), "must be an image tag without spaces, or empty")),
     "cpus": ("DDPLAB_CPUS", parse_cpus),
-    "node_cpus": ("DDPLAB_NODE_CPUS", lambda raw: () if str(raw).strip() == "" else parse_node_cpus_syntax(raw)),
+    "node_cpus": ("DDPLAB_NODE_CPUS", lambda raw: () if str(raw).strip() == "" else parse_node_cpus(raw)),
     "memory": ("DDPLAB_MEMORY", parse_memory_limit),
     "pids_limit": ("DDPLAB_PIDS_LIMIT", int_in(64, 1_000_000)),
     "iface": ("DDPLAB_IFACE", matching(_IFACE_RE, "must be a network interface name such as eth0 (1-15 characters)")),
@@ -347,11 +347,11 @@ def parse_cpu_limit(raw: str, key: str, hint: str | None = None) -> float:
     return limit
 
 
-def parse_node_cpus(text: str, nodes: int, key: str = "--node-cpus") -> dict[str, float]:
+def checked_node_cpus(text: str, nodes: int, key: str = "--node-cpus") -> dict[str, float]:
     """'node2=0.25,node0=1' -> {'node0': 1.0, 'node2': 0.25}: per-node CPU limits for stragglers, on
     a lab of `nodes` nodes."""
     try:
-        limits = parse_node_cpus_syntax(text)
+        limits = parse_node_cpus(text)
     except ValueError as exc:
         raise ConfigError(key, text, str(exc)) from None
     return check_node_cpus(limits, nodes, key, text)

@@ -59,7 +59,7 @@ SMALL_BUDGET_S = 0.5
 
 
 @dataclass(frozen=True)
-class Row:
+class AllreduceRow:
     size: int
     count: int
     type: str
@@ -118,7 +118,7 @@ def calibrate(timings: list[dict], n: int, wire_bps: float | None, delay_s: floa
 
 
 def build_rows(timings: list[dict], n: int, link: Link | None, wire_bps: float | None,
-               efficiency: float = DEFAULT_EFFICIENCY, calibrated: Calibration | None = None) -> list[Row]:
+               efficiency: float = DEFAULT_EFFICIENCY, calibrated: Calibration | None = None) -> list[AllreduceRow]:
     factor = busbw_factor(n)
     rows = []
     for t in timings:
@@ -127,7 +127,7 @@ def build_rows(timings: list[dict], n: int, link: Link | None, wire_bps: float |
         busbw = algbw * factor
         model_us = collective_time_s(t["size"], n, link, efficiency) * 1e6 if link else None
         cal_us = calibrated.time_s(t["size"], n) * 1e6 if calibrated else None
-        rows.append(Row(
+        rows.append(AllreduceRow(
             size=t["size"], count=t["count"], type=t.get("type", "float"), time_us=t["time_us"],
             algbw_gbs=algbw, busbw_gbs=busbw, model_us=model_us,
             meas_over_model=t["time_us"] / model_us if model_us else None,
@@ -184,7 +184,7 @@ def run_sweep(session: LabSession, plan: RunPlan) -> list[dict]:
 class AllreduceReport:
     """`labctl bench allreduce`'s answer: the rows, the table's title, and what they were measured on."""
 
-    rows: list[Row]
+    rows: list[AllreduceRow]
     title: str
     run_dir: Path  # the sweep's logs, and bench-allreduce.json (the rows)
     nodes: int
@@ -245,7 +245,7 @@ def _link_text(link_bps: int | None, slowest: str) -> str:
     return f"shaped {format_rate(link_bps)} (slowest node {slowest})" if link_bps else "unshaped"
 
 
-def plot(rows: list[Row], path: Path, link_bps: float | None, wire_bps: float | None, n: int, title: str) -> None:
+def plot(rows: list[AllreduceRow], path: Path, link_bps: float | None, wire_bps: float | None, n: int, title: str) -> None:
     plt = pyplot()
     sizes = [r.size for r in rows]
     fig, ax = plt.subplots(figsize=(7, 4.2), dpi=120)

@@ -57,7 +57,7 @@ class Config:
 
 
 @dataclass
-class Row:
+class ScalingRow:
     name: str
     place: str
     nodes: int
@@ -142,7 +142,7 @@ def check_same_corpus(summaries: dict[str, list[dict]]) -> None:
                         "compare; run the same trainer/corpus.py on the host and in the nodes")
 
 
-def build_rows(configs: list[Config], summaries: dict[str, list[dict]], efficiency: float) -> list[Row]:
+def build_rows(configs: list[Config], summaries: dict[str, list[dict]], efficiency: float) -> list[ScalingRow]:
     """Rows from every configuration's SUMMARY lines (one per repeat); medians over repeats."""
     check_same_corpus(summaries)
     baseline = None
@@ -155,7 +155,7 @@ def build_rows(configs: list[Config], summaries: dict[str, list[dict]], efficien
             baseline = statistics.median(tokens)
         compute = pick["compute_ms_per_step"]
         allreduce = pick["allreduce_ms_per_step"]
-        rows.append(Row(
+        rows.append(ScalingRow(
             name=config.name, place=config.place, nodes=config.nodes, nproc_per_node=config.nproc_per_node,
             bw=config.bw or ("loopback" if config.nodes == 1 else "unshaped"), world_size=config.world_size,
             tokens_per_s=statistics.median(tokens), step_ms=pick["step_ms"], compute_ms_per_step=compute,
@@ -170,7 +170,7 @@ def build_rows(configs: list[Config], summaries: dict[str, list[dict]], efficien
     return rows
 
 
-def ratio_rows(rows: list[Row]) -> list[tuple[int, float, float, float]]:
+def ratio_rows(rows: list[ScalingRow]) -> list[tuple[int, float, float, float]]:
     """(N, tokens/s of N nodes unshaped, of N host processes, their ratio) for every N in both."""
     cpu = [r for r in rows if r.device == "cpu"]
     lab = {r.world_size: r.tokens_per_s for r in cpu if r.place == "lab" and r.nproc_per_node == 1 and r.bw == "unshaped"}
@@ -181,7 +181,7 @@ def ratio_rows(rows: list[Row]) -> list[tuple[int, float, float, float]]:
 # ------------------------------------------------------------------------------ output
 
 
-def markdown(rows: list[Row], title: str, notes: list[str] = ()) -> str:
+def markdown(rows: list[ScalingRow], title: str, notes: list[str] = ()) -> str:
     def num(value, fmt):
         return "-" if value is None else format(value, fmt)
 
@@ -203,12 +203,12 @@ def markdown(rows: list[Row], title: str, notes: list[str] = ()) -> str:
     return "\n".join(lines) + "\n"
 
 
-def plot(rows: list[Row], out: Path, title: str) -> list[Path]:
+def plot(rows: list[ScalingRow], out: Path, title: str) -> list[Path]:
     """scaling.png (tokens/s against nodes per link) and breakdown.png (compute vs communication)."""
     plt = pyplot()
     paths = [out / "scaling.png", out / "breakdown.png"]
     fig, ax = plt.subplots(figsize=(7, 4.2), dpi=120)
-    series: dict[str, list[Row]] = {}
+    series: dict[str, list[ScalingRow]] = {}
     for r in rows:
         if r.place == "lab" and r.nproc_per_node == 1:
             series.setdefault("unshaped" if r.bw in ("unshaped", "loopback") else r.bw, []).append(r)
@@ -257,7 +257,7 @@ def plot(rows: list[Row], out: Path, title: str) -> list[Path]:
     return paths
 
 
-def write_outputs(rows: list[Row], out: Path, title: str, meta: dict, plots: bool = True) -> list[Path]:
+def write_outputs(rows: list[ScalingRow], out: Path, title: str, meta: dict, plots: bool = True) -> list[Path]:
     """scaling.md and scaling.json, and with `plots` (matplotlib installed) the two PNGs; meta's
     "notes" (e.g. NO_GPU_NOTE) go under the table too."""
     out.mkdir(parents=True, exist_ok=True)

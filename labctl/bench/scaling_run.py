@@ -19,7 +19,7 @@ from labctl.bench.cost import DEFAULT_EFFICIENCY
 from labctl.bench.scaling import (
     NO_GPU_NOTE,
     Config,
-    Row,
+    ScalingRow,
     build_rows,
     no_gpu_nodes_note,
     plan,
@@ -45,7 +45,7 @@ DEFAULT_RATES = ("1gbit", "100mbit")
 class ScalingReport:
     """`labctl bench scaling`'s answer: the rows, the table's title, and the files written."""
 
-    rows: list[Row]
+    rows: list[ScalingRow]
     title: str
     paths: list[Path]  # scaling.md, scaling.json and the plots
     notes: list[str] = ()  # what was not measured and why, e.g. NO_GPU_NOTE

@@ -67,7 +67,7 @@ def measure(session: LabSession, *, node: str | None = None, cpus: float = 0.25,
         raise StateError(f"lab {session.name} has {len(names)} node; a straggler needs others to wait for it",
                          hint=f"labctl up --lab {session.name} --nodes 3")
     node = session.require_node(node or names[-1], names)
-    lab_docker.check_cpus(session.client, {"--cpus": cpus})
+    lab_docker.check_cpu_limits(session.client, {"--cpus": cpus})
     node_env = session.node_env(names)
     every = Config("all nodes", "lab", len(names), 1)
     global_batch = micro_batch * len(names)

@@ -44,7 +44,7 @@ from labctl.diagnose.packages import check_packages
 from labctl.lab.compose import container_name
 from labctl.lab.docker import DockerNodes, node_cpus_limit
 from labctl.lab.engine import inspect_engine, refusal
-from labctl.lab.lockfile import Lock
+from labctl.lab.lockfile import Lock, release
 from labctl.slurm.cluster import is_slurm_lab
 
 CONNECT_S = 1.5  # how long a probe keeps trying one target (peers may still be starting to listen)
@@ -119,12 +119,6 @@ def check_env(envs: dict[str, dict[str, str]]) -> list[Finding]:
 
 VERSION_KEYS = ("torch", "python", "cuda", "nccl")
 CUDA_KEYS = ("cuda", "nccl")  # compared among the nodes that have them: a CPU node has none, and that is no mismatch
-
-
-def release(version: str | None) -> str | None:
-    """A version without its local tag: torch "2.13.0+cpu" and the CUDA wheel's "2.13.0" (or "+cu128") are one
-    release, built for different devices, and train together (gloo between them)."""
-    return version.split("+", 1)[0] if version else version
 
 
 def check_versions(info: dict[str, dict]) -> list[Finding]:

@@ -39,14 +39,14 @@ from labctl.run.plan import RunPlan, new_run
 from labctl.session import LabSession
 from labctl.trace import write_trace
 
-__all__ = ["SCENARIOS", "Outcome", "run_scenario", "run_scenarios", "select_scenarios"]
+__all__ = ["SCENARIOS", "ScenarioOutcome", "run_scenario", "run_scenarios", "select_scenarios"]
 
 
 # ------------------------------------------------------------------------------ running one
 
 
 @dataclass
-class Outcome:
+class ScenarioOutcome:
     name: str
     symptom: str
     seconds_to_show: float
@@ -98,7 +98,7 @@ def first_symptom(pattern: str, outcomes) -> str:
     return ""
 
 
-def run_scenario(client, config, workspace, scenario: Scenario, report) -> Outcome:
+def run_scenario(client, config, workspace, scenario: Scenario, report) -> ScenarioOutcome:
     """The whole story on a throwaway lab (config.lab), which is removed whatever happens."""
     other_image, timeline, kept, drift = None, "", None, None
     if scenario.other_torch_on_last_node:  # built once and cached, before the clock starts
@@ -162,7 +162,7 @@ def run_scenario(client, config, workspace, scenario: Scenario, report) -> Outco
     finally:
         lab_mod.apply_down(client, config.lab, volumes=True)
         remove_lab_folder(lab_mod.lab_dir(workspace, config.lab), keep=kept)
-    return Outcome(scenario.name, symptom, shown_at - t0, broken_exit, diagnosis, doctor_s, scenario.fix, fixed_ok,
+    return ScenarioOutcome(scenario.name, symptom, shown_at - t0, broken_exit, diagnosis, doctor_s, scenario.fix, fixed_ok,
                    fixed_s, time.monotonic() - started, scenario.bound_s, scenario.symptom_required, timeline)
 
 
@@ -219,7 +219,7 @@ def select_scenarios(names) -> list[str]:
     return wanted
 
 
-def run_scenarios(client, make_config, workspace, names: list[str], report, show=None) -> list[Outcome]:
+def run_scenarios(client, make_config, workspace, names: list[str], report, show=None) -> list[ScenarioOutcome]:
     """Each scenario on a 2-node lab of its own, scn-NAME (`make_config(lab=...)` resolves its
     configuration); `show` gets each outcome as soon as it is known."""
     outcomes = []

@@ -60,21 +60,16 @@ PROBE_CONNECT_S = 3.0  # hosts start their probes over separate SSH sessions, up
 SYNC_TIMEOUT_S = 1800
 
 
-def state_dir(inventory: Inventory) -> str:
-    """Where labctl keeps a host's env file and the job's outputs, relative to its workspace."""
-    return f".lab/{inventory.name}"
-
-
 def env_file(inventory: Inventory, name: str) -> str:
     """Where a host's env file is, relative to its workspace (PREPARE_SCRIPT writes it there)."""
-    return f"{state_dir(inventory)}/{name}.env"
+    return f"{inventory.state_dir}/{name}.env"
 
 
 def local_dir(workspace: Path, inventory: Inventory) -> Path:
-    return workspace / state_dir(inventory)
+    return workspace / inventory.state_dir
 
 
-def parse_env_text(text: str) -> dict[str, str]:
+def env_file_values(text: str) -> dict[str, str]:
     return {k: v for k, v in dotenv_values(stream=io.StringIO(text)).items() if v is not None}
 
 
@@ -161,7 +156,7 @@ def host_findings(inventory: Inventory, reached: Reached, nproc_per_node: int | 
     if not reached.failed:
         out.append(Finding("ssh", "all", True, f"{len(inventory.hosts)} host{'s' * (len(inventory.hosts) != 1)} "
                            "reached, every host key verified"))
-    envs = {name: parse_env_text(text) for name, text in inventory.env_files(nproc_per_node).items()}
+    envs = {name: env_file_values(text) for name, text in inventory.env_files(nproc_per_node).items()}
     out += check_env(envs)
     info = reached.info
     with_torch = {name: i for name, i in info.items() if i.get("torch")}
@@ -232,7 +227,7 @@ def preflight(hosts: SSHHosts, nproc_per_node: int | None, report: Report,
 def prepare(hosts: SSHHosts, env_texts: dict[str, str]) -> None:
     """Every host's workspace made (or found to be labctl's) and its env file written."""
     inventory = hosts.inventory
-    state = state_dir(inventory)
+    state = inventory.state_dir
 
     def one(name: str) -> None:
         host = inventory.host(name)
@@ -321,10 +316,10 @@ def plan_run(inventory: Inventory, workspace: Path, script_args: list[str], *, l
     env_texts = inventory.env_files(nproc_per_node)
     if packages:
         env_texts = with_pythonpath(env_texts, packages)
-    node_env = {name: parse_env_text(text) for name, text in env_texts.items()}
+    node_env = {name: env_file_values(text) for name, text in env_texts.items()}
     job = build_run_plan(node_env, script_args, local_dir(workspace, inventory), launcher=launcher,
                          nproc_per_node=nproc_per_node, pg_timeout_s=pg_timeout_s,
-                         remote_runs_parent=state_dir(inventory), user_env=env, timeout_s=timeout_s)
+                         remote_runs_parent=inventory.state_dir, user_env=env, timeout_s=timeout_s)
     hosts = SSHHosts(inventory, accept_new=accept_new,
                      env_files={name: env_file(inventory, name) for name in inventory.names}, packages=packages)
     return HostsRun(hosts, env_texts, job)

@@ -122,6 +122,11 @@ class Inventory:
     def names(self) -> list[str]:
         return [h.name for h in self.hosts]
 
+    @property
+    def state_dir(self) -> str:
+        """Where labctl keeps the hosts' env files, runs and packages, relative to a workspace: .lab/<name>."""
+        return f".lab/{self.name}"
+
     def host(self, name: str) -> Host:
         return next(h for h in self.hosts if h.name == name)
 

@@ -43,12 +43,8 @@ class HostPackages:
     path: str  # the packages folder, relative to each host's workspace
 
 
-def state_dir(inventory: Inventory) -> str:
-    return f".lab/{inventory.name}"
-
-
 def packages_path(inventory: Inventory, lock: Lock) -> str:
-    return f"{state_dir(inventory)}/packages-{lock.short}"
+    return f"{inventory.state_dir}/packages-{lock.short}"
 
 
 def with_pythonpath(env_texts: dict[str, str], path: str) -> dict[str, str]:
@@ -70,7 +66,7 @@ def host_target(hosts: SSHHosts, name: str) -> Target:
 
 def hosts_lock_path(workspace: Path, inventory: Inventory) -> Path:
     """The lock the hosts get: their own where `hosts sync` resolved one, else the lab's of that name."""
-    folder = workspace / state_dir(inventory)
+    folder = workspace / inventory.state_dir
     return folder / HOSTS_LOCK if (folder / HOSTS_LOCK).is_file() else folder / LOCK_FILE
 
 
@@ -92,7 +88,7 @@ def host_packages(hosts: SSHHosts, declaration: Declaration | None, workspace: P
             raise StateError(f"{first}: its Python has no torch, which the packages are resolved with",
                              hint=f"point python for {first} in {inventory.path} at the environment that has torch")
         lock = ensure_lock(declaration, torch=release(torch), target=target, cache=cache, report=report)
-        own = workspace / state_dir(inventory) / HOSTS_LOCK
+        own = workspace / inventory.state_dir / HOSTS_LOCK
         if declaration.file != own.resolve():
             write_atomic(own, render_lock(lock, target))
     return HostPackages(lock, target, packages_path(inventory, lock))
@@ -108,7 +104,7 @@ def install(hosts: SSHHosts, packages: HostPackages, cache: Path, report: Report
     pins = {name: to_install(lock, installed) for name, installed in have.items()}
     wanted = sorted({pin for missing in pins.values() for pin in missing})
     files = dict(zip(wanted, fetch_wheels(wanted, cache, packages.target, report)))
-    wheels = f"{state_dir(inventory)}/wheels"
+    wheels = f"{inventory.state_dir}/wheels"
 
     def one(name: str) -> int:
         host = inventory.host(name)

@@ -156,7 +156,7 @@ def engine_cpus(client) -> int:
     return int(client.info().get("NCPU") or os.cpu_count() or 1)
 
 
-def check_cpus(client, limits: dict[str, float]) -> None:
+def check_cpu_limits(client, limits: dict[str, float]) -> None:
     """Each limit (keyed by how to name it in an error) at most the engine's CPUs; one engine query."""
     if not limits:
         return

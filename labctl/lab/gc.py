@@ -21,7 +21,7 @@ from labctl.lab.packages import LABEL_PACKAGES
 
 
 @dataclass(frozen=True)
-class Verdict:
+class LabVerdict:
     lab: str
     remove: bool
     why: str
@@ -41,23 +41,23 @@ class ImageVerdict:
 
 
 def plan_gc(listings: Sequence[LabListing], *, everything: bool = False,
-            gone: Callable[[Mapping[str, str]], str | None] = owner_gone) -> list[Verdict]:
+            gone: Callable[[Mapping[str, str]], str | None] = owner_gone) -> list[LabVerdict]:
     """For each lab: remove it, or keep it, and why. `gone(owner labels)` says why its owner is
     gone, or None."""
     verdicts = []
     for lab in listings:
         why = gone(lab.owner)
         if why:
-            verdicts.append(Verdict(lab.name, True, why))
+            verdicts.append(LabVerdict(lab.name, True, why))
         elif everything:
-            verdicts.append(Verdict(lab.name, True, "--all"))
+            verdicts.append(LabVerdict(lab.name, True, "--all"))
         elif LABEL_PID not in lab.owner:
             session = lab.owner.get(LABEL_SESSION)
-            verdicts.append(Verdict(lab.name, False, f"no owner process ({f'from {session}' if session else 'no owner labels'}); "
+            verdicts.append(LabVerdict(lab.name, False, f"no owner process ({f'from {session}' if session else 'no owner labels'}); "
                                                      "`labctl down` or `gc --all` removes it"))
         else:
             host = lab.owner.get(LABEL_HOST, "?")
-            verdicts.append(Verdict(lab.name, False, f"its owner, process {lab.owner[LABEL_PID]} on {host}, "
+            verdicts.append(LabVerdict(lab.name, False, f"its owner, process {lab.owner[LABEL_PID]} on {host}, "
                                                      f"is alive, or in another machine or container"))
     return verdicts
 
@@ -75,7 +75,7 @@ def plan_images(images: Sequence[Mapping], used: set[str], going: set[str] = fro
     return verdicts
 
 
-def collect_garbage(client, *, everything: bool = False, dry_run: bool = False) -> list[Verdict]:
+def collect_garbage(client, *, everything: bool = False, dry_run: bool = False) -> list[LabVerdict]:
     """Remove the labs `plan_gc` condemns (none with `dry_run`); every lab's verdict."""
     listings, _ = engine_labs(client)
     verdicts = plan_gc(listings, everything=everything)

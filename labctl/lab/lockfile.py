@@ -195,8 +195,10 @@ def same_version(a: str | None, b: str | None) -> bool:
         return a == b
 
 
-def release(version: str) -> str:
-    return version.split("+", 1)[0]
+def release(version: str | None) -> str | None:
+    """A version without its local tag: torch "2.13.0+cpu" and the CUDA wheel's "2.13.0" (or "+cu128") are one
+    release, built for different devices, and train together (gloo between them)."""
+    return version.split("+", 1)[0] if version else version
 
 
 def to_install(lock: Lock, installed: Mapping[str, str]) -> list[Pin]:

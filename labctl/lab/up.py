@@ -34,7 +34,7 @@ from labctl.lab import engine as engine_mod
 from labctl.lab import gpus as gpus_mod
 from labctl.lab import tcp
 from labctl.lab.compose import LABEL_GPUS, LABEL_NODE, LABEL_RANK, LABEL_SCHEDULER, LABEL_SSH, ComposePlan
-from labctl.lab.docker import check_cpus, lab_networks, network_subnets
+from labctl.lab.docker import check_cpu_limits, lab_networks, network_subnets
 from labctl.lab.engine import Engine
 from labctl.lab.envfiles import build_env_files, topology_for_lab
 from labctl.lab.gpus import GpuPlan
@@ -162,7 +162,7 @@ def choose_subnet(client, config: LabConfig, raced: Iterable[str] = ()) -> str:
 def check_host_limits(client, config: LabConfig) -> None:
     limits = {shown_key(config, "cpus"): config.cpus} if config.cpus is not None else {}
     limits.update({f"{shown_key(config, 'node_cpus')} {name}": cpus for name, cpus in config.node_cpus})
-    check_cpus(client, limits)
+    check_cpu_limits(client, limits)
 
 
 def render_project(client, config: LabConfig, workspace: Path, ssh_public_key: str | None = None,

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, Mapping
 
-from labctl.config import SETTINGS, LabConfig, load_config, parse_node_cpus
+from labctl.config import SETTINGS, LabConfig, checked_node_cpus, load_config
 from labctl.errors import ConfigError, LabError
 from labctl.net.tc import parse_shape
 
@@ -215,7 +215,7 @@ def _node_cpus(raw: Any, nodes: int) -> tuple[tuple[str, float], ...]:
     key = f"{MARKER}(node_cpus=)"
     if isinstance(raw, Mapping):
         raw = ",".join(f"{node}={cpus}" for node, cpus in raw.items())
-    return tuple(sorted(parse_node_cpus(str(raw), nodes, key=key).items()))
+    return tuple(sorted(checked_node_cpus(str(raw), nodes, key=key).items()))
 
 
 # --------------------------------------------------------------------------------------- names

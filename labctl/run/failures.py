@@ -77,7 +77,7 @@ class RankFailure:
 
 
 @dataclass
-class Verdict:
+class RunVerdict:
     """What a run came to: `exit_status` (0, the root cause's, 124 timeout, 130 Ctrl-C) and why."""
 
     exit_status: int
@@ -269,7 +269,7 @@ def _order(failure: RankFailure) -> tuple:
 
 def judge(streams: Sequence[Stream], *, ok: bool, timed_out: bool = False, interrupted: bool = False,
           live_ranks: dict[str, list[int]] | None = None, oom_kills: dict[str, int | None] | None = None,
-          year: int | None = None) -> Verdict:
+          year: int | None = None) -> RunVerdict:
     """The verdict on a run from its streams. `ok`: whether it succeeded (an elastic run may, with
     failures); `live_ranks`: the ranks each node still ran when labctl stopped it; `oom_kills`: each
     node's memory cgroup's OOM kills at the end of the run."""
@@ -277,7 +277,7 @@ def judge(streams: Sequence[Stream], *, ok: bool, timed_out: bool = False, inter
     parsed = [(s, stream_failures(s, year)) for s in streams]
     failures = sorted((f for _, found in parsed for f in found), key=_order)
     if interrupted:
-        return Verdict(130, None, failures, interrupted=True)
+        return RunVerdict(130, None, failures, interrupted=True)
     if timed_out:
         live = live_ranks or {}
         unfinished = [f"rank {r} on {node}" for node, ranks in live.items() for r in ranks] or sorted(
@@ -285,18 +285,18 @@ def judge(streams: Sequence[Stream], *, ok: bool, timed_out: bool = False, inter
         # A launch still running at the timeout was stopped by it: what it then said (a peer gone) is
         # the stop's doing, not a failure from before it.
         own = sorted((f for s, found in parsed if not s.stopped for f in found if not f.stopped), key=_order)
-        return Verdict(124, own[0] if own else None, own[1:], unfinished, timed_out=True)
+        return RunVerdict(124, own[0] if own else None, own[1:], unfinished, timed_out=True)
     if ok:
-        return Verdict(0, None, failures)
+        return RunVerdict(0, None, failures)
     causes = [f for f in failures if f.consequence is None] or [f for f in failures if not f.stopped] or failures
     if not causes:  # failed, yet nothing says how: the first stream that did not end cleanly
         bad = next((s for s in streams if s.exit_code not in (0, None)), streams[0] if streams else None)
         node = bad.node if bad else "?"
-        return Verdict(1, RankFailure(node, status=bad.exit_code if bad and bad.exit_code else 1))
+        return RunVerdict(1, RankFailure(node, status=bad.exit_code if bad and bad.exit_code else 1))
     root = causes[0]
     after = [f for f in failures if f is not root]
     kills = (oom_kills or {}).get(root.node)
-    return Verdict(root.exit_status, root, after, oom_kills=kills)
+    return RunVerdict(root.exit_status, root, after, oom_kills=kills)
 
 
 SIGNAL_NOTES = {"SIGSEGV": "segmentation fault", "SIGABRT": "aborted", "SIGBUS": "bus error",
@@ -329,7 +329,7 @@ def _names(failures: list[RankFailure]) -> str:
     return who[0] if len(who) == 1 else ", ".join(who[:-1]) + " and " + who[-1]
 
 
-def explain(verdict: Verdict, timeout_s: float | None = None) -> list[str]:
+def explain(verdict: RunVerdict, timeout_s: float | None = None) -> list[str]:
     """The last lines of a failed run, before its log path: the root cause first, then the rest."""
     if verdict.interrupted:
         return ["interrupted (Ctrl-C); labctl stopped the run on every node"]

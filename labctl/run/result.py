@@ -13,7 +13,7 @@ from pathlib import Path
 from labctl.run.failures import (
     RankFailure,
     Stream,
-    Verdict,
+    RunVerdict,
     explain,
     judge,
     what_happened,
@@ -70,7 +70,7 @@ class RunResult:
     oom_kills: dict[str, int | None] = field(default_factory=dict)  # each node's OOM kills, at the end
 
     @property
-    def verdict(self) -> Verdict:
+    def verdict(self) -> RunVerdict:
         """Which rank failed first, where, saying what, and the exit status that follows (see failures.py)."""
         return judge([o.stream() for o in self.outcomes], ok=self.ok, timed_out=self.timed_out,
                      interrupted=self.interrupted, live_ranks=self.live_ranks, oom_kills=self.oom_kills)
@@ -141,7 +141,7 @@ class RunResult:
         lines.append(f"logs: {_shown(where or self.run_dir)}")
         return "\n".join(lines)
 
-    def _root_outcome(self, verdict: Verdict) -> Outcome | None:
+    def _root_outcome(self, verdict: RunVerdict) -> Outcome | None:
         if verdict.root is None:
             return None
         return next((o for o in self.outcomes if o.launch.node == verdict.root.node

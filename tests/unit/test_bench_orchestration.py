@@ -66,7 +66,7 @@ def engine(monkeypatch, events):
         return {n: LinkState("tbf", state["links"][n]) if n in state["links"] else LinkState("none") for n in nodes}
 
     def check_cpus(client, limits):
-        events.append(("check_cpus", limits))
+        events.append(("check_cpu_limits", limits))
         if state["refuse_cpus"]:
             raise state["refuse_cpus"]
 
@@ -77,7 +77,7 @@ def engine(monkeypatch, events):
     monkeypatch.setattr(netshape, "apply_shape", lambda c, lab, nodes, shape, iface:
                         events.append(("shape", tuple(nodes), shape.rate_bps)))
     monkeypatch.setattr(netshape, "clear_shape", lambda c, lab, nodes, iface: events.append(("clear", tuple(nodes))))
-    monkeypatch.setattr(lab_docker, "check_cpus", check_cpus)
+    monkeypatch.setattr(lab_docker, "check_cpu_limits", check_cpus)
     monkeypatch.setattr(lab_docker, "node_cpus_limit", node_cpus_limit)
     monkeypatch.setattr(lab_docker, "apply_node_cpus", lambda c, lab, node, cpus:
                         events.append(("cpus", node, cpus)))
@@ -341,7 +341,7 @@ def test_straggler_alternates_even_and_balanced_under_the_limit(tmp_path, events
             "--threads", "1"]
     even = ("run", ("node0", "node1", "node2"), args + ["--backend", "gloo"])
     balanced = ("run", ("node0", "node1", "node2"), args + ["--rank-micro-batch", "0=21,1=21,2=6", "--backend", "gloo"])
-    assert events == [("running",), ("check_cpus", {"--cpus": 0.25}), ("cpus", "node2", 0.25),
+    assert events == [("running",), ("check_cpu_limits", {"--cpus": 0.25}), ("cpus", "node2", 0.25),
                       even, balanced, even, balanced, ("cpus", "node2", None)]
     assert messages[0] == "node2 limited to 0.25 CPUs" and messages[-1] == "node2 CPU limit restored to none"
     assert messages[1] == "round 1, even split [16, 16, 16]: 1,000 tokens/s, slowest node2, others waited 0.90 s"

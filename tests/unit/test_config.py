@@ -158,12 +158,12 @@ def test_fuzz_node_counts(n):
 
 
 def test_parse_node_cpus():
-    from labctl.config import parse_node_cpus
+    from labctl.config import checked_node_cpus
 
-    assert parse_node_cpus("node2=0.25", 3) == {"node2": 0.25}
-    assert parse_node_cpus(" node0=1 , node2=0.5 ", 3) == {"node0": 1.0, "node2": 0.5}
+    assert checked_node_cpus("node2=0.25", 3) == {"node2": 0.25}
+    assert checked_node_cpus(" node0=1 , node2=0.5 ", 3) == {"node0": 1.0, "node2": 0.5}
     for bad, fragment in (("node3=1", "node0..node2"), ("node2", "NODE=CPUS"), ("n2=1", "NODE=CPUS"),
                           ("node2=fast", "number of CPUs"), ("node2=0", "CPU count"), ("node1=1,node1=2", "twice"),
                           ("", "at least one")):
         with pytest.raises(ConfigError, match=fragment):
-            parse_node_cpus(bad, 3)
+            checked_node_cpus(bad, 3)

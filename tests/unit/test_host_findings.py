@@ -4,7 +4,7 @@ and nothing claimed of a host that was not checked."""
 from pathlib import Path
 
 from labctl.errors import LabError
-from labctl.hosts.actions import Reached, host_findings, parse_env_text
+from labctl.hosts.actions import Reached, host_findings, env_file_values
 from labctl.hosts.inventory import parse_inventory
 from labctl.hosts.ssh import SSHError
 
@@ -68,5 +68,5 @@ def test_rsync_missing_on_a_host_is_a_problem_for_sync():
 
 
 def test_env_files_as_the_hosts_will_load_them():
-    env = parse_env_text(INV.env_files()["laptop"])
+    env = env_file_values(INV.env_files()["laptop"])
     assert env["NODE_RANK"] == "1" and env["MASTER_ADDR"] == "100.64.0.1" and env["PET_RDZV_CONF"] == "is_host=false"

@@ -177,3 +177,14 @@ def test_importing_labctl_stays_light(module):
 
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
+
+
+def test_no_two_public_classes_share_a_name():
+    """One name, one thing: a reader who meets `Verdict` or `Row` knows which one it is."""
+    where: dict[str, list[str]] = defaultdict(list)
+    for path in sorted(ROOT.rglob("*.py")):
+        for node in ast.parse(path.read_text()).body:
+            if isinstance(node, ast.ClassDef) and not node.name.startswith("_"):
+                where[node.name].append(module_name(path))
+    shared = {name: modules for name, modules in where.items() if len(modules) > 1}
+    assert not shared, shared

@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 
 from labctl.bench import straggler
-from labctl.diagnose.scenarios import Outcome, broken_timeline, remove_lab_folder
+from labctl.diagnose.scenarios import ScenarioOutcome, broken_timeline, remove_lab_folder
 from labctl.diagnose.traps import SCENARIOS
 from labctl.trace import write_comparison
 from test_bench_orchestration import FakeLab, engine, events, flag  # noqa: F401 (fixtures)
@@ -97,7 +97,7 @@ def test_the_scenario_labs_folder_goes_but_the_kept_run(tmp_path):
 def test_the_scenario_panel_shows_the_timeline(capsys):
     from labctl.cli import render
 
-    outcome = Outcome("straggler", "straggler: rank 1 on node1", 3.0, 0, ["node1: limited"], 0.5, "fix", True, 9.0, 60.0,
+    outcome = ScenarioOutcome("straggler", "straggler: rank 1 on node1", 3.0, 0, ["node1: limited"], 0.5, "fix", True, 9.0, 60.0,
                       120, timeline="the others waited for rank 1 (node1): 1.2 s in all; timeline: /x/timeline.png")
     render.print_scenario(outcome, "One slow node drags everyone")
     out = " ".join(capsys.readouterr().out.split())
