@@ -22,6 +22,7 @@ from labctl.cli.options import (
     nproc_option,
     package_options,
     package_settings,
+    spec_help,
     torchrun_option,
 )
 from labctl.lab import image as image_mod
@@ -30,12 +31,13 @@ from labctl.ui import BuildProgress, info, stdout_console
 
 
 @main.command(context_settings=CONTEXT)
-@click.option("--torch-version", metavar="X.Y.Z", help="torch release to pin [env DDPLAB_TORCH_VERSION; default 2.13.0].")
+@click.option("--torch-version", metavar="X.Y.Z", help=spec_help("torch_version", "torch release to pin"))
 @click.option("--cuda", is_flag=True,
               help="Build the GPU node image instead (Dockerfile.cuda, ddplab-node:torch<VERSION>-cuda): torch's CUDA "
                    "build, about 2.8 GB of wheels through pip's index, once per release.")
-@click.option("--base-image", metavar="IMAGE", help="Base image [env DDPLAB_BASE_IMAGE; default python:3.11-slim-bookworm].")
-@click.option("--image", metavar="TAG", help="Tag of the node image [env DDPLAB_IMAGE; default ddplab-node:torch<VERSION>-cpu].")
+@click.option("--base-image", metavar="IMAGE", help=spec_help("base_image", "Base image"))
+@click.option("--image", metavar="TAG", help=spec_help("image", "Tag of the node image",
+                                                       default="ddplab-node:torch<VERSION>-cpu"))
 @click.option("--force", is_flag=True, help="Build even if an image with the same inputs exists.")
 @click.option("--verbose", "verbose_build", is_flag=True, help="Print every line of the build's output.")
 @click.option("--mismatch-image", is_flag=True,
@@ -86,54 +88,54 @@ def build(torch_version, cuda, base_image, image, force, verbose_build, mismatch
 
 @main.command(context_settings=CONTEXT)
 @lab_option
-@click.option("--nodes", metavar="N", help="Number of nodes, 1-64 [env DDPLAB_NODES; default 3; a running lab keeps its count].")
-@nproc_option("Processes per node for torchrun [env DDPLAB_NPROC_PER_NODE; default 1].")
-@click.option("--cpus", metavar="C", help="CPU limit per node, e.g. 0.5 [env DDPLAB_CPUS; default none].")
-@click.option("--memory", metavar="SIZE", help="Memory limit per node, e.g. 2g [env DDPLAB_MEMORY; default 4g].")
-@click.option("--subnet", metavar="CIDR", help="Lab network, e.g. 172.28.5.0/24, or auto [env DDPLAB_SUBNET; default auto].")
-@torchrun_option("--master-port", metavar="PORT", help="Rendezvous port on node0, 1024-65535 [env DDPLAB_MASTER_PORT; default 29500].")
+@click.option("--nodes", metavar="N", help=spec_help("nodes", "Number of nodes, 1-64", note="a running lab keeps its count"))
+@nproc_option(spec_help("nproc_per_node", "Processes per node for torchrun"))
+@click.option("--cpus", metavar="C", help=spec_help("cpus", "CPU limit per node, e.g. 0.5"))
+@click.option("--memory", metavar="SIZE", help=spec_help("memory", "Memory limit per node, e.g. 2g"))
+@click.option("--subnet", metavar="CIDR", help=spec_help("subnet", "Lab network, e.g. 172.28.5.0/24, or auto"))
+@torchrun_option("--master-port", metavar="PORT", help=spec_help("master_port", "Rendezvous port on node0, 1024-65535"))
 @click.option("--image", metavar="TAG", help="Node image [env DDPLAB_IMAGE].")
 @click.option("--bw", metavar="RATE", help="Shape every node's link at bring-up, e.g. 1gbit (as `labctl shape --bw`) "
                                            "[env DDPLAB_BW].")
 @click.option("--node-cpus", metavar="NODE=C,...", help="Per-node CPU limits over --cpus, e.g. node2=0.25 (a straggler) "
                                                         "[env DDPLAB_NODE_CPUS].")
 @click.option("--ssh/--no-ssh", default=None,
-              help="Make every node an SSH host and write .lab/<lab>/hosts.toml for `labctl hosts` "
-                   "[env DDPLAB_SSH; default: as the running lab is; off for a new one].")
+              help=spec_help("ssh", "Make every node an SSH host and write .lab/<lab>/hosts.toml for `labctl hosts`",
+                             default="as the running lab is; off for a new one"))
 @click.option("--gpus", metavar="all|N|LIST",
-              help="The machine's GPUs the lab gets: all, the first N, or indices such as 0,2 (GPU 1 alone: 1,); "
-                   "nodes take them in order, --gpus-per-node each [env DDPLAB_GPUS; default none].")
-@click.option("--gpus-per-node", metavar="K", help="GPUs each GPU node gets; nodes beyond the GPUs are CPU nodes "
-                                                  "[env DDPLAB_GPUS_PER_NODE; default 1].")
+              help=spec_help("gpus", "The machine's GPUs the lab gets: all, the first N, or indices such as 0,2 (GPU 1 "
+                                     "alone: 1,); nodes take them in order, --gpus-per-node each"))
+@click.option("--gpus-per-node", metavar="K",
+              help=spec_help("gpus_per_node", "GPUs each GPU node gets; nodes beyond the GPUs are CPU nodes"))
 @click.option("--cuda", metavar="all|N|NODES",
-              help="Nodes on the CUDA image: all, the first N, or names such as node0,node1; without a GPU they "
-                   "train with gloo on CPU [env DDPLAB_CUDA; default the GPU nodes].")
+              help=spec_help("cuda", "Nodes on the CUDA image: all, the first N, or names such as node0,node1; without a "
+                                     "GPU they train with gloo on CPU", default="the GPU nodes"))
 @click.option("--nccl-transport", type=click.Choice(["socket", "auto"], case_sensitive=False),
-              help="socket: NCCL between GPU nodes goes over the lab network, where `labctl shape` acts on it; auto: "
-                   "NCCL may use P2P or shared memory between GPUs of this machine, faster but unshaped "
-                   "[env DDPLAB_NCCL_TRANSPORT; default socket].")
+              help=spec_help("nccl_transport", "socket: NCCL between GPU nodes goes over the lab network, where "
+                             "`labctl shape` acts on it; auto: NCCL may use P2P or shared memory between GPUs of this "
+                             "machine, faster but unshaped"))
 @click.option("--tcp-cc", metavar="NAME|host",
-              help="TCP congestion control of the nodes' sockets, e.g. cubic or bbr; host keeps the host's "
-                   "[env DDPLAB_TCP_CC; default cubic, so shaped links measure the same on every host].")
+              help=spec_help("tcp_cc", "TCP congestion control of the nodes' sockets, e.g. cubic or bbr; host keeps the "
+                                       "host's", note="so shaped links measure the same on every host"))
 @click.option("--cpu-kernels", type=click.Choice(["avx2", "native"], case_sensitive=False),
-              help="avx2: the nodes' CPU kernels (torch, MKL, oneDNN) held to AVX2, so runs end at the same loss and "
-                   "checksum on every x86 host; native: each host's best, faster where it has AVX-512, but its "
-                   "numbers differ [env DDPLAB_CPU_KERNELS; default avx2].")
+              help=spec_help("cpu_kernels", "avx2: the nodes' CPU kernels (torch, MKL, oneDNN) held to AVX2, so runs "
+                             "end at the same loss and checksum on every x86 host; native: each host's best, faster "
+                             "where it has AVX-512, but its numbers differ"))
 @click.option("--warm", type=click.Choice(["auto", "on", "off"], case_sensitive=False),
-              help="A fork server in every node, torch imported, so runs start in about a second: auto (on while they "
-                   "take at most 40% of the engine's memory, about 230 MB each), on or off [env DDPLAB_WARM; "
-                   "default auto].")
+              help=spec_help("warm", "A fork server in every node, torch imported, so runs start in about a second: "
+                             "auto (on while they take at most 40% of the engine's memory, about 230 MB each), on or "
+                             "off"))
 @click.option("--scheduler", type=click.Choice(["none", "slurm"], case_sensitive=False), default=None,
-              help="slurm: the nodes also form a Slurm cluster for `labctl slurm` [env DDPLAB_SCHEDULER; default none; "
-                   "a running lab keeps its own].")
+              help=spec_help("scheduler", "slurm: the nodes also form a Slurm cluster for `labctl slurm`",
+                             note="a running lab keeps its own"))
 @package_options
 @click.option("--preload", multiple=True, metavar="MODULE",
               help="A module each node's fork server imports besides torch and numpy, so a run's workers find it "
                    "imported, e.g. lightning; repeat or comma-separate [env DDPLAB_PRELOAD; a running lab keeps its "
                    "own].")
 @click.option("--torch-version", metavar="X.Y.Z",
-              help="The torch release the nodes run; its node image is built first where missing "
-                   "[env DDPLAB_TORCH_VERSION; default 2.13.0].")
+              help=spec_help("torch_version", "The torch release the nodes run; its node image is built first where "
+                                              "missing"))
 @dry_run_option("Print each node's GPUs and image, and the Compose file and env files that would be used; "
                 "change nothing (refused as `up` is where the machine cannot give the GPUs).")
 @json_option("Print the node table as JSON (as `status --json`).")

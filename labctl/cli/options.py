@@ -8,6 +8,7 @@ from pathlib import Path
 import click
 
 from labctl.cli.app import CONTEXT
+from labctl.config import SETTINGS, LabConfig
 from labctl.run.launch import parse_script_args
 
 # Commands that pass everything after their options to the training script.
@@ -128,3 +129,16 @@ def package_settings(requirements: str | None, with_packages: tuple[str, ...], c
     if requirements and requirements.strip().lower() not in ("", "none"):
         requirements = str(Path(cwd) / Path(requirements).expanduser())
     return {"requirements": requirements, "with_packages": tuple(with_packages) or None}
+
+
+def spec_default(name: str) -> str:
+    """A setting's default as help text shows it, read off the lab spec's field (None and () are none)."""
+    value = LabConfig.__dataclass_fields__[name].default
+    return "none" if value in (None, (), "") else str(value)
+
+
+def spec_help(name: str, text: str, *, note: str = "", default: str | None = None) -> str:
+    """An option's help: `text`, then its setting's environment key and default, the default read off
+    the lab spec (`default`: in words, where a value would not say it), so the two cannot drift."""
+    shown = spec_default(name) if default is None else default
+    return f"{text} [env {SETTINGS[name][0]}; default {shown}{'; ' + note if note else ''}]."

@@ -69,6 +69,7 @@ def open_stdio():
 
 
 def send(conn, message):
+    """One JSON line to the other end."""
     conn.sendall((json.dumps(message) + "\n").encode())
 
 
@@ -76,7 +77,8 @@ def send(conn, message):
 
 
 def request(path, argv, quiet_absent=False):
-    """The client: the worker's exit status to leave with (or die by its signal)."""
+    """The client: the worker's exit status to leave with (or die by its signal). `quiet_absent`: no
+    word where no server answers (the caller starts the run cold itself)."""
     open_stdio()
     ignored = ignored_signals()
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -86,20 +88,17 @@ def request(path, argv, quiet_absent=False):
         if not quiet_absent:
             sys.stderr.write("%s no fork server at %s (%s)\n" % (ABSENT, path, exc.strerror))
         return COLD_START
-    state = {"pid": None, "pending": []}
-
-    def forward(sig, frame):
-        if state["pid"] is None:
-            state["pending"].append(sig)
-        else:
-            try:
-                os.killpg(state["pid"], sig)
-            except OSError:
-                pass
-
+    client = Requester(path)
     for sig in FORWARDED:
         if sig not in ignored:
-            signal.signal(sig, forward)
+            signal.signal(sig, client.forward)
+    send_world(sock, argv, ignored)
+    return client.outcome(sock)
+
+
+def send_world(sock, argv, ignored):
+    """The request, one JSON line, with our fds 0, 1 and 2 (SCM_RIGHTS): what a worker needs of this
+    process to be the one `python ARGV` would have been here, and the streams it writes to."""
     umask = os.umask(0o22)
     os.umask(umask)
     data = (json.dumps({"argv": argv, "env": dict(os.environ), "cwd": os.getcwd(), "umask": umask,
@@ -111,28 +110,46 @@ def request(path, argv, quiet_absent=False):
             sock.sendall(data[sent:])
     except OSError:
         pass  # the server hung up: its reply, if any, says why
-    for line in sock.makefile("rb"):
-        reply = json.loads(line)
-        if "pid" in reply:
-            state["pid"] = reply["pid"]
-            for sig in state["pending"]:
-                forward(sig, None)
-        elif "exit" in reply:
-            return reply["exit"]
-        elif "signal" in reply:
-            die_by(reply["signal"])
-        elif "error" in reply:
-            sys.stderr.write("%s %s\n" % (REFUSED, reply["error"]))
+
+
+class Requester:
+    """One request's client side: the worker's pid once the server names it, and the signals that
+    came before it, forwarded then."""
+
+    def __init__(self, path):
+        self.path, self.pid, self.pending = path, None, []
+
+    def forward(self, sig, frame=None):
+        """A signal of ours (FORWARDED) to the worker's process group, or kept until there is one."""
+        if self.pid is None:
+            self.pending.append(sig)
+            return
+        try:
+            os.killpg(self.pid, sig)
+        except OSError:
+            pass
+
+    def outcome(self, sock):
+        """Read the server's replies until the worker has ended: its status (or die by its signal)."""
+        for line in sock.makefile("rb"):
+            reply = json.loads(line)
+            if "pid" in reply:
+                self.pid = reply["pid"]
+                for sig in self.pending:
+                    self.forward(sig)
+            elif "exit" in reply:
+                return reply["exit"]
+            elif "signal" in reply:
+                die_by(reply["signal"])
+            elif "error" in reply:
+                sys.stderr.write("%s %s\n" % (REFUSED, reply["error"]))
+                return COLD_START
+        if self.pid is None:
+            sys.stderr.write("%s the fork server at %s closed before starting anything\n" % (ABSENT, self.path))
             return COLD_START
-    if state["pid"] is None:
-        sys.stderr.write("%s the fork server at %s closed before starting anything\n" % (ABSENT, path))
-        return COLD_START
-    try:
-        os.killpg(state["pid"], signal.SIGKILL)
-    except OSError:
-        pass
-    sys.stderr.write("%s the fork server went away while pid %d ran; it was killed\n" % (LOST, state["pid"]))
-    return LOST_STATUS
+        kill_group(self.pid)
+        sys.stderr.write("%s the fork server went away while pid %d ran; it was killed\n" % (LOST, self.pid))
+        return LOST_STATUS
 
 
 def die_by(sig):
@@ -151,7 +168,10 @@ def die_by(sig):
 
 
 class Server:
+    """The server of one node: listens at `path`, imports `preload`, and forks each request's worker."""
+
     def __init__(self, path, worker_text, child_text, preload):
+        """Listen first (requests wait in the backlog), then import what it preloads: `up` need not wait."""
         open_stdio()
         self.path, self.env = path, dict(os.environ)
         self.ignored = ignored_signals()  # e.g. SIGINT and SIGQUIT under `sh -c 'serve &'`
@@ -171,6 +191,8 @@ class Server:
         gc.freeze()  # a worker's collections then skip the preload's objects: their pages stay shared
 
     def listen(self):
+        """Bind the socket, unless a live server answers there already (then say so and exit 3); the
+        registry's entries of workers long gone are cleared."""
         folder = os.path.dirname(os.path.abspath(self.path))
         os.makedirs(os.path.join(folder, REGISTRY), mode=0o700, exist_ok=True)
         os.chmod(folder, 0o700)
@@ -213,6 +235,7 @@ class Server:
         return done, missing
 
     def serve(self):
+        """Say READY, then forever: reap ended workers, kill those whose request went, accept requests."""
         wake_r, wake_w = os.pipe()
         os.set_blocking(wake_r, False)
         os.set_blocking(wake_w, False)
@@ -236,6 +259,8 @@ class Server:
                 self.accept()
 
     def reap(self):
+        """Every ended worker: its group killed (what it left running), its registry entry removed, its
+        status told to its request."""
         while True:
             try:
                 pid, status = os.waitpid(-1, os.WNOHANG)
@@ -258,31 +283,18 @@ class Server:
                 conn.close()
 
     def accept(self):
+        """One request: refused (with why), or its worker forked, registered and told its pid."""
         conn = self.listener.accept()[0]
         fds = []
         try:
-            conn.settimeout(10)  # a request is one line, sent at once
-            data, fds = socket.recv_fds(conn, 1 << 16, 3)[:2]
-            while data and not data.endswith(b"\n"):
-                more = conn.recv(1 << 16)
-                data += more
-                if not more:
-                    break
-            req = json.loads(data) if data.endswith(b"\n") else None
+            req, fds = receive(conn)
             why = self.refusal(req, fds)
             if why:
                 log("refused: %s" % why)
                 send(conn, {"error": why})
                 conn.close()
                 return
-            for stream in (sys.stdout, sys.stderr):  # nothing of ours to be written twice
-                try:
-                    stream.flush()
-                except (OSError, ValueError):
-                    pass
-            pid = os.fork()
-            if pid == 0:
-                self.child(conn, req, fds)  # never returns
+            pid = self.fork(conn, req, fds)
         except Exception as exc:  # a bad request must not end the server
             log("request failed: %s: %s" % (type(exc).__name__, exc))
             conn.close()
@@ -297,6 +309,18 @@ class Server:
         except OSError as exc:  # the request went already, or no registry: no worker stop cannot find
             log("worker %d killed: %s" % (pid, exc))
             kill_group(pid)
+
+    def fork(self, conn, req, fds):
+        """Fork the request's worker (the child never returns from here); its pid."""
+        for stream in (sys.stdout, sys.stderr):  # nothing of ours to be written twice
+            try:
+                stream.flush()
+            except (OSError, ValueError):
+                pass
+        pid = os.fork()
+        if pid == 0:
+            self.child(conn, req, fds)
+        return pid
 
     def refusal(self, req, fds):
         """Why this request must not be forked now, or None."""
@@ -317,6 +341,7 @@ class Server:
         return None
 
     def register(self, pid, env):
+        """The registry's entry for worker `pid` (its run id, ranks and start time), written whole."""
         lines = ["%s=%s" % (k, env[k]) for k in (RUN_ID_VAR, "RANK", "LOCAL_RANK") if k in env]
         try:
             with open("/proc/%d/stat" % pid) as f:
@@ -344,7 +369,21 @@ class Server:
         os._exit(LOST_STATUS)
 
 
+def receive(conn):
+    """(the request, its fds) from a new connection: one JSON line, sent at once with fds 0, 1, 2;
+    None for what is not one line."""
+    conn.settimeout(10)
+    data, fds = socket.recv_fds(conn, 1 << 16, 3)[:2]
+    while data and not data.endswith(b"\n"):
+        more = conn.recv(1 << 16)
+        data += more
+        if not more:
+            break
+    return (json.loads(data) if data.endswith(b"\n") else None), fds
+
+
 def threads():
+    """This process's threads: forking is safe only from a process with one."""
     return len(os.listdir("/proc/self/task"))
 
 
@@ -358,6 +397,7 @@ def log(text):
 
 
 def recv_some(conn):
+    """What the request sent (b"" once it has gone): a request's only word after its line is leaving."""
     try:
         return conn.recv(4096)
     except OSError:
@@ -365,6 +405,7 @@ def recv_some(conn):
 
 
 def kill_group(pid):
+    """SIGKILL to the process group of `pid` (a worker leads its own), whatever is left of it."""
     try:
         os.killpg(pid, signal.SIGKILL)
     except OSError:
@@ -383,17 +424,37 @@ def alive(entry):
         return False
 
 
-if __name__ == "__main__":
-    args = sys.argv[1:]
+USAGE = ("usage: serve SOCKET_PATH WORKER_TEXT CHILD_TEXT [PRELOAD...]\n"
+         "       request SOCKET_PATH [WORKER_TEXT] -- [-m MODULE | SCRIPT] ARGS...")
+
+
+def parse(args):
+    """The command line by name: {"verb", "socket", "worker", "child", "preload"} for serve, {"verb",
+    "socket", "worker" (None: no cold start here), "argv"} for request; None where it is neither."""
     if len(args) >= 4 and args[0] == "serve":
-        Server(args[1], args[2], args[3], args[4:]).serve()
-    elif len(args) >= 4 and args[0] == "request" and "--" in args[2:4] and args.index("--", 2) < len(args) - 1:
+        return {"verb": "serve", "socket": args[1], "worker": args[2], "child": args[3], "preload": args[4:]}
+    if len(args) >= 4 and args[0] == "request" and "--" in args[2:4] and args.index("--", 2) < len(args) - 1:
         dashes = args.index("--", 2)
-        status = request(args[1], args[dashes + 1:], quiet_absent=dashes == 3)
-        sys.stderr.flush()
-        if status == COLD_START and dashes == 3:  # nothing started: start it cold, in this very process
-            os.execv(sys.executable, [getattr(sys, "orig_argv", [sys.executable])[0], "-c", args[2]] + args[4:])
-        os._exit(status)
-    else:
-        sys.exit("usage: serve SOCKET_PATH WORKER_TEXT CHILD_TEXT [PRELOAD...]\n"
-                 "       request SOCKET_PATH [WORKER_TEXT] -- [-m MODULE | SCRIPT] ARGS...")
+        return {"verb": "request", "socket": args[1], "worker": args[2] if dashes == 3 else None,
+                "argv": args[dashes + 1:]}
+    return None
+
+
+def main(args):
+    """serve, or request and leave as its worker did (started cold here where the server could not)."""
+    command = parse(args)
+    if command is None:
+        sys.exit(USAGE)
+    if command["verb"] == "serve":
+        Server(command["socket"], command["worker"], command["child"], command["preload"]).serve()
+        return
+    status = request(command["socket"], command["argv"], quiet_absent=command["worker"] is not None)
+    sys.stderr.flush()
+    if status == COLD_START and command["worker"] is not None:  # nothing started: start it cold, in this process
+        os.execv(sys.executable, [getattr(sys, "orig_argv", [sys.executable])[0], "-c", command["worker"]]
+                 + command["argv"])
+    os._exit(status)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

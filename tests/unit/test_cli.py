@@ -256,3 +256,22 @@ def test_from_a_subdirectory_the_workspace_is_found_and_the_script_taken_from_th
                in line for line in lines), result.output
     outside = invoke("hosts", "run", "--inventory", "../hosts.toml", "--dry-run", "--", "../../x.py")
     assert outside.exit_code == 2 and "outside the workspace" in outside.output
+
+
+def test_ups_help_says_each_settings_default_as_the_lab_spec_has_it():
+    """The defaults in `up --help` are read off LabConfig's fields: they cannot drift from what up does."""
+    from labctl.cli.lab import up
+    from labctl.cli.options import spec_default
+    from labctl.config import SETTINGS
+
+    in_words = {"ssh", "cuda", "image"}  # a value would not say it: "as the running lab is", "the GPU nodes", ...
+    checked = 0
+    for param in up.params:
+        if param.name not in SETTINGS or not param.help or "; default" not in param.help:
+            continue
+        key = SETTINGS[param.name][0]
+        assert f"[env {key}; default " in param.help, param.help
+        if param.name not in in_words:
+            assert f"[env {key}; default {spec_default(param.name)}" in param.help, param.help
+        checked += 1
+    assert checked >= 14
