@@ -207,7 +207,21 @@ def plot(rows: list[ScalingRow], out: Path, title: str) -> list[Path]:
     """scaling.png (tokens/s against nodes per link) and breakdown.png (compute vs communication)."""
     plt = pyplot()
     paths = [out / "scaling.png", out / "breakdown.png"]
-    fig, ax = plt.subplots(figsize=(7, 4.2), dpi=120)
+    for draw, path, width in ((plot_scaling, paths[0], 7), (plot_breakdown, paths[1], 8)):
+        fig, ax = plt.subplots(figsize=(width, 4.2), dpi=120)
+        draw(ax, rows)
+        ax.set_title(title, fontsize=9)
+        ax.legend(fontsize=8)
+        fig.tight_layout()
+        fig.savefig(path)
+        plt.close(fig)
+    return paths
+
+
+def plot_scaling(ax, rows: list[ScalingRow]) -> None:
+    """Tokens/s against processes: a line per link rate, the host's processes, the GPU, and linear."""
+    from matplotlib.ticker import MaxNLocator
+
     series: dict[str, list[ScalingRow]] = {}
     for r in rows:
         if r.place == "lab" and r.nproc_per_node == 1:
@@ -223,20 +237,15 @@ def plot(rows: list[ScalingRow], out: Path, title: str) -> list[Path]:
     if base:
         top = max(r.world_size for r in rows)
         ax.plot([1, top], [base, base * top], ":", color="grey", label="linear from 1 process")
-    from matplotlib.ticker import MaxNLocator
-
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_xlabel("processes (nodes x 1, or host processes)")
     ax.set_ylabel("tokens / s")
     ax.set_ylim(bottom=0)
-    ax.set_title(title, fontsize=9)
     ax.grid(True, alpha=0.3)
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(paths[0])
-    plt.close(fig)
 
-    fig, ax = plt.subplots(figsize=(8, 4.2), dpi=120)
+
+def plot_breakdown(ax, rows: list[ScalingRow]) -> None:
+    """Each row's step: compute, the rest, and where the cost model puts compute plus the all-reduce."""
     names = [r.name for r in rows]
     compute = [r.compute_ms_per_step for r in rows]
     comm = [max(r.step_ms - r.compute_ms_per_step, 0) for r in rows]
@@ -248,13 +257,7 @@ def plot(rows: list[ScalingRow], out: Path, title: str) -> list[Path]:
                    label="compute + cost-model all-reduce", zorder=3)
     ax.invert_yaxis()
     ax.set_xlabel("ms per step")
-    ax.set_title(title, fontsize=9)
-    ax.legend(fontsize=8)
     ax.grid(True, axis="x", alpha=0.3)
-    fig.tight_layout()
-    fig.savefig(paths[1])
-    plt.close(fig)
-    return paths
 
 
 def write_outputs(rows: list[ScalingRow], out: Path, title: str, meta: dict, plots: bool = True) -> list[Path]:

@@ -91,19 +91,9 @@ def measure(session: LabSession, *, workload: str = "gpt", nodes_list: str | Seq
     names, counts, gpu_nodes = _lab_for(session, nodes_list)
     if delayed:  # refused now, not after the unshaped rows' minutes
         netshape.check_netem(session.client, session.name, names[0])
-    plots = have_matplotlib()
-    if not plots:  # the table is the result; the PNGs only draw it, so their absence is said, not fatal
-        report(f"matplotlib is not installed: scaling.md and scaling.json only, no PNGs ({INSTALL_HINT})")
+    plots = plots_possible(report)
     host_python = session.config.host_python or sys.executable
-    gpu, notes = None, []
-    if host:
-        report(f"host rows: {host_python}, torch {host_torch(host_python)}")
-        gpu = host_gpu(host_python)
-        report(f"host GPU: {gpu}: the 1-GPU row runs on it (nccl, world size 1)" if gpu else NO_GPU_NOTE)
-        notes = [] if gpu else [NO_GPU_NOTE]
-    if gpu_nodes < 2 and gpu:  # a GPU here, but the lab's nodes were brought up without theirs
-        notes.append(no_gpu_nodes_note(session.name, gpu_nodes))
-        report(notes[-1])
+    gpu, notes = host_side(session, host_python, host, gpu_nodes, report)
     configs = plan(counts, shaped, nproc or max(counts), host=host, gpu=bool(gpu), gpu_nodes=gpu_nodes,
                    delay=delayed)
     trainer_args = ["--workload", workload, "--steps", str(steps), "--micro-batch", str(micro_batch),
@@ -111,7 +101,6 @@ def measure(session: LabSession, *, workload: str = "gpt", nodes_list: str | Seq
     node_env = session.node_env(names)
     out = out_dir or session.directory / "bench-scaling"
     summaries: dict[str, list[dict]] = {c.name: [] for c in configs}
-    total = len(configs) * repeats
 
     def run(c: Config) -> None:
         if c.place == "host":
@@ -121,21 +110,43 @@ def measure(session: LabSession, *, workload: str = "gpt", nodes_list: str | Seq
             summary = run_lab(session, c, trainer_args, node_env)
         summaries[c.name].append(summary)
         done = sum(map(len, summaries.values()))
-        report(f"[{done}/{total}] {c.name}: {summary['tokens_per_s']:,.0f} tokens/s, "
+        report(f"[{done}/{len(configs) * repeats}] {c.name}: {summary['tokens_per_s']:,.0f} tokens/s, "
                f"compute {summary['compute_ms_per_step']:.1f} ms, all-reduce {summary['allreduce_ms_per_step']:.1f} ms "
                "per step")
 
     run_rounds(session, names, configs, shaped, repeats, run, round(delayed[1] * 1e6) if delayed else 0)
     rows = build_rows(configs, summaries, efficiency)
-    first = next(iter(summaries.values()))[0]
-    size = f"{first.get('params', 0):,} parameters, " if first.get("params") else ""
-    title = (f"{workload}: {size}micro-batch {micro_batch} per process, {threads} thread(s) per process, "
-             f"{steps} steps, {session.cpus} CPUs")
-    paths = write_outputs(rows, out, title, {"workload": workload, "steps": steps, "micro_batch": micro_batch,
-                                             "threads": threads, "repeats": repeats, "efficiency": efficiency,
-                                             "host_gpu": gpu, "notes": notes}, plots=plots)
+    params = next(iter(summaries.values()))[0].get("params")
+    title = (f"{workload}: {f'{params:,} parameters, ' if params else ''}micro-batch {micro_batch} per process, "
+             f"{threads} thread(s) per process, {steps} steps, {session.cpus} CPUs")
+    meta = {"workload": workload, "steps": steps, "micro_batch": micro_batch, "threads": threads, "repeats": repeats,
+            "efficiency": efficiency, "host_gpu": gpu, "notes": notes}
+    paths = write_outputs(rows, out, title, meta, plots=plots)
     report("wrote " + ", ".join(str(p) for p in paths))
     return ScalingReport(rows, title, paths, notes)
+
+
+def plots_possible(report: Callable[[str], None]) -> bool:
+    """Whether the PNGs can be drawn; where not, said once: the table is the result, the PNGs only draw it."""
+    if have_matplotlib():
+        return True
+    report(f"matplotlib is not installed: scaling.md and scaling.json only, no PNGs ({INSTALL_HINT})")
+    return False
+
+
+def host_side(session: LabSession, host_python: str, host: bool, gpu_nodes: int,
+              report: Callable[[str], None]) -> tuple[str | None, list[str]]:
+    """(this machine's GPU for the 1-GPU row, or None; the notes the report carries) for the host rows."""
+    gpu, notes = None, []
+    if host:
+        report(f"host rows: {host_python}, torch {host_torch(host_python)}")
+        gpu = host_gpu(host_python)
+        report(f"host GPU: {gpu}: the 1-GPU row runs on it (nccl, world size 1)" if gpu else NO_GPU_NOTE)
+        notes = [] if gpu else [NO_GPU_NOTE]
+    if gpu_nodes < 2 and gpu:  # a GPU here, but the lab's nodes were brought up without theirs
+        notes.append(no_gpu_nodes_note(session.name, gpu_nodes))
+        report(notes[-1])
+    return gpu, notes
 
 
 def leading_gpu_nodes(nodes) -> int:

@@ -64,41 +64,12 @@ def check_engine(engine) -> list[Finding]:
 
 def check_env(envs: dict[str, dict[str, str]]) -> list[Finding]:
     """The launch environment of every node, as torchrun and the trainer will read it."""
-    out: list[Finding] = []
     names = list(envs)
-
-    def agree(key: str, fix: str) -> None:
-        values = {node: env.get(key) for node, env in envs.items()}
-        counts = Counter(values.values())
-        if len(counts) == 1 and None not in counts:
-            return
-        common = counts.most_common(1)[0][0]
-        for node, value in values.items():
-            if value != common or value is None:
-                out.append(Finding("env", node, False, f"{key}={value!r}, but {common!r} on the other nodes", fix))
-
-    agree("WORLD_SIZE", "every node must agree on the world size: regenerate the env files with `labctl up`")
-    agree("MASTER_ADDR", "every node must dial the same rendezvous host: regenerate the env files")
-    agree("MASTER_PORT", "every node must dial the same rendezvous port: regenerate the env files")
-    ranks: dict[str, list[str]] = {}
-    for node, env in envs.items():
-        ranks.setdefault(env.get("NODE_RANK", "?"), []).append(node)
-    for rank, nodes in ranks.items():
-        if len(nodes) > 1:
-            out += [Finding("env", node, False, f"NODE_RANK={rank} on {' and '.join(nodes)}: ranks must be unique "
-                            "(with a static launch, two RANK=0 processes deadlock in init_process_group at 0% CPU)",
-                            f"give each node its own rank 0..{len(names) - 1}") for node in nodes]
-    expected = {str(i) for i in range(len(names))}
-    missing = sorted(expected - set(ranks), key=int)
-    if missing:
-        out.append(Finding("env", "all", False, f"no node has NODE_RANK {', '.join(missing)}; "
-                           f"ranks must be 0..{len(names) - 1}", "regenerate the env files with `labctl up`"))
-    world = next(iter(envs.values())).get("WORLD_SIZE")
-    # Each node runs its own NPROC_PER_NODE processes (real hosts may differ): they add up to WORLD_SIZE.
-    nprocs = [env.get("NPROC_PER_NODE") or "" for env in envs.values()]
-    if world and world.isdigit() and all(p.isdigit() for p in nprocs) and int(world) != sum(map(int, nprocs)):
-        out.append(Finding("env", "all", False, f"WORLD_SIZE={world} but the nodes' NPROC_PER_NODE add up to "
-                           f"{' + '.join(nprocs)} = {sum(map(int, nprocs))}", "regenerate the env files with `labctl up`"))
+    out = agreement(envs, "WORLD_SIZE", "every node must agree on the world size: regenerate the env files with "
+                                        "`labctl up`")
+    out += agreement(envs, "MASTER_ADDR", "every node must dial the same rendezvous host: regenerate the env files")
+    out += agreement(envs, "MASTER_PORT", "every node must dial the same rendezvous port: regenerate the env files")
+    out += rank_findings(envs) + world_findings(envs)
     hosts = [node for node, env in envs.items() if "is_host=true" in env.get("PET_RDZV_CONF", "")]
     if len(hosts) != 1:
         which = ", ".join(hosts) if hosts else "no node"
@@ -112,9 +83,49 @@ def check_env(envs: dict[str, dict[str, str]]) -> list[Finding]:
             out.append(Finding("env", node, False, "GLOO_SOCKET_IFNAME is not set: gloo picks an interface itself, "
                                "maybe loopback or docker0", "set GLOO_SOCKET_IFNAME (and NCCL_SOCKET_IFNAME) to the lab's interface"))
     if not out:
+        world = next(iter(envs.values())).get("WORLD_SIZE")
         out.append(Finding("env", "all", True, f"{len(names)} nodes, ranks 0..{len(names) - 1}, world size {world}, "
                            f"store on {hosts[0]}"))
     return out
+
+
+def agreement(envs: dict[str, dict[str, str]], key: str, fix: str) -> list[Finding]:
+    """A finding for every node whose `key` is missing or differs from what most nodes have."""
+    values = {node: env.get(key) for node, env in envs.items()}
+    counts = Counter(values.values())
+    if len(counts) == 1 and None not in counts:
+        return []
+    common = counts.most_common(1)[0][0]
+    return [Finding("env", node, False, f"{key}={value!r}, but {common!r} on the other nodes", fix)
+            for node, value in values.items() if value != common or value is None]
+
+
+def rank_findings(envs: dict[str, dict[str, str]]) -> list[Finding]:
+    """Node ranks unique, and none of 0..N-1 missing."""
+    out, count = [], len(envs)
+    ranks: dict[str, list[str]] = {}
+    for node, env in envs.items():
+        ranks.setdefault(env.get("NODE_RANK", "?"), []).append(node)
+    for rank, nodes in ranks.items():
+        if len(nodes) > 1:
+            out += [Finding("env", node, False, f"NODE_RANK={rank} on {' and '.join(nodes)}: ranks must be unique "
+                            "(with a static launch, two RANK=0 processes deadlock in init_process_group at 0% CPU)",
+                            f"give each node its own rank 0..{count - 1}") for node in nodes]
+    missing = sorted({str(i) for i in range(count)} - set(ranks), key=int)
+    if missing:
+        out.append(Finding("env", "all", False, f"no node has NODE_RANK {', '.join(missing)}; "
+                           f"ranks must be 0..{count - 1}", "regenerate the env files with `labctl up`"))
+    return out
+
+
+def world_findings(envs: dict[str, dict[str, str]]) -> list[Finding]:
+    """Each node runs its own NPROC_PER_NODE processes (real hosts may differ): they add up to WORLD_SIZE."""
+    world = next(iter(envs.values())).get("WORLD_SIZE")
+    nprocs = [env.get("NPROC_PER_NODE") or "" for env in envs.values()]
+    if world and world.isdigit() and all(p.isdigit() for p in nprocs) and int(world) != sum(map(int, nprocs)):
+        return [Finding("env", "all", False, f"WORLD_SIZE={world} but the nodes' NPROC_PER_NODE add up to "
+                        f"{' + '.join(nprocs)} = {sum(map(int, nprocs))}", "regenerate the env files with `labctl up`")]
+    return []
 
 
 VERSION_KEYS = ("torch", "python", "cuda", "nccl")

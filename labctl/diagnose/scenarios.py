@@ -100,18 +100,13 @@ def first_symptom(pattern: str, outcomes) -> str:
 
 def run_scenario(client, config, workspace, scenario: Scenario, report) -> ScenarioOutcome:
     """The whole story on a throwaway lab (config.lab), which is removed whatever happens."""
-    other_image, timeline, kept, drift = None, "", None, None
-    if scenario.other_torch_on_last_node:  # built once and cached, before the clock starts
-        other_image = ensure_mismatch_image(client, config, report)
-    if scenario.packages:
-        config = replace(config, with_packages=scenario.packages)
-    if scenario.drift:  # downloaded once and cached, before the clock starts
-        drift = download_requirement(client, config, scenario.drift, report)
+    timeline, kept = "", None
+    config, other_image, drift = prepared(client, config, scenario, report)
     started = time.monotonic()
     lab_mod.apply_down(client, config.lab, volumes=True)
     try:
         plan, nodes = bring_up(client, config, workspace, other_image, lambda m: report(f"{scenario.name}: {m}"))
-        document, env_files, subnet = plan.document, plan.env_files, plan.subnet
+        subnet = plan.subnet
         if other_image:
             report(f"{scenario.name}: {config.node_names[-1]} runs {other_image}")
         ctx = Context(client, config.lab, nodes, config.iface, notes={"drift": drift} if drift else {})
@@ -119,7 +114,6 @@ def run_scenario(client, config, workspace, scenario: Scenario, report) -> Scena
         node_env = session.node_env(ctx.names)  # the env files up wrote: the same for both runs
         if scenario.prepare:
             scenario.prepare(ctx)
-
         ctx.run_id, run_dir = new_run(session.directory)
         broken_env = scenario.broken(ctx)
         report(f"{scenario.name}: the broken run ({scenario.launcher})")
@@ -140,30 +134,44 @@ def run_scenario(client, config, workspace, scenario: Scenario, report) -> Scena
             report(f"{scenario.name}: labctl trace of the broken run")
             timeline, kept = broken_timeline(run_dir)
 
-        if scenario.repair:
-            scenario.repair(ctx)
-        if other_image:  # the fix: the same image on every node (Compose recreates the odd one)
-            document["services"][config.node_names[-1]]["image"] = config.image_tag
-        if drift:  # the fix: the odd node made from the lab's image again (its container goes, with the change)
-            client.containers.get(container_name(config.lab, config.node_names[-1])).remove(force=True)
-        if other_image or drift:
-            nodes = lab_mod.apply_up(client, config, workspace, document, env_files, lambda _m: None)
-            ctx.nodes = nodes
+        apply_fix(ctx, scenario, config, workspace, plan, other_image, drift)
         ctx.run_id, run_dir = new_run(session.directory)
         report(f"{scenario.name}: the fixed run")
         t1 = time.monotonic()
         fixed = session.execute(scenario_plan(ctx, scenario, scenario.fixed(ctx), run_dir, node_env,
                                               max(10.0, scenario.bound_s - (t1 - started))), echo=False, check=False)
         fixed_s = time.monotonic() - t1
-        if scenario.fixed_without_symptom:  # fixed means: the symptom is gone (no straggler, no drift named)
-            fixed_ok = fixed.ok and not first_symptom(scenario.symptom, fixed.outcomes)
-        else:
-            fixed_ok = fixed.ok
+        # fixed means it succeeded, and where it succeeds either way, that the symptom is gone
+        fixed_ok = fixed.ok and not (scenario.fixed_without_symptom and first_symptom(scenario.symptom, fixed.outcomes))
     finally:
         lab_mod.apply_down(client, config.lab, volumes=True)
         remove_lab_folder(lab_mod.lab_dir(workspace, config.lab), keep=kept)
     return ScenarioOutcome(scenario.name, symptom, shown_at - t0, broken_exit, diagnosis, doctor_s, scenario.fix, fixed_ok,
                    fixed_s, time.monotonic() - started, scenario.bound_s, scenario.symptom_required, timeline)
+
+
+def prepared(client, config, scenario: Scenario, report) -> tuple:
+    """(the scenario's lab spec, the other torch's image, the drifting wheel): what is fetched or
+    built once and cached, before the scenario's clock starts."""
+    other_image = ensure_mismatch_image(client, config, report) if scenario.other_torch_on_last_node else None
+    if scenario.packages:
+        config = replace(config, with_packages=scenario.packages)
+    drift = download_requirement(client, config, scenario.drift, report) if scenario.drift else None
+    return config, other_image, drift
+
+
+def apply_fix(ctx: Context, scenario: Scenario, config, workspace, plan: UpPlan, other_image: str | None,
+              drift: Path | None) -> None:
+    """The fix, before the fixed run: the scenario's repair, and every node back on the lab's image
+    (Compose recreates the odd node: on another torch, or changed by hand in its container)."""
+    if scenario.repair:
+        scenario.repair(ctx)
+    if other_image:
+        plan.document["services"][config.node_names[-1]]["image"] = config.image_tag
+    if drift:
+        ctx.client.containers.get(container_name(config.lab, config.node_names[-1])).remove(force=True)
+    if other_image or drift:
+        ctx.nodes = lab_mod.apply_up(ctx.client, config, workspace, plan.document, plan.env_files, lambda _m: None)
 
 
 def bring_up(client, config, workspace, other_image: str | None, report) -> tuple[UpPlan, list]:

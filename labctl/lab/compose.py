@@ -61,45 +61,8 @@ def load_template(path: Path | None = None) -> dict[str, Any]:
 def build_compose(config: LabConfig, plan: ComposePlan, template: dict[str, Any]) -> dict[str, Any]:
     """The Compose document for `config`: one service per node, static IPs, labels everywhere."""
     lab_labels = {LABEL_LAB: config.lab, LABEL_WORKSPACE: str(plan.workspace), **plan.owner}
-    node_template = template["x-node"]
-    services = {}
-    for rank, name in enumerate(config.node_names):
-        node = copy.deepcopy(node_template)
-        gpus = plan.gpus.node(name) if plan.gpus else None
-        node["image"] = gpus.image if gpus else config.image_tag
-        node["container_name"] = container_name(config.lab, name)
-        node["hostname"] = name
-        node["user"] = plan.user
-        node["env_file"] = [f"{name}.env"]
-        node["labels"] = {**lab_labels, LABEL_NODE: name, LABEL_RANK: str(rank)}
-        if plan.ssh_public_key:
-            node["labels"][LABEL_SSH] = "true"
-            node["environment"] = {**node["environment"], SSH_KEY_VAR: plan.ssh_public_key}
-        # The workspace appears at the same absolute path on every node and on the host, so
-        # paths in commands, logs and run folders mean the same thing everywhere.
-        node["volumes"] = [
-            {"type": "bind", "source": str(plan.workspace), "target": str(plan.workspace)},
-            *node["volumes"],
-        ]
-        node["working_dir"] = str(plan.workspace)
-        if plan.slurm_dir:
-            node.update(slurm_settings(node, plan))
-        if gpus and gpus.gpus:
-            node["labels"][LABEL_GPUS] = ",".join(map(str, gpus.gpus))
-            node.update(gpu_settings(template["x-gpu"], gpus.gpus))
-        if plan.tcp_cc:
-            node["sysctls"] = {tcp.SYSCTL: plan.tcp_cc}
-        node["networks"] = {"lab": {"ipv4_address": node_ip(plan.subnet, rank)}}
-        node["mac_address"] = node_mac(node_ip(plan.subnet, rank))  # service-level: engines before API 1.44 take it
-        if plan.limits:
-            node["pids_limit"] = config.pids_limit
-            cpus = plan.node_cpus.get(name, config.cpus)
-            if cpus is not None:
-                node["cpus"] = cpus
-            if config.memory is not None:
-                node["mem_limit"] = config.memory
-        services[name] = node
-
+    services = {name: node_service(config, plan, template, rank, lab_labels)
+                for rank, name in enumerate(config.node_names)}
     network = copy.deepcopy(template["networks"]["lab"])
     network["name"] = network_name(config.lab)
     network["ipam"]["config"][0]["subnet"] = plan.subnet
@@ -113,6 +76,53 @@ def build_compose(config: LabConfig, plan: ComposePlan, template: dict[str, Any]
         "networks": {"lab": network},
         "volumes": {"shared": volume},
     }
+
+
+def node_service(config: LabConfig, plan: ComposePlan, template: dict[str, Any], rank: int,
+                 lab_labels: dict[str, str]) -> dict[str, Any]:
+    """The service of node `rank`: the template's `x-node`, filled in for it."""
+    name = config.node_names[rank]
+    node = copy.deepcopy(template["x-node"])
+    gpus = plan.gpus.node(name) if plan.gpus else None
+    node["image"] = gpus.image if gpus else config.image_tag
+    node["container_name"] = container_name(config.lab, name)
+    node["hostname"] = name
+    node["user"] = plan.user
+    node["env_file"] = [f"{name}.env"]
+    node["labels"] = {**lab_labels, LABEL_NODE: name, LABEL_RANK: str(rank)}
+    if plan.ssh_public_key:
+        node["labels"][LABEL_SSH] = "true"
+        node["environment"] = {**node["environment"], SSH_KEY_VAR: plan.ssh_public_key}
+    # The workspace appears at the same absolute path on every node and on the host, so
+    # paths in commands, logs and run folders mean the same thing everywhere.
+    node["volumes"] = [
+        {"type": "bind", "source": str(plan.workspace), "target": str(plan.workspace)},
+        *node["volumes"],
+    ]
+    node["working_dir"] = str(plan.workspace)
+    if plan.slurm_dir:
+        node.update(slurm_settings(node, plan))
+    if gpus and gpus.gpus:
+        node["labels"][LABEL_GPUS] = ",".join(map(str, gpus.gpus))
+        node.update(gpu_settings(template["x-gpu"], gpus.gpus))
+    if plan.tcp_cc:
+        node["sysctls"] = {tcp.SYSCTL: plan.tcp_cc}
+    node["networks"] = {"lab": {"ipv4_address": node_ip(plan.subnet, rank)}}
+    node["mac_address"] = node_mac(node_ip(plan.subnet, rank))  # service-level: engines before API 1.44 take it
+    if plan.limits:
+        node.update(limit_settings(config, plan, name))
+    return node
+
+
+def limit_settings(config: LabConfig, plan: ComposePlan, name: str) -> dict[str, Any]:
+    """The node's process, CPU and memory limits (on an engine that enforces them)."""
+    limits: dict[str, Any] = {"pids_limit": config.pids_limit}
+    cpus = plan.node_cpus.get(name, config.cpus)
+    if cpus is not None:
+        limits["cpus"] = cpus
+    if config.memory is not None:
+        limits["mem_limit"] = config.memory
+    return limits
 
 
 def slurm_settings(node: dict[str, Any], plan: ComposePlan) -> dict[str, Any]:

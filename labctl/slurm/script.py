@@ -75,31 +75,17 @@ def packages_block(requirements: str | None) -> list[str]:
 
 
 def build_job_script(spec: JobSpec) -> str:
+    """The whole script: the #SBATCH header, the environment and the packages, the rendezvous from
+    Slurm's variables, and the srun step that starts torchrun on every node."""
     if not spec.args:
         raise ConfigError("SCRIPT", "", "is missing: give the training script and its arguments after --",
                           hint="labctl slurm export -- -m trainer --workload gpt --steps 50")
-    train = shlex.join(spec.args)
-    if spec.elastic:  # a lost node must not end the job: the survivors' torchrun agents go on without it
-        nnodes = f"{spec.min_nodes or spec.nodes}:$SLURM_JOB_NUM_NODES"
-        srun = ["# torchrun shares one worker store across restarts by default: restarted gloo workers then read",
-                "# their predecessors' addresses and fail (Gloo connectFullMesh ... Connection refused). Unshared,",
-                "# each attempt's rank 0 hosts a fresh store.",
-                "export TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1",
-                "",
-                "# Elastic: --no-kill keeps the job (and this step) when a node fails; torchrun's agents on the",
-                "# survivors form a new rendezvous round of at least the minimum and resume from the checkpoint.",
-                "# shellcheck disable=SC2016",
-                "srun --no-kill --label bash -c '"]
-        conf = f",{ELASTIC_RDZV_CONF}"  # as `labctl run` has it, for the same reasons
-        restarts = [f"    --max-restarts={spec.max_restarts} \\"]
-    else:
-        nnodes = "$SLURM_JOB_NUM_NODES"
-        srun = ["# One task per node; --kill-on-bad-exit ends every node's task when one fails, and srun then",
-                "# names the node. The single quotes matter: each node expands SLURM_NODEID for itself.",
-                "# shellcheck disable=SC2016",
-                "srun --kill-on-bad-exit=1 --label bash -c '"]
-        conf, restarts = "", []
-    return "\n".join([
+    return "\n".join([*header_lines(spec), *environment_lines(spec), *rendezvous_lines(spec), *srun_lines(spec), ""])
+
+
+def header_lines(spec: JobSpec) -> list[str]:
+    """What to change on a cluster, and the #SBATCH lines."""
+    return [
         "#!/bin/bash",
         "# Multi-node PyTorch training under Slurm, written by `labctl slurm export` (ddplab).",
         "# The lab ran this same script (`labctl slurm submit` with sbatch, `labctl slurm run` with salloc).",
@@ -120,6 +106,12 @@ def build_job_script(spec: JobSpec) -> str:
         *(["#SBATCH --no-kill                        # elastic: a failed node does not end the job"] if spec.elastic else []),
         "set -euo pipefail",
         "",
+    ]
+
+
+def environment_lines(spec: JobSpec) -> list[str]:
+    """The user's environment block, the lab's packages, the processes and the interface."""
+    return [
         "# --- environment: what your cluster needs before python runs (examples) ---",
         "# module load python/3.11 cuda/12.4",
         "# source \"$HOME/venvs/train/bin/activate\"",
@@ -129,6 +121,12 @@ def build_job_script(spec: JobSpec) -> str:
         f"NET_IFNAME=${{NET_IFNAME:-{spec.iface}}}",
         "export GLOO_SOCKET_IFNAME=\"$NET_IFNAME\" NCCL_SOCKET_IFNAME=\"$NET_IFNAME\"",
         "",
+    ]
+
+
+def rendezvous_lines(spec: JobSpec) -> list[str]:
+    """No PET_* from the submitting shell, and the store on the allocation's first node."""
+    return [
         "# torchrun takes PET_* variables as defaults for its flags: none may leak in from the",
         "# environment that submitted the job, so that this script alone decides.",
         "for var in $(compgen -v PET_ || true); do unset \"$var\"; done",
@@ -139,6 +137,32 @@ def build_job_script(spec: JobSpec) -> str:
         f"export RDZV_ENDPOINT=\"$HEAD_NODE:${{RDZV_PORT:-{spec.port}}}\"",
         "echo \"job $SLURM_JOB_ID: $SLURM_JOB_NUM_NODES nodes ($SLURM_JOB_NODELIST) x $NPROC_PER_NODE processes, rendezvous $RDZV_ENDPOINT\"",
         "",
+    ]
+
+
+def srun_lines(spec: JobSpec) -> list[str]:
+    """One srun task per node running torchrun: killed with the first failure, or elastic."""
+    if spec.elastic:  # a lost node must not end the job: the survivors' torchrun agents go on without it
+        nnodes = f"{spec.min_nodes or spec.nodes}:$SLURM_JOB_NUM_NODES"
+        srun = ["# torchrun shares one worker store across restarts by default: restarted gloo workers then read",
+                "# their predecessors' addresses and fail (Gloo connectFullMesh ... Connection refused). Unshared,",
+                "# each attempt's rank 0 hosts a fresh store.",
+                "export TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1",
+                "",
+                "# Elastic: --no-kill keeps the job (and this step) when a node fails; torchrun's agents on the",
+                "# survivors form a new rendezvous round of at least the minimum and resume from the checkpoint.",
+                "# shellcheck disable=SC2016",
+                "srun --no-kill --label bash -c '"]
+        conf = f",{ELASTIC_RDZV_CONF}"  # as `labctl run` has it, for the same reasons
+        restarts = [f"    --max-restarts={spec.max_restarts} \\"]
+    else:
+        nnodes = "$SLURM_JOB_NUM_NODES"
+        srun = ["# One task per node; --kill-on-bad-exit ends every node's task when one fails, and srun then",
+                "# names the node. The single quotes matter: each node expands SLURM_NODEID for itself.",
+                "# shellcheck disable=SC2016",
+                "srun --kill-on-bad-exit=1 --label bash -c '"]
+        conf, restarts = "", []
+    return [
         *srun,
         "  exec torchrun \\",
         f"    --nnodes=\"{nnodes}\" \\",
@@ -148,6 +172,5 @@ def build_job_script(spec: JobSpec) -> str:
         "    --rdzv-id=\"$SLURM_JOB_ID\" \\",
         f"    --rdzv-conf=\"is_host=$([ \"$SLURM_NODEID\" = 0 ] && echo true || echo false){conf}\" \\",
         *restarts,
-        f"    \"$@\"' torchrun-on-node {train}",
-        "",
-    ])
+        f"    \"$@\"' torchrun-on-node {shlex.join(spec.args)}",
+    ]
