@@ -188,3 +188,17 @@ def test_no_two_public_classes_share_a_name():
                 where[node.name].append(module_name(path))
     shared = {name: modules for name, modules in where.items() if len(modules) > 1}
     assert not shared, shared
+
+
+def test_functions_read_at_a_glance():
+    """No function of labctl over 50 lines, but click's command functions (each parses, calls and renders)."""
+    long = []
+    for path in sorted(ROOT.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                continue
+            command = any(isinstance(d, ast.Call) and getattr(d.func, "attr", "") in ("command", "group")
+                          for d in node.decorator_list)
+            if not command and node.end_lineno - node.lineno + 1 > 50:
+                long.append(f"{module_name(path)}.{node.name}: {node.end_lineno - node.lineno + 1} lines")
+    assert not long, "\n".join(long)
