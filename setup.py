@@ -2,7 +2,7 @@
 
 The Dockerfile, .dockerignore, compose/ and trainer/ stay at the top of the repository, where
 `docker build` and people look for them. A wheel built from this tree (`pip install .`,
-`pip install "ddplab @ git+https://..."`) gets copies under labctl/_data/, which labctl/assets.py
+`pip install "ddplab @ git+https://..."`) gets copies under labctl/_data/, which labctl/core/assets.py
 reads when labctl is not imported from a checkout. Everything else is declared in pyproject.toml.
 """
 
@@ -13,7 +13,7 @@ from setuptools import setup
 from setuptools.command.build_py import build_py
 
 TOP = Path(__file__).resolve().parent
-# Relative to the top of the repository; labctl/assets.py's SHIPPED names the same (a unit test checks).
+# Relative to the top of the repository; labctl/core/assets.py's SHIPPED names the same (a unit test checks).
 SHIPPED = ("Dockerfile", "Dockerfile.cuda", ".dockerignore", "compose/lab.yaml", "compose/node-entrypoint.sh",
            "compose/slurm-node.sh", "trainer")
 
@@ -32,7 +32,7 @@ class BuildPyWithAssets(build_py):
         for name in SHIPPED:
             src, dst = TOP / name, data / name
             if not src.exists():
-                raise SystemExit(f"setup.py: {src} is missing; a ddplab wheel needs it (labctl/assets.py)")
+                raise SystemExit(f"setup.py: {src} is missing; a ddplab wheel needs it (labctl/core/assets.py)")
             dst.parent.mkdir(parents=True, exist_ok=True)
             if src.is_dir():
                 shutil.copytree(src, dst, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))

@@ -5,7 +5,7 @@
   finds them, so every command module is imported first (labctl's own `load_all_commands`) and the
   commands are put in name order, as `labctl -h` lists them.
 - `<!-- ddplab:config-keys -->` in a page becomes the table of every setting: its key, default and
-  comment from `.env.example` (which `tests/unit/test_config.py` holds to `labctl.config.SETTINGS`),
+  comment from `.env.example` (which `tests/unit/test_config.py` holds to `labctl.spec.labspec.SETTINGS`),
   and the option that sets it, from the click tree.
 """
 
@@ -70,7 +70,7 @@ def options_by_setting() -> dict[str, list[str]]:
 
 
 def config_table() -> str:
-    from labctl.config import SETTINGS
+    from labctl.spec.labspec import SETTINGS
 
     by_key = {key: name for name, (key, _parse) in SETTINGS.items()}
     options = options_by_setting()

@@ -37,14 +37,14 @@ from labctl.bench.cost import (
     collective_time_s,
 )
 from labctl.errors import LabError, StateError
-from labctl.outfile import is_stdout, save_figure
-from labctl.lab.compose import container_name
-from labctl.lab.docker import exec_in
+from labctl.core.outfile import is_stdout, save_figure
+from labctl.engine.labels import container_name
+from labctl.engine.docker import exec_in
 from labctl.net import apply as netshape
-from labctl.plotting import pyplot, require_matplotlib
+from labctl.core.plotting import pyplot, require_matplotlib
 from labctl.run.plan import RunPlan
 from labctl.session import LabSession
-from labctl.units import format_rate
+from labctl.spec.units import format_rate
 
 IPERF_PORT = "5201"
 IPERF_SECONDS = 3

@@ -16,7 +16,7 @@ from dataclasses import dataclass, replace
 from labctl.errors import ConfigError, LabError
 from labctl.net import apply as netshape
 from labctl.session import LabSession
-from labctl.units import format_rate, parse_rate, parse_time_us
+from labctl.spec.units import format_rate, parse_rate, parse_time_us
 
 DTYPE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
 COLLECTIVES = ("allreduce", "reduce_scatter", "allgather")

@@ -35,7 +35,7 @@ from pathlib import Path
 
 from labctl.bench.cost import DEFAULT_ALPHA_S, Link, collective_time_s
 from labctl.errors import RunFailed
-from labctl.plotting import pyplot
+from labctl.core.plotting import pyplot
 
 
 @dataclass

@@ -15,21 +15,21 @@ import click
 
 from labctl import __version__
 from labctl.api import Hosts, Lab
-from labctl.config import load_config
+from labctl.spec.labspec import load_config
 from labctl.errors import CommandError, LabError, RunFailed
 from labctl.hosts.inventory import load_inventory
 from labctl.hosts.labnodes import INVENTORY_FILE
-from labctl.lab.docker import docker_client
+from labctl.engine.docker import docker_client
 from labctl.lab.lifecycle import lab_dir
-from labctl.ui import BuildProgress, error, info
-from labctl.workspace import find_workspace
+from labctl.core.ui import BuildProgress, error, info
+from labctl.core.workspace import find_workspace
 
 CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
 
 
 class Session:
     """What one `labctl` invocation works with: where the user stands (`cwd`), the workspace (the
-    nearest folder from there upwards that holds .lab/, else `cwd`; see labctl.workspace), the
+    nearest folder from there upwards that holds .lab/, else `cwd`; see labctl.core.workspace), the
     environment, and the Docker client, made at most once and only here."""
 
     def __init__(self, workspace: Path | None = None, environ=None, cwd: Path | None = None):

@@ -11,11 +11,11 @@ from labctl.bench.bringup import bench_up
 from labctl.bench.cost import estimate, parse_params
 from labctl.cli.app import CONTEXT, main, session
 from labctl.cli.options import lab_option, nccl_debug_option, package_options
-from labctl.config import parse_cpu_limit, parse_nodes_list
+from labctl.spec.labspec import parse_cpu_limit, parse_nodes_list
 from labctl.run.userenv import NCCL_DEBUG_ENV
-from labctl.outfile import is_stdout
-from labctl.ui import info
-from labctl.units import parse_size_range
+from labctl.core.outfile import is_stdout
+from labctl.core.ui import info
+from labctl.spec.units import parse_size_range
 
 # ------------------------------------------------------------------------------------------ cost
 

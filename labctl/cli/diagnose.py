@@ -9,8 +9,8 @@ import click
 
 from labctl.cli.app import CONTEXT, main, session
 from labctl.cli.options import json_option, lab_option
-from labctl.diagnose.scenarios import SCENARIOS, run_scenarios, select_scenarios
-from labctl.ui import info, stdout_console
+from labctl.api.scenarios import SCENARIOS, run_scenarios, select_scenarios
+from labctl.core.ui import info, stdout_console
 
 
 @main.command(context_settings=CONTEXT)

@@ -27,7 +27,7 @@ from labctl.cli.options import (
 )
 from labctl.lab import image as image_mod
 from labctl.lab.envfiles import check_rdzv_id, parse_hosts, write_host_env_files
-from labctl.ui import BuildProgress, info, stdout_console
+from labctl.core.ui import BuildProgress, info, stdout_console
 
 
 @main.command(context_settings=CONTEXT)

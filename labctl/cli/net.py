@@ -6,10 +6,10 @@ import click
 
 from labctl.cli.app import CONTEXT, main, session
 from labctl.cli.options import dry_run_option, json_option, lab_option
-from labctl.config import parse_cpu_limit
+from labctl.spec.labspec import parse_cpu_limit
 from labctl.errors import LabError
 from labctl.net.tc import parse_shape_request
-from labctl.ui import info
+from labctl.core.ui import info
 
 
 @main.command(context_settings=CONTEXT)

@@ -8,7 +8,7 @@ from pathlib import Path
 import click
 
 from labctl.cli.app import CONTEXT
-from labctl.config import SETTINGS, LabConfig
+from labctl.spec.labspec import SETTINGS, LabConfig
 from labctl.run.launch import parse_script_args
 
 # Commands that pass everything after their options to the training script.

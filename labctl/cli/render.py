@@ -14,7 +14,7 @@ from labctl.lab.compose import render_compose
 from labctl.lab.listing import age_text, shaping_text
 from labctl.net.apply import helper_script
 from labctl.net.tc import describe
-from labctl.ui import console, err_console, error, info
+from labctl.core.ui import console, err_console, error, info
 
 
 def emit_json(value) -> None:

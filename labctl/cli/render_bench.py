@@ -8,7 +8,7 @@ from rich.table import Table
 
 from labctl.bench.scaling import markdown
 from labctl.cli.render import emit_json, seconds_text
-from labctl.ui import console, err_console, info
+from labctl.core.ui import console, err_console, info
 
 
 def print_cost(report, as_json: bool) -> None:

@@ -7,7 +7,7 @@ import json
 
 from rich.markup import escape
 
-from labctl.ui import console, info
+from labctl.core.ui import console, info
 
 
 def print_submitted(job, lab: str, as_json: bool) -> None:

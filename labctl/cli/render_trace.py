@@ -9,7 +9,7 @@ from rich.table import Table
 from labctl.cli.render import emit_json
 from labctl.trace import TraceReport
 from labctl.trace.report import PERFETTO
-from labctl.ui import console, info
+from labctl.core.ui import console, info
 
 
 def percent(value: float | None) -> str:

@@ -10,8 +10,8 @@ import click
 from labctl.cli.app import CONTEXT, main, session
 from labctl.cli.options import SCRIPT_CONTEXT, json_option, lab_option, script_argument
 from labctl.run.launch import job_args
-from labctl.outfile import is_stdout
-from labctl.ui import info
+from labctl.core.outfile import is_stdout
+from labctl.core.ui import info
 
 
 def job_options(f):

@@ -11,8 +11,8 @@ from typing import Callable
 
 from labctl import remote
 from labctl.errors import LabError
-from labctl.lab.compose import container_name
-from labctl.lab.docker import apply_node_cpus
+from labctl.engine.labels import container_name
+from labctl.engine.docker import apply_node_cpus
 from labctl.net.apply import run_on_nodes
 from labctl.net.tc import Command
 

@@ -50,7 +50,7 @@ from labctl.hosts.ssh import (
     rsync_stats,
 )
 from labctl.lab.lockfile import Lock
-from labctl.proc import run
+from labctl.core.proc import run
 from labctl.run.executor import execute
 from labctl.run.plan import RunPlan, build_run_plan
 

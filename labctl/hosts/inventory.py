@@ -37,7 +37,7 @@ from typing import Any, Callable, Mapping
 
 import tomli_w
 
-from labctl.config import SETTINGS
+from labctl.spec.labspec import SETTINGS
 from labctl.errors import ConfigError, LabError, StateError
 from labctl.lab.envfiles import (
     Topology,
@@ -45,7 +45,7 @@ from labctl.lab.envfiles import (
     build_node_env,
     is_host_address,
 )
-from labctl.parsers import int_in, matching
+from labctl.spec.parsers import int_in, matching
 
 if sys.version_info >= (3, 11):
     import tomllib

@@ -12,12 +12,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from labctl.config import LabConfig
+from labctl.spec.labspec import LabConfig
 from labctl.errors import LabError
 from labctl.hosts.inventory import render_inventory
 from labctl.hosts.ssh import require_tools
-from labctl.lab.compose import container_name
-from labctl.proc import run
+from labctl.engine.labels import container_name
+from labctl.core.proc import run
 from labctl.run.launch import threads_per_process
 
 HOSTKEY_PREFIX = "DDPLAB_SSH_HOSTKEY"

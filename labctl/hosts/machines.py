@@ -15,8 +15,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Mapping
 
-from labctl import assets
-from labctl.config import check_nproc
+from labctl.core import assets
+from labctl.spec.labspec import check_nproc
 from labctl.diagnose.findings import Diagnosis
 from labctl.hosts import actions
 from labctl.hosts.inventory import Inventory, load_inventory

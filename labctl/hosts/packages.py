@@ -26,7 +26,7 @@ from labctl.lab.lockfile import Lock, hash_requirements, read_lab_lock, release,
 from labctl.lab.packages import LOCK_FILE, Declaration
 from labctl.lab.resolve import ensure_lock, fetch_wheels, write_atomic
 from labctl.lab.wheelhouse import Target, target_from_probe
-from labctl.proc import run
+from labctl.core.proc import run
 
 Report = Callable[[str], None]
 MARK = ".ddplab-lock"  # in a host's packages folder: the digest of the lock it holds

@@ -36,7 +36,7 @@ from labctl.hosts.ssh_messages import (  # noqa: F401 (re-exported: SSHHosts' er
     key_fingerprint,
     scanned_fingerprints,
 )
-from labctl.proc import run
+from labctl.core.proc import run
 from labctl.run.executor import STOP_GRACE_S
 from labctl.run.launch import STOP_SCRIPT, Launch
 

@@ -18,10 +18,10 @@ import tempfile
 from pathlib import Path
 from typing import Callable
 
-from labctl.config import LabConfig
+from labctl.spec.labspec import LabConfig
 from labctl.errors import CommandError, LabError
 from labctl.lab.wheelhouse import Target, target_from_probe
-from labctl.proc import run
+from labctl.core.proc import run
 
 Report = Callable[[str], None]
 

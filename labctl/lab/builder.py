@@ -18,7 +18,7 @@ import re
 from collections.abc import Callable, Iterable, Mapping
 
 from labctl.errors import LabError
-from labctl.units import format_bytes
+from labctl.spec.units import format_bytes
 
 STEP_RE = re.compile(r"^Step (\d+)/(\d+) : (.*)$")
 

@@ -8,20 +8,24 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
 
-from labctl import assets
-from labctl.config import LabConfig, node_ip, node_mac
+from labctl.core import assets
+from labctl.spec.labspec import LabConfig, node_ip, node_mac
+from labctl.engine.labels import (
+    LABEL_EXEC_USER,
+    LABEL_GPUS,
+    LABEL_LAB,
+    LABEL_NODE,
+    LABEL_RANK,
+    LABEL_SCHEDULER,
+    LABEL_SSH,
+    LABEL_WORKSPACE,
+    container_name,
+    network_name,
+    volume_name,
+)
 from labctl.lab import tcp
 from labctl.lab.gpus import GpuPlan
 
-# Labels on every container, network and volume of a lab: `down` finds what to remove by these.
-LABEL_LAB = "io.ddplab.lab"
-LABEL_NODE = "io.ddplab.node"
-LABEL_RANK = "io.ddplab.node-rank"
-LABEL_WORKSPACE = "io.ddplab.workspace"
-LABEL_SSH = "io.ddplab.ssh"  # "true" on the nodes of a lab brought up with --ssh
-LABEL_GPUS = "io.ddplab.gpus"  # the machine's GPU indices a node has ("0,1"), on GPU nodes
-LABEL_SCHEDULER = "io.ddplab.scheduler"  # "slurm" on the nodes of a lab brought up with --scheduler slurm
-LABEL_EXEC_USER = "io.ddplab.exec-user"  # uid:gid that labctl's execs run as, where the node itself runs as root
 SSH_KEY_VAR = "DDPLAB_SSH_AUTHORIZED_KEY"  # the lab's public key; the node's entry point starts sshd for it
 
 
@@ -39,18 +43,6 @@ class ComposePlan:
     gpus: GpuPlan | None = None  # each node's GPUs and image (labctl.lab.gpus); None: every node the CPU image
     slurm_dir: Path | None = None  # `--scheduler slurm`: the lab's slurm.conf and munge key, in the workspace
     tcp_cc: str | None = None  # every node's TCP congestion control (labctl.lab.tcp); None: the host's
-
-
-def network_name(lab: str) -> str:
-    return f"{lab}-net"
-
-
-def volume_name(lab: str) -> str:
-    return f"{lab}-shared"
-
-
-def container_name(lab: str, node: str) -> str:
-    return f"{lab}-{node}"
 
 
 def load_template(path: Path | None = None) -> dict[str, Any]:

@@ -16,7 +16,7 @@ from typing import Mapping
 
 from dotenv import dotenv_values
 
-from labctl.config import SETTINGS, LabConfig
+from labctl.spec.labspec import SETTINGS, LabConfig
 from labctl.errors import ConfigError, LabError, StateError
 
 _HOST_RE = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9.-]{0,251}[A-Za-z0-9])?$")

@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable, Mapping, Sequence
 
-from labctl.lab.compose import LABEL_LAB
+from labctl.engine.labels import LABEL_LAB
 from labctl.lab.lifecycle import apply_down
 from labctl.lab.listing import LabListing, engine_labs
 from labctl.lab.owner import LABEL_HOST, LABEL_PID, LABEL_SESSION, owner_gone

@@ -5,7 +5,7 @@ Pure, but for `detect_gpus`: `build_gpu_plan`, which turns the settings, the lab
 nodes and the machine's GPUs (as nvidia-smi lists them) into each node's GPUs, image and env
 additions, or raises what is wrong. `detect_gpus` asks nvidia-smi (never torch: it is cheap and
 this machine's Python need not have torch); labctl.lab.up puts them together with the engine's
-runtime check (labctl.lab.engine.gpu_runtime_refusal).
+runtime check (labctl.engine.detect.gpu_runtime_refusal).
 
 Two rules the env files carry:
 - gloo and NCCL cannot mix in one process group: a lab whose every node has a GPU trains with
@@ -25,9 +25,9 @@ import subprocess
 from dataclasses import dataclass, field, replace
 from typing import Mapping, Sequence
 
-from labctl.config import LabConfig, shown_key, shown_source
+from labctl.spec.labspec import LabConfig, shown_key, shown_source
 from labctl.errors import ConfigError, StateError
-from labctl.parsers import AUTO
+from labctl.spec.parsers import AUTO
 
 SOCKET_ONLY = {"NCCL_P2P_DISABLE": "1", "NCCL_SHM_DISABLE": "1", "NCCL_IB_DISABLE": "1"}
 NO_GPU_HINT = ("leave --gpus out: `--cuda N` runs the CUDA image on CPU nodes (gloo); on a machine with an NVIDIA GPU, "

@@ -20,7 +20,7 @@
    without building.
 
 The build context is the checkout, or for an installed labctl a folder in its cache laid out the
-same way (labctl/assets.py), so the hash is the same for both.
+same way (labctl/core/assets.py), so the hash is the same for both.
 
 The CUDA image (Dockerfile.cuda, `build --cuda`) is made the same way from a build context of its
 own per torch release, whose wheelhouse holds torch's CUDA build and its nvidia-* packages (GBs the
@@ -40,8 +40,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterable, Iterator
 
-from labctl import assets
-from labctl.config import LabConfig, cuda_tag
+from labctl.core import assets
+from labctl.spec.labspec import LabConfig, cuda_tag
 from labctl.errors import CommandError, LabError
 from labctl.lab.base import TARGET_CACHE, ensure_base, find_image, image_exists, node_target
 from labctl.lab.builder import NullProgress, docker_build, remove_replaced, remove_stages
@@ -54,7 +54,7 @@ from labctl.lab.wheelhouse import (
     resolve_wheelhouse,
     stamped_wheels,
 )
-from labctl.units import format_bytes
+from labctl.spec.units import format_bytes
 
 LABEL_BUILD_HASH = "io.ddplab.build-hash"
 LABEL_RUNTIME_HASH = "io.ddplab.runtime-hash"

@@ -16,26 +16,20 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from labctl.config import (
+from labctl.spec.labspec import (
     LabConfig,
 )
 from labctl.errors import CommandError, LabError, StateError
 from labctl.lab import compose as compose_mod
-from labctl.lab import engine as engine_mod
-from labctl.lab.compose import (
-    LABEL_LAB,
-    LABEL_NODE,
-    LABEL_RANK,
-    container_name,
-    network_name,
-)
-from labctl.lab.docker import (
+from labctl.engine import detect as engine_mod
+from labctl.engine.labels import LABEL_GPUS, LABEL_LAB, LABEL_NODE, LABEL_RANK, container_name, network_name
+from labctl.engine.docker import (
     lab_containers,
     lab_networks,
     lab_volumes,
     name_of,
 )
-from labctl.lab.engine import Engine
+from labctl.engine.detect import Engine
 from labctl.lab.envfiles import (
     write_env_files,
     write_if_changed,
@@ -218,7 +212,7 @@ def lab_status(client, lab: str, ready_lines: dict[str, str] | None = None) -> l
         if line is None and container["State"] == "running":
             line = _ready_line(client, container["Id"])
         return NodeState(name=name, ip=ip, torch=_torch_from(line), state=container["State"],
-                         rank=int(labels.get(LABEL_RANK, "0")), gpus=labels.get(compose_mod.LABEL_GPUS, ""),
+                         rank=int(labels.get(LABEL_RANK, "0")), gpus=labels.get(LABEL_GPUS, ""),
                          packages=labels.get(LABEL_PACKAGES, "")[:12])
 
     with ThreadPoolExecutor(max_workers=8) as pool:

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Callable
 
-from labctl.lab.compose import LABEL_LAB, LABEL_NODE, LABEL_RANK, LABEL_WORKSPACE
+from labctl.engine.labels import LABEL_LAB, LABEL_NODE, LABEL_RANK, LABEL_WORKSPACE
 from labctl.lab.owner import PREFIX, owner_labels
 
 COMPOSE_WORKING_DIR = "com.docker.compose.project.working_dir"  # .lab/<lab> in the workspace, set by Compose

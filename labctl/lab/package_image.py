@@ -22,7 +22,8 @@ import time
 from pathlib import Path
 from typing import Callable
 
-from labctl import assets, remote
+from labctl import remote
+from labctl.core import assets
 from labctl.errors import LabError
 from labctl.lab.base import TARGET_CACHE, find_image, node_target
 from labctl.lab.builder import remove_replaced

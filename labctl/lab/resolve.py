@@ -60,7 +60,7 @@ from labctl.lab.wheelhouse import (
     report_wheels,
     wheel_closure,
 )
-from labctl.proc import run
+from labctl.core.proc import run
 
 Report = Callable[[str], None]
 PIP_TIMEOUT_S = 900

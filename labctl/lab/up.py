@@ -5,7 +5,7 @@ the same free subnet between our pick and Compose making the network (an engine 
 where it arises).
 
 What the nodes run besides (a scheduler), shaping at bring-up and the SSH inventory belong to
-labctl.bringup, which composes this with labctl.slurm, labctl.net and labctl.hosts: they reach the
+labctl.api.bringup, which composes this with labctl.slurm, labctl.net and labctl.hosts: they reach the
 lab's bring-up through `Services`.
 """
 
@@ -17,7 +17,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Callable, Iterable, Mapping, Protocol
 
-from labctl.config import (
+from labctl.spec.labspec import (
     AUTO,
     LabConfig,
     check_fits,
@@ -30,12 +30,13 @@ from labctl.config import (
 )
 from labctl.errors import CommandError, ConfigError, LabError
 from labctl.lab import compose as compose_mod
-from labctl.lab import engine as engine_mod
+from labctl.engine import detect as engine_mod
 from labctl.lab import gpus as gpus_mod
 from labctl.lab import tcp
-from labctl.lab.compose import LABEL_GPUS, LABEL_NODE, LABEL_RANK, LABEL_SCHEDULER, LABEL_SSH, ComposePlan
-from labctl.lab.docker import check_cpu_limits, lab_networks, network_subnets
-from labctl.lab.engine import Engine
+from labctl.engine.labels import LABEL_GPUS, LABEL_NODE, LABEL_RANK, LABEL_SCHEDULER, LABEL_SSH
+from labctl.lab.compose import ComposePlan
+from labctl.engine.docker import check_cpu_limits, lab_networks, network_subnets
+from labctl.engine.detect import Engine
 from labctl.lab.envfiles import build_env_files, topology_for_lab
 from labctl.lab.gpus import GpuPlan
 from labctl.lab.lifecycle import NodeState, apply_down, apply_up, invoking_user, lab_dir
@@ -85,7 +86,7 @@ class UpPlan:
 
 
 class Services(Protocol):
-    """What the nodes run besides the lab itself and start with it (labctl.bringup's Slurm cluster)."""
+    """What the nodes run besides the lab itself and start with it (labctl.api.bringup's Slurm cluster)."""
 
     def prepare(self, plan: UpPlan) -> UpPlan: ...  # the files they start from, for this plan's addresses
 

@@ -33,8 +33,8 @@ from typing import Callable, Iterable, Mapping
 from urllib.parse import unquote, urlsplit
 
 from labctl.errors import CommandError, LabError
-from labctl.lab.engine import normalize_machine
-from labctl.proc import run
+from labctl.engine.detect import normalize_machine
+from labctl.core.proc import run
 
 STAMP = "ddplab-wheelhouse.json"
 MAX_ROUNDS = 4  # fetch what pip skipped, then check again; real dependency chains settle in one or two

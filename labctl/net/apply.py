@@ -19,8 +19,8 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Callable
 
 from labctl.errors import StateError
-from labctl.lab.compose import LABEL_LAB, container_name
-from labctl.lab.docker import exec_in
+from labctl.engine.labels import LABEL_LAB, container_name
+from labctl.engine.docker import exec_in
 from labctl.net.neighbors import build_neighbors
 from labctl.net.tc import (
     NETEM_MISSING_MESSAGE,

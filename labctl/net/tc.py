@@ -18,7 +18,7 @@ import re
 from dataclasses import dataclass, field
 
 from labctl.errors import ConfigError, LabError
-from labctl.units import (
+from labctl.spec.units import (
     format_rate,
     parse_duration_s,
     parse_loss_pct,

@@ -30,7 +30,7 @@ from labctl.run.launch import (
 from labctl.run.plan import RunPlan
 from labctl.run.result import RESULT_FILE, Outcome, RunResult
 from labctl.run.terminal import TerminalFilter
-from labctl.ui import node_colour, stderr_console, stdout_console
+from labctl.core.ui import node_colour, stderr_console, stdout_console
 
 FAIL_GRACE_S = 10.0  # after one node fails, how long the others get to notice and exit on their own
 STOP_GRACE_S = 3.0  # SIGTERM -> SIGKILL
@@ -40,7 +40,7 @@ _PRINT_LOCK = threading.Lock()
 
 
 class Nodes(Protocol):
-    """Where a run's processes go: `lab.docker.DockerNodes` (containers) or `hosts.ssh.SSHHosts` (real hosts).
+    """Where a run's processes go: `engine.docker.DockerNodes` (containers) or `hosts.ssh.SSHHosts` (real hosts).
 
     argv[0] "python" and "torchrun" mean the node's own Python and its torchrun.
     """

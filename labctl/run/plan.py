@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal, Mapping
 
-from labctl.config import check_timeout
+from labctl.spec.labspec import check_timeout
 from labctl.run.launch import Elastic, Launch, build_launches, choose_launcher
 
 Launcher = Literal["auto", "warm", "torchrun", "static"]

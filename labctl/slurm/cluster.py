@@ -15,9 +15,9 @@ import time
 from pathlib import Path
 
 from labctl.errors import StateError
-from labctl.lab.compose import LABEL_SCHEDULER, container_name
-from labctl.lab.docker import exec_in, lab_containers
-from labctl.lab.engine import Engine
+from labctl.engine.labels import LABEL_SCHEDULER, container_name
+from labctl.engine.docker import exec_in, lab_containers
+from labctl.engine.detect import Engine
 from labctl.slurm.conf import build_cgroup_conf
 
 CONTROLLER = "node0"

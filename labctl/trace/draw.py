@@ -1,11 +1,11 @@
 """The timeline PNG: one or more Pictures (picture.py), side by side on one time scale, drawn with
-matplotlib (the `plot` extra, imported through labctl.plotting when a picture is drawn)."""
+matplotlib (the `plot` extra, imported through labctl.core.plotting when a picture is drawn)."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from labctl.plotting import pyplot
+from labctl.core.plotting import pyplot
 from labctl.trace.picture import LEGEND, Picture
 
 # Three colours (compute, overlapped, waiting); the exposed all-reduce is waiting too, hatched.

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from labctl.errors import LabError, StateError
-from labctl.workspace import is_folder
+from labctl.core.workspace import is_folder
 
 METRICS_FILE = re.compile(r"^metrics-rank(\d+)\.jsonl$")
 TRACE_FILE = re.compile(r"^trace-rank(\d+)\.json$")

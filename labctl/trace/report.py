@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from labctl.errors import LabError, StateError
-from labctl.plotting import INSTALL_HINT, have_matplotlib
+from labctl.core.plotting import INSTALL_HINT, have_matplotlib
 from labctl.run.logs import runs_hint
 from labctl.run.logs import run_dir as latest_run_dir
 from labctl.trace import chrome, draw
@@ -24,7 +24,7 @@ from labctl.trace.align import Alignment, align
 from labctl.trace.breakdown import RankRow, choose_steps, parse_steps, rank_row, segments, waited_for, window
 from labctl.trace.picture import Picture, build_picture
 from labctl.trace.records import NEEDS, RunRecords, read_run
-from labctl.workspace import is_folder
+from labctl.core.workspace import is_folder
 
 PNG, MERGED, BREAKDOWN = "timeline.png", "trace-merged.json", "breakdown.json"
 PERFETTO = "https://ui.perfetto.dev"
@@ -149,7 +149,7 @@ def picture(run: RunRecords, windowed: dict, slowest: int | None, shown: list[in
 
 def write_comparison(path: Path, runs: list[tuple[str, Path]], title: str | None = None) -> Path:
     """Each run's default window side by side in one PNG at `path`, on one time scale (needs the
-    `plot` extra: labctl.plotting.require_matplotlib first). `runs`: (title, run folder)."""
+    `plot` extra: labctl.core.plotting.require_matplotlib first). `runs`: (title, run folder)."""
     pictures = []
     for head, run_dir in runs:
         run = read_run(run_dir)

@@ -89,7 +89,7 @@ def docs_lab(request):
     missing engine or node image fails here: `make test` provides both."""
     import docker
 
-    from labctl.config import resolve_config
+    from labctl.spec.labspec import resolve_config
 
     if not request.config.pluginmanager.is_registered(Tallied):
         request.config.pluginmanager.register(Tallied)

@@ -74,7 +74,7 @@ def required_image(docker_client, tag: str, what: str, build: str) -> str:
 
 @pytest.fixture(scope="session")
 def node_image(docker_client):
-    from labctl.config import resolve_config
+    from labctl.spec.labspec import resolve_config
 
     return required_image(docker_client, resolve_config(environ=os.environ).image_tag, "node image", "labctl build")
 
@@ -83,7 +83,7 @@ def node_image(docker_client):
 def cuda_image(docker_client):
     """The CUDA node image at the lab's release (Dockerfile.cuda): `make test` builds it on every
     machine, GPU or not, so that the image is exercised on every run."""
-    from labctl.config import resolve_config
+    from labctl.spec.labspec import resolve_config
 
     return required_image(docker_client, resolve_config(environ=os.environ).cuda_image_tag, "CUDA node image",
                           "labctl build --cuda")

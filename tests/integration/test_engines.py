@@ -18,7 +18,7 @@ def test_labctl_follows_the_docker_context_as_the_cli_does(docker_client, tmp_pa
     names it; a context that points nowhere fails naming the context, not the default socket."""
     import docker
 
-    from labctl.lab.engine import inspect_engine
+    from labctl.engine.detect import inspect_engine
 
     config = tmp_path / "docker-config"
     alias = tmp_path / "engine.sock"

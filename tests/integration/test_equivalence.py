@@ -10,7 +10,7 @@ import sys
 import pytest
 
 from conftest import REPO, labctl, module_lab, summary_of
-from labctl.config import LabConfig
+from labctl.spec.labspec import LabConfig
 
 ARGS = ["-m", "trainer", "--global-batch", "32", "--micro-batch", "8", "--steps", "20", "--no-metrics"]
 
@@ -50,7 +50,7 @@ GPT = ["-m", "trainer", "--workload", "gpt", "--steps", "20", "--seed", "0", "--
 def test_gpt_on_two_nodes_trains_on_the_same_text_to_the_same_loss_as_one_process_on_the_host(lab2, tmp_path):
     from trainer.corpus import CORPUS_SHA256
 
-    # The host computes with the nodes' CPU kernels (AVX2 by default, labctl.config.CPU_KERNEL_ENV): with
+    # The host computes with the nodes' CPU kernels (AVX2 by default, labctl.spec.labspec.CPU_KERNEL_ENV): with
     # its own best (AVX-512 here) the loss differs in the seventh digit.
     kernels = LabConfig().node_env
     host = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=1",

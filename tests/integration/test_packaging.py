@@ -83,7 +83,7 @@ def installed_labctl(installed, *args: str, timeout: float = 600) -> subprocess.
 
 def test_the_wheel_carries_the_lab_files_and_runs_without_the_checkout(installed):
     venv, env, project = installed
-    probe = sh([venv / "bin" / "python", "-c", "import json, labctl, labctl.assets as a; print(json.dumps("
+    probe = sh([venv / "bin" / "python", "-c", "import json, labctl, labctl.core.assets as a; print(json.dumps("
                 "[labctl.__file__, a.is_checkout(), str(a.source_root()), str(a.cache_dir())]))"], cwd=project, env=env)
     module, checkout, source, cache = json.loads(probe.stdout)
     assert Path(module).is_relative_to(venv) and not checkout

@@ -69,7 +69,7 @@ def rootless(docker_client, node_image):
             assert save.wait() == 0 and load.returncode == 0, load.stderr
         # labctl as the user may read it: its sources, and its dependencies installed beside them.
         source = base / "src"
-        # A checkout, as labctl.assets tells one (its files at the top): the sources, the Compose
+        # A checkout, as labctl.core.assets tells one (its files at the top): the sources, the Compose
         # template and what the image is built from.
         for part in ("labctl", "trainer", "compose"):
             shutil.copytree(REPO / part, source / part, ignore=shutil.ignore_patterns("__pycache__"))

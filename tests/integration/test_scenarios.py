@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from conftest import PNG_MAGIC, REPO, lab_resources, labctl
-from labctl.diagnose.scenarios import SCENARIOS
+from labctl.api.scenarios import SCENARIOS
 
 
 # The straggler scenario's verdict rests on a CPU share that a second test's load would blur.

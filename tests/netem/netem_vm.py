@@ -97,7 +97,7 @@ CASES: tuple[Case, ...] = (
 # ------------------------------------------------------------------------------- preparing
 
 def cache_root() -> Path:
-    from labctl.assets import cache_dir
+    from labctl.core.assets import cache_dir
 
     return cache_dir(os.environ.get("DDPLAB_CACHE_DIR", "")) / "netem-vm"
 

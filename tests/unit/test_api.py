@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from labctl.api import Lab, lab_spec
-from labctl.config import check_nproc, check_timeout
+from labctl.spec.labspec import check_nproc, check_timeout
 from labctl.diagnose.findings import Diagnosis, Finding, PreflightFailed
 from labctl.errors import ConfigError, LabError, RunFailed, StateError
 from labctl.run.launch import Elastic, Launch

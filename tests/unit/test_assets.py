@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from labctl import assets
+from labctl.core import assets
 from labctl.errors import StateError
 from labctl.lab.image import build_hash, image_inputs
 

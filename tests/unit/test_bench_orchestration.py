@@ -1,6 +1,6 @@
 """The benchmarks' orchestration without Docker: the real bench code drives a LabSession whose engine
 is a recorder. Runs are answered with canned SUMMARY lines; shaping, link reads and CPU limits (the
-engine-side primitives of labctl.net.apply and labctl.lab.docker) are recorded instead of applied."""
+engine-side primitives of labctl.net.apply and labctl.engine.docker) are recorded instead of applied."""
 
 from __future__ import annotations
 
@@ -9,9 +9,9 @@ import json
 import pytest
 
 from labctl.bench import allreduce, cost, scaling_run, straggler
-from labctl.config import LabConfig
+from labctl.spec.labspec import LabConfig
 from labctl.errors import ConfigError, LabError, RunFailed, StateError
-from labctl.lab import docker as lab_docker
+from labctl.engine import docker as lab_docker
 from labctl.lab.lifecycle import NodeState
 from labctl.session import LabSession
 from labctl.net import apply as netshape

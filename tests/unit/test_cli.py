@@ -262,7 +262,7 @@ def test_ups_help_says_each_settings_default_as_the_lab_spec_has_it():
     """The defaults in `up --help` are read off LabConfig's fields: they cannot drift from what up does."""
     from labctl.cli.lab import up
     from labctl.cli.options import spec_default
-    from labctl.config import SETTINGS
+    from labctl.spec.labspec import SETTINGS
 
     in_words = {"ssh", "cuda", "image"}  # a value would not say it: "as the running lab is", "the GPU nodes", ...
     checked = 0

@@ -4,7 +4,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from labctl.config import (
+from labctl.spec.labspec import (
     AUTO, LabConfig, check_fits, load_config, node_ip, overlaps, pick_free_subnet, resolve_config, subnet_capacity,
 )
 from labctl.errors import ConfigError
@@ -41,7 +41,7 @@ def test_env_example_lists_every_setting_and_parses():
 
     from dotenv import dotenv_values
 
-    from labctl.config import SETTINGS
+    from labctl.spec.labspec import SETTINGS
 
     example = Path(__file__).resolve().parents[2] / ".env.example"
     values = dotenv_values(example)
@@ -158,7 +158,7 @@ def test_fuzz_node_counts(n):
 
 
 def test_parse_node_cpus():
-    from labctl.config import checked_node_cpus
+    from labctl.spec.labspec import checked_node_cpus
 
     assert checked_node_cpus("node2=0.25", 3) == {"node2": 0.25}
     assert checked_node_cpus(" node0=1 , node2=0.5 ", 3) == {"node0": 1.0, "node2": 0.5}

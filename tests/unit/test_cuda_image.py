@@ -10,8 +10,8 @@ from pathlib import Path
 from packaging.specifiers import SpecifierSet
 from packaging.version import Version
 
-from labctl import assets
-from labctl.config import LabConfig, cuda_tag
+from labctl.core import assets
+from labctl.spec.labspec import LabConfig, cuda_tag
 from labctl.lab import image
 
 REPO = Path(__file__).resolve().parents[2]

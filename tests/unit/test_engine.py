@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from labctl.lab.engine import (
+from labctl.engine.detect import (
     DEFAULT_ENDPOINT, WorkspaceProbe, classify, cpu_limits_refusal, limits_warning, node_user, refusal,
     resolve_endpoint, ssh_refusal, workspace_problem,
 )

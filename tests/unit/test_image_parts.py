@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from labctl import assets
+from labctl.core import assets
 from labctl.errors import LabError
 from labctl.lab import image
 

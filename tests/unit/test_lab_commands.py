@@ -9,7 +9,7 @@ import pytest
 from click.testing import CliRunner
 
 from labctl.cli import main, render
-from labctl.lab.docker import docker_exec_argv
+from labctl.engine.docker import docker_exec_argv
 from labctl.lab.listing import LabListing, age_text, build_listings, shaping_text, user_name
 
 
@@ -147,7 +147,7 @@ class FakeClient:
 
 
 def lab_with(tmp_path, containers):
-    from labctl.config import load_config
+    from labctl.spec.labspec import load_config
     from labctl.session import LabSession
 
     return LabSession(load_config(tmp_path, {}, {"lab": "demo"}), tmp_path, FakeClient(containers))

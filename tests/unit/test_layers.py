@@ -16,8 +16,7 @@ ROOT = Path(__file__).resolve().parents[2] / "labctl"
 LAYERS = [
     ("pytest_plugin", "__main__"),
     ("cli",),
-    ("api",),
-    ("bringup",),  # `up` across lab, slurm, hosts and net
+    ("api",),  # the upper layer: Lab and Hosts, the one bring-up, the scenarios' runs
     ("bench",),
     ("hosts",),
     ("diagnose",),
@@ -27,9 +26,9 @@ LAYERS = [
     ("run",),
     ("net",),
     ("lab",),
+    ("engine",),  # Docker and Compose: the client, engine discovery and refusals, names and labels
     ("remote",),  # programs shipped into nodes: the standard library only
-    ("config", "workspace", "assets", "proc", "outfile", "plotting"),
-    ("parsers", "units", "ui"),
+    ("spec", "core"),  # the lab spec and the syntax of its settings; the plumbing every layer uses
     ("errors",),
     ("labctl",),  # the package itself: __version__
 ]

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from labctl.config import LabConfig, node_ip, node_mac
+from labctl.spec.labspec import LabConfig, node_ip, node_mac
 from labctl.net.neighbors import build_neighbors
 
 

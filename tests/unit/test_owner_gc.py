@@ -78,7 +78,7 @@ def test_gc_removes_only_labs_whose_owner_is_gone_and_all_with_everything():
 def test_a_subnet_race_keeps_the_owner_labels_on_the_next_attempt(tmp_path, monkeypatch):
     # Another lab took the picked subnet between the pick and Compose creating the network: `up`
     # plans again on a new subnet, and that plan must still carry the owner (gc judges labs by it).
-    from labctl.config import load_config
+    from labctl.spec.labspec import load_config
     from labctl.errors import CommandError
     from labctl.lab import up
 
@@ -108,7 +108,7 @@ def test_a_subnet_race_keeps_the_owner_labels_on_the_next_attempt(tmp_path, monk
 def test_a_subnet_lost_to_a_concurrent_up_is_not_picked_again_though_it_looks_free(tmp_path):
     # A fresh clone's make test: a lab picked 172.28.0.0/24 twice and 172.28.1.0/24 twice, each time
     # refused by Docker ("Pool overlaps") and each time listed free again by the engine a moment later.
-    from labctl.config import load_config
+    from labctl.spec.labspec import load_config
     from labctl.lab.up import choose_subnet
 
     class Engine:  # no network at all: what the engine listed between the attempts
@@ -126,10 +126,10 @@ def test_a_scenario_lab_is_planned_as_up_plans_one_and_owned_by_the_scenario(tmp
     # `labctl scenario` brings up a throwaway lab: the same TCP congestion control as `up` gives, the
     # other torch on the last node where the scenario asks, and this process as its owner, so that
     # `labctl gc` removes the lab a killed scenario left.
-    from labctl.config import load_config
-    from labctl.diagnose import scenarios
+    from labctl.spec.labspec import load_config
+    from labctl.api import scenarios
     from labctl.lab import up
-    from labctl.lab.engine import Engine
+    from labctl.engine.detect import Engine
 
     config = load_config(tmp_path, {}, {"lab": "scenario-x", "nodes": "2"})
     engine = Engine(kind="docker", product="Docker Engine", version="27", endpoint="unix:///var/run/docker.sock",

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from labctl.config import resolve_config, setting_text
+from labctl.spec.labspec import resolve_config, setting_text
 from labctl.errors import ConfigError, LabError, StateError
 from labctl.lab.lockfile import (
     Lock,
@@ -33,7 +33,7 @@ from labctl.lab.packages import (
 )
 from labctl.lab.piperrors import explain_pip_failure
 from labctl.lab.wheelhouse import Target
-from labctl.parsers import parse_modules, parse_requirement_list, parse_requirements_file
+from labctl.spec.parsers import parse_modules, parse_requirement_list, parse_requirements_file
 
 PIP = Path(__file__).resolve().parent / "pip"
 TARGET = Target()  # CPython 3.11, glibc 2.36, x86_64: the node image's

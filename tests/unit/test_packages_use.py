@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from labctl.config import resolve_config
+from labctl.spec.labspec import resolve_config
 from labctl.diagnose.packages import check_packages
 from labctl.hosts.packages import with_pythonpath
 from labctl.lab.gc import plan_images

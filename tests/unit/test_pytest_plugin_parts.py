@@ -10,12 +10,12 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from labctl.config import SETTINGS
+from labctl.spec.labspec import SETTINGS
 from labctl.diagnose.findings import Diagnosis, Finding
 from labctl.errors import ConfigError, LabError
 from labctl.pytest_plugin.report import (PoolStats, RunRecord, annotation_path, doctor_summary, excerpt,
                                          failure_report, github_annotation, headline, summary_line)
-from labctl.config import LabConfig
+from labctl.spec.labspec import LabConfig
 from labctl.pytest_plugin.settings import (DEFAULT_RUN_TIMEOUT_S, Settings, lab_name, lab_request,
                                            resolve_settings, worker_id)
 from labctl.run.result import RunResult

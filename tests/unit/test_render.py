@@ -10,7 +10,7 @@ import pytest
 import yaml
 
 from labctl.lab.compose import ComposePlan, build_compose, load_template, render_compose
-from labctl.config import LabConfig, node_ip
+from labctl.spec.labspec import LabConfig, node_ip
 from labctl.lab.envfiles import (
     Topology, build_env_files, build_node_env, host_commands, parse_hosts, topology_for_lab,
 )

@@ -11,10 +11,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-from labctl.config import LabConfig, resolve_config
+from labctl.spec.labspec import LabConfig, resolve_config
 from labctl.errors import ConfigError
-from labctl.lab.compose import (LABEL_EXEC_USER, LABEL_SCHEDULER, ComposePlan, build_compose, load_template,
-                                render_compose)
+from labctl.engine.labels import LABEL_EXEC_USER, LABEL_SCHEDULER
+from labctl.lab.compose import ComposePlan, build_compose, load_template, render_compose
 from labctl.slurm import jobs
 from labctl.slurm.conf import SlurmNode, build_slurm_conf, cluster_name
 from labctl.slurm.script import JobSpec, build_job_script, check_time
@@ -197,7 +197,7 @@ def test_an_elastic_job_survives_a_lost_node_in_slurm_and_in_torchrun(tmp_path):
 def engine(**changes):
     from dataclasses import replace
 
-    from labctl.lab.engine import Engine
+    from labctl.engine.detect import Engine
 
     base = Engine(kind="docker", product="Docker Engine", version="27", endpoint="unix:///var/run/docker.sock",
                   context=None, os="Debian", arch="x86_64", cpus=2, engine_id="x")

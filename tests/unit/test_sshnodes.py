@@ -5,8 +5,9 @@ from pathlib import Path
 
 import pytest
 
-from labctl.lab.compose import LABEL_SSH, SSH_KEY_VAR, ComposePlan, build_compose, load_template
-from labctl.config import LabConfig
+from labctl.engine.labels import LABEL_SSH
+from labctl.lab.compose import SSH_KEY_VAR, ComposePlan, build_compose, load_template
+from labctl.spec.labspec import LabConfig
 from labctl.hosts.inventory import Host, parse_inventory
 from labctl.hosts.labnodes import build_known_hosts, build_lab_inventory, parse_hostkey_line
 

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from labctl.config import ConfigError, resolve_config
+from labctl.spec.labspec import ConfigError, resolve_config
 from labctl.errors import StateError
 from labctl.lab import tcp
 from labctl.lab.compose import ComposePlan, build_compose, load_template

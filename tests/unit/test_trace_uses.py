@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 
 from labctl.bench import straggler
-from labctl.diagnose.scenarios import ScenarioOutcome, broken_timeline, remove_lab_folder
+from labctl.api.scenarios import ScenarioOutcome, broken_timeline, remove_lab_folder
 from labctl.diagnose.traps import SCENARIOS
 from labctl.trace import write_comparison
 from test_bench_orchestration import FakeLab, engine, events, flag  # noqa: F401 (fixtures)

@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from labctl.ui import PIPED_WIDTH, piped_width
+from labctl.core.ui import PIPED_WIDTH, piped_width
 
 
 class Tty(io.StringIO):
@@ -28,7 +28,7 @@ def test_a_terminal_is_left_to_rich():
 
 
 def test_a_piped_table_wraps_at_columns():
-    code = ("from labctl.ui import console; from rich.table import Table; t = Table('node', 'note');"
+    code = ("from labctl.core.ui import console; from rich.table import Table; t = Table('node', 'note');"
             "t.add_row('node0', 'x ' * 100); console.print(t)")
     for columns, widest in (("60", 60), ("", PIPED_WIDTH)):
         out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,

@@ -5,7 +5,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from labctl.errors import ConfigError
-from labctl.units import (
+from labctl.spec.units import (
     format_bytes, format_rate, parse_loss_pct, parse_rate, parse_size, parse_size_range, parse_time_us,
 )
 

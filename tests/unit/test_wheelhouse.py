@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from labctl.lab.engine import normalize_machine
+from labctl.engine.detect import normalize_machine
 from labctl.errors import CommandError, LabError
 from labctl.lab.wheelhouse import (
     STAMP, Target, Wheel, fill_wheelhouse, forget_wheelhouse, missing_wheels, pip_download_argv, prune_wheelhouse,
@@ -181,7 +181,7 @@ def test_a_wheelhouse_with_cuda_packages_is_refused_for_the_cpu_image(tmp_path):
     import json
     from dataclasses import asdict
 
-    from labctl.config import LabConfig
+    from labctl.spec.labspec import LabConfig
     from labctl.lab.image import ensure_wheelhouse, wheel_requirements
     from labctl.lab.wheelhouse import STAMP
 

@@ -3,7 +3,7 @@
 from pathlib import Path
 
 from labctl.cli.app import Session
-from labctl.workspace import find_workspace
+from labctl.core.workspace import find_workspace
 
 
 def test_the_nearest_folder_with_a_lab_folder_is_the_workspace(tmp_path):

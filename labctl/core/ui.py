@@ -38,7 +38,7 @@ def stderr_console():
 
 
 def __getattr__(name: str):
-    """`from labctl.ui import console, err_console`, for the renderers, which import rich anyway."""
+    """`from labctl.core.ui import console, err_console`, for the renderers, which import rich anyway."""
     if name == "console":
         return stdout_console()
     if name == "err_console":

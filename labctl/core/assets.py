@@ -27,7 +27,7 @@ from typing import Mapping
 
 from labctl.errors import StateError
 
-PACKAGE_DIR = Path(__file__).resolve().parent
+PACKAGE_DIR = Path(__file__).resolve().parents[1]  # labctl/
 CHECKOUT_DIR = PACKAGE_DIR.parent  # the repository's top, when labctl is imported from a checkout
 DATA_DIR = PACKAGE_DIR / "_data"  # the copies a wheel carries (setup.py puts them there)
 # What a wheel carries, relative to the repository's top; setup.py copies exactly these (a unit test

@@ -13,9 +13,9 @@ import time
 from typing import Callable, Iterator
 
 from labctl.errors import ConfigError, LabError, StateError
-from labctl.lab import engine as engine_mod
-from labctl.lab.compose import LABEL_EXEC_USER, LABEL_LAB, container_name
-from labctl.proc import run
+from labctl.engine import detect as engine_mod
+from labctl.engine.labels import LABEL_EXEC_USER, LABEL_LAB, container_name
+from labctl.core.proc import run
 
 
 def docker_client():

@@ -12,11 +12,11 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Callable
 
-from labctl.config import LabConfig, node_ip, shown_key, shown_source
+from labctl.spec.labspec import LabConfig, node_ip, shown_key, shown_source
 from labctl.hosts import labnodes
-from labctl.lab import engine as engine_mod
+from labctl.engine import detect as engine_mod
 from labctl.lab import image as image_mod
-from labctl.lab.docker import lab_containers
+from labctl.engine.docker import lab_containers
 from labctl.lab.lifecycle import NodeState, lab_dir
 from labctl.lab.owner import Owner
 from labctl.lab.package_image import prepare_packages

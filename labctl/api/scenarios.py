@@ -20,15 +20,15 @@ import time
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from labctl import assets
+from labctl.core import assets
 from labctl.diagnose import doctor
 from labctl.diagnose.traps import SCENARIOS, Context, Env, Scenario
 from labctl.errors import LabError
 from labctl.lab import lifecycle as lab_mod
 from labctl.lab.base import TARGET_CACHE, node_target
-from labctl.lab.compose import container_name
+from labctl.engine.labels import container_name
 from labctl.lab.image import ensure_mismatch_image
-from labctl.lab.engine import usable_engine
+from labctl.engine.detect import usable_engine
 from labctl.lab.owner import owner_of
 from labctl.lab.package_image import prepare_packages
 from labctl.lab.packages import Declaration

@@ -16,10 +16,10 @@ from functools import cached_property
 from pathlib import Path
 from typing import Any, Callable, Iterator, Mapping
 
-from labctl.config import LabConfig
+from labctl.spec.labspec import LabConfig
 from labctl.errors import LabError, StateError
-from labctl.lab.compose import container_name
-from labctl.lab.docker import (
+from labctl.engine.labels import container_name
+from labctl.engine.docker import (
     DockerNodes,
     container_log,
     docker_client,
@@ -43,7 +43,7 @@ from labctl.run.result import RunResult
 
 class LabSession:
     """One lab (`config.lab`) in one workspace, on the engine `client` talks to. Unless a client is
-    given, `connect` makes one on first use (labctl.lab.docker.docker_client by default): reading a
+    given, `connect` makes one on first use (labctl.engine.docker.docker_client by default): reading a
     run's saved logs needs no engine."""
 
     def __init__(self, config: LabConfig, workspace: Path, client: Any = None,

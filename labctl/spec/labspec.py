@@ -4,7 +4,7 @@ arguments) into a frozen dataclass, `LabConfig`, that the layers below receive.
 
 Pure: `resolve_config` takes the three sources as plain mappings; only `load_config` reads `.env`.
 Every setting has one environment key (DDPLAB_*), listed with a comment in `.env.example`; the
-syntax of each is in labctl.parsers.
+syntax of each is in labctl.spec.parsers.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from typing import Any, Callable, Mapping
 from dotenv import dotenv_values
 
 from labctl.errors import ConfigError, LabError
-from labctl.parsers import (
+from labctl.spec.parsers import (
     AUTO,
     MAX_NODES,
     choice,
@@ -36,7 +36,7 @@ from labctl.parsers import (
     parse_requirements_file,
     parse_subnet,
 )
-from labctl.units import format_rate, parse_rate
+from labctl.spec.units import format_rate, parse_rate
 
 MAX_NPROC_PER_NODE = 32
 NODE_IP_OFFSET = 10  # node i gets the subnet's address number 10 + i; .1 is Docker's gateway
@@ -97,7 +97,7 @@ class LabConfig:
     host), or 'host' to keep the host's (labctl.lab.tcp)."""
     cpu_kernels: str = "avx2"
     """'avx2': the nodes' CPU kernels (torch's, MKL's, oneDNN's) held to AVX2, so results are the same on every x86
-    host (labctl.config.CPU_KERNEL_ENV); 'native': each host's best, results differ between hosts with and without
+    host (labctl.spec.labspec.CPU_KERNEL_ENV); 'native': each host's best, results differ between hosts with and without
     AVX-512."""
     warm: str = "auto"
     """Each node's fork server (the warm path: runs start in a second): 'on', 'off', or 'auto', on while the servers

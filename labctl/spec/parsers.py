@@ -1,7 +1,7 @@
 """The syntax of every setting: each parser takes the raw text (from a flag, `.env`, DDPLAB_* or a
 keyword argument) and returns the typed value, or raises ValueError saying what is allowed.
 
-Pure and at the bottom of labctl: labctl.config builds its table of settings from these, and the
+Pure and at the bottom of labctl: labctl.spec.labspec builds its table of settings from these, and the
 host inventory (labctl.hosts.inventory) checks its own fields with the same ones.
 """
 
@@ -168,7 +168,7 @@ def parse_cuda(raw: str) -> str:
 
 def parse_node_cpus(raw: str) -> tuple[tuple[str, float], ...]:
     """'node2=0.25,node0=1' -> (('node0', 1.0), ('node2', 0.25)): per-node CPU limits (stragglers),
-    sorted by node; whether the nodes exist is the lab's to say (labctl.config.check_node_cpus)."""
+    sorted by node; whether the nodes exist is the lab's to say (labctl.spec.labspec.check_node_cpus)."""
     limits: dict[str, float] = {}
     for part in (p.strip() for p in str(raw).split(",")):
         if not part:

@@ -19,13 +19,13 @@ import os
 from pathlib import Path
 from typing import Any, Callable, Literal, Mapping
 
-from labctl.bringup import UpResult, bring_up, plan_up
-from labctl.config import LabConfig, check_nproc, load_config
+from labctl.api.bringup import UpResult, bring_up, plan_up
+from labctl.spec.labspec import LabConfig, check_nproc, load_config
 from labctl.diagnose.doctor import diagnose
 from labctl.diagnose.findings import Diagnosis
 from labctl.errors import LabError
 from labctl.hosts.machines import Hosts, SyncResult
-from labctl.lab.docker import apply_node_cpus, check_cpu_limits, docker_client
+from labctl.engine.docker import apply_node_cpus, check_cpu_limits, docker_client
 from labctl.lab.gc import ImageVerdict, LabVerdict, collect_garbage, collect_package_images
 from labctl.lab.lifecycle import apply_down, lab_resources
 from labctl.lab.listing import LabListing, list_labs
@@ -42,7 +42,7 @@ from labctl.run.result import RunResult
 from labctl.session import LabSession
 from labctl.slurm.jobs import Slurm
 from labctl.trace import TraceReport, find_run, write_trace
-from labctl.units import parse_duration_s
+from labctl.spec.units import parse_duration_s
 
 Fault = Literal["kill", "crash", "pause", "unpause", "partition", "heal"]
 Report = Callable[[str], None]

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from labctl.errors import CommandError
 
-log = logging.getLogger("labctl.proc")
+log = logging.getLogger("labctl.core.proc")
 
 
 def run(argv: list[str], *, cwd: Path | None = None, check: bool = True, capture: bool = True,
