@@ -24,10 +24,12 @@ from labctl.spec.labspec import LabConfig, check_nproc, load_config
 from labctl.diagnose.doctor import diagnose
 from labctl.diagnose.findings import Diagnosis
 from labctl.errors import LabError
+from labctl.hosts.inventory import load_inventory
+from labctl.hosts.labnodes import INVENTORY_FILE
 from labctl.hosts.machines import Hosts, SyncResult
 from labctl.engine.docker import apply_node_cpus, check_cpu_limits, docker_client
 from labctl.lab.gc import ImageVerdict, LabVerdict, collect_garbage, collect_package_images
-from labctl.lab.lifecycle import apply_down, lab_resources
+from labctl.lab.lifecycle import apply_down, lab_dir, lab_resources
 from labctl.lab.listing import LabListing, list_labs
 from labctl.lab.lockfile import Lock, read_lab_lock
 from labctl.lab.owner import owner_of
@@ -42,13 +44,14 @@ from labctl.run.result import RunResult
 from labctl.session import LabSession
 from labctl.slurm.jobs import Slurm
 from labctl.trace import TraceReport, find_run, write_trace
+from labctl.trace.breakdown import parse_steps
 from labctl.spec.units import parse_duration_s
 
 Fault = Literal["kill", "crash", "pause", "unpause", "partition", "heal"]
 Report = Callable[[str], None]
 
 __all__ = ["Lab", "LabConfig", "lab_spec", "Hosts", "SyncResult", "RunResult", "RunPlan", "Diagnosis", "UpResult", "Fault",
-           "gc", "gc_images", "labs"]
+           "gc", "gc_images", "labs", "inventory_hosts", "docker_client"]
 
 
 def _quiet(_message: str) -> None:
@@ -67,6 +70,16 @@ def gc_images(*, dry_run: bool = False, going: list[str] | tuple[str, ...] = (),
     runs, as `labctl gc` does after the labs: a verdict for each (`remove`, `why`). With `dry_run`,
     the containers of the labs in `going` count as gone."""
     return collect_package_images(client or docker_client(), dry_run=dry_run, going=going)
+
+
+def inventory_hosts(workspace: str | Path, config: LabConfig, *, accept_new: bool = False,
+                    report: Report = _quiet) -> Hosts:
+    """The Hosts of `config.inventory` (a hosts.toml), else of the one `labctl up --ssh` wrote for
+    `config.lab` (.lab/<lab>/hosts.toml), as `labctl hosts` finds them."""
+    workspace = Path(workspace)
+    path = Path(config.inventory) if config.inventory else lab_dir(workspace, config.lab) / INVENTORY_FILE
+    return Hosts(load_inventory(path, given=bool(config.inventory)), accept_new=accept_new, workspace=workspace,
+                 report=report, cache_dir=config.cache_dir)
 
 
 def labs(client=None) -> list[LabListing]:
@@ -196,14 +209,17 @@ class Lab(LabSession):
         return self.execute(plan, echo=echo, check=check)
 
     def trace(self, run: str | Path | RunResult | None = None, *,
-              steps: str | tuple[int | None, int | None] | None = None) -> TraceReport:
+              steps: str | tuple[int | None, int | None] | None = None, base: str | Path | None = None) -> TraceReport:
         """`labctl trace`: every rank of a run on one aligned time axis. Writes timeline.png (with the
         `plot` extra), trace-merged.json and breakdown.json into the run folder and returns the table
-        per rank. `run`: a RunResult, a run id under the lab's runs/, or a run folder (default: the
-        lab's latest run); `steps`: "A:B". LabError: no such run; StateError: nothing to draw from."""
+        per rank. `run`: a RunResult, a run id under the lab's runs/, or a run folder's path relative
+        to `base` (default: the workspace); None: the lab's latest run. `steps`: "A:B". LabError: bad
+        steps (before anything is read) or no such run; StateError: nothing to draw from."""
+        bounds = parse_steps(steps) if isinstance(steps, str) else steps
         if isinstance(run, RunResult):
-            return write_trace(run.run_dir, steps=steps)
-        return write_trace(find_run(self.directory, None if run is None else str(run), self.workspace), steps=steps)
+            return write_trace(run.run_dir, steps=bounds)
+        found = find_run(self.directory, None if run is None else str(run), Path(base or self.workspace))
+        return write_trace(found, steps=bounds)
 
     # --------------------------------------------------------------------------------- doctor
 

@@ -1,4 +1,4 @@
-"""The `labctl` group: one Session per invocation, and the one place errors become messages and
+"""The `labctl` group: one Invocation per run of `labctl`, and the one place errors become messages and
 exit statuses (never a traceback). Commands live in the modules beside this one, one per group."""
 
 from __future__ import annotations
@@ -14,20 +14,16 @@ from pathlib import Path
 import click
 
 from labctl import __version__
-from labctl.api import Hosts, Lab
+from labctl.api import Lab, docker_client, inventory_hosts
 from labctl.spec.labspec import load_config
 from labctl.errors import CommandError, LabError, RunFailed
-from labctl.hosts.inventory import load_inventory
-from labctl.hosts.labnodes import INVENTORY_FILE
-from labctl.engine.docker import docker_client
-from labctl.lab.lifecycle import lab_dir
 from labctl.core.ui import BuildProgress, error, info
 from labctl.core.workspace import find_workspace
 
 CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
 
 
-class Session:
+class Invocation:
     """What one `labctl` invocation works with: where the user stands (`cwd`), the workspace (the
     nearest folder from there upwards that holds .lab/, else `cwd`; see labctl.core.workspace), the
     environment, and the Docker client, made at most once and only here."""
@@ -57,14 +53,13 @@ class Session:
 
     def hosts(self, lab: str | None, inventory: str | None, accept_new: bool = False):
         """The labctl.api.Hosts of the inventory given, or of the one `labctl up --ssh` wrote for the lab."""
-        config = self.config(lab=lab, inventory=inventory)
-        path = Path(config.inventory) if config.inventory else lab_dir(self.workspace, config.lab) / INVENTORY_FILE
-        return Hosts(load_inventory(path, given=bool(config.inventory)), accept_new=accept_new,
-                     workspace=self.workspace, report=info, cache_dir=config.cache_dir)
+        return inventory_hosts(self.workspace, self.config(lab=lab, inventory=inventory), accept_new=accept_new,
+                               report=info)
 
 
-def session() -> Session:
-    return click.get_current_context().find_object(Session)
+def invocation() -> Invocation:
+    """The Invocation of the command running now."""
+    return click.get_current_context().find_object(Invocation)
 
 
 # The module that defines each top-level command: loaded when that command runs (click's documented
@@ -137,4 +132,4 @@ def main(ctx: click.Context, verbose: bool) -> None:
     # freeing memory that the OS takes back anyway); atexit handlers and flushing still run.
     atexit.unregister(gc.freeze)
     atexit.register(gc.freeze)
-    ctx.ensure_object(Session)
+    ctx.ensure_object(Invocation)

@@ -6,13 +6,10 @@ from pathlib import Path
 
 import click
 
-from labctl.bench import allreduce, scaling_run, startup, straggler
-from labctl.bench.bringup import bench_up
-from labctl.bench.cost import estimate, parse_params
-from labctl.cli.app import CONTEXT, main, session
+from labctl.api import bench as benches
+from labctl.cli.app import CONTEXT, main, invocation
 from labctl.cli.options import lab_option, nccl_debug_option, package_options
 from labctl.spec.labspec import parse_cpu_limit, parse_nodes_list
-from labctl.run.userenv import NCCL_DEBUG_ENV
 from labctl.core.outfile import is_stdout
 from labctl.core.ui import info
 from labctl.spec.units import parse_size_range
@@ -44,8 +41,8 @@ def cost(params, dtype, ranks, links, delay, compute_s, collective, grad_accum, 
     """
     from labctl.cli import render_bench
 
-    count = parse_params(params)
-    report = estimate(count, dtype, ranks, links, compute_s, grad_accum, efficiency, collective, lab=session().lab(lab),
+    count = benches.parse_params(params)
+    report = benches.estimate(count, dtype, ranks, links, compute_s, grad_accum, efficiency, collective, lab=invocation().lab(lab),
                       delay=delay)
     render_bench.print_cost(report, as_json)
 
@@ -55,7 +52,7 @@ def cost(params, dtype, ranks, links, delay, compute_s, collective, grad_accum, 
 
 def up_package_args(requirements: str | None, with_packages: tuple[str, ...]) -> list[str]:
     """`labctl up`'s arguments for the packages a bench's lab gets (a relative FILE from where you stand)."""
-    args = ["--requirements", str(Path(session().cwd) / requirements)] if requirements else []
+    args = ["--requirements", str(Path(invocation().cwd) / requirements)] if requirements else []
     return args + [a for requirement in with_packages for a in ("--with", requirement)]
 
 
@@ -82,7 +79,7 @@ def bench_up_cmd(nodes_list, repeats, as_json, requirements, with_packages) -> N
     from labctl.cli import render_bench
 
     counts = parse_nodes_list(nodes_list)
-    results = bench_up(session().client, session().workspace, counts, repeats, info,
+    results = benches.bench_up(invocation().client, invocation().workspace, counts, repeats, info,
                        packages=up_package_args(requirements, with_packages))
     render_bench.print_up_timings(results, repeats, as_json)
 
@@ -108,7 +105,7 @@ def bench_start_cmd(nodes, rounds, torchx, as_json, requirements, with_packages,
     from labctl.cli import render_bench
 
     up_args = up_package_args(requirements, with_packages) + [a for m in preload for a in ("--preload", m)]
-    report = startup.measure(session().client, session().workspace, nodes, rounds, torchx, info, up_args)
+    report = benches.bench_start(invocation().client, invocation().workspace, nodes, rounds, torchx, info, up_args)
     render_bench.print_start(report, as_json)
 
 
@@ -135,8 +132,8 @@ def bench_allreduce_cmd(lab, sizes, iters, efficiency, as_json, plot_path, nccl_
     if as_json and is_stdout(plot_path):
         raise click.UsageError("--json and --plot - both want standard output; give --plot a file name")
     size_list = parse_size_range(sizes)
-    env = NCCL_DEBUG_ENV if nccl_debug else None
-    report = allreduce.measure(session().lab(lab), size_list, iters, efficiency, info, plot_path, env)
+    env = benches.NCCL_DEBUG_ENV if nccl_debug else None
+    report = benches.allreduce(invocation().lab(lab), size_list, iters, efficiency, info, plot_path, env)
     render_bench.print_allreduce(report, as_json, to_stderr=is_stdout(plot_path))
 
 
@@ -174,7 +171,7 @@ def bench_scaling_cmd(lab, workload, nodes_list, rates, delay, nproc, steps, mic
     """
     from labctl.cli import render_bench
 
-    report = scaling_run.measure(session().lab(lab), workload=workload, nodes_list=nodes_list, rates=rates, nproc=nproc,
+    report = benches.scaling(invocation().lab(lab), workload=workload, nodes_list=nodes_list, rates=rates, nproc=nproc,
                      steps=steps, micro_batch=micro_batch, threads=threads, repeats=repeats, efficiency=efficiency,
                      host=not no_host, out_dir=out_dir, report=info, delay=delay)
     render_bench.print_scaling(report, as_json)
@@ -205,6 +202,6 @@ def bench_straggler_cmd(lab, node, cpus, workload, micro_batch, steps, repeats, 
     from labctl.cli import render_bench
 
     limit = parse_cpu_limit(cpus, "--cpus")
-    result = straggler.measure(session().lab(lab), node=node, cpus=limit, workload=workload, micro_batch=micro_batch,
+    result = benches.straggler(invocation().lab(lab), node=node, cpus=limit, workload=workload, micro_batch=micro_batch,
                      steps=steps, repeats=repeats, out_dir=out_dir, report=info)
     render_bench.print_straggler(result, as_json)

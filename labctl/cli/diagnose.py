@@ -7,7 +7,7 @@ from dataclasses import asdict
 
 import click
 
-from labctl.cli.app import CONTEXT, main, session
+from labctl.cli.app import CONTEXT, main, invocation
 from labctl.cli.options import json_option, lab_option
 from labctl.api.scenarios import SCENARIOS, run_scenarios, select_scenarios
 from labctl.core.ui import info, stdout_console
@@ -23,7 +23,7 @@ def doctor(lab, as_json) -> None:
     the node and the fix."""
     from labctl.cli import render
 
-    if not render.report_check(session().lab(lab).doctor(), as_json):
+    if not render.report_check(invocation().lab(lab).doctor(), as_json):
         sys.exit(1)
 
 
@@ -51,7 +51,7 @@ def scenario_run(names, as_json) -> None:
 
     chosen = select_scenarios(names)
     show = None if as_json else (lambda outcome: render.print_scenario(outcome, SCENARIOS[outcome.name].title))
-    outcomes = run_scenarios(session().client, session().config, session().workspace, chosen, info, show)
+    outcomes = run_scenarios(invocation().client, invocation().config, invocation().workspace, chosen, info, show)
     if as_json:
         render.emit_json([{**asdict(o), "ok": o.ok} for o in outcomes])
     if not all(o.ok for o in outcomes):

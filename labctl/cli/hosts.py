@@ -6,7 +6,7 @@ import sys
 
 import click
 
-from labctl.cli.app import CONTEXT, main, session
+from labctl.cli.app import CONTEXT, main, invocation
 from labctl.cli.options import (
     SCRIPT_CONTEXT,
     accept_new_option,
@@ -23,7 +23,7 @@ from labctl.cli.options import (
     run_options,
     script_argument,
 )
-from labctl.run.userenv import build_user_env
+from labctl.api.inputs import build_user_env
 
 
 @main.group(context_settings=CONTEXT)
@@ -53,7 +53,7 @@ def hosts_check(lab, inventory, accept_new, as_json) -> None:
     status 1 when something is wrong; each problem names the host and the fix."""
     from labctl.cli import render
 
-    if not render.report_check(session().hosts(lab, inventory, accept_new).check(), as_json):
+    if not render.report_check(invocation().hosts(lab, inventory, accept_new).check(), as_json):
         sys.exit(1)
 
 
@@ -77,7 +77,7 @@ def hosts_sync(lab, inventory, accept_new, excludes, requirements, with_packages
     folder first on PYTHONPATH; `labctl hosts check` then compares every host with the lock."""
     from labctl.cli import render
 
-    where = session()
+    where = invocation()
     the_hosts = where.hosts(lab, inventory, accept_new)
     if dry_run:
         render.print_host_commands(the_hosts.sync_commands(excludes))
@@ -117,7 +117,7 @@ def hosts_run(lab, inventory, accept_new, nproc_per_node, launcher, timeout_s, p
     """
     from labctl.cli import render
 
-    where = session()
+    where = invocation()
     env = build_user_env(env_pairs, env_files, where.environ, nccl_debug)
     the_hosts = where.hosts(lab, inventory, accept_new)
     plan = the_hosts.run_plan(*script, launcher=launcher, nproc_per_node=nproc_per_node, pg_timeout_s=pg_timeout_s,

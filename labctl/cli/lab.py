@@ -13,7 +13,8 @@ from pathlib import Path
 import click
 
 from labctl import api
-from labctl.cli.app import CONTEXT, main, session
+from labctl.api import images
+from labctl.cli.app import CONTEXT, main, invocation
 from labctl.cli.options import (
     SCRIPT_CONTEXT,
     dry_run_option,
@@ -25,8 +26,6 @@ from labctl.cli.options import (
     spec_help,
     torchrun_option,
 )
-from labctl.lab import image as image_mod
-from labctl.lab.envfiles import check_rdzv_id, parse_hosts, write_host_env_files
 from labctl.core.ui import BuildProgress, info, stdout_console
 
 
@@ -70,18 +69,16 @@ def build(torch_version, cuda, base_image, image, force, verbose_build, mismatch
     if cuda and image:
         raise click.UsageError(f"--image {image} names the CPU image; the CUDA image is always "
                                "ddplab-node:torch<VERSION>-cuda (tag it yourself with docker tag)")
-    config = session().config(torch_version=torch_version, base_image=base_image, image=image)
-    client = session().client
+    config = invocation().config(torch_version=torch_version, base_image=base_image, image=image)
+    client = invocation().client
     if print_hash:
         from labctl.cli import render
 
-        inputs = image_mod.gather_inputs(client, config, info, cuda=cuda)
-        render.print_build_hash(image_mod.image_tag(config, cuda), inputs,
-                                image_mod.image_hash(client, image_mod.image_tag(config, cuda)), as_json)
+        render.print_build_hash(*images.build_hash(client, config, info, cuda=cuda), as_json)
         return
     progress = functools.partial(BuildProgress, verbose_build)
-    for what, built in image_mod.build_images(client, config, info, progress, force=force, cuda=cuda,
-                                              mismatch=mismatch_image, lean=lean):
+    for what, built in images.build_images(client, config, info, progress, force=force, cuda=cuda,
+                                           mismatch=mismatch_image, lean=lean):
         state = "up to date" if built.cached else "built"
         info(f"image {built.tag} {state} (base {built.base}, {what}) in {built.seconds:.1f} s")
 
@@ -169,8 +166,8 @@ def up(lab, dry_run, as_json, requirements, with_packages, preload, **settings) 
       labctl up --requirements requirements.txt --preload lightning
       labctl up --requirements pyproject.toml:train
     """
-    settings.update(package_settings(requirements, with_packages, session().cwd), preload=tuple(preload) or None)
-    the_lab = session().lab(lab, **settings)
+    settings.update(package_settings(requirements, with_packages, invocation().cwd), preload=tuple(preload) or None)
+    the_lab = invocation().lab(lab, **settings)
     if dry_run:
         from labctl.cli import render
 
@@ -192,7 +189,7 @@ def status(lab, as_json) -> None:
     a cache)."""
     from labctl.cli import render
 
-    the_lab = session().lab(lab)
+    the_lab = invocation().lab(lab)
     nodes = the_lab.status()
     links = the_lab.links([n.name for n in nodes if n.state == "running"])
     if not nodes and not as_json:
@@ -213,7 +210,7 @@ def down(lab, volumes, dry_run) -> None:
     """
     from labctl.cli import render
 
-    the_lab = session().lab(lab)
+    the_lab = invocation().lab(lab)
     if dry_run:
         for kind, names in the_lab.resources(volumes).items():
             stdout_console().print(f"{kind}: {', '.join(names) or '-'}", markup=False)
@@ -235,10 +232,8 @@ def env(hosts, iface, nproc_per_node, master_port, rdzv_id, out_dir) -> None:
 
     The options torchrun has too take its spellings as well (--nproc_per_node, --master_port, --rdzv_id).
     """
-    addresses = parse_hosts(hosts)
-    check_rdzv_id(rdzv_id)
-    config = session().config(iface=iface, nproc_per_node=nproc_per_node, master_port=master_port)
-    paths, commands = write_host_env_files(addresses, config, rdzv_id, out_dir)
+    config = invocation().config(iface=iface, nproc_per_node=nproc_per_node, master_port=master_port)
+    addresses, paths, commands = images.write_host_env(hosts, config, rdzv_id, out_dir)
     info(f"wrote {len(paths)} env files to {out_dir}/ (copy each to its machine, same path)")
     for name, host, command in commands:
         stdout_console().print(f"[bold]{name}[/bold] ({host}):  {command}", markup=True, soft_wrap=True)
@@ -263,7 +258,7 @@ def logs(lab, node, run_id, container, tail, follow) -> None:
     """
     from labctl.cli import render
 
-    the_lab = session().lab(lab)
+    the_lab = invocation().lab(lab)
     if follow:
         chunks = the_lab.follow_container_logs(node, tail) if container else the_lab.follow_logs(node, run_id, tail)
         try:
@@ -289,7 +284,7 @@ def exec_cmd(lab, node, command) -> None:
     options go before NODE.
     """
     tty = sys.stdin.isatty() and sys.stdout.isatty()
-    argv = session().lab(lab).exec_argv(node, list(command), tty=tty)
+    argv = invocation().lab(lab).exec_argv(node, list(command), tty=tty)
     logging.getLogger("labctl.exec").debug("$ %s", shlex.join(argv))  # `labctl -v` shows every external command
     sys.stdout.flush()
     sys.stderr.flush()
@@ -306,7 +301,7 @@ def ls(as_json) -> None:
     """
     from labctl.cli import render
 
-    render.print_labs(api.labs(session().client), as_json, now=time.time())
+    render.print_labs(api.labs(invocation().client), as_json, now=time.time())
 
 
 @main.command("gc", context_settings=CONTEXT)
@@ -323,7 +318,7 @@ def gc(everything, dry_run, as_json) -> None:
     """
     from labctl.cli import render
 
-    client = session().client
+    client = invocation().client
     labs = api.gc(everything=everything, dry_run=dry_run, client=client)
     images = api.gc_images(dry_run=dry_run, going=[v.lab for v in labs if v.remove], client=client)
     render.print_gc(labs, images, dry_run, as_json)

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import click
 
-from labctl.cli.app import CONTEXT, main, session
+from labctl.cli.app import CONTEXT, main, invocation
 from labctl.cli.options import dry_run_option, json_option, lab_option
 from labctl.spec.labspec import parse_cpu_limit
 from labctl.errors import LabError
-from labctl.net.tc import parse_shape_request
+from labctl.api.inputs import parse_shape_request
 from labctl.core.ui import info
 
 
@@ -42,7 +42,7 @@ def shape(lab, node_names, bw, delay, jitter, loss, ingress, duration, clear, sh
     from labctl.cli import render
 
     wanted = parse_shape_request(bw, delay, jitter, loss, ingress, clear=clear, show=show, duration=duration)
-    the_lab = session().lab(lab)
+    the_lab = invocation().lab(lab)
     targets = the_lab.targets(node_names)
     if show:
         render.print_links(the_lab.name, the_lab.links(targets), as_json)
@@ -71,7 +71,7 @@ def slow(lab, node, cpus, clear) -> None:
     if (cpus is None) == (not clear):
         raise LabError("give exactly one of --cpus C or --clear", hint="labctl slow node2 --cpus 0.25")
     limit = parse_cpu_limit(cpus, "--cpus", hint="use --clear to lift the limit") if cpus is not None else None
-    applied = session().lab(lab).slow(node, limit)
+    applied = invocation().lab(lab).slow(node, limit)
     info(f"{node}: CPU limit now {f'{applied:g} CPUs' if applied else 'none'} (read back from the engine)")
 
 
@@ -89,4 +89,4 @@ def fault(lab, fault, node) -> None:
       labctl fault kill node2         # with --nnodes 2:3 the run goes on without it
       labctl fault partition node1 && sleep 5 && labctl fault heal node1
     """
-    info(session().lab(lab).fault(fault, node))
+    info(invocation().lab(lab).fault(fault, node))

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from labctl.cli.app import main, session
+from labctl.cli.app import main, invocation
 from labctl.cli.options import (
     SCRIPT_CONTEXT,
     dry_run_option,
@@ -16,7 +16,7 @@ from labctl.cli.options import (
     script_argument,
     torchrun_option,
 )
-from labctl.run.userenv import build_user_env
+from labctl.api.inputs import build_user_env
 
 
 @main.command(context_settings=SCRIPT_CONTEXT)
@@ -52,7 +52,7 @@ def run(lab, nproc_per_node, launcher, timeout_s, pg_timeout_s, as_json, env_pai
     """
     from labctl.cli import render, render_trace
 
-    where = session()
+    where = invocation()
     the_lab = where.lab(lab)
     env = build_user_env(env_pairs, env_files, where.environ, nccl_debug)
     plan = the_lab.run_plan(*script, launcher=launcher, nproc_per_node=nproc_per_node, max_restarts=max_restarts,

@@ -7,9 +7,9 @@ from pathlib import Path
 
 import click
 
-from labctl.cli.app import CONTEXT, main, session
+from labctl.cli.app import CONTEXT, main, invocation
 from labctl.cli.options import SCRIPT_CONTEXT, json_option, lab_option, script_argument
-from labctl.run.launch import job_args
+from labctl.api.inputs import job_args
 from labctl.core.outfile import is_stdout
 from labctl.core.ui import info
 
@@ -31,7 +31,7 @@ def job_options(f):
 
 def lab_and_spec(lab, script, nodes, nproc_per_node, time_limit, nnodes, max_restarts, partition=None, account=None):
     """The lab's Slurm side and the job the options describe, SCRIPT taken from where you stand."""
-    where = session()
+    where = invocation()
     jobs = where.lab(lab).slurm
     spec = jobs.spec(job_args(script, jobs.session.workspace, where.cwd), nodes, nproc_per_node, time_limit,
                      partition, account, nnodes=nnodes, max_restarts=max_restarts)
@@ -92,7 +92,7 @@ def slurm_status(lab, job, as_json) -> None:
     """The state of JOB (default: the latest submitted) as Slurm's controller has it."""
     from labctl.cli import render_slurm
 
-    render_slurm.print_status(session().lab(lab).slurm.status(job), as_json)
+    render_slurm.print_status(invocation().lab(lab).slurm.status(job), as_json)
 
 
 @slurm.command("logs", context_settings=CONTEXT)
@@ -101,7 +101,7 @@ def slurm_status(lab, job, as_json) -> None:
 @click.option("-f", "--follow", is_flag=True, help="Follow the output until the job has ended.")
 def slurm_logs(lab, job, follow) -> None:
     """The output of JOB (default: the latest submitted): every node's lines, labelled with srun's task."""
-    for text in session().lab(lab).slurm.output(job, follow=follow):
+    for text in invocation().lab(lab).slurm.output(job, follow=follow):
         sys.stdout.write(text)
         sys.stdout.flush()
 
@@ -111,7 +111,7 @@ def slurm_logs(lab, job, follow) -> None:
 @click.argument("job", required=False)
 def slurm_cancel(lab, job) -> None:
     """Cancel JOB (default: the latest submitted) and wait until Slurm has ended it."""
-    state = session().lab(lab).slurm.cancel(job)
+    state = invocation().lab(lab).slurm.cancel(job)
     info(f"job {state['JobId']}: {state['JobState']}")
 
 

@@ -4,11 +4,9 @@ from __future__ import annotations
 
 import click
 
-from labctl.cli.app import CONTEXT, main, session
+from labctl.cli.app import CONTEXT, main, invocation
 from labctl.cli.options import json_option, lab_option
-from labctl.lab.lifecycle import lab_dir
-from labctl.trace import find_run, write_trace
-from labctl.trace.breakdown import STEPS_ALLOWED, parse_steps
+from labctl.api.inputs import STEPS_ALLOWED
 
 
 @main.command(context_settings=CONTEXT)
@@ -29,7 +27,5 @@ def trace(run, lab, steps, as_json) -> None:
     """
     from labctl.cli import render_trace
 
-    bounds = parse_steps(steps) if steps is not None else None  # bad --steps: exit 2 before anything is read
-    here = session()
-    run_dir = find_run(lab_dir(here.workspace, here.config(lab=lab).lab), run, here.cwd)
-    render_trace.print_trace(write_trace(run_dir, steps=bounds), as_json)
+    here = invocation()
+    render_trace.print_trace(here.lab(lab).trace(run, steps=steps, base=here.cwd), as_json)

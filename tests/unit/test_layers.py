@@ -201,3 +201,21 @@ def test_functions_read_at_a_glance():
             if not command and node.end_lineno - node.lineno + 1 > 50:
                 long.append(f"{module_name(path)}.{node.name}: {node.end_lineno - node.lineno + 1} lines")
     assert not long, "\n".join(long)
+
+
+# What a command module may import: the API, the CLI's own modules, and the leaves (the spec and its
+# syntax, the plumbing, the errors). Renderers may import the types and formatters they render.
+COMMAND_REACH = ("labctl.api", "labctl.cli", "labctl.spec", "labctl.core", "labctl.errors")
+
+
+def test_commands_reach_the_library_through_the_api():
+    trees = modules()
+    beyond = []
+    for name, tree in trees.items():
+        if not name.startswith("labctl.cli.") or name.rpartition(".")[2].startswith("render"):
+            continue
+        for target, line, _ in imports(name, tree, set(trees)):
+            if target.startswith("labctl.") and not target.startswith(tuple(f"{m}." for m in COMMAND_REACH)) \
+                    and target not in COMMAND_REACH:
+                beyond.append(f"{name}:{line} imports {target} (commands go through labctl.api)")
+    assert not beyond, "\n".join(beyond)

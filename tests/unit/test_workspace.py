@@ -2,7 +2,7 @@
 
 from pathlib import Path
 
-from labctl.cli.app import Session
+from labctl.cli.app import Invocation
 from labctl.core.workspace import find_workspace
 
 
@@ -28,7 +28,7 @@ def test_a_session_walks_up_from_where_the_user_stands(tmp_path, monkeypatch):
     sub = tmp_path / "sub"
     sub.mkdir()
     monkeypatch.chdir(sub)
-    session = Session(environ={})
+    session = Invocation(environ={})
     assert (session.cwd, session.workspace) == (sub.resolve(), tmp_path.resolve())
-    assert Session(workspace=sub, environ={}).workspace == sub.resolve()  # given outright: taken as is
-    assert Session(cwd=Path(sub), environ={}).lab("demo").directory == tmp_path.resolve() / ".lab" / "demo"
+    assert Invocation(workspace=sub, environ={}).workspace == sub.resolve()  # given outright: taken as is
+    assert Invocation(cwd=Path(sub), environ={}).lab("demo").directory == tmp_path.resolve() / ".lab" / "demo"
