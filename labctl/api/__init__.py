@@ -16,11 +16,12 @@ RunFailed, with the RunResult attached, when a run fails.
 from __future__ import annotations
 
 import os
+import warnings
 from pathlib import Path
 from typing import Any, Callable, Literal, Mapping
 
 from labctl.api.bringup import UpResult, bring_up, plan_up
-from labctl.spec.labspec import LabConfig, check_nproc, load_config
+from labctl.spec.labspec import LabSpec, check_nproc, load_config
 from labctl.diagnose.doctor import diagnose
 from labctl.diagnose.findings import Diagnosis
 from labctl.errors import LabError
@@ -28,7 +29,7 @@ from labctl.hosts.inventory import load_inventory
 from labctl.hosts.labnodes import INVENTORY_FILE
 from labctl.hosts.machines import Hosts, SyncResult
 from labctl.engine.docker import apply_node_cpus, check_cpu_limits, docker_client
-from labctl.lab.gc import ImageVerdict, LabVerdict, collect_garbage, collect_package_images
+from labctl.lab.garbage import ImageVerdict, LabVerdict, collect_garbage, collect_package_images
 from labctl.lab.lifecycle import apply_down, lab_dir, lab_resources
 from labctl.lab.listing import LabListing, list_labs
 from labctl.lab.lockfile import Lock, read_lab_lock
@@ -50,15 +51,15 @@ from labctl.spec.units import parse_duration_s
 Fault = Literal["kill", "crash", "pause", "unpause", "partition", "heal"]
 Report = Callable[[str], None]
 
-__all__ = ["Lab", "LabConfig", "lab_spec", "Hosts", "SyncResult", "RunResult", "RunPlan", "Diagnosis", "UpResult", "Fault",
-           "gc", "gc_images", "labs", "inventory_hosts", "docker_client"]
+__all__ = ["Lab", "LabSpec", "lab_spec", "Hosts", "SyncResult", "RunResult", "RunPlan", "Diagnosis", "UpResult", "Fault",
+           "gc_labs", "gc_images", "labs", "inventory_hosts", "docker_client"]
 
 
 def _quiet(_message: str) -> None:
     pass
 
 
-def gc(*, everything: bool = False, dry_run: bool = False, client=None) -> list[LabVerdict]:
+def gc_labs(*, everything: bool = False, dry_run: bool = False, client=None) -> list[LabVerdict]:
     """Remove the labs whose owner process is gone (all labs with `everything`), as `labctl gc`
     does: a verdict for every lab on the engine (`remove`: removed, or with `dry_run` would be; `why`).
     `gc_images` then removes the package images no lab runs any more."""
@@ -72,7 +73,7 @@ def gc_images(*, dry_run: bool = False, going: list[str] | tuple[str, ...] = (),
     return collect_package_images(client or docker_client(), dry_run=dry_run, going=going)
 
 
-def inventory_hosts(workspace: str | Path, config: LabConfig, *, accept_new: bool = False,
+def inventory_hosts(workspace: str | Path, config: LabSpec, *, accept_new: bool = False,
                     report: Report = _quiet) -> Hosts:
     """The Hosts of `config.inventory` (a hosts.toml), else of the one `labctl up --ssh` wrote for
     `config.lab` (.lab/<lab>/hosts.toml), as `labctl hosts` finds them."""
@@ -92,10 +93,10 @@ def labs(client=None) -> list[LabListing]:
 
 
 def lab_spec(name: str | None = None, *, workspace: str | Path | None = None,
-             environ: Mapping[str, str] | None = None, **settings: Any) -> LabConfig:
+             environ: Mapping[str, str] | None = None, **settings: Any) -> LabSpec:
     """The lab spec `Lab(name, **settings)` and `labctl up` work from: defaults, then the workspace's
     `.env`, then DDPLAB_* in `environ` (default: this process's environment), then `settings`, any
-    of LabConfig's fields given as `labctl up` takes them (nodes=3, bw='1gbit', node_cpus={'node2':
+    of LabSpec's fields given as `labctl up` takes them (nodes=3, bw='1gbit', node_cpus={'node2':
     0.25}, gpus=[0, 2], ssh=True, ...; None: not given)."""
     workspace = Path(workspace or Path.cwd()).resolve()
     given = {"lab": name, **settings}
@@ -111,12 +112,12 @@ class Lab(LabSession):
     is already up (as `labctl --lab NAME ...` does).
     """
 
-    def __init__(self, name: str | None = None, *, spec: LabConfig | None = None, workspace: str | Path | None = None,
+    def __init__(self, name: str | None = None, *, spec: LabSpec | None = None, workspace: str | Path | None = None,
                  environ: Mapping[str, str] | None = None, client=None, connect: Callable | None = None,
                  report: Report | None = None, build_progress=None, **settings: Any):
         """`settings`: the lab as `labctl up`'s options say it, resolved by `lab_spec` (nodes=3,
         bw='1gbit', gpus='all', scheduler='slurm', requirements='requirements.txt' (relative to the
-        workspace), with_packages=['tqdm'], preload=['lightning'], ...); or `spec`, a LabConfig already resolved
+        workspace), with_packages=['tqdm'], preload=['lightning'], ...); or `spec`, a LabSpec already resolved
         (`labctl.api.lab_spec`, or the pytest plugin's). `report` receives progress lines and
         `build_progress` makes progress bars for an image build; `client` is a docker.DockerClient
         to use, else `connect` makes one on first need."""
@@ -288,3 +289,17 @@ class Lab(LabSession):
         if cpus is not None:
             check_cpu_limits(self.client, {"--cpus": cpus})
         return apply_node_cpus(self.client, self.name, node, cpus)
+
+
+_RENAMED = {"gc": ("gc_labs", gc_labs), "LabConfig": ("LabSpec", LabSpec)}
+
+
+def __getattr__(name: str):
+    """The old names, `gc` (now `gc_labs`: `gc` is also the standard module) and `LabConfig` (now
+    `LabSpec`): kept for one release, with a DeprecationWarning."""
+    if name in _RENAMED:
+        new, value = _RENAMED[name]
+        warnings.warn(f"labctl.api.{name} is now labctl.api.{new}; {name} goes in the next release", DeprecationWarning,
+                      stacklevel=2)
+        return value
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -12,7 +12,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Callable
 
-from labctl.spec.labspec import LabConfig, node_ip, shown_key, shown_source
+from labctl.spec.labspec import LabSpec, node_ip, shown_key, shown_source
 from labctl.hosts import labnodes
 from labctl.engine import detect as engine_mod
 from labctl.lab import image as image_mod
@@ -46,7 +46,7 @@ class UpResult:
     seconds: float
 
 
-def plan_up(client, config: LabConfig, workspace: Path, *, owner: Owner | None = None,
+def plan_up(client, config: LabSpec, workspace: Path, *, owner: Owner | None = None,
             dry_run: bool = False) -> UpPlan:
     """What `up` would create (the Compose document, env files, subnet, slurm.conf); changes nothing
     but making the lab's SSH key once (not under `dry_run`). Everything is refused here, before
@@ -135,7 +135,7 @@ def write_lab_lock(directory: Path, plan: UpPlan) -> None:
         write_atomic(path, plan.lock_text)
 
 
-def start_warm(session: LabSession, config: LabConfig, engine, names: list[str], report: Report) -> None:
+def start_warm(session: LabSession, config: LabSpec, engine, names: list[str], report: Report) -> None:
     """Each node's fork server, where the `warm` setting and the engine's memory allow (labctl.run.warm),
     importing the lab's --preload modules too: those given now, else those it was given before."""
     start, note = plan_servers(config.warm, len(names), engine.memory_bytes)

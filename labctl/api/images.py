@@ -9,12 +9,12 @@ from typing import Callable, Iterator
 from labctl.lab import image as image_mod
 from labctl.lab.envfiles import check_rdzv_id, parse_hosts, write_host_env_files
 from labctl.lab.image import BuildInputs, BuildResult
-from labctl.spec.labspec import LabConfig
+from labctl.spec.labspec import LabSpec
 
 Report = Callable[[str], None]
 
 
-def build_hash(client, config: LabConfig, report: Report, *, cuda: bool = False) -> tuple[str, BuildInputs, str | None]:
+def build_hash(client, config: LabSpec, report: Report, *, cuda: bool = False) -> tuple[str, BuildInputs, str | None]:
     """`labctl build --print-hash`: (the image's tag, the inputs it would be built from and their
     hash, the hash the existing image was built with or None); builds nothing."""
     tag = image_mod.image_tag(config, cuda)
@@ -22,7 +22,7 @@ def build_hash(client, config: LabConfig, report: Report, *, cuda: bool = False)
     return tag, inputs, image_mod.image_hash(client, tag)
 
 
-def build_images(client, config: LabConfig, report: Report, progress_factory=None, *, force: bool = False,
+def build_images(client, config: LabSpec, report: Report, progress_factory=None, *, force: bool = False,
                  cuda: bool = False, mismatch: bool = False, lean: bool = False) -> Iterator[tuple[str, BuildResult]]:
     """`labctl build`: the node image (CPU, or with `cuda` the CUDA one), then with `mismatch` the
     version-mismatch scenario's image; yields (what it is, result) as each is done."""
@@ -30,7 +30,7 @@ def build_images(client, config: LabConfig, report: Report, progress_factory=Non
                                   mismatch=mismatch, lean=lean)
 
 
-def write_host_env(hosts: str, config: LabConfig, rdzv_id: str,
+def write_host_env(hosts: str, config: LabSpec, rdzv_id: str,
                    out_dir: Path) -> tuple[tuple[str, ...], list[Path], list[tuple[str, str, str]]]:
     """`labctl env`: `hosts` ("10.0.0.1,10.0.0.2", the first node 0) checked, and every machine's env
     file written to `out_dir`; (the addresses, the paths, and (node, host, the command to paste

@@ -243,7 +243,7 @@ def run_host(config: Config, trainer_args: list[str], run_dir: Path, threads: in
              kernels: Mapping[str, str] | None = None) -> dict:
     """The trainer on the host: one plain process, or torchrun --standalone with N; the 1-GPU row
     (config.device "cuda") as torchrun --standalone with 1, on nccl. The CPU rows see no GPU.
-    `kernels`: the lab's CPU kernel settings (LabConfig.node_env), so host and lab rows compute alike."""
+    `kernels`: the lab's CPU kernel settings (LabSpec.node_env), so host and lab rows compute alike."""
     cuda = config.device == "cuda"
     env = {k: v for k, v in os.environ.items() if k not in LAUNCH_VARS}
     env.update(kernels or {})

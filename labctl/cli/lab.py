@@ -319,6 +319,6 @@ def gc(everything, dry_run, as_json) -> None:
     from labctl.cli import render
 
     client = invocation().client
-    labs = api.gc(everything=everything, dry_run=dry_run, client=client)
+    labs = api.gc_labs(everything=everything, dry_run=dry_run, client=client)
     images = api.gc_images(dry_run=dry_run, going=[v.lab for v in labs if v.remove], client=client)
     render.print_gc(labs, images, dry_run, as_json)

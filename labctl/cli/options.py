@@ -8,7 +8,7 @@ from pathlib import Path
 import click
 
 from labctl.cli.app import CONTEXT
-from labctl.spec.labspec import SETTINGS, LabConfig
+from labctl.spec.labspec import SETTINGS, LabSpec
 from labctl.api.inputs import parse_script_args
 
 # Commands that pass everything after their options to the training script.
@@ -133,7 +133,7 @@ def package_settings(requirements: str | None, with_packages: tuple[str, ...], c
 
 def spec_default(name: str) -> str:
     """A setting's default as help text shows it, read off the lab spec's field (None and () are none)."""
-    value = LabConfig.__dataclass_fields__[name].default
+    value = LabSpec.__dataclass_fields__[name].default
     return "none" if value in (None, (), "") else str(value)
 
 

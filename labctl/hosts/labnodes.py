@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from labctl.spec.labspec import LabConfig
+from labctl.spec.labspec import LabSpec
 from labctl.errors import LabError
 from labctl.hosts.inventory import render_inventory
 from labctl.hosts.ssh import require_tools
@@ -58,7 +58,7 @@ def build_known_hosts(keys: dict[str, str]) -> str:
     return "".join(f"{address} {key}\n" for address, key in keys.items())
 
 
-def build_lab_inventory(config: LabConfig, nodes: list[tuple[str, str]], user: str, threads: int) -> str:
+def build_lab_inventory(config: LabSpec, nodes: list[tuple[str, str]], user: str, threads: int) -> str:
     """hosts.toml for the lab's nodes, [(name, ip)] in rank order, reached as `user`."""
     comment = (f"The nodes of lab {config.lab} as SSH hosts, written by `labctl up --ssh`; rewritten by every\n"
                "`labctl up --ssh`, so copy it before editing. An example inventory for real machines, too.\n"
@@ -95,7 +95,7 @@ def node_hostkeys(client, lab: str, names: list[str]) -> dict[str, tuple[str, st
     return out
 
 
-def write_ssh_files(client, config: LabConfig, lab_directory: Path, nodes: list, cpus: int) -> Path:
+def write_ssh_files(client, config: LabSpec, lab_directory: Path, nodes: list, cpus: int) -> Path:
     """known_hosts and hosts.toml for the running nodes (NodeState list); returns the inventory's path."""
     keys = node_hostkeys(client, config.lab, [n.name for n in nodes])
     users = {user for user, _ in keys.values()}

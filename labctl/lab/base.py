@@ -18,7 +18,7 @@ import tempfile
 from pathlib import Path
 from typing import Callable
 
-from labctl.spec.labspec import LabConfig
+from labctl.spec.labspec import LabSpec
 from labctl.errors import CommandError, LabError
 from labctl.lab.wheelhouse import Target, target_from_probe
 from labctl.core.proc import run
@@ -101,7 +101,7 @@ def find_image(client, tag: str):
         return None
 
 
-def ensure_base(client, config: LabConfig, report: Report) -> str:
+def ensure_base(client, config: LabSpec, report: Report) -> str:
     """The base image to build FROM: the configured one if we have or can pull it, else a local one."""
     import docker.errors
 
@@ -119,7 +119,7 @@ def ensure_base(client, config: LabConfig, report: Report) -> str:
     return LOCAL_BASE
 
 
-def build_local_base(config: LabConfig, report: Report) -> None:
+def build_local_base(config: LabSpec, report: Report) -> None:
     """debootstrap a minimal bookworm with Python 3.11 and import it as an image (about a minute)."""
     if os.geteuid() != 0:
         raise LabError(f"cannot pull {config.base_image} and building a local base needs root (debootstrap)",

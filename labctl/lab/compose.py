@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from labctl.core import assets
-from labctl.spec.labspec import LabConfig, node_ip, node_mac
+from labctl.spec.labspec import LabSpec, node_ip, node_mac
 from labctl.engine.labels import (
     LABEL_EXEC_USER,
     LABEL_GPUS,
@@ -50,7 +50,7 @@ def load_template(path: Path | None = None) -> dict[str, Any]:
         return _yaml().safe_load(f)
 
 
-def build_compose(config: LabConfig, plan: ComposePlan, template: dict[str, Any]) -> dict[str, Any]:
+def build_compose(config: LabSpec, plan: ComposePlan, template: dict[str, Any]) -> dict[str, Any]:
     """The Compose document for `config`: one service per node, static IPs, labels everywhere."""
     lab_labels = {LABEL_LAB: config.lab, LABEL_WORKSPACE: str(plan.workspace), **plan.owner}
     services = {name: node_service(config, plan, template, rank, lab_labels)
@@ -70,7 +70,7 @@ def build_compose(config: LabConfig, plan: ComposePlan, template: dict[str, Any]
     }
 
 
-def node_service(config: LabConfig, plan: ComposePlan, template: dict[str, Any], rank: int,
+def node_service(config: LabSpec, plan: ComposePlan, template: dict[str, Any], rank: int,
                  lab_labels: dict[str, str]) -> dict[str, Any]:
     """The service of node `rank`: the template's `x-node`, filled in for it."""
     name = config.node_names[rank]
@@ -106,7 +106,7 @@ def node_service(config: LabConfig, plan: ComposePlan, template: dict[str, Any],
     return node
 
 
-def limit_settings(config: LabConfig, plan: ComposePlan, name: str) -> dict[str, Any]:
+def limit_settings(config: LabSpec, plan: ComposePlan, name: str) -> dict[str, Any]:
     """The node's process, CPU and memory limits (on an engine that enforces them)."""
     limits: dict[str, Any] = {"pids_limit": config.pids_limit}
     cpus = plan.node_cpus.get(name, config.cpus)

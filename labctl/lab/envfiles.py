@@ -16,7 +16,7 @@ from typing import Mapping
 
 from dotenv import dotenv_values
 
-from labctl.spec.labspec import SETTINGS, LabConfig
+from labctl.spec.labspec import SETTINGS, LabSpec
 from labctl.errors import ConfigError, LabError, StateError
 
 _HOST_RE = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9.-]{0,251}[A-Za-z0-9])?$")
@@ -54,7 +54,7 @@ class Topology:
         return sum(self.nprocs)
 
 
-def topology_for_lab(config: LabConfig, node_ips: list[str]) -> Topology:
+def topology_for_lab(config: LabSpec, node_ips: list[str]) -> Topology:
     return Topology.uniform(node_ips, iface=config.iface, nproc_per_node=config.nproc_per_node,
                             master_port=config.master_port, rdzv_id=config.lab)
 
@@ -189,7 +189,7 @@ def check_rdzv_id(rdzv_id: str) -> str:
         raise ConfigError("--rdzv-id", rdzv_id, str(exc)) from None
 
 
-def write_host_env_files(addresses: tuple[str, ...], config: LabConfig, rdzv_id: str,
+def write_host_env_files(addresses: tuple[str, ...], config: LabSpec, rdzv_id: str,
                          out_dir: Path) -> tuple[list[Path], list[tuple[str, str, str]]]:
     """`labctl env`: every machine's env file, written to `out_dir`; (the paths, and (node, host, the
     command to paste there) for each)."""

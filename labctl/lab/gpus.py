@@ -25,7 +25,7 @@ import subprocess
 from dataclasses import dataclass, field, replace
 from typing import Mapping, Sequence
 
-from labctl.spec.labspec import LabConfig, shown_key, shown_source
+from labctl.spec.labspec import LabSpec, shown_key, shown_source
 from labctl.errors import ConfigError, StateError
 from labctl.spec.parsers import AUTO
 
@@ -100,13 +100,13 @@ def _listing(have: Sequence[Gpu]) -> str:
     return "; ".join(f"{g.index}: {g.name}" for g in have)
 
 
-def asked(config: LabConfig) -> str:
+def asked(config: LabSpec) -> str:
     """How the GPUs were asked for, to name in a message: '--gpus 2', or 'DDPLAB_GPUS=2 (from .env)'."""
     key, source = shown_key(config, "gpus"), shown_source(config, "gpus")
     return f"{key} {config.gpus}" if key.startswith("--") else f"{key}={config.gpus}" + (f" (from {source})" if source else "")
 
 
-def choose_gpus(config: LabConfig, machine: Sequence[Gpu] | None) -> tuple[int, ...]:
+def choose_gpus(config: LabSpec, machine: Sequence[Gpu] | None) -> tuple[int, ...]:
     """The machine's GPU indices the lab gets, in the order nodes take them. `machine` None: not
     asked yet (a count then means GPUs 0..N-1, indices are taken as given)."""
     wanted = selection(config.gpus)
@@ -135,7 +135,7 @@ def choose_gpus(config: LabConfig, machine: Sequence[Gpu] | None) -> tuple[int, 
     return wanted
 
 
-def split_gpus(config: LabConfig, chosen: tuple[int, ...], machine_unknown: bool = False) -> list[tuple[int, ...]]:
+def split_gpus(config: LabSpec, chosen: tuple[int, ...], machine_unknown: bool = False) -> list[tuple[int, ...]]:
     """The GPU nodes' GPUs, `gpus_per_node` each in order: node0 the first K, node1 the next K."""
     per = config.gpus_per_node
     if not chosen:
@@ -158,7 +158,7 @@ def split_gpus(config: LabConfig, chosen: tuple[int, ...], machine_unknown: bool
     return [chosen[i * per:(i + 1) * per] for i in range(needed)]
 
 
-def cuda_nodes(config: LabConfig, gpu_nodes: list[str]) -> list[str]:
+def cuda_nodes(config: LabSpec, gpu_nodes: list[str]) -> list[str]:
     """The nodes that run the CUDA image: every GPU node, and any others `cuda` names."""
     names, value = config.node_names, config.cuda
     key, source = shown_key(config, "cuda"), shown_source(config, "cuda")
@@ -186,7 +186,7 @@ def cuda_nodes(config: LabConfig, gpu_nodes: list[str]) -> list[str]:
     return chosen
 
 
-def build_gpu_plan(config: LabConfig, machine: Sequence[Gpu | tuple[int, str, str]] | None) -> GpuPlan:
+def build_gpu_plan(config: LabSpec, machine: Sequence[Gpu | tuple[int, str, str]] | None) -> GpuPlan:
     """Each node's GPUs, image and env additions, from the settings and the machine's GPUs (None:
     not asked, as on a lab without --gpus). Raises ConfigError for settings that do not fit
     together (exit 2) and StateError for GPUs the machine does not have (exit 1)."""

@@ -41,7 +41,7 @@ from pathlib import Path
 from typing import Callable, Iterable, Iterator
 
 from labctl.core import assets
-from labctl.spec.labspec import LabConfig, cuda_tag
+from labctl.spec.labspec import LabSpec, cuda_tag
 from labctl.errors import CommandError, LabError
 from labctl.lab.base import TARGET_CACHE, ensure_base, find_image, image_exists, node_target
 from labctl.lab.builder import NullProgress, docker_build, remove_replaced, remove_stages
@@ -185,7 +185,7 @@ def node_files_context(root: Path, dockerfile: str, runtime_tag: str,
 # ------------------------------------------------------------------------------ side effects
 
 
-def ensure_wheelhouse(config: LabConfig, target: Target, report: Report, wheelhouse: Path) -> list[str]:
+def ensure_wheelhouse(config: LabSpec, target: Target, report: Report, wheelhouse: Path) -> list[str]:
     """torch (CPU build), numpy and their dependencies for the node's Python; returns the file names."""
     names = fill_wheelhouse(wheelhouse, wheel_requirements(config.torch_version), target, report,
                             cpu_index_url=config.torch_index_url)
@@ -196,7 +196,7 @@ def ensure_wheelhouse(config: LabConfig, target: Target, report: Report, wheelho
     return names
 
 
-def ensure_cuda_wheelhouse(config: LabConfig, target: Target, report: Report, wheelhouse: Path,
+def ensure_cuda_wheelhouse(config: LabSpec, target: Target, report: Report, wheelhouse: Path,
                            fetch: bool = True) -> list[str]:
     """torch's CUDA build, numpy and their dependencies (the CUDA runtime, cuDNN and NCCL as nvidia-*
     wheels) through pip's own index: PyPI's torch for Linux is the CUDA build. For another CUDA
@@ -234,11 +234,11 @@ def resolve_cuda_wheels(wheelhouse: Path, requirements: list[str], target: Targe
         return []
 
 
-def image_tag(config: LabConfig, cuda: bool = False) -> str:
+def image_tag(config: LabSpec, cuda: bool = False) -> str:
     return cuda_tag(config.torch_version) if cuda else config.image_tag
 
 
-def gather_inputs(client, config: LabConfig, report: Report, cuda: bool = False,
+def gather_inputs(client, config: LabSpec, report: Report, cuda: bool = False,
                   fetch: bool = False) -> BuildInputs:
     """The base image, the wheelhouse and the build context made ready, and their hash; builds nothing.
     The CUDA image's wheels are only resolved, by name, unless `fetch`."""
@@ -269,7 +269,7 @@ def built_hash(image) -> str | None:
     return (image.labels or {}).get(LABEL_BUILD_HASH) if image is not None else None
 
 
-def build_missing(client, config: LabConfig, images: set[str], report: Report, progress_factory=None) -> None:
+def build_missing(client, config: LabSpec, images: set[str], report: Report, progress_factory=None) -> None:
     """Build those of a lab's node images (the CPU image, the CUDA image) that are missing (`up`)."""
     for tag, cuda in ((config.image_tag, False), (config.cuda_image_tag, True)):
         if tag in images and not image_exists(client, tag):
@@ -277,7 +277,7 @@ def build_missing(client, config: LabConfig, images: set[str], report: Report, p
             build_image(client, config, report, progress_factory, cuda=cuda)
 
 
-def build_image(client, config: LabConfig, report: Report, progress_factory=None, force: bool = False,
+def build_image(client, config: LabSpec, report: Report, progress_factory=None, force: bool = False,
                 cuda: bool = False, lean: bool = False) -> BuildResult:
     """Build the node image (config.image_tag; with `cuda`, config.cuda_image_tag from Dockerfile.cuda)
     unless an image with the same input hash exists: its runtime where no image has the runtime's
@@ -306,7 +306,7 @@ def build_image(client, config: LabConfig, report: Report, progress_factory=None
     return BuildResult(tag, inputs.base, cached, time.monotonic() - started)
 
 
-def build_runtime(client, config: LabConfig, inputs: BuildInputs, report: Report, progress, cuda: bool,
+def build_runtime(client, config: LabSpec, inputs: BuildInputs, report: Report, progress, cuda: bool,
                   lean: bool) -> BuildInputs:
     """The Dockerfile's stages up to `runtime`, tagged inputs.runtime_tag, from the wheels (fetched
     where a `build --lean` removed them, or only their names were resolved); returns the inputs then."""
@@ -322,7 +322,7 @@ def build_runtime(client, config: LabConfig, inputs: BuildInputs, report: Report
     return inputs
 
 
-def build_images(client, config: LabConfig, report: Report, progress_factory=None, *, force: bool = False,
+def build_images(client, config: LabSpec, report: Report, progress_factory=None, *, force: bool = False,
                  cuda: bool = False, mismatch: bool = False, lean: bool = False) -> Iterator[tuple[str, BuildResult]]:
     """`labctl build`: the node image (CPU, or with `cuda` the CUDA one), then with `mismatch` the
     version-mismatch scenario's image; yields (what it is, result) as each is done."""
@@ -338,7 +338,7 @@ def build_images(client, config: LabConfig, report: Report, progress_factory=Non
 MISMATCH_VERSION = "2.14.1"  # the "other" release for the version-mismatch scenario
 
 
-def ensure_mismatch_image(client, config: LabConfig, report: Report, version: str = MISMATCH_VERSION,
+def ensure_mismatch_image(client, config: LabSpec, report: Report, version: str = MISMATCH_VERSION,
                           progress_factory=None) -> str:
     """The node image with a different torch release, for one node of the version-mismatch scenario:
     the CUDA image (Dockerfile.cuda) at `version`, built once and kept (`labctl down` never removes

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Callable
 
 from labctl.spec.labspec import (
-    LabConfig,
+    LabSpec,
 )
 from labctl.errors import CommandError, LabError, StateError
 from labctl.lab import compose as compose_mod
@@ -85,7 +85,7 @@ def compose_up_argv(compose_file: Path, lab: str) -> list[str]:
     return ["docker", "compose", "-f", str(compose_file), "-p", lab, "up", "-d", "--remove-orphans", "--quiet-pull"]
 
 
-def apply_up(client, config: LabConfig, workspace: Path, document: dict, env_files: dict[str, str],
+def apply_up(client, config: LabSpec, workspace: Path, document: dict, env_files: dict[str, str],
              report: Report, engine: Engine | None = None, started: str | None = None) -> list[NodeState]:
     """Write the project and run `docker compose up -d`, reporting `started` once Compose runs (what
     labctl says then costs Compose no time); wait until every node reports torch."""

@@ -19,7 +19,7 @@ from typing import Callable, Iterable, Mapping, Protocol
 
 from labctl.spec.labspec import (
     AUTO,
-    LabConfig,
+    LabSpec,
     check_fits,
     check_node_cpus,
     node_ip,
@@ -52,7 +52,7 @@ Report = Callable[[str], None]
 class UpPlan:
     """Everything `up` will create or change, as data; `--dry-run` prints the document and env files."""
 
-    config: LabConfig  # settled: a running lab's own node count, GPUs, scheduler and SSH where none was asked for
+    config: LabSpec  # settled: a running lab's own node count, GPUs, scheduler and SSH where none was asked for
     engine: Engine
     existing: bool  # a running lab is reconciled, not created
     document: dict  # the Compose document
@@ -93,7 +93,7 @@ class Services(Protocol):
     def wait(self, plan: UpPlan) -> None: ...  # until they are up on the running nodes
 
 
-def settle(config: LabConfig, existing: list[dict]) -> LabConfig:
+def settle(config: LabSpec, existing: list[dict]) -> LabSpec:
     """What a running lab keeps unless asked otherwise: its node count, its GPUs and CUDA nodes, its
     scheduler, and whether its nodes are SSH hosts. Per-node CPU limits must name nodes it has."""
     labels = [c.get("Labels") or {} for c in existing]
@@ -109,7 +109,7 @@ def settle(config: LabConfig, existing: list[dict]) -> LabConfig:
     return config
 
 
-def kept_packages(config: LabConfig, existing: list[dict], directory: Path) -> LabConfig:
+def kept_packages(config: LabSpec, existing: list[dict], directory: Path) -> LabSpec:
     """A running lab keeps its packages (its lock, .lab/<lab>/pylock.toml) unless `requirements` or
     `with_packages` says otherwise, as it keeps its node count."""
     asked = any(config.sources.get(name, "default") != "default" for name in ("requirements", "with_packages"))
@@ -119,7 +119,7 @@ def kept_packages(config: LabConfig, existing: list[dict], directory: Path) -> L
     return replace(config, requirements=str(lock))
 
 
-def build_up_plan(client, config: LabConfig, workspace: Path, *, engine: Engine, existing: list[dict],
+def build_up_plan(client, config: LabSpec, workspace: Path, *, engine: Engine, existing: list[dict],
                   public_key: str | None = None, owner: Mapping[str, str] | None = None,
                   images: Mapping[str, str] | None = None) -> UpPlan:
     """Validate a settled config against the engine and render everything; creates nothing. A running
@@ -136,7 +136,7 @@ def build_up_plan(client, config: LabConfig, workspace: Path, *, engine: Engine,
                   labels)
 
 
-def choose_subnet(client, config: LabConfig, raced: Iterable[str] = ()) -> str:
+def choose_subnet(client, config: LabSpec, raced: Iterable[str] = ()) -> str:
     """The lab keeps the subnet it runs on; a new lab takes the configured or a free one, none of
     `raced` (those an earlier attempt lost to a concurrent `up`: one can look free again a moment
     later, and the lowest free subnet would be the same one every time)."""
@@ -160,13 +160,13 @@ def choose_subnet(client, config: LabConfig, raced: Iterable[str] = ()) -> str:
     return config.subnet
 
 
-def check_host_limits(client, config: LabConfig) -> None:
+def check_host_limits(client, config: LabSpec) -> None:
     limits = {shown_key(config, "cpus"): config.cpus} if config.cpus is not None else {}
     limits.update({f"{shown_key(config, 'node_cpus')} {name}": cpus for name, cpus in config.node_cpus})
     check_cpu_limits(client, limits)
 
 
-def render_project(client, config: LabConfig, workspace: Path, ssh_public_key: str | None = None,
+def render_project(client, config: LabSpec, workspace: Path, ssh_public_key: str | None = None,
                    engine: Engine | None = None, owner: Mapping[str, str] | None = None, gpus: GpuPlan | None = None,
                    tcp_cc: str | None = None, raced: Iterable[str] = ()) -> tuple[dict, dict[str, str], str]:
     """The lab's Compose document, env files and subnet, validated against the engine; creates
@@ -194,14 +194,14 @@ def render_project(client, config: LabConfig, workspace: Path, ssh_public_key: s
     return document, env_files, subnet
 
 
-def plan_tcp(config: LabConfig, engine: Engine) -> tuple[str | None, str | None]:
+def plan_tcp(config: LabSpec, engine: Engine) -> tuple[str | None, str | None]:
     """The nodes' TCP congestion control and a note when they keep the host's (labctl.lab.tcp)."""
     # The engine shares this machine's kernel: a local socket, on Linux, and not Docker Desktop's VM.
     host = tcp.read_host_tcp(engine.local and engine.kind != "docker-desktop" and sys.platform.startswith("linux"))
     return tcp.plan_tcp_cc(config.tcp_cc, config.sources.get("tcp_cc", "default") != "default", host)
 
 
-def kept_gpus(config: LabConfig, existing: list[dict]) -> LabConfig:
+def kept_gpus(config: LabSpec, existing: list[dict]) -> LabSpec:
     """A running lab keeps its GPUs and its CUDA nodes unless --gpus or --cuda say otherwise, as it
     keeps its node count: reconciling it without them would recreate every node on the CPU image."""
     ranked = sorted(existing, key=lambda c: int((c.get("Labels") or {}).get(LABEL_RANK, "0")))
@@ -221,7 +221,7 @@ def kept_gpus(config: LabConfig, existing: list[dict]) -> LabConfig:
     return config
 
 
-def plan_gpus(config: LabConfig, engine: Engine) -> gpus_mod.GpuPlan:
+def plan_gpus(config: LabSpec, engine: Engine) -> gpus_mod.GpuPlan:
     """Each node's GPUs and image. Settings that do not fit together are refused first (exit 2),
     then a machine without GPUs, without as many as asked, or an engine without the NVIDIA runtime
     (exit 1): all before anything exists, and under --dry-run too (its plan is this machine's)."""

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from labctl.api import gc
+from labctl.api import gc_labs
 from labctl.errors import ConfigError, LabError
 from labctl.engine.docker import docker_client
 from labctl.pytest_plugin.pool import LabPool
@@ -184,7 +184,7 @@ def _sweep(state: State, pool) -> None:
     state.swept = True
 
     try:
-        removed = [verdict.lab for verdict in gc(client=pool.client()) if verdict.remove]
+        removed = [verdict.lab for verdict in gc_labs(client=pool.client()) if verdict.remove]
     except Exception as exc:  # noqa: BLE001 - a courtesy: the session goes on, and says it at the end
         pool.stats.notes.append(f"sweeping the labs of dead sessions failed: {exc}")
         return

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, Mapping
 
-from labctl.spec.labspec import SETTINGS, LabConfig, checked_node_cpus, load_config
+from labctl.spec.labspec import SETTINGS, LabSpec, checked_node_cpus, load_config
 from labctl.errors import ConfigError, LabError
 from labctl.net.tc import parse_shape
 
@@ -51,11 +51,11 @@ class Settings:
 
 @dataclass(frozen=True, kw_only=True)
 class LabRequest:
-    """What one test asks of its lab: the lab itself as a lab spec (labctl.spec.labspec.LabConfig, the one
+    """What one test asks of its lab: the lab itself as a lab spec (labctl.spec.labspec.LabSpec, the one
     type `labctl up` and `labctl.api.Lab` take too), and what is the test's alone: its links and
     whether it may share the lab."""
 
-    lab: LabConfig
+    lab: LabSpec
     bw: str | None = None  # the links for this test alone: shaped before it, cleared after
     delay: str | None = None
     fresh: bool = False

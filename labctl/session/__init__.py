@@ -16,7 +16,7 @@ from functools import cached_property
 from pathlib import Path
 from typing import Any, Callable, Iterator, Mapping
 
-from labctl.spec.labspec import LabConfig
+from labctl.spec.labspec import LabSpec
 from labctl.errors import LabError, StateError
 from labctl.engine.labels import container_name
 from labctl.engine.docker import (
@@ -46,7 +46,7 @@ class LabSession:
     given, `connect` makes one on first use (labctl.engine.docker.docker_client by default): reading a
     run's saved logs needs no engine."""
 
-    def __init__(self, config: LabConfig, workspace: Path, client: Any = None,
+    def __init__(self, config: LabSpec, workspace: Path, client: Any = None,
                  connect: Callable[[], Any] = docker_client):
         self.config = config
         self.workspace = Path(workspace)

@@ -1,6 +1,6 @@
 """The lab spec: everything `labctl up`, `Lab(...)` and the pytest marker say a lab is, resolved once
 through one precedence (defaults < .env < DDPLAB_* in the environment < arguments: flags or keyword
-arguments) into a frozen dataclass, `LabConfig`, that the layers below receive.
+arguments) into a frozen dataclass, `LabSpec`, that the layers below receive.
 
 Pure: `resolve_config` takes the three sources as plain mappings; only `load_config` reads `.env`.
 Every setting has one environment key (DDPLAB_*), listed with a comment in `.env.example`; the
@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import ipaddress
 import re
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Mapping
@@ -50,7 +51,7 @@ CPU_KERNEL_ENV = {"avx2": {"ATEN_CPU_CAPABILITY": "avx2", "MKL_CBWR": "AVX2", "O
 
 
 @dataclass(frozen=True, kw_only=True)
-class LabConfig:
+class LabSpec:
     lab: str = "ddplab"
     """Lab name: prefixes every container, network and volume, and names `.lab/<lab>/`."""
     nodes: int = 3
@@ -229,7 +230,7 @@ def resolve_config(
     environ: Mapping[str, str] | None = None,
     flags: Mapping[str, Any] | None = None,
     dotenv_name: str = ".env",
-) -> LabConfig:
+) -> LabSpec:
     """Merge the sources (later wins) and validate every value. Raises ConfigError naming the key."""
     unknown = sorted(set(flags or {}) - set(SETTINGS))
     if unknown:
@@ -256,10 +257,10 @@ def resolve_config(
         except ValueError as exc:
             raise ConfigError(shown_key, raw, str(exc), source if source != "flag" else "") from None
         sources[name] = source
-    return LabConfig(**values, sources=sources)
+    return LabSpec(**values, sources=sources)
 
 
-def load_config(workspace: Path, environ: Mapping[str, str], flags: Mapping[str, Any]) -> LabConfig:
+def load_config(workspace: Path, environ: Mapping[str, str], flags: Mapping[str, Any]) -> LabSpec:
     """Read `<workspace>/.env` (if any) with python-dotenv and resolve. The only I/O in this module."""
     env_path = workspace / ".env"
     dotenv = dotenv_values(env_path) if env_path.is_file() else {}
@@ -281,12 +282,12 @@ def check_nproc(value: int | str | None) -> int | None:
         raise ConfigError("--nproc-per-node", value, str(exc)) from None
 
 
-def shown_key(config: LabConfig, name: str) -> str:
+def shown_key(config: LabSpec, name: str) -> str:
     """How to name a setting in an error: the flag if it came from one, else its environment key."""
     return FLAG_NAMES[name] if config.sources.get(name) == "flag" else SETTINGS[name][0]
 
 
-def shown_source(config: LabConfig, name: str) -> str:
+def shown_source(config: LabSpec, name: str) -> str:
     source = config.sources.get(name, "")
     return "" if source == "flag" else source
 
@@ -309,7 +310,7 @@ def subnet_capacity(subnet: str) -> int:
     return max(0, net.num_addresses - NODE_IP_OFFSET - 1)
 
 
-def check_fits(config: LabConfig, subnet: str) -> None:
+def check_fits(config: LabSpec, subnet: str) -> None:
     capacity = subnet_capacity(subnet)
     if config.nodes > capacity:
         raise ConfigError(
@@ -390,3 +391,12 @@ def parse_nodes_list(raw: str, key: str = "--nodes-list") -> list[int]:
     if not values:
         raise ConfigError(key, raw, "must list node counts, comma-separated, e.g. 3,16")
     return values
+
+
+def __getattr__(name: str):
+    """`LabConfig`, the lab spec's old name: kept for one release, with a DeprecationWarning."""
+    if name == "LabConfig":
+        warnings.warn("labctl's LabConfig is now LabSpec; LabConfig goes in the next release", DeprecationWarning,
+                      stacklevel=2)
+        return LabSpec
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

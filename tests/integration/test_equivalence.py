@@ -10,7 +10,7 @@ import sys
 import pytest
 
 from conftest import REPO, labctl, module_lab, summary_of
-from labctl.spec.labspec import LabConfig
+from labctl.spec.labspec import LabSpec
 
 ARGS = ["-m", "trainer", "--global-batch", "32", "--micro-batch", "8", "--steps", "20", "--no-metrics"]
 
@@ -24,7 +24,7 @@ def lab2(docker_client, node_image):
 @pytest.fixture(scope="module")
 def host_loss() -> float:
     result = subprocess.run([sys.executable, *ARGS], cwd=REPO, capture_output=True, text=True, timeout=300,
-                            env={**os.environ, **LabConfig().node_env})  # the nodes' CPU kernels
+                            env={**os.environ, **LabSpec().node_env})  # the nodes' CPU kernels
     assert result.returncode == 0, result.stderr
     summary = summary_of(result.stdout)
     assert summary["world_size"] == 1 and summary["accum_steps"] == 4
@@ -52,7 +52,7 @@ def test_gpt_on_two_nodes_trains_on_the_same_text_to_the_same_loss_as_one_proces
 
     # The host computes with the nodes' CPU kernels (AVX2 by default, labctl.spec.labspec.CPU_KERNEL_ENV): with
     # its own best (AVX-512 here) the loss differs in the seventh digit.
-    kernels = LabConfig().node_env
+    kernels = LabSpec().node_env
     host = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=1",
                            "--log-dir", str(tmp_path / "torchrun"), *GPT,
                            "--data-dir", str(tmp_path / "data"), "--run-dir", str(tmp_path / "run")],

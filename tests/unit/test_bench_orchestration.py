@@ -9,7 +9,7 @@ import json
 import pytest
 
 from labctl.bench import allreduce, cost, scaling_run, straggler
-from labctl.spec.labspec import LabConfig
+from labctl.spec.labspec import LabSpec
 from labctl.errors import ConfigError, LabError, RunFailed, StateError
 from labctl.engine import docker as lab_docker
 from labctl.lab.lifecycle import NodeState
@@ -26,7 +26,7 @@ class FakeLab(LabSession):
     cpus = 2
 
     def __init__(self, workspace, events: list, nodes: int = 3, up: bool = True, answer=None, **settings):
-        super().__init__(LabConfig(lab="fake", **settings), workspace, client="fake-client",
+        super().__init__(LabSpec(lab="fake", **settings), workspace, client="fake-client",
                          connect=lambda: pytest.fail("the fake lab has a client; nothing should make another"))
         self.events = events
         self.nodes_up = nodes

@@ -259,7 +259,7 @@ def test_from_a_subdirectory_the_workspace_is_found_and_the_script_taken_from_th
 
 
 def test_ups_help_says_each_settings_default_as_the_lab_spec_has_it():
-    """The defaults in `up --help` are read off LabConfig's fields: they cannot drift from what up does."""
+    """The defaults in `up --help` are read off LabSpec's fields: they cannot drift from what up does."""
     from labctl.cli.lab import up
     from labctl.cli.options import spec_default
     from labctl.spec.labspec import SETTINGS

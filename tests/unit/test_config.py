@@ -5,14 +5,14 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from labctl.spec.labspec import (
-    AUTO, LabConfig, check_fits, load_config, node_ip, overlaps, pick_free_subnet, resolve_config, subnet_capacity,
+    AUTO, LabSpec, check_fits, load_config, node_ip, overlaps, pick_free_subnet, resolve_config, subnet_capacity,
 )
 from labctl.errors import ConfigError
 
 
 def test_defaults():
     config = resolve_config()
-    assert config == LabConfig()
+    assert config == LabSpec()
     assert (config.lab, config.nodes, config.subnet, config.master_port) == ("ddplab", 3, AUTO, 29500)
     assert config.image_tag == "ddplab-node:torch2.13.0-cpu"
     assert all(source == "default" for source in config.sources.values())
@@ -50,7 +50,7 @@ def test_env_example_lists_every_setting_and_parses():
     for key, _ in SETTINGS.values():  # each knob has a one-line comment right above it
         index = next(i for i, line in enumerate(text) if line.startswith(f"{key}="))
         assert text[index - 1].startswith("# "), key
-    assert resolve_config(dotenv=values) == LabConfig(memory="4g")
+    assert resolve_config(dotenv=values) == LabSpec(memory="4g")
 
 
 @pytest.mark.parametrize("key, value, expected", [
@@ -128,7 +128,7 @@ def test_node_ips_and_capacity():
     assert subnet_capacity("172.28.3.0/24") == 245
     assert subnet_capacity("10.0.0.0/28") == 5
     with pytest.raises(ConfigError, match="at most 5 nodes"):
-        check_fits(LabConfig(nodes=6), "10.0.0.0/28")
+        check_fits(LabSpec(nodes=6), "10.0.0.0/28")
 
 
 def test_pick_free_subnet_avoids_used_ranges():

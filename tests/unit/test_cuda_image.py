@@ -11,7 +11,7 @@ from packaging.specifiers import SpecifierSet
 from packaging.version import Version
 
 from labctl.core import assets
-from labctl.spec.labspec import LabConfig, cuda_tag
+from labctl.spec.labspec import LabSpec, cuda_tag
 from labctl.lab import image
 
 REPO = Path(__file__).resolve().parents[2]
@@ -66,7 +66,7 @@ def test_the_cuda_image_hashes_its_own_dockerfile(tmp_path):
 
 
 def test_tags():
-    config = LabConfig()
+    config = LabSpec()
     assert config.cuda_image_tag == image.image_tag(config, cuda=True) == "ddplab-node:torch2.13.0-cuda"
     assert image.image_tag(config) == config.image_tag == "ddplab-node:torch2.13.0-cpu"
     assert cuda_tag(image.MISMATCH_VERSION) == "ddplab-node:torch2.14.1-cuda"  # the version-mismatch node's

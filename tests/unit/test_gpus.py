@@ -11,7 +11,7 @@ import pytest
 import yaml
 
 from labctl.api import Lab
-from labctl.spec.labspec import LabConfig, node_ip, resolve_config
+from labctl.spec.labspec import LabSpec, node_ip, resolve_config
 from labctl.errors import ConfigError, StateError
 from labctl.lab import gpus as gpus_mod
 from labctl.lab import up as up_mod
@@ -32,7 +32,7 @@ MACHINE = parse_nvidia_smi(SMI)
 CPU, CUDA = "ddplab-node:torch2.13.0-cpu", "ddplab-node:torch2.13.0-cuda"
 
 
-def config(**flags) -> LabConfig:
+def config(**flags) -> LabSpec:
     return resolve_config(flags={"lab": "demo", **{k: str(v) for k, v in flags.items()}})
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from labctl.spec.labspec import LabConfig, node_ip, node_mac
+from labctl.spec.labspec import LabSpec, node_ip, node_mac
 from labctl.net.neighbors import build_neighbors
 
 
@@ -28,7 +28,7 @@ def test_build_neighbors_gives_every_peer_and_not_the_node_itself():
 def test_compose_pins_each_nodes_mac_to_its_address():
     from labctl.lab.compose import ComposePlan, build_compose, load_template
 
-    config = LabConfig(nodes=64)
+    config = LabSpec(nodes=64)
     plan = ComposePlan(subnet="172.28.1.0/24", workspace=Path("/w"), user="0:0")
     services = build_compose(config, plan, load_template())["services"]
     macs = {name: s["mac_address"] for name, s in services.items()}

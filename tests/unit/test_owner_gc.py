@@ -5,7 +5,7 @@ import socket
 import subprocess
 import sys
 
-from labctl.lab.gc import plan_gc
+from labctl.lab.garbage import plan_gc
 from labctl.lab.listing import LabListing
 from labctl.lab.owner import (LABEL_HOST, LABEL_PID, LABEL_PID_NS, LABEL_PID_START, LABEL_SESSION, LABEL_USER,
                               owner_gone, owner_of, process_start)

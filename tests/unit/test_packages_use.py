@@ -12,7 +12,7 @@ import pytest
 from labctl.spec.labspec import resolve_config
 from labctl.diagnose.packages import check_packages
 from labctl.hosts.packages import with_pythonpath
-from labctl.lab.gc import plan_images
+from labctl.lab.garbage import plan_images
 from labctl.lab.gpus import GpuPlan, NodeGpus
 from labctl.lab.lockfile import Lock, Pin, render_lock
 from labctl.lab.packages import LABEL_PACKAGES, LOCK_FILE

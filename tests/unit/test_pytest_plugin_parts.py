@@ -15,7 +15,7 @@ from labctl.diagnose.findings import Diagnosis, Finding
 from labctl.errors import ConfigError, LabError
 from labctl.pytest_plugin.report import (PoolStats, RunRecord, annotation_path, doctor_summary, excerpt,
                                          failure_report, github_annotation, headline, summary_line)
-from labctl.spec.labspec import LabConfig
+from labctl.spec.labspec import LabSpec
 from labctl.pytest_plugin.settings import (DEFAULT_RUN_TIMEOUT_S, Settings, lab_name, lab_request,
                                            resolve_settings, worker_id)
 from labctl.run.result import RunResult
@@ -77,7 +77,7 @@ def test_a_test_without_a_marker_gets_the_session_defaults():
 
 def test_the_lab_is_a_lab_spec_resolved_as_labctl_up_resolves_it():
     request = lab_spec(marks({"nodes": 4}), Settings(), environ={"DDPLAB_MEMORY": "2g", "DDPLAB_NODES": "9"})
-    assert isinstance(request.lab, LabConfig) and (request.lab.nodes, request.lab.memory) == (4, "2g")
+    assert isinstance(request.lab, LabSpec) and (request.lab.nodes, request.lab.memory) == (4, "2g")
 
 
 def test_the_closest_marker_wins_key_by_key():

@@ -10,7 +10,7 @@ import pytest
 import yaml
 
 from labctl.lab.compose import ComposePlan, build_compose, load_template, render_compose
-from labctl.spec.labspec import LabConfig, node_ip
+from labctl.spec.labspec import LabSpec, node_ip
 from labctl.lab.envfiles import (
     Topology, build_env_files, build_node_env, host_commands, parse_hosts, topology_for_lab,
 )
@@ -26,13 +26,13 @@ def check_golden(name: str, text: str) -> None:
     assert text == path.read_text(), f"{name} differs from its golden file (UPDATE_GOLDEN=1 to accept)"
 
 
-def lab_files(config: LabConfig, subnet: str = "172.28.5.0/24") -> dict[str, str]:
+def lab_files(config: LabSpec, subnet: str = "172.28.5.0/24") -> dict[str, str]:
     ips = [node_ip(subnet, i) for i in range(config.nodes)]
     return build_env_files(topology_for_lab(config, ips), config.node_names)
 
 
 def test_lab_env_files_golden():
-    files = lab_files(LabConfig(lab="demo", nodes=3, nproc_per_node=2))
+    files = lab_files(LabSpec(lab="demo", nodes=3, nproc_per_node=2))
     assert list(files) == ["node0.env", "node1.env", "node2.env"]
     for name, text in files.items():
         check_golden(f"lab-{name}", text)
@@ -66,13 +66,13 @@ def test_hosts_that_differ_keep_their_own_interface_and_process_count():
 
 
 def test_compose_golden():
-    config = LabConfig(lab="demo", nodes=3, cpus=0.5, memory="2g")
+    config = LabSpec(lab="demo", nodes=3, cpus=0.5, memory="2g")
     plan = ComposePlan(subnet="172.28.5.0/24", workspace=Path("/work/space"), user="1000:1000", tcp_cc="cubic")
     check_golden("compose-demo.yaml", render_compose(build_compose(config, plan, load_template())))
 
 
 def test_compose_structure():
-    config = LabConfig(lab="x", nodes=5)
+    config = LabSpec(lab="x", nodes=5)
     plan = ComposePlan(subnet="10.9.0.0/24", workspace=Path("/ws"), user="0:0")
     doc = yaml.safe_load(render_compose(build_compose(config, plan, load_template())))
     assert list(doc["services"]) == [f"node{i}" for i in range(5)]
@@ -124,7 +124,7 @@ def test_host_commands_golden():
 
 
 def test_compose_per_node_cpus_override_the_lab_limit():
-    config = LabConfig(lab="x", nodes=3, cpus=1.0)
+    config = LabSpec(lab="x", nodes=3, cpus=1.0)
     plan = ComposePlan(subnet="10.9.0.0/24", workspace=Path("/ws"), user="0:0", node_cpus={"node2": 0.25})
     services = build_compose(config, plan, load_template())["services"]
     assert [services[f"node{i}"]["cpus"] for i in range(3)] == [1.0, 1.0, 0.25]
@@ -132,7 +132,7 @@ def test_compose_per_node_cpus_override_the_lab_limit():
 
 def test_compose_on_an_engine_without_limits_claims_none():
     """Rootless Docker on cgroup v1 would accept and ignore them: the file says what really applies."""
-    config = LabConfig(nodes=2, cpus=0.5)
+    config = LabSpec(nodes=2, cpus=0.5)
     plan = ComposePlan(subnet="10.9.0.0/24", workspace=Path("/ws"), user="0:0", limits=False)
     doc = build_compose(config, plan, load_template())
     for node in doc["services"].values():

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from labctl.spec.labspec import LabConfig, resolve_config
+from labctl.spec.labspec import LabSpec, resolve_config
 from labctl.errors import ConfigError
 from labctl.engine.labels import LABEL_EXEC_USER, LABEL_SCHEDULER
 from labctl.lab.compose import ComposePlan, build_compose, load_template, render_compose
@@ -98,7 +98,7 @@ def test_a_job_needs_a_script():
 
 
 def test_a_slurm_node_runs_as_root_and_labctl_execs_as_the_user():
-    config = LabConfig(lab="s", nodes=2, scheduler="slurm")
+    config = LabSpec(lab="s", nodes=2, scheduler="slurm")
     plan = ComposePlan(subnet="10.9.0.0/24", workspace=Path("/ws"), user="1000:1000",
                        slurm_dir=Path("/ws/.lab/s/slurm"))
     node = yaml.safe_load(render_compose(build_compose(config, plan, load_template())))["services"]["node1"]
@@ -107,7 +107,7 @@ def test_a_slurm_node_runs_as_root_and_labctl_execs_as_the_user():
     assert node["environment"]["DDPLAB_SLURM_DIR"] == "/ws/.lab/s/slurm"
     assert node["environment"]["DDPLAB_RUN_AS"] == "1000:1000" and node["environment"]["HOME"] == "/tmp"
     assert "no-new-privileges" in node["security_opt"]  # root in the node, still no privilege to gain
-    plain = build_compose(LabConfig(lab="s", nodes=2), ComposePlan(subnet="10.9.0.0/24", workspace=Path("/ws"),
+    plain = build_compose(LabSpec(lab="s", nodes=2), ComposePlan(subnet="10.9.0.0/24", workspace=Path("/ws"),
                                                                     user="1000:1000"), load_template())
     assert plain["services"]["node1"]["user"] == "1000:1000" and LABEL_SCHEDULER not in plain["services"]["node1"]["labels"]
 

@@ -7,7 +7,7 @@ import pytest
 
 from labctl.engine.labels import LABEL_SSH
 from labctl.lab.compose import SSH_KEY_VAR, ComposePlan, build_compose, load_template
-from labctl.spec.labspec import LabConfig
+from labctl.spec.labspec import LabSpec
 from labctl.hosts.inventory import Host, parse_inventory
 from labctl.hosts.labnodes import build_known_hosts, build_lab_inventory, parse_hostkey_line
 
@@ -16,7 +16,7 @@ KEY = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIBG2siVDAK8A8hMDNxin6RVnLg2W9JIgSzoAF
 
 def services(ssh_public_key):
     plan = ComposePlan(subnet="172.28.5.0/24", workspace=Path("/ws"), user="1000:1000", ssh_public_key=ssh_public_key)
-    return build_compose(LabConfig(lab="demo", nodes=2), plan, load_template())["services"]
+    return build_compose(LabSpec(lab="demo", nodes=2), plan, load_template())["services"]
 
 
 def test_ssh_nodes_carry_the_labs_public_key_and_a_label_and_nothing_else_changes():
@@ -43,7 +43,7 @@ def test_known_hosts_name_port_22_hosts_by_bare_address():
 
 
 def test_the_lab_inventory_describes_the_nodes_as_plain_hosts(tmp_path):
-    config = LabConfig(lab="demo", nodes=2, nproc_per_node=2, master_port=29600)
+    config = LabSpec(lab="demo", nodes=2, nproc_per_node=2, master_port=29600)
     text = build_lab_inventory(config, [("node0", "172.28.5.10"), ("node1", "172.28.5.11")], "root", threads=1)
     inv = parse_inventory(text, tmp_path / "hosts.toml")
     assert inv.name == "demo" and inv.master_port == 29600

@@ -181,11 +181,11 @@ def test_a_wheelhouse_with_cuda_packages_is_refused_for_the_cpu_image(tmp_path):
     import json
     from dataclasses import asdict
 
-    from labctl.spec.labspec import LabConfig
+    from labctl.spec.labspec import LabSpec
     from labctl.lab.image import ensure_wheelhouse, wheel_requirements
     from labctl.lab.wheelhouse import STAMP
 
-    config = LabConfig()
+    config = LabSpec()
     (tmp_path / STAMP).write_text(json.dumps({"requirements": wheel_requirements(config.torch_version),
                                               "target": asdict(NODE)}))
     for name in ("torch-2.13.0-cp311-cp311-manylinux_2_28_x86_64.whl",
