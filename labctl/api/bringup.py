@@ -1,4 +1,5 @@
-"""`labctl up` across the layers: the lab itself (labctl.lab.up), the Slurm cluster its nodes may
+"""The one way a lab comes up, for the CLI, the API, the pytest plugin and the scenarios alike:
+`labctl up` across the layers: the lab itself (labctl.lab.up), the Slurm cluster its nodes may
 also be (labctl.slurm), the lab's SSH identity and inventory (labctl.hosts.labnodes), its links
 shaped at bring-up and its neighbour tables settled (labctl.net), and each node's fork server
 (labctl.run.warm). The lab's own bring-up knows none of them; this module is where they meet, below
@@ -10,7 +11,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Mapping
 
 from labctl.spec.labspec import LabSpec, node_ip, shown_key, shown_source
 from labctl.hosts import labnodes
@@ -47,10 +48,11 @@ class UpResult:
 
 
 def plan_up(client, config: LabSpec, workspace: Path, *, owner: Owner | None = None,
-            dry_run: bool = False) -> UpPlan:
+            dry_run: bool = False, images: Mapping[str, str] | None = None) -> UpPlan:
     """What `up` would create (the Compose document, env files, subnet, slurm.conf); changes nothing
     but making the lab's SSH key once (not under `dry_run`). Everything is refused here, before
-    anything exists: a bad --bw, an engine that cannot host Slurm, settings that do not fit."""
+    anything exists: a bad --bw, an engine that cannot host Slurm, settings that do not fit.
+    `images` puts nodes, by name, on another image (a scenario's node on another torch)."""
     if config.bw is not None:
         parse_shape(config.bw)
     engine = engine_mod.usable_engine(client)
@@ -68,7 +70,7 @@ def plan_up(client, config: LabSpec, workspace: Path, *, owner: Owner | None = N
         raise refused
     public_key = labnodes.lab_public_key(directory, config.lab, make=not dry_run) if config.ssh else None
     plan = build_up_plan(client, config, workspace, engine=engine, existing=existing, public_key=public_key,
-                         owner=owner.labels() if owner else None)
+                         owner=owner.labels() if owner else None, images=images)
     return with_slurm_conf(replace(plan, packages=packages))
 
 

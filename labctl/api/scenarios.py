@@ -20,6 +20,7 @@ import time
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+from labctl.api.bringup import bring_up, plan_up
 from labctl.core import assets
 from labctl.diagnose import doctor
 from labctl.diagnose.traps import SCENARIOS, Context, Env, Scenario
@@ -28,12 +29,10 @@ from labctl.lab import lifecycle as lab_mod
 from labctl.lab.base import TARGET_CACHE, node_target
 from labctl.engine.labels import container_name
 from labctl.lab.image import ensure_mismatch_image
-from labctl.engine.detect import usable_engine
+from labctl.lab.lockfile import read_lab_lock
 from labctl.lab.owner import owner_of
-from labctl.lab.package_image import prepare_packages
-from labctl.lab.packages import Declaration
+from labctl.lab.packages import LOCK_FILE
 from labctl.lab.resolve import fetch_requirement
-from labctl.lab.up import UpPlan, apply_up_plan, build_up_plan
 from labctl.run.launch import Launch, run_env
 from labctl.run.plan import RunPlan, new_run
 from labctl.session import LabSession
@@ -105,12 +104,13 @@ def run_scenario(client, config, workspace, scenario: Scenario, report) -> Scena
     started = time.monotonic()
     lab_mod.apply_down(client, config.lab, volumes=True)
     try:
-        plan, nodes = bring_up(client, config, workspace, other_image, lambda m: report(f"{scenario.name}: {m}"))
-        subnet = plan.subnet
+        session = LabSession(config, workspace, client)
+        said = lambda m: report(f"{scenario.name}: {m}")  # noqa: E731
+        nodes = scenario_up(session, {config.node_names[-1]: other_image} if other_image else None, said)
+        lock = read_lab_lock(session.directory / LOCK_FILE)
         if other_image:
             report(f"{scenario.name}: {config.node_names[-1]} runs {other_image}")
         ctx = Context(client, config.lab, nodes, config.iface, notes={"drift": drift} if drift else {})
-        session = LabSession(config, workspace, client)
         node_env = session.node_env(ctx.names)  # the env files up wrote: the same for both runs
         if scenario.prepare:
             scenario.prepare(ctx)
@@ -127,14 +127,14 @@ def run_scenario(client, config, workspace, scenario: Scenario, report) -> Scena
         broken_exit = max((o.exit_code or 0 for o in broken.outcomes), default=0)
 
         report(f"{scenario.name}: labctl doctor on the same configuration")
-        found = doctor.diagnose(client, config.lab, nodes, subnet, env_overrides=broken_env,
-                                lock=("the lab's lock", plan.lock) if plan.lock else None)
+        found = doctor.diagnose(client, config.lab, nodes, session.subnet(), env_overrides=broken_env,
+                                lock=("the lab's lock", lock) if lock else None)
         doctor_s, diagnosis = found.seconds, group_findings(found.problems)
         if scenario.timeline:
             report(f"{scenario.name}: labctl trace of the broken run")
             timeline, kept = broken_timeline(run_dir)
 
-        apply_fix(ctx, scenario, config, workspace, plan, other_image, drift)
+        apply_fix(ctx, scenario, session, other_image, drift)
         ctx.run_id, run_dir = new_run(session.directory)
         report(f"{scenario.name}: the fixed run")
         t1 = time.monotonic()
@@ -155,36 +155,32 @@ def prepared(client, config, scenario: Scenario, report) -> tuple:
     built once and cached, before the scenario's clock starts."""
     other_image = ensure_mismatch_image(client, config, report) if scenario.other_torch_on_last_node else None
     if scenario.packages:
-        config = replace(config, with_packages=scenario.packages)
+        config = replace(config, with_packages=scenario.packages,
+                         sources={**config.sources, "with_packages": "the scenario"})
     drift = download_requirement(client, config, scenario.drift, report) if scenario.drift else None
     return config, other_image, drift
 
 
-def apply_fix(ctx: Context, scenario: Scenario, config, workspace, plan: UpPlan, other_image: str | None,
+def apply_fix(ctx: Context, scenario: Scenario, session: LabSession, other_image: str | None,
               drift: Path | None) -> None:
     """The fix, before the fixed run: the scenario's repair, and every node back on the lab's image
-    (Compose recreates the odd node: on another torch, or changed by hand in its container)."""
+    (`up` again recreates the odd node: on another torch, or changed by hand in its container)."""
     if scenario.repair:
         scenario.repair(ctx)
-    if other_image:
-        plan.document["services"][config.node_names[-1]]["image"] = config.image_tag
     if drift:
-        ctx.client.containers.get(container_name(config.lab, config.node_names[-1])).remove(force=True)
+        ctx.client.containers.get(container_name(session.name, session.config.node_names[-1])).remove(force=True)
     if other_image or drift:
-        ctx.nodes = lab_mod.apply_up(ctx.client, config, workspace, plan.document, plan.env_files, lambda _m: None)
+        ctx.nodes = scenario_up(session, None, lambda _m: None)
 
 
-def bring_up(client, config, workspace, other_image: str | None, report) -> tuple[UpPlan, list]:
-    """The scenario's lab, the last node on `other_image` where given, planned and brought up as
-    `labctl up` brings a lab up (the same TCP congestion control, on a free subnet, picked again when
-    a concurrent lab took it meanwhile; its packages, `with_packages`, on every node), and owned by
-    this process: `labctl gc` removes a lab that a killed `labctl scenario` left."""
-    plan = build_up_plan(client, config, workspace, engine=usable_engine(client), existing=[],
-                         owner=owner_of(os.environ, "scenario", os.getpid()).labels(),
-                         images={config.node_names[-1]: other_image} if other_image else None)
-    if config.with_packages:
-        plan = prepare_packages(client, replace(plan, packages=Declaration(extra=config.with_packages)), report)
-    return apply_up_plan(client, plan, workspace, report)
+def scenario_up(session: LabSession, images: dict[str, str] | None, report) -> list:
+    """The scenario's lab brought up (or back) as `labctl up` brings a lab up, through the same
+    bring-up (labctl.api.bringup): its settings, packages, TCP congestion control, warm servers,
+    shaping and all; `images` puts nodes on another image (a node on another torch). Owned by this
+    process: `labctl gc` removes a lab that a killed `labctl scenario` left."""
+    owner = owner_of(os.environ, "scenario", os.getpid())
+    plan = plan_up(session.client, session.config, session.workspace, owner=owner, images=images)
+    return bring_up(session, plan, report).nodes
 
 
 def download_requirement(client, config, requirement: str, report) -> Path:

@@ -123,28 +123,35 @@ def test_a_subnet_lost_to_a_concurrent_up_is_not_picked_again_though_it_looks_fr
 
 
 def test_a_scenario_lab_is_planned_as_up_plans_one_and_owned_by_the_scenario(tmp_path, monkeypatch):
-    # `labctl scenario` brings up a throwaway lab: the same TCP congestion control as `up` gives, the
-    # other torch on the last node where the scenario asks, and this process as its owner, so that
-    # `labctl gc` removes the lab a killed scenario left.
-    from labctl.spec.labspec import load_config
-    from labctl.api import scenarios
-    from labctl.lab import up
+    # `labctl scenario` brings up a throwaway lab through `up`'s own bring-up: the same TCP congestion
+    # control as `up` gives, the other torch on the last node where the scenario asks, and this
+    # process as its owner, so that `labctl gc` removes the lab a killed scenario left.
+    from types import SimpleNamespace
+
+    from labctl.api import bringup, scenarios
     from labctl.engine.detect import Engine
+    from labctl.lab import up
+    from labctl.session import LabSession
+    from labctl.spec.labspec import load_config
 
     config = load_config(tmp_path, {}, {"lab": "scenario-x", "nodes": "2"})
     engine = Engine(kind="docker", product="Docker Engine", version="27", endpoint="unix:///var/run/docker.sock",
                     context=None, os="Debian", arch="x86_64", cpus=2, engine_id="x")
-    rendered = []
+    rendered, brought = [], []
 
     def render_project(client, config, workspace, public_key, engine, owner=None, gpus=None, tcp_cc=None):
         rendered.append((dict(owner or {}), gpus, tcp_cc))
         return {"services": {}}, {}, "172.28.0.0/24"
 
     monkeypatch.setattr(up, "render_project", render_project)
-    monkeypatch.setattr(up, "apply_up", lambda *args, started: [])
     monkeypatch.setattr(up, "plan_tcp", lambda config, engine: ("cubic", None))
-    monkeypatch.setattr(scenarios, "usable_engine", lambda client: engine)
-    plan, _ = scenarios.bring_up(None, config, tmp_path, "ddplab-node:other", lambda message: None)
+    monkeypatch.setattr(bringup.engine_mod, "usable_engine", lambda client: engine)
+    monkeypatch.setattr(bringup, "lab_containers", lambda client, lab: [])
+    assert scenarios.plan_up is bringup.plan_up and scenarios.bring_up is bringup.bring_up  # one bring-up
+    monkeypatch.setattr(scenarios, "bring_up", lambda session, plan, report: brought.append(plan)
+                        or SimpleNamespace(nodes=[]))
+    scenarios.scenario_up(LabSession(config, tmp_path, object()), {"node1": "ddplab-node:other"}, lambda message: None)
     (owner, gpus, tcp_cc), = rendered
+    (plan,) = brought
     assert (owner[LABEL_SESSION], owner[LABEL_PID], tcp_cc) == ("scenario", str(os.getpid()), "cubic")
     assert [n.image for n in gpus.nodes] == [config.image_tag, "ddplab-node:other"] and plan.owner == owner
