@@ -4,30 +4,24 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Callable, Iterator
+from typing import Callable
 
 from labctl.lab import image as image_mod
 from labctl.lab.envfiles import check_rdzv_id, parse_hosts, write_host_env_files
-from labctl.lab.image import BuildInputs, BuildResult
+from labctl.lab.image import BuildInputs, build_images
 from labctl.spec.labspec import LabSpec
 
 Report = Callable[[str], None]
 
+__all__ = ["build_images", "image_inputs", "write_host_env"]
 
-def build_hash(client, config: LabSpec, report: Report, *, cuda: bool = False) -> tuple[str, BuildInputs, str | None]:
+
+def image_inputs(client, config: LabSpec, report: Report, *, cuda: bool = False) -> tuple[str, BuildInputs, str | None]:
     """`labctl build --print-hash`: (the image's tag, the inputs it would be built from and their
     hash, the hash the existing image was built with or None); builds nothing."""
     tag = image_mod.image_tag(config, cuda)
     inputs = image_mod.gather_inputs(client, config, report, cuda=cuda)
     return tag, inputs, image_mod.image_hash(client, tag)
-
-
-def build_images(client, config: LabSpec, report: Report, progress_factory=None, *, force: bool = False,
-                 cuda: bool = False, mismatch: bool = False, lean: bool = False) -> Iterator[tuple[str, BuildResult]]:
-    """`labctl build`: the node image (CPU, or with `cuda` the CUDA one), then with `mismatch` the
-    version-mismatch scenario's image; yields (what it is, result) as each is done."""
-    return image_mod.build_images(client, config, report, progress_factory, force=force, cuda=cuda,
-                                  mismatch=mismatch, lean=lean)
 
 
 def write_host_env(hosts: str, config: LabSpec, rdzv_id: str,

@@ -74,7 +74,7 @@ def build(torch_version, cuda, base_image, image, force, verbose_build, mismatch
     if print_hash:
         from labctl.cli import render
 
-        render.print_build_hash(*images.build_hash(client, config, info, cuda=cuda), as_json)
+        render.print_build_hash(*images.image_inputs(client, config, info, cuda=cuda), as_json)
         return
     progress = functools.partial(BuildProgress, verbose_build)
     for what, built in images.build_images(client, config, info, progress, force=force, cuda=cuda,
