@@ -105,11 +105,8 @@ def run_scenario(client, config, workspace, scenario: Scenario, report) -> Scena
     lab_mod.apply_down(client, config.lab, volumes=True)
     try:
         session = LabSession(config, workspace, client)
-        said = lambda m: report(f"{scenario.name}: {m}")  # noqa: E731
-        nodes = scenario_up(session, {config.node_names[-1]: other_image} if other_image else None, said)
-        lock = read_lab_lock(session.directory / LOCK_FILE)
-        if other_image:
-            report(f"{scenario.name}: {config.node_names[-1]} runs {other_image}")
+        images = {config.node_names[-1]: other_image} if other_image else None
+        nodes = scenario_up(session, images, lambda message: report(f"{scenario.name}: {message}"))
         ctx = Context(client, config.lab, nodes, config.iface, notes={"drift": drift} if drift else {})
         node_env = session.node_env(ctx.names)  # the env files up wrote: the same for both runs
         if scenario.prepare:
@@ -127,6 +124,7 @@ def run_scenario(client, config, workspace, scenario: Scenario, report) -> Scena
         broken_exit = max((o.exit_code or 0 for o in broken.outcomes), default=0)
 
         report(f"{scenario.name}: labctl doctor on the same configuration")
+        lock = read_lab_lock(session.directory / LOCK_FILE)
         found = doctor.diagnose(client, config.lab, nodes, session.subnet(), env_overrides=broken_env,
                                 lock=("the lab's lock", lock) if lock else None)
         doctor_s, diagnosis = found.seconds, group_findings(found.problems)
@@ -180,7 +178,10 @@ def scenario_up(session: LabSession, images: dict[str, str] | None, report) -> l
     process: `labctl gc` removes a lab that a killed `labctl scenario` left."""
     owner = owner_of(os.environ, "scenario", os.getpid())
     plan = plan_up(session.client, session.config, session.workspace, owner=owner, images=images)
-    return bring_up(session, plan, report).nodes
+    nodes = bring_up(session, plan, report).nodes
+    for node, image in (images or {}).items():
+        report(f"{node} runs {image}")
+    return nodes
 
 
 def download_requirement(client, config, requirement: str, report) -> Path:
