@@ -17,7 +17,7 @@ TORCH_INDEX_URL ?= https://download.pytorch.org/whl/cpu
 NODES ?= 3
 PYTEST_ARGS ?=
 
-.PHONY: demo test unit integration docs docs-serve venv host-torch tools netem-vm engine image image-cuda image-mismatch down clean
+.PHONY: demo test unit integration docs docs-serve venv host-torch tools test-engines netem-vm engine image image-cuda image-mismatch down clean
 
 demo: image
 	$(LABCTL) up --nodes $(NODES)
@@ -48,11 +48,12 @@ endef
 
 # The node images and torch on the host, side by side (make -j2): one is pip unpacking and compiling
 # torch into the venv (about 45 s on a fresh clone), the other the engine and pip resolving the nodes'
-# wheels (about 30 s), each mostly on one core. What may run apt (netem-vm, engine, tools) runs first,
-# one at a time, so two apt-gets never meet; in the -j2 part engine and tools find everything there.
+# wheels (about 30 s), each mostly on one core. What may run apt (netem-vm, engine, tools,
+# test-engines) runs first, one at a time, so two apt-gets never meet; in the -j2 part and in the
+# tests, engine, tools and the engines under test find everything there.
 SETUP_IMAGES_AND_HOST_TORCH := $(MAKE) --no-print-directory -j2 --output-sync=target image-mismatch host-torch
 
-test: docs netem-vm engine tools
+test: docs netem-vm engine tools test-engines
 	+@$(SETUP_IMAGES_AND_HOST_TORCH)
 	@$(TRACK_STATUS); \
 	$(PYTEST) tests/unit -n 2 $(PYTEST_ARGS) || passed_or_empty $$?; \
@@ -62,7 +63,7 @@ test: docs netem-vm engine tools
 unit: venv host-torch tools
 	$(PYTEST) tests/unit $(PYTEST_ARGS)
 
-integration: netem-vm engine tools
+integration: netem-vm engine tools test-engines
 	+@$(SETUP_IMAGES_AND_HOST_TORCH)
 	@$(TRACK_STATUS); $(RUN_INTEGRATION); exit $$status
 
@@ -118,6 +119,14 @@ engine: venv
 # ssh, ssh-keygen and rsync: `labctl hosts` and its tests (installed as root on Debian where missing).
 tools:
 	bash labctl/scripts/ensure-tools.sh
+
+# The engines the suite tests labctl against besides the one it runs on: Podman (refused by name) and
+# rootless Docker (rootlesskit, uidmap, slirp4netns), installed here, before the tests run in
+# parallel, so no test installs a package while another does (apt takes one at a time). Where we
+# are not root on Debian this only warns: those two tests then say what is missing.
+test-engines:
+	-bash labctl/scripts/ensure-tools.sh test-engines podman:podman rootlesskit:rootlesskit newuidmap:uidmap \
+		slirp4netns:slirp4netns
 
 image: venv engine tools
 	$(LABCTL) build

@@ -28,6 +28,9 @@ if [ "$(id -u)" != 0 ] || ! command -v apt-get >/dev/null 2>&1; then
   exit 1
 fi
 printf '[%s] installing %s\n' "$tag" "$packages" >&2
+# Another apt-get holding dpkg's lock (a second make, the machine's own updates) is waited for, not failed on.
+wait_lock=(-o DPkg::Lock::Timeout=600)
 # shellcheck disable=SC2086 # one word per package
-apt-get install -y -qq --no-install-recommends $packages >/dev/null 2>&1 \
-  || { apt-get update -qq >/dev/null && apt-get install -y -qq --no-install-recommends $packages >/dev/null; }
+apt-get "${wait_lock[@]}" install -y -qq --no-install-recommends $packages >/dev/null 2>&1 \
+  || { apt-get "${wait_lock[@]}" update -qq >/dev/null \
+       && apt-get "${wait_lock[@]}" install -y -qq --no-install-recommends $packages >/dev/null; }

@@ -74,9 +74,10 @@ def test_podman_is_named_and_refused_before_anything_exists(tmp_path, lab_name):
     import shutil
     import time
 
-    if shutil.which("podman") is None:  # root on Debian, as CI is: `make test` installs the engines it tests
-        install = subprocess.run("apt-get install -y -qq podman || (apt-get update -qq && apt-get install -y -qq podman)",
-                                 shell=True, capture_output=True, text=True, timeout=600)
+    if shutil.which("podman") is None:  # `make test` installs it first (test-engines); run alone, as root on Debian:
+        apt = "apt-get -o DPkg::Lock::Timeout=600"  # wait for another apt-get, never fail on its lock
+        install = subprocess.run(f"{apt} install -y -qq podman || ({apt} update -qq && {apt} install -y -qq podman)",
+                                 shell=True, capture_output=True, text=True, timeout=900)
         assert install.returncode == 0, f"could not install podman to test against it: {install.stderr[-500:]}"
     socket = f"unix://{tmp_path}/podman.sock"
     service = subprocess.Popen(["podman", "system", "service", "--time=0", socket], stdout=subprocess.DEVNULL,

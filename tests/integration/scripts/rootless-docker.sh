@@ -22,8 +22,10 @@ start() {
   [ "$(id -u)" = 0 ] || die "starting a rootless engine for a test user needs root (to add the user and packages)"
   if ! command -v rootlesskit >/dev/null || ! command -v newuidmap >/dev/null || ! command -v slirp4netns >/dev/null; then
     say "installing rootlesskit, uidmap and slirp4netns"
-    apt-get install -y -qq rootlesskit uidmap slirp4netns >/dev/null 2>&1 \
-      || { apt-get update -qq >/dev/null && apt-get install -y -qq rootlesskit uidmap slirp4netns >/dev/null; }
+    # `make test` installs them before the tests (test-engines); alone, wait for another apt-get's lock
+    apt-get -o DPkg::Lock::Timeout=600 install -y -qq rootlesskit uidmap slirp4netns >/dev/null 2>&1 \
+      || { apt-get -o DPkg::Lock::Timeout=600 update -qq >/dev/null \
+           && apt-get -o DPkg::Lock::Timeout=600 install -y -qq rootlesskit uidmap slirp4netns >/dev/null; }
   fi
   script=$(command -v dockerd-rootless.sh || true)
   [ -n "$script" ] || script=$(dpkg -L docker.io 2>/dev/null | grep '/dockerd-rootless.sh$' | head -n 1)
