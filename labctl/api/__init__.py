@@ -40,7 +40,7 @@ from labctl.net.apply import apply_shape, clear_shape, read_link, read_links
 from labctl.net.faults import inject
 from labctl.net.tc import LinkState, Shape, build_plan, describe, parse_shape
 from labctl.run.launch import Elastic, job_args, parse_nnodes
-from labctl.run.plan import Launcher, RunPlan
+from labctl.run.plan import Launcher, RunOptions, RunPlan
 from labctl.run.result import RunResult
 from labctl.session import LabSession
 from labctl.slurm.jobs import Slurm
@@ -51,8 +51,8 @@ from labctl.spec.units import parse_duration_s
 Fault = Literal["kill", "crash", "pause", "unpause", "partition", "heal"]
 Report = Callable[[str], None]
 
-__all__ = ["Lab", "LabSpec", "lab_spec", "Hosts", "SyncResult", "RunResult", "RunPlan", "Diagnosis", "UpResult", "Fault",
-           "gc_labs", "gc_images", "labs", "inventory_hosts", "docker_client"]
+__all__ = ["Lab", "LabSpec", "lab_spec", "Hosts", "SyncResult", "RunResult", "RunPlan", "RunOptions", "Diagnosis",
+           "UpResult", "Fault", "gc_labs", "gc_images", "labs", "inventory_hosts", "docker_client"]
 
 
 def _quiet(_message: str) -> None:
@@ -187,9 +187,9 @@ class Lab(LabSession):
         script_args = job_args(argv, self.workspace, cwd)
         node_env = self.node_env()
         low, high = parse_nnodes(nnodes, len(node_env)) if nnodes else (None, None)
-        return self.plan_run(script_args, node_env=node_env, launcher=launcher, nproc_per_node=nproc,
-                             elastic=Elastic(max_restarts, low, high), pg_timeout_s=pg_timeout_s, env=env,
-                             timeout_s=timeout_s)
+        options = RunOptions(launcher=launcher, nproc_per_node=nproc, elastic=Elastic(max_restarts, low, high),
+                             pg_timeout_s=pg_timeout_s, env=env, timeout_s=timeout_s)
+        return self.plan_run(script_args, options, node_env=node_env)
 
     def run(self, *argv: str, timeout_s: float | None = None, launcher: Launcher = "auto",
             nproc_per_node: int | None = None, max_restarts: int = 0, nnodes: str | None = None,

@@ -42,7 +42,7 @@ from labctl.engine.labels import container_name
 from labctl.engine.docker import exec_in
 from labctl.net import apply as netshape
 from labctl.core.plotting import pyplot, require_matplotlib
-from labctl.run.plan import RunPlan
+from labctl.run.plan import RunOptions, RunPlan
 from labctl.session import LabSession
 from labctl.spec.units import format_rate
 
@@ -171,7 +171,7 @@ def sweep_plan(session: LabSession, node_env: dict, sizes: list[int], iters: int
     args = ["-m", "trainer.bench_allreduce", "--sizes", ",".join(map(str, sizes)), "--iters", str(iters),
             "--probe-size", str(PROBE_SIZE), "--probe-iters", str(probe_iters),
             "--max-iters", str(max(iters, PROBE_ITERS)), "--budget-s", str(SMALL_BUDGET_S)]
-    return session.plan_run(args, node_env=node_env, nproc_per_node=1, env=env)
+    return session.plan_run(args, options=RunOptions(nproc_per_node=1, env=env), node_env=node_env)
 
 
 def run_sweep(session: LabSession, plan: RunPlan) -> list[dict]:

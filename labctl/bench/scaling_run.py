@@ -31,6 +31,7 @@ from labctl.net import apply as netshape
 from labctl.net.tc import Shape
 from labctl.core.plotting import INSTALL_HINT, have_matplotlib
 from labctl.core.proc import run
+from labctl.run.plan import RunOptions
 from labctl.run.result import find_summary
 from labctl.session import LabSession
 from labctl.spec.units import parse_rate, parse_time_us
@@ -274,6 +275,6 @@ def run_lab(session: LabSession, config: Config, trainer_args: list[str], node_e
     node_env = node_env if node_env is not None else session.node_env()
     subset = dict(list(node_env.items())[: config.nodes])
     backend = "nccl" if config.device == "cuda" else "gloo"
-    plan = session.plan_run(["-m", "trainer", *trainer_args, "--backend", backend], node_env=subset, nproc_per_node=config.nproc_per_node,
-                            share_cpus=False)
+    plan = session.plan_run(["-m", "trainer", *trainer_args, "--backend", backend],
+                            options=RunOptions(nproc_per_node=config.nproc_per_node), node_env=subset, share_cpus=False)
     return parse_summary(session.execute(plan, echo=False).outcomes[0].lines)

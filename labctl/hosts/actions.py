@@ -21,7 +21,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Mapping, TypeVar
+from typing import Callable, TypeVar
 
 from dotenv import dotenv_values
 
@@ -52,7 +52,7 @@ from labctl.hosts.ssh import (
 from labctl.lab.lockfile import Lock
 from labctl.core.proc import run
 from labctl.run.executor import execute
-from labctl.run.plan import RunPlan, build_run_plan
+from labctl.run.plan import RunOptions, RunPlan, build_run_plan
 
 Report = Callable[[str], None]
 T = TypeVar("T")
@@ -308,18 +308,17 @@ class HostsRun:
     job: RunPlan  # the run itself; its remote_run_dir is on each host, relative to its workspace
 
 
-def plan_run(inventory: Inventory, workspace: Path, script_args: list[str], *, launcher: str,
-             nproc_per_node: int | None, pg_timeout_s: float | None, accept_new: bool,
-             env: Mapping[str, str] | None = None, timeout_s: float | None = None, packages: str = "") -> HostsRun:
-    """The run on the hosts; `packages`: the folder of the inventory's lock, which the env files put
-    first on PYTHONPATH."""
-    env_texts = inventory.env_files(nproc_per_node)
+def plan_run(inventory: Inventory, workspace: Path, script_args: list[str], options: RunOptions, *,
+             accept_new: bool, packages: str = "") -> HostsRun:
+    """The run on the hosts, started as `options` say (each host's env file written for
+    `options.nproc_per_node` processes); `packages`: the folder of the inventory's lock, which the
+    env files put first on PYTHONPATH."""
+    env_texts = inventory.env_files(options.nproc_per_node)
     if packages:
         env_texts = with_pythonpath(env_texts, packages)
     node_env = {name: env_file_values(text) for name, text in env_texts.items()}
-    job = build_run_plan(node_env, script_args, local_dir(workspace, inventory), launcher=launcher,
-                         nproc_per_node=nproc_per_node, pg_timeout_s=pg_timeout_s,
-                         remote_runs_parent=inventory.state_dir, user_env=env, timeout_s=timeout_s)
+    job = build_run_plan(node_env, script_args, local_dir(workspace, inventory), options,
+                         remote_runs_parent=inventory.state_dir)
     hosts = SSHHosts(inventory, accept_new=accept_new,
                      env_files={name: env_file(inventory, name) for name in inventory.names}, packages=packages)
     return HostsRun(hosts, env_texts, job)

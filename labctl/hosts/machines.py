@@ -25,7 +25,7 @@ from labctl.hosts.ssh import SSHHosts, require_tools, rsync_push_argv, sync_excl
 from labctl.lab.lockfile import Lock, read_lab_lock
 from labctl.lab.packages import read_declaration
 from labctl.run.launch import job_args
-from labctl.run.plan import Launcher
+from labctl.run.plan import Launcher, RunOptions
 from labctl.run.result import RunResult
 
 Report = Callable[[str], None]
@@ -101,9 +101,10 @@ class Hosts:
                  cwd: str | Path | None = None, timeout_s: float | None = None):
         """What `run(*argv)` will do on each host, as data (a hosts.actions.HostsRun)."""
         lock = self.lock()
-        return actions.plan_run(self.inventory, self.workspace, job_args(argv, self.workspace, cwd), launcher=launcher,
-                                nproc_per_node=check_nproc(nproc_per_node), pg_timeout_s=pg_timeout_s,
-                                accept_new=self.accept_new, env=env, timeout_s=timeout_s,
+        options = RunOptions(launcher=launcher, nproc_per_node=check_nproc(nproc_per_node), pg_timeout_s=pg_timeout_s,
+                             env=env, timeout_s=timeout_s)
+        return actions.plan_run(self.inventory, self.workspace, job_args(argv, self.workspace, cwd), options,
+                                accept_new=self.accept_new,
                                 packages=packages_path(self.inventory, lock[1]) if lock else "")
 
     def preflight(self, plan, nproc_per_node: int | None = None) -> Diagnosis:

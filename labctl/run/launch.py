@@ -24,7 +24,7 @@ import os
 import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Collection, Mapping, Sequence
+from typing import Collection, Literal, Mapping, Sequence
 
 from labctl import remote
 from labctl.errors import ConfigError, LabError
@@ -50,6 +50,7 @@ FORKCHILD_SCRIPT = remote.load("forkchild.py")  # the server's: a forked worker 
 FORK_SOCKET = "/tmp/ddplab/fork-%s.sock" % hashlib.sha256(
     (FORKSERVER_SCRIPT + WORKER_SCRIPT + FORKCHILD_SCRIPT).encode()).hexdigest()[:12]
 LAUNCHERS = ("auto", "warm", "torchrun", "static")
+Launcher = Literal["auto", "warm", "torchrun", "static"]
 TORCHRUN_MODULE = "torch.distributed.run"  # what the `torchrun` console script runs
 
 
@@ -205,6 +206,19 @@ class Elastic:
         return self.max_restarts > 0 or self.min_nodes is not None
 
 
+@dataclass(frozen=True)
+class RunOptions:
+    """How a run's processes start and how long it may take: `labctl run`'s options (and Lab.run's,
+    Hosts.run's), carried together from the command to the launches. Nothing here names the nodes."""
+
+    launcher: Launcher = "auto"  # --launcher; build_launches takes the one choose_launcher settled on
+    nproc_per_node: int | None = None  # processes per node; None: each node's env file's NPROC_PER_NODE
+    elastic: Elastic = Elastic()  # --max-restarts and --nnodes (torchrun's fault tolerance)
+    pg_timeout_s: float | None = None  # the trainer's process-group timeout (DDPLAB_PG_TIMEOUT_S); None: torch's
+    env: Mapping[str, str] | None = None  # -e and --env-file: added to every process's environment
+    timeout_s: float | None = None  # --timeout-s: the whole run is stopped after this long; None: no limit
+
+
 def parse_nnodes(text: str, lab_nodes: int) -> tuple[int, int]:
     """'2:3' -> (2, 3); 'N' -> (N, N). MAX must be the lab's node count: every node starts."""
     lo, sep, hi = str(text).partition(":")
@@ -225,21 +239,21 @@ def with_user_env(own: dict[str, str], added: dict[str, str]) -> dict[str, str]:
     return {**{key: value for key, value in own.items() if key not in added}, **added}
 
 
-def build_launches(node_env: dict[str, dict[str, str]], script_args: list[str], *, launcher: str,
-                   nproc_per_node: int | None, run_id: str, run_dir: Path | str, cpus: int | None = None,
-                   elastic: Elastic = Elastic(), pg_timeout_s: float | None = None,
-                   user_env: Mapping[str, str] | None = None) -> list[Launch]:
+def build_launches(node_env: dict[str, dict[str, str]], script_args: list[str], options: RunOptions, *,
+                   run_id: str, run_dir: Path | str, cpus: int | None = None) -> list[Launch]:
     """The processes of one run, in node-rank order. `node_env` maps node name -> its env file; a
     subset of the lab's nodes runs a smaller job. Each node runs its env file's NPROC_PER_NODE
-    processes (real hosts may differ) unless `nproc_per_node` says otherwise. Given the machine's
+    processes (real hosts may differ) unless `options.nproc_per_node` says otherwise. Given the machine's
     `cpus`, every process gets an OMP_NUM_THREADS that shares them out (see threads_per_process);
-    `pg_timeout_s` goes to the trainer's process-group timeout through DDPLAB_PG_TIMEOUT_S. `user_env`
-    (-e and --env-file) goes to every process, over labctl's own values (see run.userenv).
+    `options.pg_timeout_s` goes to the trainer's process-group timeout through DDPLAB_PG_TIMEOUT_S.
+    `options.env` (-e and --env-file) goes to every process, over labctl's own values (see run.userenv).
 
-    `launcher` is one `choose_launcher` settled on: torchrun (an agent per node), warm (one process
+    `options.launcher` is one `choose_launcher` settled on: torchrun (an agent per node), warm (one process
     per rank, forked by the node's fork server, with the environment torchrun gives a worker) or
     static (one `python` per rank, the manual style)."""
-    added = check_user_env(user_env or {})
+    launcher, nproc_per_node, elastic, pg_timeout_s = (options.launcher, options.nproc_per_node, options.elastic,
+                                                       options.pg_timeout_s)
+    added = check_user_env(options.env or {})
     names = list(node_env)
     nprocs = [nproc_per_node or int(node_env[name].get("NPROC_PER_NODE", "1")) for name in names]
     common = run_env(run_id, run_dir)

@@ -7,14 +7,13 @@ from __future__ import annotations
 
 import secrets
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Literal, Mapping
 
 from labctl.spec.labspec import check_timeout
-from labctl.run.launch import Elastic, Launch, build_launches, choose_launcher
+from labctl.run.launch import Launch, Launcher, RunOptions, build_launches, choose_launcher
 
-Launcher = Literal["auto", "warm", "torchrun", "static"]
+__all__ = ["Launcher", "RunOptions", "RunPlan", "build_run_plan", "new_run"]
 
 
 @dataclass(frozen=True)
@@ -48,23 +47,22 @@ def new_run(runs_parent: Path) -> tuple[str, Path]:
     return run_id, runs_parent / "runs" / run_id
 
 
-def build_run_plan(node_env: dict[str, dict[str, str]], script_args: list[str], runs_parent: Path, *,
-                   launcher: Launcher = "auto", nproc_per_node: int | None = None, cpus: int | None = None,
-                   elastic: Elastic = Elastic(), pg_timeout_s: float | None = None,
-                   remote_runs_parent: str | None = None, user_env: Mapping[str, str] | None = None,
-                   timeout_s: float | None = None) -> RunPlan:
-    """The plan for `script_args` (`SCRIPT [ARGS]` or `-m MODULE [ARGS]`) on the nodes of `node_env`.
+def build_run_plan(node_env: dict[str, dict[str, str]], script_args: list[str], runs_parent: Path,
+                   options: RunOptions = RunOptions(), *, cpus: int | None = None,
+                   remote_runs_parent: str | None = None) -> RunPlan:
+    """The plan for `script_args` (`SCRIPT [ARGS]` or `-m MODULE [ARGS]`) on the nodes of `node_env`,
+    started as `options` say (its launcher "auto" settled here, see choose_launcher).
 
     The run's folder is made under `runs_parent`; on real hosts (`remote_runs_parent`, relative to
     each host's workspace) the processes write their outputs there instead, and they are copied back.
-    `user_env` (-e and --env-file) goes to every process; `timeout_s` bounds the whole run.
+    `options.env` (-e and --env-file) goes to every process; `options.timeout_s` bounds the whole run.
+    Given the machine's `cpus`, every process gets an OMP_NUM_THREADS that shares them out.
     """
-    check_timeout(timeout_s)
-    launcher, why = choose_launcher(launcher, elastic)
+    check_timeout(options.timeout_s)
+    launcher, why = choose_launcher(options.launcher, options.elastic)
     run_id, run_dir = new_run(runs_parent)
     remote_run_dir = f"{remote_runs_parent}/runs/{run_id}" if remote_runs_parent is not None else None
-    launches = build_launches(node_env, script_args, launcher=launcher, nproc_per_node=nproc_per_node,
-                              run_id=run_id, run_dir=remote_run_dir or run_dir, cpus=cpus, elastic=elastic,
-                              pg_timeout_s=pg_timeout_s, user_env=user_env)
-    return RunPlan(run_id, run_dir, dict(node_env), launches, launcher in ("torchrun", "warm"), elastic.min_nodes,
-                   remote_run_dir, timeout_s, launcher, why)
+    launches = build_launches(node_env, script_args, replace(options, launcher=launcher), run_id=run_id,
+                              run_dir=remote_run_dir or run_dir, cpus=cpus)
+    return RunPlan(run_id, run_dir, dict(node_env), launches, launcher in ("torchrun", "warm"),
+                   options.elastic.min_nodes, remote_run_dir, options.timeout_s, launcher, why)

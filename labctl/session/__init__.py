@@ -14,7 +14,7 @@ import shutil
 from dataclasses import replace
 from functools import cached_property
 from pathlib import Path
-from typing import Any, Callable, Iterator, Mapping
+from typing import Any, Callable, Iterator
 
 from labctl.spec.labspec import LabSpec
 from labctl.errors import LabError, StateError
@@ -35,9 +35,8 @@ from labctl.lab.lifecycle import NodeState, lab_dir, lab_status, require_running
 from labctl.lab.lockfile import describe_lock_file
 from labctl.lab.packages import LOCK_FILE
 from labctl.run.executor import execute
-from labctl.run.launch import Elastic
 from labctl.run.logs import check_tail, follow_run_logs, run_logs
-from labctl.run.plan import Launcher, RunPlan, build_run_plan
+from labctl.run.plan import RunOptions, RunPlan, build_run_plan
 from labctl.run.result import RunResult
 
 
@@ -160,17 +159,13 @@ class LabSession:
 
     # ---------------------------------------------------------------------------------- runs
 
-    def plan_run(self, script_args: list[str], *, node_env: dict[str, dict[str, str]] | None = None,
-                 launcher: Launcher = "auto", nproc_per_node: int | None = None, elastic: Elastic | None = None,
-                 pg_timeout_s: float | None = None, share_cpus: bool = True,
-                 env: Mapping[str, str] | None = None, timeout_s: float | None = None) -> RunPlan:
-        """The run plan for `script_args` on the lab's nodes (or the nodes of `node_env`, a subset).
-        With `share_cpus`, every process gets OMP_NUM_THREADS from the engine's CPUs; `env` is
-        added to every process's environment (as `labctl run -e`)."""
+    def plan_run(self, script_args: list[str], options: RunOptions = RunOptions(), *,
+                 node_env: dict[str, dict[str, str]] | None = None, share_cpus: bool = True) -> RunPlan:
+        """The run plan for `script_args` on the lab's nodes (or the nodes of `node_env`, a subset),
+        started as `options` say (`options.env` is added to every process's environment, as
+        `labctl run -e`). With `share_cpus`, every process gets OMP_NUM_THREADS from the engine's CPUs."""
         plan = build_run_plan(node_env if node_env is not None else self.node_env(), script_args, self.directory,
-                              launcher=launcher, nproc_per_node=nproc_per_node,
-                              cpus=self.cpus if share_cpus else None, elastic=elastic or Elastic(),
-                              pg_timeout_s=pg_timeout_s, user_env=env, timeout_s=timeout_s)
+                              options, cpus=self.cpus if share_cpus else None)
         return replace(plan, packages=describe_lock_file(self.directory / LOCK_FILE))
 
     def execute(self, plan: RunPlan, *, echo: bool | str = True, check: bool = True) -> RunResult:

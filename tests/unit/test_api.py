@@ -12,7 +12,7 @@ from labctl.spec.labspec import check_nproc, check_timeout
 from labctl.diagnose.findings import Diagnosis, Finding, PreflightFailed
 from labctl.errors import ConfigError, LabError, RunFailed, StateError
 from labctl.run.launch import Elastic, Launch
-from labctl.run.plan import build_run_plan
+from labctl.run.plan import RunOptions, build_run_plan
 from labctl.run.result import Outcome, RunResult
 
 ENVS = {f"node{i}": {"MASTER_ADDR": "172.28.5.10", "MASTER_PORT": "29500", "NPROC_PER_NODE": "1"} for i in range(3)}
@@ -81,8 +81,8 @@ def test_a_bad_shape_is_refused_before_the_engine(tmp_path):
 
 
 def test_a_run_plan_is_data(tmp_path):
-    plan = build_run_plan(ENVS, ["-m", "trainer"], tmp_path, nproc_per_node=2, cpus=6, pg_timeout_s=10,
-                          elastic=Elastic(1, 2, 3))
+    plan = build_run_plan(ENVS, ["-m", "trainer"], tmp_path,
+                          RunOptions(nproc_per_node=2, elastic=Elastic(1, 2, 3), pg_timeout_s=10), cpus=6)
     assert plan.nodes == ["node0", "node1", "node2"] and plan.store and plan.min_nodes == 2
     assert plan.run_dir == tmp_path / "runs" / plan.run_id and not plan.run_dir.exists()
     assert [launch.node for launch in plan.launches] == plan.nodes
@@ -94,7 +94,8 @@ def test_a_run_plan_is_data(tmp_path):
 
 
 def test_real_hosts_write_their_outputs_on_the_host(tmp_path):
-    plan = build_run_plan(ENVS, ["train.py"], tmp_path, launcher="static", remote_runs_parent=".lab/cluster")
+    plan = build_run_plan(ENVS, ["train.py"], tmp_path, RunOptions(launcher="static"),
+                          remote_runs_parent=".lab/cluster")
     assert plan.remote_run_dir == f".lab/cluster/runs/{plan.run_id}" and not plan.store
     assert {launch.env["DDPLAB_RUN_DIR"] for launch in plan.launches} == {plan.remote_run_dir}
     assert [launch.env["RANK"] for launch in plan.launches] == ["0", "1", "2"]
