@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 import click
@@ -29,12 +30,27 @@ def job_options(f):
                         help="Nodes for the job [default: all of the lab's].")(f)
 
 
-def lab_and_spec(lab, script, nodes, nproc_per_node, time_limit, nnodes, max_restarts, partition=None, account=None):
-    """The lab's Slurm side and the job the options describe, SCRIPT taken from where you stand."""
+@dataclass(frozen=True)
+class JobRequest:
+    """What a job asks Slurm for, as the options of `job_options` (and export's own) give it; None: the
+    lab's, or Slurm's, default."""
+
+    nodes: int | None  # -N/--nodes
+    nproc_per_node: int | None  # --ntasks-per-node
+    time_limit: str | None  # --time
+    nnodes: str | None  # --nnodes MIN:MAX (elastic)
+    max_restarts: int  # --max-restarts
+    partition: str | None = None  # --partition (export)
+    account: str | None = None  # --account (export)
+
+
+def lab_and_spec(lab, script, request: JobRequest):
+    """The lab's Slurm side and the job `request` describes, SCRIPT taken from where you stand."""
     where = invocation()
     jobs = where.lab(lab).slurm
-    spec = jobs.spec(job_args(script, jobs.session.workspace, where.cwd), nodes, nproc_per_node, time_limit,
-                     partition, account, nnodes=nnodes, max_restarts=max_restarts)
+    spec = jobs.spec(job_args(script, jobs.session.workspace, where.cwd), request.nodes, request.nproc_per_node,
+                     request.time_limit, request.partition, request.account, nnodes=request.nnodes,
+                     max_restarts=request.max_restarts)
     return jobs, spec
 
 
@@ -67,7 +83,7 @@ def slurm_run(lab, nodes, nproc_per_node, time_limit, nnodes, max_restarts, as_j
     """
     from labctl.cli import render
 
-    jobs, spec = lab_and_spec(lab, script, nodes, nproc_per_node, time_limit, nnodes, max_restarts)
+    jobs, spec = lab_and_spec(lab, script, JobRequest(nodes, nproc_per_node, time_limit, nnodes, max_restarts))
     render.finish_run(jobs.run(spec, echo="stderr" if as_json else True, check=not as_json), as_json)
 
 
@@ -80,7 +96,7 @@ def slurm_submit(lab, nodes, nproc_per_node, time_limit, nnodes, max_restarts, a
     """Queue SCRIPT [ARGS...] as a batch job (sbatch of the script `slurm export` writes)."""
     from labctl.cli import render_slurm
 
-    jobs, spec = lab_and_spec(lab, script, nodes, nproc_per_node, time_limit, nnodes, max_restarts)
+    jobs, spec = lab_and_spec(lab, script, JobRequest(nodes, nproc_per_node, time_limit, nnodes, max_restarts))
     render_slurm.print_submitted(jobs.submit(spec), jobs.session.name, as_json)
 
 
@@ -131,8 +147,8 @@ def slurm_export(lab, nodes, nproc_per_node, time_limit, nnodes, max_restarts, p
     packages (`up --requirements/--with`) also gets its lock written beside the script, and the
     lines that install it into the job's environment.
     """
-    jobs, spec = lab_and_spec(lab, script, nodes, nproc_per_node, time_limit, nnodes, max_restarts, partition,
-                              account)
+    request = JobRequest(nodes, nproc_per_node, time_limit, nnodes, max_restarts, partition, account)
+    jobs, spec = lab_and_spec(lab, script, request)
     path, *lock = jobs.export(spec, out)
     if not is_stdout(path):
         info(f"wrote {path}: `sbatch {path.name}` on the cluster's login node, from your project's folder")

@@ -16,6 +16,7 @@ from __future__ import annotations
 import io
 import re
 from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
 
 from labctl.errors import LabError
 from labctl.spec.units import format_bytes
@@ -54,13 +55,25 @@ def unique_bytes(history: Iterable[Mapping], kept: Iterable[str]) -> int:
 # ------------------------------------------------------------------------------ side effects
 
 
-def docker_build(client, tag: str, *, context: str | None = None, fileobj: bytes | None = None, dockerfile: str,
-                 build_args: dict[str, str], labels: dict[str, str], progress, target: str | None = None) -> list[str]:
-    """Build `tag` from the folder `context`, or from `fileobj`, a tar of the context, up to stage `target`
-    (None: the last), moving `progress` step by step; returns stage_images of the build."""
-    stream = client.api.build(path=context, fileobj=io.BytesIO(fileobj) if fileobj is not None else None,
-                              custom_context=fileobj is not None, dockerfile=dockerfile, target=target, tag=tag,
-                              buildargs=build_args, labels=labels, rm=True, forcerm=True, decode=True)
+@dataclass(frozen=True)
+class BuildSource:
+    """What a build is made from: the context (a folder, or a tar of one), the Dockerfile in it, its
+    build arguments and the stage to stop at."""
+
+    dockerfile: str  # the Dockerfile's path inside the context
+    build_args: dict[str, str]  # --build-arg NAME=VALUE
+    context: str | None = None  # the context, a folder
+    fileobj: bytes | None = None  # or the context as a tar (when no folder is given)
+    target: str | None = None  # the stage to stop at; None: the last
+
+
+def docker_build(client, tag: str, source: BuildSource, *, labels: dict[str, str], progress) -> list[str]:
+    """Build `tag` from `source` (up to its target stage), labelled with `labels`, moving `progress`
+    step by step; returns stage_images of the build."""
+    fileobj = source.fileobj
+    stream = client.api.build(path=source.context, fileobj=io.BytesIO(fileobj) if fileobj is not None else None,
+                              custom_context=fileobj is not None, dockerfile=source.dockerfile, target=source.target,
+                              tag=tag, buildargs=source.build_args, labels=labels, rm=True, forcerm=True, decode=True)
     lines: list[str] = []
     chunks: list[Mapping] = []
     with progress:

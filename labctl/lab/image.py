@@ -44,7 +44,7 @@ from labctl.core import assets
 from labctl.spec.labspec import LabSpec, cuda_tag
 from labctl.errors import CommandError, LabError
 from labctl.lab.base import TARGET_CACHE, ensure_base, find_image, image_exists, node_target
-from labctl.lab.builder import NullProgress, docker_build, remove_replaced, remove_stages
+from labctl.lab.builder import BuildSource, NullProgress, docker_build, remove_replaced, remove_stages
 from labctl.lab.wheelhouse import (
     Target,
     fill_wheelhouse,
@@ -297,7 +297,7 @@ def build_image(client, config: LabSpec, report: Report, progress_factory=None, 
         else:
             report(f"image: torch and its packages are built ({inputs.runtime_tag}); building the node's files on it")
         context, args = node_files_context(inputs.context, inputs.dockerfile, inputs.runtime_tag, inputs.build_args)
-        built = docker_build(client, tag, fileobj=context, dockerfile="Dockerfile", build_args=args,
+        built = docker_build(client, tag, BuildSource("Dockerfile", args, fileobj=context),
                              labels={LABEL_BUILD_HASH: inputs.digest}, progress=progress())[-1]
         remove_replaced(client, existing.id if existing else None, built, tag, report)
     if lean and (freed := prune_wheelhouse(inputs.wheelhouse)):
@@ -314,9 +314,9 @@ def build_runtime(client, config: LabSpec, inputs: BuildInputs, report: Report, 
         report("wheelhouse: fetching the wheels (resolved by name only, or removed by a `build --lean`)")
         forget_wheelhouse(inputs.wheelhouse)
         inputs = gather_inputs(client, config, report, cuda=cuda, fetch=True)
-    stages = docker_build(client, inputs.runtime_tag, context=str(inputs.context), dockerfile=inputs.dockerfile,
-                          target=RUNTIME_STAGE, build_args=inputs.build_args,
-                          labels={LABEL_RUNTIME_HASH: inputs.runtime_digest}, progress=progress)
+    source = BuildSource(inputs.dockerfile, inputs.build_args, context=str(inputs.context), target=RUNTIME_STAGE)
+    stages = docker_build(client, inputs.runtime_tag, source, labels={LABEL_RUNTIME_HASH: inputs.runtime_digest},
+                          progress=progress)
     if lean:
         remove_stages(client, stages, report)
     return inputs

@@ -14,6 +14,7 @@ import json
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Protocol
 
@@ -279,7 +280,7 @@ def run_all(nodes: Nodes, launches: list[Launch], run_dir: Path, run_id: str, *,
             # The agents or workers start alongside the store: their store clients retry the
             # connection until it listens, so nobody waits for it in turn.
             store_ready()
-        result = _watch(nodes, names, run_id, run_dir, outcomes, threads, timeout_s, printer, min_nodes)
+        result = _watch(RunInFlight(nodes, names, run_id, outcomes, threads), run_dir, timeout_s, printer, min_nodes)
         return result
     finally:
         # Whatever happened, leave no process of this run on any node (the store included). After a
@@ -338,9 +339,22 @@ def _start_store(nodes: Nodes, launch: Launch, run_dir: Path, logs: NodeLogs):
     return thread, wait_ready
 
 
-def _watch(nodes: Nodes, names, run_id, run_dir, outcomes, threads, timeout_s, echo: Echo,
+@dataclass(frozen=True)
+class RunInFlight:
+    """A run whose processes have started: what watching and stopping it needs (see run_all)."""
+
+    nodes: Nodes  # where its processes run
+    names: list[str]  # its nodes, in node-rank order
+    run_id: str  # the DDPLAB_RUN_ID its processes carry, by which stop.py finds them
+    outcomes: list[Outcome]  # one per launch, filled in as each process ends
+    threads: list[threading.Thread]  # one per launch, streaming its output
+
+
+def _watch(run: RunInFlight, run_dir: Path, timeout_s: float | None, echo: Echo,
            min_nodes: int | None = None) -> RunResult:
+    """Wait for `run`'s processes, stopping them after a failure's grace, at `timeout_s` or on Ctrl-C."""
     started = time.monotonic()
+    outcomes, threads = run.outcomes, run.threads
     first_failure: Outcome | None = None
     stop_at: float | None = None
     interrupted = timed_out = False
@@ -361,27 +375,28 @@ def _watch(nodes: Nodes, names, run_id, run_dir, outcomes, threads, timeout_s, e
             if timeout_s is not None and now - started > timeout_s and not timed_out:
                 timed_out = True
                 echo.mute()
-                live_ranks = _stop_remaining(nodes, names, run_id, outcomes, report_first=True)
+                live_ranks = _stop_remaining(run, report_first=True)
             if stop_at is not None and now > stop_at:
                 stop_at = None
                 echo.mute()
-                _stop_remaining(nodes, names, run_id, outcomes)
+                _stop_remaining(run)
     except KeyboardInterrupt:
         interrupted = True
         stdout_console().print("[bold yellow]labctl: Ctrl-C, stopping the run on every node[/bold yellow]", markup=True)
         echo.mute()
-        _stop_remaining(nodes, names, run_id, outcomes)
+        _stop_remaining(run)
         for thread in threads:
             thread.join(timeout=STOP_GRACE_S + 5)
     return RunResult(run_dir, outcomes, first_failure, interrupted, timed_out, min_nodes, timeout_s, live_ranks)
 
 
-def _stop_remaining(nodes: Nodes, names, run_id, outcomes, report_first: bool = False) -> dict[str, list[int]]:
+def _stop_remaining(run: RunInFlight, report_first: bool = False) -> dict[str, list[int]]:
     """Stop what still runs; the ranks each node still ran."""
-    for outcome in outcomes:
+    for outcome in run.outcomes:
         if outcome.exit_code is None:
             outcome.stopped = True
-    return {node: ranks for node, (ranks, _) in stop_run(nodes, names, run_id, report_first).items() if ranks}
+    reports = stop_run(run.nodes, run.names, run.run_id, report_first)
+    return {node: ranks for node, (ranks, _) in reports.items() if ranks}
 
 
 def link_latest(run_dir: Path) -> None:

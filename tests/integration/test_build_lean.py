@@ -9,7 +9,7 @@ import uuid
 import docker.errors
 import pytest
 
-from labctl.lab.builder import NullProgress, docker_build, remove_stages
+from labctl.lab.builder import BuildSource, NullProgress, docker_build, remove_stages
 
 pytestmark = pytest.mark.integration
 
@@ -37,8 +37,8 @@ def tag(docker_client):
 def test_a_lean_build_removes_the_stage_the_image_does_not_stand_on(tmp_path, docker_client, node_image, tag):
     # A token of this test's own, so no other build's cache answers the RUN steps.
     (tmp_path / "Dockerfile").write_text(DOCKERFILE.replace("{token}", uuid.uuid4().hex))
-    stages = docker_build(docker_client, tag, context=str(tmp_path), dockerfile="Dockerfile",
-                          build_args={"NODE_IMAGE": node_image}, labels={}, progress=NullProgress())
+    source = BuildSource("Dockerfile", {"NODE_IMAGE": node_image}, context=str(tmp_path))
+    stages = docker_build(docker_client, tag, source, labels={}, progress=NullProgress())
     assert len(stages) == 3 and docker_client.images.get(tag).id == stages[-1]
     base, stuff, _ = stages
 
