@@ -12,6 +12,7 @@ shaped link and every preset, over the ranks given or the lab's world size.
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from typing import Sequence
 
 from labctl.errors import ConfigError, LabError
 from labctl.net import apply as netshape
@@ -182,14 +183,30 @@ def links_to_price(texts: list[str] | tuple[str, ...], shaped: tuple[str, int] |
     return [replace(link, name=f"{link.name} + {str(delay).strip()}", alpha_s=link.alpha_s + delay_s) for link in chosen]
 
 
-def estimate(params: float, dtype: str = "bf16", ranks: str | None = None, links: list[str] | tuple[str, ...] = (),
-             compute_s: float | None = None, grad_accum: int = 1, efficiency: float = DEFAULT_EFFICIENCY,
-             collective: str = "allreduce", lab: LabSession | None = None, delay: str | None = None) -> CostReport:
+@dataclass(frozen=True)
+class CostQuery:
+    """What `labctl cost` is asked: the gradients, the ranks, the links to price and the step around
+    the synchronisation (see estimate)."""
+
+    params: float  # --params: the model's parameter count
+    dtype: str = "bf16"  # --dtype: the gradients' dtype on the wire (DTYPE_BYTES)
+    ranks: str | None = None  # --nodes: ranks in the collective, as given; None: the running lab's world size
+    links: Sequence[str] = ()  # --link: presets or rates; none: the lab's shaped link and every preset
+    compute_s: float | None = None  # --compute-s: compute seconds per micro-step; None: no comparison
+    grad_accum: int = 1  # --grad-accum: micro-steps per gradient synchronisation
+    efficiency: float = DEFAULT_EFFICIENCY  # --efficiency: the fraction of the link rate the stack reaches
+    collective: str = "allreduce"  # --collective: one of COLLECTIVES
+    delay: str | None = None  # --delay: a one-way delay added to every link's per-hop latency, e.g. "10ms"
+
+
+def estimate(query: CostQuery, lab: LabSession | None = None) -> CostReport:
     """What one gradient synchronisation costs on each link. `lab`, when up, gives the world size
-    and the shaped link (it is asked even when `ranks` and `links` are given, as the CLI does);
-    `delay` adds a one-way delay to every link's per-hop latency."""
+    and the shaped link (it is asked even when `query.ranks` and `query.links` are given, as the CLI
+    does); `query.delay` adds a one-way delay to every link's per-hop latency."""
     shaped, world = lab_link(lab) if lab is not None else (None, None)
-    n = rank_count(ranks, world)
-    rows = step_report(params, dtype, n, links_to_price(links, shaped, delay), compute_s, grad_accum, efficiency,
-                       collective)
-    return CostReport(params, dtype, n, collective, efficiency, compute_s, grad_accum, rows)
+    n = rank_count(query.ranks, world)
+    links = links_to_price(query.links, shaped, query.delay)
+    rows = step_report(query.params, query.dtype, n, links, query.compute_s, query.grad_accum, query.efficiency,
+                       query.collective)
+    return CostReport(query.params, query.dtype, n, query.collective, query.efficiency, query.compute_s,
+                      query.grad_accum, rows)

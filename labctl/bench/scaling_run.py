@@ -75,30 +75,41 @@ def shaped_delay(delay: str | None, shaped: list[tuple[str, int]]) -> tuple[str,
     return str(delay).strip(), delay_us / 1e6
 
 
-def measure(session: LabSession, *, workload: str = "gpt", nodes_list: str | Sequence[int] | None = None,
-            rates: Sequence[str] = (), nproc: int | None = None, steps: int = 40, micro_batch: int = 8,
-            threads: int = 1, repeats: int = 1, efficiency: float = DEFAULT_EFFICIENCY, host: bool = True,
-            out_dir: Path | None = None, report: Callable[[str], None] = _quiet,
-            delay: str | None = None) -> ScalingReport:
-    """Every row, `repeats` rounds of them (each row's median reported), written to `out_dir`
+@dataclass(frozen=True)
+class ScalingOptions:
+    """What `labctl bench scaling` measures, as its options say it (see measure)."""
+
+    workload: str = "gpt"  # --workload: what the trainer trains
+    nodes_list: str | Sequence[int] | None = None  # --nodes-list: the node counts; None: 1 up to the lab's size
+    rates: Sequence[str] = ()  # --bw: the shaped rows' link rates (see shaped_rates)
+    delay: str | None = None  # --delay: a one-way delay on every shaped row's links, e.g. "10ms" (netem)
+    nproc: int | None = None  # --nproc: processes of the one-node row; None: the largest node count; 1: no such row
+    steps: int = 40  # --steps: optimizer steps per row
+    micro_batch: int = 8  # --micro-batch: samples per process per step
+    threads: int = 1  # --threads: CPU threads per process
+    repeats: int = 1  # --repeats: rounds over all rows; each row reports its median
+    efficiency: float = DEFAULT_EFFICIENCY  # --efficiency: what the cost model assumes
+    host: bool = True  # the rows run on this machine too (--no-host: False)
+
+
+def measure(session: LabSession, options: ScalingOptions = ScalingOptions(), *, out_dir: Path | None = None,
+            report: Callable[[str], None] = _quiet) -> ScalingReport:
+    """Every row, `options.repeats` rounds of them (each row's median reported), written to `out_dir`
     (default .lab/<lab>/bench-scaling). The lab must be up with the largest node count in
-    `nodes_list` (default: 1 up to its size), and unshaped: the shaped rows shape and clear here.
-    `rates` are as --bw takes them (see shaped_rates); `nproc` processes in one node (default the
-    largest node count; 1 leaves that row out); `host` adds the rows run on this machine; `delay`
-    (e.g. "10ms") adds that one-way delay to every shaped row's links, which needs the kernel's
-    netem: probed before anything runs."""
-    shaped = shaped_rates(rates)
-    delayed = shaped_delay(delay, shaped)
-    names, counts, gpu_nodes = _lab_for(session, nodes_list)
+    `options.nodes_list` (default: 1 up to its size), and unshaped: the shaped rows shape and clear
+    here. A delay (`options.delay`) needs the kernel's netem: probed before anything runs."""
+    shaped = shaped_rates(options.rates)
+    delayed = shaped_delay(options.delay, shaped)
+    names, counts, gpu_nodes = _lab_for(session, options.nodes_list)
     if delayed:  # refused now, not after the unshaped rows' minutes
         netshape.check_netem(session.client, session.name, names[0])
     plots = plots_possible(report)
     host_python = session.config.host_python or sys.executable
-    gpu, notes = host_side(session, host_python, host, gpu_nodes, report)
-    configs = plan(counts, shaped, nproc or max(counts), host=host, gpu=bool(gpu), gpu_nodes=gpu_nodes,
+    gpu, notes = host_side(session, host_python, options.host, gpu_nodes, report)
+    configs = plan(counts, shaped, options.nproc or max(counts), host=options.host, gpu=bool(gpu), gpu_nodes=gpu_nodes,
                    delay=delayed)
-    trainer_args = ["--workload", workload, "--steps", str(steps), "--micro-batch", str(micro_batch),
-                    "--threads", str(threads)]
+    trainer_args = ["--workload", options.workload, "--steps", str(options.steps),
+                    "--micro-batch", str(options.micro_batch), "--threads", str(options.threads)]
     node_env = session.node_env(names)
     out = out_dir or session.directory / "bench-scaling"
     summaries: dict[str, list[dict]] = {c.name: [] for c in configs}
@@ -106,22 +117,24 @@ def measure(session: LabSession, *, workload: str = "gpt", nodes_list: str | Seq
     def run(c: Config) -> None:
         if c.place == "host":
             runs = out / "host-runs" / c.name.replace(", ", "-").replace(" ", "")
-            summary = run_host(c, trainer_args, runs, threads, host_python, session.config.node_env)
+            summary = run_host(c, trainer_args, runs, options.threads, host_python, session.config.node_env)
         else:
             summary = run_lab(session, c, trainer_args, node_env)
         summaries[c.name].append(summary)
         done = sum(map(len, summaries.values()))
-        report(f"[{done}/{len(configs) * repeats}] {c.name}: {summary['tokens_per_s']:,.0f} tokens/s, "
+        report(f"[{done}/{len(configs) * options.repeats}] {c.name}: {summary['tokens_per_s']:,.0f} tokens/s, "
                f"compute {summary['compute_ms_per_step']:.1f} ms, all-reduce {summary['allreduce_ms_per_step']:.1f} ms "
                "per step")
 
-    run_rounds(session, names, configs, shaped, repeats, run, round(delayed[1] * 1e6) if delayed else 0)
-    rows = build_rows(configs, summaries, efficiency)
+    run_rounds(session, names, configs, shaped, options.repeats, run, round(delayed[1] * 1e6) if delayed else 0)
+    rows = build_rows(configs, summaries, options.efficiency)
     params = next(iter(summaries.values()))[0].get("params")
-    title = (f"{workload}: {f'{params:,} parameters, ' if params else ''}micro-batch {micro_batch} per process, "
-             f"{threads} thread(s) per process, {steps} steps, {session.cpus} CPUs")
-    meta = {"workload": workload, "steps": steps, "micro_batch": micro_batch, "threads": threads, "repeats": repeats,
-            "efficiency": efficiency, "host_gpu": gpu, "notes": notes}
+    title = (f"{options.workload}: {f'{params:,} parameters, ' if params else ''}"
+             f"micro-batch {options.micro_batch} per process, {options.threads} thread(s) per process, "
+             f"{options.steps} steps, {session.cpus} CPUs")
+    meta = {"workload": options.workload, "steps": options.steps, "micro_batch": options.micro_batch,
+            "threads": options.threads, "repeats": options.repeats, "efficiency": options.efficiency,
+            "host_gpu": gpu, "notes": notes}
     paths = write_outputs(rows, out, title, meta, plots=plots)
     report("wrote " + ", ".join(str(p) for p in paths))
     return ScalingReport(rows, title, paths, notes)

@@ -56,22 +56,34 @@ def _quiet(_message: str) -> None:
     pass
 
 
-def measure(session: LabSession, *, node: str | None = None, cpus: float = 0.25, workload: str = "gpt",
-            micro_batch: int = 16, steps: int = 30, repeats: int = 2, out_dir: Path | None = None,
+@dataclass(frozen=True)
+class StragglerOptions:
+    """What `labctl bench straggler` measures, as its options say it (see measure)."""
+
+    node: str | None = None  # --node: the node to slow down; None: the lab's last
+    cpus: float = 0.25  # --cpus: its CPU limit during the runs
+    workload: str = "gpt"  # --workload: what the trainer trains
+    micro_batch: int = 16  # --micro-batch: samples per rank per step with the even split
+    steps: int = 30  # --steps: optimizer steps per run
+    repeats: int = 2  # --repeats: alternated runs of each split; the median is reported
+
+
+def measure(session: LabSession, options: StragglerOptions = StragglerOptions(), *, out_dir: Path | None = None,
             report: Callable[[str], None] = _quiet) -> StragglerResult:
-    """Limit `node` (default the lab's last) to `cpus`, then `repeats` rounds of an even run and a
-    balanced run of the same global batch (`micro_batch` x the nodes); the limit it had is restored.
-    The timelines go to `out_dir` (default .lab/<lab>/bench-straggler/)."""
+    """Limit `options.node` (default the lab's last) to `options.cpus`, then `options.repeats` rounds
+    of an even run and a balanced run of the same global batch (`options.micro_batch` x the nodes);
+    the limit it had is restored. The timelines go to `out_dir` (default .lab/<lab>/bench-straggler/)."""
+    cpus, micro_batch, steps, repeats = options.cpus, options.micro_batch, options.steps, options.repeats
     names = session.node_names()
     if len(names) < 2:
         raise StateError(f"lab {session.name} has {len(names)} node; a straggler needs others to wait for it",
                          hint=f"labctl up --lab {session.name} --nodes 3")
-    node = session.require_node(node or names[-1], names)
+    node = session.require_node(options.node or names[-1], names)
     lab_docker.check_cpu_limits(session.client, {"--cpus": cpus})
     node_env = session.node_env(names)
     every = Config("all nodes", "lab", len(names), 1)
     global_batch = micro_batch * len(names)
-    base_args = ["--workload", workload, "--steps", str(steps), "--global-batch", str(global_batch),
+    base_args = ["--workload", options.workload, "--steps", str(steps), "--global-batch", str(global_batch),
                  "--micro-batch", str(micro_batch), "--threads", "1"]
     runs: dict[str, list[dict]] = {split: [] for split in SPLITS}
     override = None

@@ -42,8 +42,8 @@ def cost(params, dtype, ranks, links, delay, compute_s, collective, grad_accum, 
     from labctl.cli import render_bench
 
     count = benches.parse_params(params)
-    report = benches.estimate(count, dtype, ranks, links, compute_s, grad_accum, efficiency, collective, lab=invocation().lab(lab),
-                      delay=delay)
+    query = benches.CostQuery(count, dtype, ranks, links, compute_s, grad_accum, efficiency, collective, delay)
+    report = benches.estimate(query, lab=invocation().lab(lab))
     render_bench.print_cost(report, as_json)
 
 
@@ -171,9 +171,10 @@ def bench_scaling_cmd(lab, workload, nodes_list, rates, delay, nproc, steps, mic
     """
     from labctl.cli import render_bench
 
-    report = benches.scaling(invocation().lab(lab), workload=workload, nodes_list=nodes_list, rates=rates, nproc=nproc,
-                     steps=steps, micro_batch=micro_batch, threads=threads, repeats=repeats, efficiency=efficiency,
-                     host=not no_host, out_dir=out_dir, report=info, delay=delay)
+    options = benches.ScalingOptions(workload=workload, nodes_list=nodes_list, rates=rates, delay=delay, nproc=nproc,
+                                     steps=steps, micro_batch=micro_batch, threads=threads, repeats=repeats,
+                                     efficiency=efficiency, host=not no_host)
+    report = benches.scaling(invocation().lab(lab), options, out_dir=out_dir, report=info)
     render_bench.print_scaling(report, as_json)
 
 
@@ -202,6 +203,7 @@ def bench_straggler_cmd(lab, node, cpus, workload, micro_batch, steps, repeats, 
     from labctl.cli import render_bench
 
     limit = parse_cpu_limit(cpus, "--cpus")
-    result = benches.straggler(invocation().lab(lab), node=node, cpus=limit, workload=workload, micro_batch=micro_batch,
-                     steps=steps, repeats=repeats, out_dir=out_dir, report=info)
+    options = benches.StragglerOptions(node=node, cpus=limit, workload=workload, micro_batch=micro_batch, steps=steps,
+                                       repeats=repeats)
+    result = benches.straggler(invocation().lab(lab), options, out_dir=out_dir, report=info)
     render_bench.print_straggler(result, as_json)

@@ -112,10 +112,10 @@ def test_cost_reads_the_running_labs_world_and_slowest_link(tmp_path, events, en
     assert cost.lab_link(lab) == (None, 4)
     engine["links"] = {"node0": 10**9, "node1": 10**8}
     assert cost.lab_link(lab) == (("100mbit", 10**8), 4)
-    report = cost.estimate(760e6, "bf16", lab=lab)
+    report = cost.estimate(cost.CostQuery(760e6, "bf16"), lab=lab)
     assert report.ranks == 4 and [r["link"] for r in report.rows][:2] == ["lab (100mbit)", "1GbE"]
     assert len(report.rows) == 1 + len(cost.PRESETS)
-    given = cost.estimate(760e6, "bf16", "2", ["10GbE"], lab=lab)
+    given = cost.estimate(cost.CostQuery(760e6, "bf16", "2", ["10GbE"]), lab=lab)
     assert given.ranks == 2 and [r["link"] for r in given.rows] == ["10GbE"]
     assert events.count(("read_links", ("node0", "node1"))) == 4  # asked even when --nodes and --link say it all
 
@@ -124,8 +124,8 @@ def test_cost_outside_a_lab_needs_nodes(tmp_path, events, engine):
     down = FakeLab(tmp_path, events, up=False)
     assert cost.lab_link(down) == (None, None)
     with pytest.raises(ConfigError, match="is needed outside a running lab"):
-        cost.estimate(1e9, lab=down)
-    report = cost.estimate(1e9, "fp32", "4", lab=down)
+        cost.estimate(cost.CostQuery(1e9), lab=down)
+    report = cost.estimate(cost.CostQuery(1e9, "fp32", "4"), lab=down)
     assert report.ranks == 4 and [r["link"] for r in report.rows] == [p.name for p in cost.PRESETS.values()]
     assert ("read_links", ()) not in events and all(e == ("running",) for e in events)
 
@@ -200,8 +200,9 @@ def scaling_answer(plan):
 def test_scaling_shapes_each_rate_for_its_rows_and_clears_it(tmp_path, events, engine):
     lab = FakeLab(tmp_path, events, answer=scaling_answer)
     messages = []
-    result = scaling_run.measure(lab, nodes_list="1,2", rates=("1gbit", "100mbit"), nproc=2, steps=5, repeats=2,
-                                 host=False, out_dir=tmp_path / "out", report=messages.append)
+    result = scaling_run.measure(lab, scaling_run.ScalingOptions(nodes_list="1,2", rates=("1gbit", "100mbit"), nproc=2,
+                                                                steps=5, repeats=2, host=False),
+                                 out_dir=tmp_path / "out", report=messages.append)
     every = ("node0", "node1", "node2")
     args = ["trainer", "--workload", "gpt", "--steps", "5", "--micro-batch", "8", "--threads", "1", "--backend", "gloo"]
     one_round = [("run", ("node0",), args), ("run", ("node0",), args), ("run", ("node0", "node1"), args),
@@ -227,7 +228,8 @@ def test_scaling_clears_the_links_when_a_shaped_row_fails(tmp_path, events, engi
 
     lab = FakeLab(tmp_path, events, answer=answer)
     with pytest.raises(RunFailed, match="node1 exited"):
-        scaling_run.measure(lab, nodes_list="2", nproc=1, host=False, out_dir=tmp_path / "out")
+        scaling_run.measure(lab, scaling_run.ScalingOptions(nodes_list="2", nproc=1, host=False),
+                            out_dir=tmp_path / "out")
     every = ("node0", "node1", "node2")
     assert events[-3:] == [("shape", every, 10**8), ("run", ("node0", "node1"), events[-2][2]), ("clear", every)]
     assert not (tmp_path / "out").exists()
@@ -236,14 +238,14 @@ def test_scaling_clears_the_links_when_a_shaped_row_fails(tmp_path, events, engi
 def test_scaling_refuses_before_running_anything(tmp_path, events, engine):
     lab = FakeLab(tmp_path, events, answer=scaling_answer)
     with pytest.raises(ConfigError, match="--bw='100mbps'"):
-        scaling_run.measure(lab, rates=("100mbps",))
+        scaling_run.measure(lab, scaling_run.ScalingOptions(rates=("100mbps",)))
     assert events == []  # bad input is refused before the lab is asked anything
     with pytest.raises(ConfigError, match="--nodes-list='1,4': asks for 4 nodes but lab fake has 3") as info:
-        scaling_run.measure(lab, nodes_list="1,4")
+        scaling_run.measure(lab, scaling_run.ScalingOptions(nodes_list="1,4"))
     assert info.value.hint == "labctl up --lab fake --nodes 4, or a shorter list"
     engine["links"] = {"node2": 10**8}
     with pytest.raises(LabError, match="lab fake has shaped links") as info:
-        scaling_run.measure(lab, rates=("none",))
+        scaling_run.measure(lab, scaling_run.ScalingOptions(rates=("none",)))
     assert "labctl shape --lab fake --clear" in info.value.hint
     assert not [e for e in events if e[0] in ("run", "shape", "clear")]
 
@@ -256,8 +258,8 @@ def test_scaling_host_rows_run_the_trainer_with_the_host_python(tmp_path, events
     python.chmod(0o755)
     lab = FakeLab(tmp_path, events, answer=lambda plan: summary(800.0), host_python=str(python))
     messages = []
-    result = scaling_run.measure(lab, nodes_list="1,2", rates=("none",), nproc=1, out_dir=tmp_path / "out",
-                                 report=messages.append)
+    result = scaling_run.measure(lab, scaling_run.ScalingOptions(nodes_list="1,2", rates=("none",), nproc=1),
+                                 out_dir=tmp_path / "out", report=messages.append)
     assert messages[0] == f"host rows: {python}, torch 2.99.0"
     assert [r.name for r in result.rows] == ["host, 1 proc", "host, torchrun x2", "1 node", "2 nodes"]
     assert [r.tokens_per_s for r in result.rows] == [900.0, 900.0, 800.0, 800.0]
@@ -279,8 +281,8 @@ def test_scaling_runs_the_1_gpu_row_on_nccl_or_says_why_not(tmp_path, events, en
     monkeypatch.setattr(scaling_run, "host_gpu", lambda py: gpu)
     lab = FakeLab(tmp_path, events, answer=lambda plan: summary(800.0), host_python=str(python))
     messages = []
-    result = scaling_run.measure(lab, nodes_list="1", rates=("none",), nproc=1, out_dir=tmp_path / "out",
-                                 report=messages.append)
+    result = scaling_run.measure(lab, scaling_run.ScalingOptions(nodes_list="1", rates=("none",), nproc=1),
+                                 out_dir=tmp_path / "out", report=messages.append)
     written = json.loads((tmp_path / "out" / "scaling.json").read_text())
     if gpu:
         assert [r.name for r in result.rows] == ["host, 1 proc", "host, 1 GPU", "1 node"]
@@ -335,8 +337,9 @@ def straggler_answer(plan):
 
 def test_straggler_alternates_even_and_balanced_under_the_limit(tmp_path, events, engine):
     messages = []
-    result = straggler.measure(FakeLab(tmp_path, events, answer=straggler_answer), cpus=0.25, micro_batch=16,
-                               steps=6, repeats=2, report=messages.append)
+    result = straggler.measure(FakeLab(tmp_path, events, answer=straggler_answer),
+                               straggler.StragglerOptions(cpus=0.25, micro_batch=16, steps=6, repeats=2),
+                               report=messages.append)
     args = ["trainer", "--workload", "gpt", "--steps", "6", "--global-batch", "48", "--micro-batch", "16",
             "--threads", "1"]
     even = ("run", ("node0", "node1", "node2"), args + ["--backend", "gloo"])
@@ -366,7 +369,8 @@ def test_straggler_puts_the_limit_back_when_a_run_fails(tmp_path, events, engine
 
     messages = []
     with pytest.raises(RunFailed, match="node2 exited"):
-        straggler.measure(FakeLab(tmp_path, events, answer=answer), node="node1", cpus=0.5, report=messages.append)
+        straggler.measure(FakeLab(tmp_path, events, answer=answer), straggler.StragglerOptions(node="node1", cpus=0.5),
+                          report=messages.append)
     assert [e for e in events if e[0] == "cpus"] == [("cpus", "node1", 0.5), ("cpus", "node1", 1.5)]
     assert messages[-1] == "node1 CPU limit restored to 1.5 CPUs"
 
@@ -375,18 +379,19 @@ def test_straggler_refuses_before_changing_any_limit(tmp_path, events, engine):
     with pytest.raises(LabError, match="lab fake has 1 node; a straggler needs others to wait for it"):
         straggler.measure(FakeLab(tmp_path, events, nodes=1))
     with pytest.raises(LabError, match="no node 'node9' in lab fake") as info:
-        straggler.measure(FakeLab(tmp_path, events), node="node9")
+        straggler.measure(FakeLab(tmp_path, events), straggler.StragglerOptions(node="node9"))
     assert info.value.hint == "nodes: node0, node1, node2"
     engine["refuse_cpus"] = ConfigError("--cpus", 8.0, "must be at most the engine's 2 CPUs")
     with pytest.raises(ConfigError, match="at most the engine's 2 CPUs"):
-        straggler.measure(FakeLab(tmp_path, events), cpus=8.0)
+        straggler.measure(FakeLab(tmp_path, events), straggler.StragglerOptions(cpus=8.0))
     assert not [e for e in events if e[0] in ("cpus", "run")]
 
 
 def test_straggler_result_prints_as_json_and_as_a_table(tmp_path, events, engine, capsys):
     from labctl.cli import render_bench
 
-    result = straggler.measure(FakeLab(tmp_path, events, answer=straggler_answer), repeats=1)
+    result = straggler.measure(FakeLab(tmp_path, events, answer=straggler_answer),
+                               straggler.StragglerOptions(repeats=1))
     render_bench.print_straggler(result, as_json=True)
     assert json.loads(capsys.readouterr().out) == result.as_dict()
     render_bench.print_straggler(result, as_json=False)
@@ -427,8 +432,10 @@ def test_allreduce_plot_cli_without_matplotlib_names_the_extra(tmp_path, monkeyp
 
 def test_scaling_without_matplotlib_writes_the_table_and_says_so(tmp_path, events, engine, no_matplotlib):
     messages = []
-    result = scaling_run.measure(FakeLab(tmp_path, events, answer=scaling_answer), nodes_list="1,2", rates=("none",),
-                                 nproc=1, steps=5, host=False, out_dir=tmp_path / "out", report=messages.append)
+    result = scaling_run.measure(FakeLab(tmp_path, events, answer=scaling_answer),
+                                 scaling_run.ScalingOptions(nodes_list="1,2", rates=("none",), nproc=1, steps=5,
+                                                            host=False),
+                                 out_dir=tmp_path / "out", report=messages.append)
     assert messages[0].startswith("matplotlib is not installed: scaling.md and scaling.json only, no PNGs")
     assert [p.name for p in result.paths] == ["scaling.md", "scaling.json"]
     assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["scaling.json", "scaling.md"]

@@ -74,7 +74,7 @@ def test_cost_with_a_delay_adds_it_to_every_links_latency():
     assert delayed.name == "1gbit + 5ms" and delayed.alpha_s == pytest.approx(plain.alpha_s + 0.005)
     assert all(link.name.endswith(" + 5ms") for link in cost.links_to_price([], ("100mbit", 10**8), delay="5ms"))
     # 64 KiB of gradients across 3 ranks: 4 steps x 5 ms dwarf the bytes
-    [row] = cost.estimate(16 * 1024, "fp32", "3", ["1gbit"], delay="5ms").rows
+    [row] = cost.estimate(cost.CostQuery(16 * 1024, "fp32", "3", ["1gbit"], delay="5ms")).rows
     assert 0.020 < row["comm_s"] < 0.022
     with pytest.raises(ConfigError, match="--delay='soon': must be a time"):
         cost.links_to_price(["1gbit"], None, delay="soon")

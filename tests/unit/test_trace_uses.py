@@ -28,7 +28,8 @@ def answer_with_metrics(plan):
 def test_bench_straggler_draws_before_and_after_side_by_side(tmp_path, events, engine, capsys):  # noqa: F811
     from labctl.cli import render_bench
 
-    result = straggler.measure(FakeLab(tmp_path, events, answer=answer_with_metrics), repeats=1)
+    result = straggler.measure(FakeLab(tmp_path, events, answer=answer_with_metrics),
+                               straggler.StragglerOptions(repeats=1))
     assert result.timeline == tmp_path / ".lab" / "fake" / "bench-straggler" / "straggler-timeline.png"
     assert result.timeline.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and result.timeline_note == ""
     render_bench.print_straggler(result, as_json=False)
@@ -39,7 +40,8 @@ def test_bench_straggler_draws_before_and_after_side_by_side(tmp_path, events, e
 
 def test_bench_straggler_writes_its_timelines_where_told(tmp_path, events, engine):  # noqa: F811
     out = tmp_path / "out"
-    result = straggler.measure(FakeLab(tmp_path, events, answer=answer_with_metrics), repeats=1, out_dir=out)
+    result = straggler.measure(FakeLab(tmp_path, events, answer=answer_with_metrics),
+                               straggler.StragglerOptions(repeats=1), out_dir=out)
     assert result.timeline == out / "straggler-timeline.png" and result.timeline.is_file()
 
 
@@ -47,7 +49,8 @@ def test_bench_straggler_without_matplotlib_says_how_to_get_the_picture(tmp_path
                                                                        no_matplotlib, capsys):  # noqa: F811
     from labctl.cli import render_bench
 
-    result = straggler.measure(FakeLab(tmp_path, events, answer=answer_with_metrics), repeats=1)
+    result = straggler.measure(FakeLab(tmp_path, events, answer=answer_with_metrics),
+                               straggler.StragglerOptions(repeats=1))
     assert result.timeline is None and "pip install 'ddplab[plot]'" in result.timeline_note
     assert result.speedup == 1.5
     render_bench.print_straggler(result, as_json=False)
