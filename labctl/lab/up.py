@@ -130,8 +130,8 @@ def build_up_plan(client, config: LabSpec, workspace: Path, *, engine: Engine, e
         gpu_plan = gpu_plan.with_image(name, image)
     labels = owner_labels(existing[0].get("Labels") or {}) if existing else dict(owner or {})
     tcp_cc, tcp_note = plan_tcp(config, engine)
-    document, env_files, subnet = render_project(client, config, workspace, public_key, engine, labels, gpu_plan,
-                                                 tcp_cc)
+    document, env_files, subnet = render_project(client, config, workspace,
+                                                 ProjectInputs(engine, public_key, labels, gpu_plan, tcp_cc))
     return UpPlan(config, engine, bool(existing), document, env_files, subnet, public_key, gpu_plan, tcp_cc, tcp_note,
                   labels)
 
@@ -166,14 +166,24 @@ def check_host_limits(client, config: LabSpec) -> None:
     check_cpu_limits(client, limits)
 
 
-def render_project(client, config: LabSpec, workspace: Path, ssh_public_key: str | None = None,
-                   engine: Engine | None = None, owner: Mapping[str, str] | None = None, gpus: GpuPlan | None = None,
-                   tcp_cc: str | None = None, raced: Iterable[str] = ()) -> tuple[dict, dict[str, str], str]:
+@dataclass(frozen=True)
+class ProjectInputs:
+    """What the lab's Compose project is rendered from besides the spec, decided once when `up` is
+    planned and kept for a second rendering (a subnet lost to a concurrent `up`)."""
+
+    engine: Engine | None = None  # None: the client's engine, asked for
+    public_key: str | None = None  # the lab's SSH key, with `ssh`
+    owner: Mapping[str, str] = field(default_factory=dict)  # the owner labels every resource gets
+    gpus: GpuPlan | None = None  # each node's GPUs and image (plan_gpus); None: every node the CPU image
+    tcp_cc: str | None = None  # the nodes' TCP congestion control (plan_tcp); None: the host's
+
+
+def render_project(client, config: LabSpec, workspace: Path, inputs: ProjectInputs = ProjectInputs(),
+                   raced: Iterable[str] = ()) -> tuple[dict, dict[str, str], str]:
     """The lab's Compose document, env files and subnet, validated against the engine; creates
-    nothing. `gpus`: each node's GPUs and image (labctl.lab.up.plan_gpus), None for CPU nodes all;
-    `tcp_cc`: the nodes' TCP congestion control (labctl.lab.up.plan_tcp), None for the host's;
-    `raced`: subnets not to pick (choose_subnet)."""
-    engine = engine or engine_mod.usable_engine(client)
+    nothing. `raced`: subnets not to pick (choose_subnet)."""
+    engine = inputs.engine or engine_mod.usable_engine(client)
+    gpus = inputs.gpus
     node_cpus = config.node_cpu_limits
     if config.cpus is not None or node_cpus:
         given = shown_key(config, "cpus") if config.cpus is not None else shown_key(config, "node_cpus")
@@ -184,8 +194,8 @@ def render_project(client, config: LabSpec, workspace: Path, ssh_public_key: str
     check_fits(config, subnet)
     check_host_limits(client, config)
     plan = ComposePlan(subnet=subnet, workspace=workspace, user=engine_mod.node_user(engine, invoking_user()),
-                       node_cpus=node_cpus or {}, ssh_public_key=ssh_public_key, limits=engine.limits,
-                       owner=owner or {}, gpus=gpus, tcp_cc=tcp_cc,
+                       node_cpus=node_cpus or {}, ssh_public_key=inputs.public_key, limits=engine.limits,
+                       owner=inputs.owner or {}, gpus=gpus, tcp_cc=inputs.tcp_cc,
                        slurm_dir=lab_dir(workspace, config.lab) / "slurm" if config.scheduler == "slurm" else None)
     document = compose_mod.build_compose(config, plan, compose_mod.load_template())
     ips = [node_ip(subnet, i) for i in range(config.nodes)]
@@ -261,8 +271,8 @@ def apply_up_plan(client, plan: UpPlan, workspace: Path, report: Report,
                 raise
             report(f"{plan.subnet} was taken meanwhile; picking another subnet")
             lost.append(plan.subnet)
-            document, env_files, subnet = render_project(client, config, workspace, plan.public_key, plan.engine,
-                                                         plan.owner, plan.gpus, plan.tcp_cc, lost)
+            inputs = ProjectInputs(plan.engine, plan.public_key, plan.owner, plan.gpus, plan.tcp_cc)
+            document, env_files, subnet = render_project(client, config, workspace, inputs, lost)
             plan = replace(plan, document=document, env_files=env_files, subnet=subnet)
             if plan.lock is not None:  # the document was rendered again, on the node images
                 plan = plan.with_package_images(plan.lock, plan.package_images)

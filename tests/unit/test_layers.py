@@ -189,8 +189,20 @@ def test_no_two_public_classes_share_a_name():
     assert not shared, shared
 
 
+# The public API's run methods take what `labctl run` takes, keyword by keyword, as subprocess.run
+# does; their signatures are the API users write against, so they stay (each builds a RunOptions).
+MANY_KEYWORDS_BY_DESIGN = {"labctl.api.run", "labctl.hosts.machines.run"}
+
+
+def parameter_count(node: ast.FunctionDef | ast.AsyncFunctionDef) -> int:
+    args = node.args
+    named = [*args.posonlyargs, *args.args, *args.kwonlyargs]
+    return len(named) - (1 if named and named[0].arg in ("self", "cls") else 0)
+
+
 def test_functions_read_at_a_glance():
-    """No function of labctl over 50 lines, but click's command functions (each parses, calls and renders)."""
+    """No function of labctl over 50 lines or over 8 parameters, but click's command functions (each
+    parses, calls and renders) and the public run methods above."""
     long = []
     for path in sorted(ROOT.rglob("*.py")):
         for node in ast.walk(ast.parse(path.read_text())):
@@ -198,8 +210,11 @@ def test_functions_read_at_a_glance():
                 continue
             command = any(isinstance(d, ast.Call) and getattr(d.func, "attr", "") in ("command", "group")
                           for d in node.decorator_list)
+            name = f"{module_name(path)}.{node.name}"
             if not command and node.end_lineno - node.lineno + 1 > 50:
-                long.append(f"{module_name(path)}.{node.name}: {node.end_lineno - node.lineno + 1} lines")
+                long.append(f"{name}: {node.end_lineno - node.lineno + 1} lines")
+            if not command and parameter_count(node) > 8 and name not in MANY_KEYWORDS_BY_DESIGN:
+                long.append(f"{name}: {parameter_count(node)} parameters")
     assert not long, "\n".join(long)
 
 

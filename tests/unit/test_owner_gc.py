@@ -86,8 +86,8 @@ def test_a_subnet_race_keeps_the_owner_labels_on_the_next_attempt(tmp_path, monk
     owner = {LABEL_USER: "someone", LABEL_PID: "4242"}
     planned, attempts = [], []
 
-    def render_project(client, config, workspace, public_key, engine, owner=None, gpus=None, tcp_cc=None, raced=()):
-        planned.append((dict(owner or {}), tcp_cc, list(raced)))
+    def render_project(client, config, workspace, inputs, raced=()):
+        planned.append((dict(inputs.owner or {}), inputs.tcp_cc, list(raced)))
         return {"services": {}}, {}, "172.28.1.0/24"
 
     def apply_up(client, config, workspace, document, env_files, report, engine, started):
@@ -139,8 +139,8 @@ def test_a_scenario_lab_is_planned_as_up_plans_one_and_owned_by_the_scenario(tmp
                     context=None, os="Debian", arch="x86_64", cpus=2, engine_id="x")
     rendered, brought = [], []
 
-    def render_project(client, config, workspace, public_key, engine, owner=None, gpus=None, tcp_cc=None):
-        rendered.append((dict(owner or {}), gpus, tcp_cc))
+    def render_project(client, config, workspace, inputs):
+        rendered.append((dict(inputs.owner or {}), inputs.gpus, inputs.tcp_cc))
         return {"services": {}}, {}, "172.28.0.0/24"
 
     monkeypatch.setattr(up, "render_project", render_project)
