@@ -226,10 +226,14 @@ def select_scenarios(names) -> list[str]:
 
 def run_scenarios(client, make_config, workspace, names: list[str], report, show=None) -> list[ScenarioOutcome]:
     """Each scenario on a 2-node lab of its own, scn-NAME (`make_config(lab=...)` resolves its
-    configuration); `show` gets each outcome as soon as it is known."""
+    configuration); `show` gets each outcome as soon as it is known. A scenario's runs start torchrun
+    or python themselves, as the trap needs, never through a fork server, so its lab asks `up` for
+    none (`warm` off: two torch imports fewer on the machine while the scenario's clock runs)."""
     outcomes = []
     for name in names:
-        config = replace(make_config(lab=f"scn-{name}"), nodes=2)
+        spec = make_config(lab=f"scn-{name}")
+        config = replace(spec, nodes=2, warm="off", sources={**spec.sources, "nodes": "the scenario",
+                                                               "warm": "the scenario"})
         outcomes.append(run_scenario(client, config, workspace, SCENARIOS[name], report))
         if show:
             show(outcomes[-1])
