@@ -3,7 +3,10 @@
 - The CLI reference (mkdocs-click) reads `labctl.cli.app.main`, whose commands load lazily, one
   module per group, when click asks for them. mkdocs-click documents the group's `commands` as it
   finds them, so every command module is imported first (labctl's own `load_all_commands`) and the
-  commands are put in name order, as `labctl -h` lists them.
+  commands are put in name order, as `labctl -h` lists them. Their help, written for a terminal,
+  is made Markdown for the page only (`--help` is untouched): a `\\b` block (click's "keep these
+  lines") becomes a preformatted block, a `<placeholder>` outside code is not taken for an HTML tag,
+  and a subcommand's summary in its group's list is its whole first sentence, not its first line.
 - `<!-- ddplab:config-keys -->` in a page becomes the table of every setting: its key, default and
   comment from `.env.example` (which `tests/unit/test_config.py` holds to `labctl.spec.labspec.SETTINGS`),
   and the option that sets it, from the click tree.
@@ -11,6 +14,7 @@
 
 from __future__ import annotations
 
+import inspect
 import re
 from pathlib import Path
 
@@ -25,7 +29,49 @@ def on_config(config):
 
     load_all_commands()
     main.commands = dict(sorted(main.commands.items()))
+    for command in walk_commands(main):
+        if command.help:
+            command.short_help = command.short_help or first_sentence(command.help)
+            command.help = help_markdown(command.help)
     return config
+
+
+def walk_commands(command: click.Command):
+    """The command and every command under it."""
+    yield command
+    if isinstance(command, click.Group):
+        for sub in command.commands.values():
+            yield from walk_commands(sub)
+
+
+def paragraphs(help_text: str) -> list[list[str]]:
+    """A click help text as its paragraphs, each a list of lines (click's own reading: blank lines part them)."""
+    found: list[list[str]] = [[]]
+    for line in inspect.cleandoc(help_text).splitlines():
+        if line.strip():
+            found[-1].append(line)
+        elif found[-1]:
+            found.append([])
+    return [p for p in found if p]
+
+
+def help_markdown(help_text: str) -> str:
+    """A command's help as Markdown that renders what `--help` prints: a paragraph that starts with
+    `\\b` as a preformatted block, line for line; elsewhere, `<` and `>` outside code as entities."""
+    out = []
+    for lines in paragraphs(help_text):
+        if lines[0].strip() == "\b":
+            out.append("\n".join(["```text", *lines[1:], "```"]))
+        else:
+            out.append(escape_angles("\n".join(lines)))
+    return "\n\n".join(out)
+
+
+def first_sentence(help_text: str) -> str:
+    """A command's summary for its group's list: the first sentence of its first paragraph, whole."""
+    words = " ".join(line.strip() for line in paragraphs(help_text)[0])
+    match = re.search(r"[.!?](\s|$)", words)
+    return escape_angles(words[: match.end()].strip() if match else words)
 
 
 def on_page_markdown(markdown: str, page, config, files) -> str:
@@ -87,7 +133,11 @@ def config_table() -> str:
 
 
 def escape(text: str) -> str:
-    """A comment as table-cell Markdown: pipes escaped, and outside `code` spans `<` and `>` as
-    entities (`.lab/<lab>/` is not an HTML tag)."""
-    parts = re.split(r"(`[^`]*`)", text.replace("|", "\\|"))
+    """A comment as table-cell Markdown: pipes escaped, and `<` and `>` outside code as entities."""
+    return escape_angles(text.replace("|", "\\|"))
+
+
+def escape_angles(text: str) -> str:
+    """Outside `code` spans, `<` and `>` as entities: `.lab/<lab>/` is not an HTML tag."""
+    parts = re.split(r"(`[^`]*`)", text)
     return "".join(p if p.startswith("`") else p.replace("<", "&lt;").replace(">", "&gt;") for p in parts)

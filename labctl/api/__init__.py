@@ -76,7 +76,7 @@ def gc_images(*, dry_run: bool = False, going: list[str] | tuple[str, ...] = (),
 def inventory_hosts(workspace: str | Path, config: LabSpec, *, accept_new: bool = False,
                     report: Report = _quiet) -> Hosts:
     """The Hosts of `config.inventory` (a hosts.toml), else of the one `labctl up --ssh` wrote for
-    `config.lab` (.lab/<lab>/hosts.toml), as `labctl hosts` finds them."""
+    `config.lab` (`.lab/<lab>/hosts.toml`), as `labctl hosts` finds them."""
     workspace = Path(workspace)
     path = Path(config.inventory) if config.inventory else lab_dir(workspace, config.lab) / INVENTORY_FILE
     return Hosts(load_inventory(path, given=bool(config.inventory)), accept_new=accept_new, workspace=workspace,
@@ -229,7 +229,7 @@ class Lab(LabSession):
         return diagnose(self.client, self.name, self.running(), self.subnet(), cheap=cheap, lock=self.lock())
 
     def lock(self) -> tuple[str, Lock] | None:
-        """(its path, the Lock) of the packages the lab's nodes run (.lab/<lab>/pylock.toml), or None."""
+        """(its path, the Lock) of the packages the lab's nodes run (`.lab/<lab>/pylock.toml`), or None."""
         path = self.directory / LOCK_FILE
         lock = read_lab_lock(path)
         return (str(path), lock) if lock is not None else None

@@ -113,7 +113,7 @@ def hosts_run(lab, inventory, accept_new, nproc_per_node, launcher, timeout_s, p
     \b
     Examples:
       labctl hosts run --inventory cluster.toml -- -m trainer --epochs 3
-      labctl hosts run -e NCCL_DEBUG=INFO -- my_ddp_script.py --lr 0.1   # the lab's nodes, after `labctl up --ssh`
+      labctl hosts run -e NCCL_DEBUG=INFO -- my_ddp_script.py --lr 0.1   # the nodes of `up --ssh`
     """
     from labctl.cli import render
 

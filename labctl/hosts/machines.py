@@ -59,7 +59,7 @@ class Hosts:
 
     @property
     def lock_path(self) -> Path:
-        """The hosts' lock: .lab/<inventory name>/hosts-pylock.toml where `sync` resolved one, else the
+        """The hosts' lock: `.lab/<inventory name>/hosts-pylock.toml` where `sync` resolved one, else the
         lab's own pylock.toml there (for `up --ssh`'s inventory)."""
         return hosts_lock_path(self.workspace, self.inventory)
 

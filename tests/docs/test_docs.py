@@ -221,11 +221,16 @@ def covering_source(reference: str) -> str:
     return "\n".join(parts)
 
 
+def shell_lines(source: str) -> list[str]:
+    """A shell block's commands, one per line, a line continued with a trailing backslash joined."""
+    return source.replace("\\\n", " ").splitlines()
+
+
 def labctl_commands(source: str) -> list[list[str]]:
     """Each labctl command of a shell block, its words up to `--` (the script's own arguments after
     it are the trainer's, not labctl's)."""
     commands = []
-    for line in source.splitlines():
+    for line in shell_lines(source):
         words = shlex.split(line, comments=True)
         for i, word in enumerate(words):
             if word == "labctl" or word.endswith("/labctl"):
@@ -253,7 +258,7 @@ def test_a_covered_block_names_a_test_that_runs_its_commands(block, reference):
         missing = [w for w in wanted if w not in strings]
         assert not missing, f"{block.id}: {reference} does not run `labctl {' '.join(words)}`: no {missing} in its source"
     if not commands:  # another program: the test names what the block runs
-        paths = [w for line in block.source.splitlines() for w in shlex.split(line, comments=True) if "/" in w]
+        paths = [w for line in shell_lines(block.source) for w in shlex.split(line, comments=True) if "/" in w]
         for word in paths:
             assert Path(word).name in strings, f"{block.id}: {reference} does not mention {word}"
 
