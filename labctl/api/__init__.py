@@ -21,14 +21,13 @@ from pathlib import Path
 from typing import Any, Callable, Literal, Mapping
 
 from labctl.api.bringup import UpResult, bring_up, plan_up
-from labctl.spec.labspec import LabSpec, check_nproc, load_config
 from labctl.diagnose.doctor import diagnose
 from labctl.diagnose.findings import Diagnosis
+from labctl.engine.docker import apply_node_cpus, check_cpu_limits, docker_client
 from labctl.errors import LabError
 from labctl.hosts.inventory import load_inventory
 from labctl.hosts.labnodes import INVENTORY_FILE
 from labctl.hosts.machines import Hosts, SyncResult
-from labctl.engine.docker import apply_node_cpus, check_cpu_limits, docker_client
 from labctl.lab.garbage import ImageVerdict, LabVerdict, collect_garbage, collect_package_images
 from labctl.lab.lifecycle import apply_down, lab_dir, lab_resources
 from labctl.lab.listing import LabListing, list_labs
@@ -44,9 +43,10 @@ from labctl.run.plan import Launcher, RunOptions, RunPlan
 from labctl.run.result import RunResult
 from labctl.session import LabSession
 from labctl.slurm.jobs import Slurm
+from labctl.spec.labspec import LabSpec, check_nproc, load_config
+from labctl.spec.units import parse_duration_s
 from labctl.trace import TraceReport, find_run, write_trace
 from labctl.trace.breakdown import parse_steps
-from labctl.spec.units import parse_duration_s
 
 Fault = Literal["kill", "crash", "pause", "unpause", "partition", "heal"]
 Report = Callable[[str], None]

@@ -13,11 +13,10 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Callable, Mapping
 
-from labctl.spec.labspec import LabSpec, node_ip, shown_key, shown_source
-from labctl.hosts import labnodes
 from labctl.engine import detect as engine_mod
-from labctl.lab import image as image_mod
 from labctl.engine.docker import lab_containers
+from labctl.hosts import labnodes
+from labctl.lab import image as image_mod
 from labctl.lab.lifecycle import NodeState, lab_dir
 from labctl.lab.owner import Owner
 from labctl.lab.package_image import prepare_packages
@@ -30,6 +29,7 @@ from labctl.run.warm import plan_servers, start_servers, stop_servers
 from labctl.session import LabSession
 from labctl.slurm import cluster
 from labctl.slurm.conf import SlurmNode, build_slurm_conf
+from labctl.spec.labspec import LabSpec, node_ip, shown_key, shown_source
 
 Report = Callable[[str], None]
 SLURM_CONF = "slurm/slurm.conf"  # in the lab's folder, where the nodes' entry point reads it

@@ -24,10 +24,10 @@ from labctl.api.bringup import bring_up, plan_up
 from labctl.core import assets
 from labctl.diagnose import doctor
 from labctl.diagnose.traps import SCENARIOS, Context, Env, Scenario
+from labctl.engine.labels import container_name
 from labctl.errors import LabError
 from labctl.lab import lifecycle as lab_mod
 from labctl.lab.base import TARGET_CACHE, node_target
-from labctl.engine.labels import container_name
 from labctl.lab.image import ensure_mismatch_image
 from labctl.lab.lockfile import read_lab_lock
 from labctl.lab.owner import owner_of

@@ -36,12 +36,12 @@ from labctl.bench.cost import (
     bytes_per_rank,
     collective_time_s,
 )
-from labctl.errors import LabError, StateError
 from labctl.core.outfile import is_stdout, save_figure
-from labctl.engine.labels import container_name
-from labctl.engine.docker import exec_in
-from labctl.net import apply as netshape
 from labctl.core.plotting import pyplot, require_matplotlib
+from labctl.engine.docker import exec_in
+from labctl.engine.labels import container_name
+from labctl.errors import LabError, StateError
+from labctl.net import apply as netshape
 from labctl.run.plan import RunOptions, RunPlan
 from labctl.session import LabSession
 from labctl.spec.units import format_rate

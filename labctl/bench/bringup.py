@@ -22,10 +22,10 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from labctl.core.proc import run
 from labctl.engine.labels import container_name
 from labctl.lab.lifecycle import apply_down, lab_dir, lab_status
 from labctl.lab.packages import base_of
-from labctl.core.proc import run
 
 BENCH_LAB = "bench-up"
 

@@ -34,8 +34,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from labctl.bench.cost import DEFAULT_ALPHA_S, Link, collective_time_s
-from labctl.errors import RunFailed
 from labctl.core.plotting import pyplot
+from labctl.errors import RunFailed
 
 
 @dataclass

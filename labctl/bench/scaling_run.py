@@ -14,7 +14,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Mapping, Sequence
 
-from labctl.core import assets
 from labctl.bench.cost import DEFAULT_EFFICIENCY
 from labctl.bench.scaling import (
     NO_GPU_NOTE,
@@ -25,15 +24,16 @@ from labctl.bench.scaling import (
     plan,
     write_outputs,
 )
-from labctl.spec.labspec import parse_nodes_list
+from labctl.core import assets
+from labctl.core.plotting import INSTALL_HINT, have_matplotlib
+from labctl.core.proc import run
 from labctl.errors import CommandError, ConfigError, LabError, RunFailed, StateError
 from labctl.net import apply as netshape
 from labctl.net.tc import Shape
-from labctl.core.plotting import INSTALL_HINT, have_matplotlib
-from labctl.core.proc import run
 from labctl.run.plan import RunOptions
 from labctl.run.result import find_summary
 from labctl.session import LabSession
+from labctl.spec.labspec import parse_nodes_list
 from labctl.spec.units import parse_rate, parse_time_us
 
 LAUNCH_VARS = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_RUN_ID",

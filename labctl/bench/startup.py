@@ -22,10 +22,10 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Callable
 
-from labctl.errors import CommandError, StateError
-from labctl.engine.labels import container_name
-from labctl.lab.lifecycle import apply_down, lab_dir
 from labctl.core.proc import run
+from labctl.engine.labels import container_name
+from labctl.errors import CommandError, StateError
+from labctl.lab.lifecycle import apply_down, lab_dir
 
 BENCH_LAB = "bench-start"
 SCRIPTS = Path(__file__).resolve().parent / "scripts"  # noop_ddp.py, train.py: copied into the lab's folder

@@ -18,9 +18,9 @@ from typing import Callable
 
 from labctl.bench.scaling import Config, median_run
 from labctl.bench.scaling_run import run_lab
-from labctl.errors import LabError, RunFailed, StateError
-from labctl.engine import docker as lab_docker
 from labctl.core.plotting import INSTALL_HINT, have_matplotlib
+from labctl.engine import docker as lab_docker
+from labctl.errors import LabError, RunFailed, StateError
 from labctl.session import LabSession
 from labctl.trace import write_comparison
 

@@ -15,10 +15,10 @@ import click
 
 from labctl import __version__
 from labctl.api import Lab, docker_client, inventory_hosts
-from labctl.spec.labspec import load_config
-from labctl.errors import CommandError, LabError, RunFailed
 from labctl.core.ui import BuildProgress, error, info
 from labctl.core.workspace import find_workspace
+from labctl.errors import CommandError, LabError, RunFailed
+from labctl.spec.labspec import load_config
 
 CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
 

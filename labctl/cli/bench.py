@@ -7,11 +7,11 @@ from pathlib import Path
 import click
 
 from labctl.api import bench as benches
-from labctl.cli.app import CONTEXT, main, invocation
+from labctl.cli.app import CONTEXT, invocation, main
 from labctl.cli.options import lab_option, nccl_debug_option, package_options
-from labctl.spec.labspec import parse_cpu_limit, parse_nodes_list
 from labctl.core.outfile import is_stdout
 from labctl.core.ui import info
+from labctl.spec.labspec import parse_cpu_limit, parse_nodes_list
 from labctl.spec.units import parse_size_range
 
 # ------------------------------------------------------------------------------------------ cost

@@ -7,9 +7,9 @@ from dataclasses import asdict
 
 import click
 
-from labctl.cli.app import CONTEXT, main, invocation
-from labctl.cli.options import json_option, lab_option
 from labctl.api.scenarios import SCENARIOS, run_scenarios, select_scenarios
+from labctl.cli.app import CONTEXT, invocation, main
+from labctl.cli.options import json_option, lab_option
 from labctl.core.ui import info, stdout_console
 
 

@@ -6,7 +6,8 @@ import sys
 
 import click
 
-from labctl.cli.app import CONTEXT, main, invocation
+from labctl.api.inputs import build_user_env
+from labctl.cli.app import CONTEXT, invocation, main
 from labctl.cli.options import (
     SCRIPT_CONTEXT,
     accept_new_option,
@@ -23,7 +24,6 @@ from labctl.cli.options import (
     run_options,
     script_argument,
 )
-from labctl.api.inputs import build_user_env
 
 
 @main.group(context_settings=CONTEXT)

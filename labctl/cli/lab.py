@@ -14,7 +14,7 @@ import click
 
 from labctl import api
 from labctl.api import images
-from labctl.cli.app import CONTEXT, main, invocation
+from labctl.cli.app import CONTEXT, invocation, main
 from labctl.cli.options import (
     SCRIPT_CONTEXT,
     dry_run_option,

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import click
 
-from labctl.cli.app import CONTEXT, main, invocation
-from labctl.cli.options import dry_run_option, json_option, lab_option
-from labctl.spec.labspec import parse_cpu_limit
-from labctl.errors import LabError
 from labctl.api.inputs import parse_shape_request
+from labctl.cli.app import CONTEXT, invocation, main
+from labctl.cli.options import dry_run_option, json_option, lab_option
 from labctl.core.ui import info
+from labctl.errors import LabError
+from labctl.spec.labspec import parse_cpu_limit
 
 
 @main.command(context_settings=CONTEXT)

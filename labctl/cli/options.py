@@ -7,9 +7,9 @@ from pathlib import Path
 
 import click
 
+from labctl.api.inputs import parse_script_args
 from labctl.cli.app import CONTEXT
 from labctl.spec.labspec import SETTINGS, LabSpec
-from labctl.api.inputs import parse_script_args
 
 # Commands that pass everything after their options to the training script.
 SCRIPT_CONTEXT = {**CONTEXT, "ignore_unknown_options": True, "allow_interspersed_args": False}

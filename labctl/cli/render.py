@@ -9,12 +9,12 @@ import click
 from rich.markup import escape
 from rich.table import Table
 
+from labctl.core.ui import console, err_console, error, info
 from labctl.diagnose.gpus import gpu_text
 from labctl.lab.compose import render_compose
 from labctl.lab.listing import age_text, shaping_text
 from labctl.net.apply import helper_script
 from labctl.net.tc import describe
-from labctl.core.ui import console, err_console, error, info
 
 
 def emit_json(value) -> None:

@@ -7,9 +7,9 @@ from rich.markup import escape
 from rich.table import Table
 
 from labctl.cli.render import emit_json
+from labctl.core.ui import console, info
 from labctl.trace import TraceReport
 from labctl.trace.report import PERFETTO
-from labctl.core.ui import console, info
 
 
 def percent(value: float | None) -> str:

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import click
 
-from labctl.cli.app import main, invocation
+from labctl.api.inputs import build_user_env
+from labctl.cli.app import invocation, main
 from labctl.cli.options import (
     SCRIPT_CONTEXT,
     dry_run_option,
@@ -16,7 +17,6 @@ from labctl.cli.options import (
     script_argument,
     torchrun_option,
 )
-from labctl.api.inputs import build_user_env
 
 
 @main.command(context_settings=SCRIPT_CONTEXT)

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import click
 
-from labctl.cli.app import CONTEXT, main, invocation
-from labctl.cli.options import SCRIPT_CONTEXT, json_option, lab_option, script_argument
 from labctl.api.inputs import job_args
+from labctl.cli.app import CONTEXT, invocation, main
+from labctl.cli.options import SCRIPT_CONTEXT, json_option, lab_option, script_argument
 from labctl.core.outfile import is_stdout
 from labctl.core.ui import info
 

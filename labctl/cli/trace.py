@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import click
 
-from labctl.cli.app import CONTEXT, main, invocation
-from labctl.cli.options import json_option, lab_option
 from labctl.api.inputs import STEPS_ALLOWED
+from labctl.cli.app import CONTEXT, invocation, main
+from labctl.cli.options import json_option, lab_option
 
 
 @main.command(context_settings=CONTEXT)

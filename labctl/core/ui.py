@@ -8,7 +8,6 @@ import os
 import sys
 from functools import cache
 
-
 PIPED_WIDTH = 200  # columns for output that is not a terminal, unless COLUMNS says otherwise
 
 

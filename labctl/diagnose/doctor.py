@@ -41,9 +41,9 @@ from labctl.diagnose import slurm as slurm_checks
 from labctl.diagnose.findings import Diagnosis, Finding
 from labctl.diagnose.gpus import check_gpus
 from labctl.diagnose.packages import check_packages
-from labctl.engine.labels import container_name
-from labctl.engine.docker import DockerNodes, node_cpus_limit
 from labctl.engine.detect import inspect_engine, refusal
+from labctl.engine.docker import DockerNodes, node_cpus_limit
+from labctl.engine.labels import container_name
 from labctl.lab.lockfile import Lock, release
 from labctl.slurm.cluster import is_slurm_lab
 

@@ -4,8 +4,8 @@ every node is usable in its view, and every node holds the lab's one munge key."
 from __future__ import annotations
 
 from labctl.diagnose.findings import Finding
-from labctl.engine.labels import container_name
 from labctl.engine.docker import exec_in
+from labctl.engine.labels import container_name
 from labctl.slurm.cluster import CONTROLLER, node_states
 
 

@@ -10,9 +10,9 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from labctl import remote
-from labctl.errors import LabError
-from labctl.engine.labels import container_name
 from labctl.engine.docker import apply_node_cpus
+from labctl.engine.labels import container_name
+from labctl.errors import LabError
 from labctl.net.apply import run_on_nodes
 from labctl.net.tc import Command
 

@@ -12,10 +12,10 @@ import threading
 import time
 from typing import Callable, Iterator
 
-from labctl.errors import ConfigError, LabError, StateError
+from labctl.core.proc import run
 from labctl.engine import detect as engine_mod
 from labctl.engine.labels import LABEL_EXEC_USER, LABEL_LAB, container_name
-from labctl.core.proc import run
+from labctl.errors import ConfigError, LabError, StateError
 
 
 def docker_client():

@@ -25,6 +25,7 @@ from typing import Callable, TypeVar
 
 from dotenv import dotenv_values
 
+from labctl.core.proc import run
 from labctl.diagnose.doctor import (
     check_env,
     check_iface,
@@ -50,7 +51,6 @@ from labctl.hosts.ssh import (
     rsync_stats,
 )
 from labctl.lab.lockfile import Lock
-from labctl.core.proc import run
 from labctl.run.executor import execute
 from labctl.run.plan import RunOptions, RunPlan, build_run_plan
 

@@ -37,7 +37,6 @@ from typing import Any, Callable, Mapping
 
 import tomli_w
 
-from labctl.spec.labspec import SETTINGS
 from labctl.errors import ConfigError, LabError, StateError
 from labctl.lab.envfiles import (
     Topology,
@@ -45,6 +44,7 @@ from labctl.lab.envfiles import (
     build_node_env,
     is_host_address,
 )
+from labctl.spec.labspec import SETTINGS
 from labctl.spec.parsers import int_in, matching
 
 if sys.version_info >= (3, 11):

@@ -12,13 +12,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from labctl.spec.labspec import LabSpec
+from labctl.core.proc import run
+from labctl.engine.labels import container_name
 from labctl.errors import LabError
 from labctl.hosts.inventory import render_inventory
 from labctl.hosts.ssh import require_tools
-from labctl.engine.labels import container_name
-from labctl.core.proc import run
 from labctl.run.launch import threads_per_process
+from labctl.spec.labspec import LabSpec
 
 HOSTKEY_PREFIX = "DDPLAB_SSH_HOSTKEY"
 INVENTORY_FILE = "hosts.toml"

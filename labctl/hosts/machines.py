@@ -16,7 +16,6 @@ from pathlib import Path
 from typing import Callable, Mapping
 
 from labctl.core import assets
-from labctl.spec.labspec import check_nproc
 from labctl.diagnose.findings import Diagnosis
 from labctl.hosts import actions
 from labctl.hosts.inventory import Inventory, load_inventory
@@ -27,6 +26,7 @@ from labctl.lab.packages import read_declaration
 from labctl.run.launch import job_args
 from labctl.run.plan import Launcher, RunOptions
 from labctl.run.result import RunResult
+from labctl.spec.labspec import check_nproc
 
 Report = Callable[[str], None]
 

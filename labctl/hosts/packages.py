@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Callable
 
 from labctl import remote
+from labctl.core.proc import run
 from labctl.diagnose.doctor import node_info
 from labctl.errors import CommandError, LabError, StateError
 from labctl.hosts.inventory import Inventory
@@ -26,7 +27,6 @@ from labctl.lab.lockfile import Lock, hash_requirements, read_lab_lock, release,
 from labctl.lab.packages import LOCK_FILE, Declaration
 from labctl.lab.resolve import ensure_lock, fetch_wheels, write_atomic
 from labctl.lab.wheelhouse import Target, target_from_probe
-from labctl.core.proc import run
 
 Report = Callable[[str], None]
 MARK = ".ddplab-lock"  # in a host's packages folder: the digest of the lock it holds

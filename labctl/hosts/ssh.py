@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Callable, Mapping
 
 from labctl import remote
+from labctl.core.proc import run
 from labctl.errors import CommandError, LabError, StateError
 from labctl.hosts.inventory import Host, Inventory
 from labctl.hosts.ssh_messages import (  # noqa: F401 (re-exported: SSHHosts' errors)
@@ -36,7 +37,6 @@ from labctl.hosts.ssh_messages import (  # noqa: F401 (re-exported: SSHHosts' er
     key_fingerprint,
     scanned_fingerprints,
 )
-from labctl.core.proc import run
 from labctl.run.executor import STOP_GRACE_S
 from labctl.run.launch import STOP_SCRIPT, Launch
 

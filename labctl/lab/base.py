@@ -18,10 +18,10 @@ import tempfile
 from pathlib import Path
 from typing import Callable
 
-from labctl.spec.labspec import LabSpec
+from labctl.core.proc import run
 from labctl.errors import CommandError, LabError
 from labctl.lab.wheelhouse import Target, target_from_probe
-from labctl.core.proc import run
+from labctl.spec.labspec import LabSpec
 
 Report = Callable[[str], None]
 

@@ -9,7 +9,6 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from labctl.core import assets
-from labctl.spec.labspec import LabSpec, node_ip, node_mac
 from labctl.engine.labels import (
     LABEL_EXEC_USER,
     LABEL_GPUS,
@@ -25,6 +24,7 @@ from labctl.engine.labels import (
 )
 from labctl.lab import tcp
 from labctl.lab.gpus import GpuPlan
+from labctl.spec.labspec import LabSpec, node_ip, node_mac
 
 SSH_KEY_VAR = "DDPLAB_SSH_AUTHORIZED_KEY"  # the lab's public key; the node's entry point starts sshd for it
 

@@ -16,8 +16,8 @@ from typing import Mapping
 
 from dotenv import dotenv_values
 
-from labctl.spec.labspec import SETTINGS, LabSpec
 from labctl.errors import ConfigError, LabError, StateError
+from labctl.spec.labspec import SETTINGS, LabSpec
 
 _HOST_RE = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9.-]{0,251}[A-Za-z0-9])?$")
 

@@ -25,8 +25,8 @@ import subprocess
 from dataclasses import dataclass, field, replace
 from typing import Mapping, Sequence
 
-from labctl.spec.labspec import LabSpec, shown_key, shown_source
 from labctl.errors import ConfigError, StateError
+from labctl.spec.labspec import LabSpec, shown_key, shown_source
 from labctl.spec.parsers import AUTO
 
 SOCKET_ONLY = {"NCCL_P2P_DISABLE": "1", "NCCL_SHM_DISABLE": "1", "NCCL_IB_DISABLE": "1"}

@@ -41,7 +41,6 @@ from pathlib import Path
 from typing import Callable, Iterable, Iterator
 
 from labctl.core import assets
-from labctl.spec.labspec import LabSpec, cuda_tag
 from labctl.errors import CommandError, LabError
 from labctl.lab.base import TARGET_CACHE, ensure_base, find_image, image_exists, node_target
 from labctl.lab.builder import BuildSource, NullProgress, docker_build, remove_replaced, remove_stages
@@ -54,6 +53,7 @@ from labctl.lab.wheelhouse import (
     resolve_wheelhouse,
     stamped_wheels,
 )
+from labctl.spec.labspec import LabSpec, cuda_tag
 from labctl.spec.units import format_bytes
 
 LABEL_BUILD_HASH = "io.ddplab.build-hash"

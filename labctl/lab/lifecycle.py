@@ -16,25 +16,25 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from labctl.spec.labspec import (
-    LabSpec,
-)
-from labctl.errors import CommandError, LabError, StateError
-from labctl.lab import compose as compose_mod
 from labctl.engine import detect as engine_mod
-from labctl.engine.labels import LABEL_GPUS, LABEL_LAB, LABEL_NODE, LABEL_RANK, container_name, network_name
+from labctl.engine.detect import Engine
 from labctl.engine.docker import (
     lab_containers,
     lab_networks,
     lab_volumes,
     name_of,
 )
-from labctl.engine.detect import Engine
+from labctl.engine.labels import LABEL_GPUS, LABEL_LAB, LABEL_NODE, LABEL_RANK, container_name, network_name
+from labctl.errors import CommandError, LabError, StateError
+from labctl.lab import compose as compose_mod
 from labctl.lab.envfiles import (
     write_env_files,
     write_if_changed,
 )
 from labctl.lab.packages import LABEL_PACKAGES
+from labctl.spec.labspec import (
+    LabSpec,
+)
 
 log = logging.getLogger("labctl.lab.lifecycle")
 READY_PREFIX = "DDPLAB_READY"

@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Callable, Iterable
 from urllib.parse import unquote, urlsplit
 
+from labctl.core.proc import run
 from labctl.errors import CommandError, LabError, StateError
 from labctl.lab.image import wheel_requirements
 from labctl.lab.lockfile import (
@@ -60,7 +61,6 @@ from labctl.lab.wheelhouse import (
     report_wheels,
     wheel_closure,
 )
-from labctl.core.proc import run
 
 Report = Callable[[str], None]
 PIP_TIMEOUT_S = 900

@@ -17,6 +17,21 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Callable, Iterable, Mapping, Protocol
 
+from labctl.engine import detect as engine_mod
+from labctl.engine.detect import Engine
+from labctl.engine.docker import check_cpu_limits, lab_networks, network_subnets
+from labctl.engine.labels import LABEL_GPUS, LABEL_NODE, LABEL_RANK, LABEL_SCHEDULER, LABEL_SSH
+from labctl.errors import CommandError, ConfigError, LabError
+from labctl.lab import compose as compose_mod
+from labctl.lab import gpus as gpus_mod
+from labctl.lab import tcp
+from labctl.lab.compose import ComposePlan
+from labctl.lab.envfiles import build_env_files, topology_for_lab
+from labctl.lab.gpus import GpuPlan
+from labctl.lab.lifecycle import NodeState, apply_down, apply_up, invoking_user, lab_dir
+from labctl.lab.lockfile import Lock
+from labctl.lab.owner import owner_labels
+from labctl.lab.packages import LABEL_PACKAGES, LOCK_FILE, Declaration, base_of
 from labctl.spec.labspec import (
     AUTO,
     LabSpec,
@@ -28,21 +43,6 @@ from labctl.spec.labspec import (
     shown_key,
     shown_source,
 )
-from labctl.errors import CommandError, ConfigError, LabError
-from labctl.lab import compose as compose_mod
-from labctl.engine import detect as engine_mod
-from labctl.lab import gpus as gpus_mod
-from labctl.lab import tcp
-from labctl.engine.labels import LABEL_GPUS, LABEL_NODE, LABEL_RANK, LABEL_SCHEDULER, LABEL_SSH
-from labctl.lab.compose import ComposePlan
-from labctl.engine.docker import check_cpu_limits, lab_networks, network_subnets
-from labctl.engine.detect import Engine
-from labctl.lab.envfiles import build_env_files, topology_for_lab
-from labctl.lab.gpus import GpuPlan
-from labctl.lab.lifecycle import NodeState, apply_down, apply_up, invoking_user, lab_dir
-from labctl.lab.lockfile import Lock
-from labctl.lab.owner import owner_labels
-from labctl.lab.packages import LABEL_PACKAGES, LOCK_FILE, Declaration, base_of
 
 SUBNET_ATTEMPTS = 4  # `up` picks again when a concurrent `up` took the same free subnet
 Report = Callable[[str], None]

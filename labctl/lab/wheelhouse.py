@@ -32,9 +32,9 @@ from pathlib import Path
 from typing import Callable, Iterable, Mapping
 from urllib.parse import unquote, urlsplit
 
-from labctl.errors import CommandError, LabError
-from labctl.engine.detect import normalize_machine
 from labctl.core.proc import run
+from labctl.engine.detect import normalize_machine
+from labctl.errors import CommandError, LabError
 
 STAMP = "ddplab-wheelhouse.json"
 MAX_ROUNDS = 4  # fetch what pip skipped, then check again; real dependency chains settle in one or two

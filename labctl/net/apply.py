@@ -18,9 +18,9 @@ import shlex
 from concurrent.futures import ThreadPoolExecutor
 from typing import Callable
 
-from labctl.errors import StateError
-from labctl.engine.labels import LABEL_LAB, container_name
 from labctl.engine.docker import exec_in
+from labctl.engine.labels import LABEL_LAB, container_name
+from labctl.errors import StateError
 from labctl.net.neighbors import build_neighbors
 from labctl.net.tc import (
     NETEM_MISSING_MESSAGE,

@@ -14,9 +14,9 @@ with NET_ADMIN, as shaping does; the node itself has no added capability.
 from __future__ import annotations
 
 from labctl import remote
-from labctl.errors import LabError, StateError
-from labctl.engine.labels import container_name, network_name
 from labctl.engine.docker import exec_in
+from labctl.engine.labels import container_name, network_name
+from labctl.errors import LabError, StateError
 from labctl.lab.lifecycle import lab_status
 from labctl.net.apply import run_helper
 from labctl.net.neighbors import build_neighbors

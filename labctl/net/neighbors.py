@@ -20,8 +20,8 @@ remains on the lab's links, at any size.
 
 from __future__ import annotations
 
-from labctl.spec.labspec import node_mac
 from labctl.net.tc import Command
+from labctl.spec.labspec import node_mac
 
 
 def build_neighbors(addresses: dict[str, str], node: str, iface: str) -> list[Command]:

@@ -21,8 +21,9 @@ from pathlib import Path
 import pytest
 
 from labctl.api import gc_labs
-from labctl.errors import ConfigError, LabError
+from labctl.core.workspace import find_workspace
 from labctl.engine.docker import docker_client
+from labctl.errors import ConfigError, LabError
 from labctl.pytest_plugin.pool import LabPool
 from labctl.pytest_plugin.report import (
     SECTION_PREFIX,
@@ -44,7 +45,6 @@ from labctl.pytest_plugin.settings import (
     resolve_settings,
     worker_id,
 )
-from labctl.core.workspace import find_workspace
 
 OWNER_PID_VAR = "DDPLAB_OWNER_PID"  # read by labctl/lab/owner.py when a lab is brought up
 OWNER_SESSION_VAR = "DDPLAB_OWNER_SESSION"

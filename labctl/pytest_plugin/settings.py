@@ -14,9 +14,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, Mapping
 
-from labctl.spec.labspec import SETTINGS, LabSpec, checked_node_cpus, load_config
 from labctl.errors import ConfigError, LabError
 from labctl.net.tc import parse_shape
+from labctl.spec.labspec import SETTINGS, LabSpec, checked_node_cpus, load_config
 
 DEFAULT_NODES = 3
 DEFAULT_RUN_TIMEOUT_S = 300.0  # every run through the fixture's lab; a hang fails its test, never the suite

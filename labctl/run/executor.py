@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Protocol
 
+from labctl.core.ui import node_colour, stderr_console, stdout_console
 from labctl.errors import RunFailed, StateError
 from labctl.run.launch import (
     PORT_CHECK_SCRIPT,
@@ -31,7 +32,6 @@ from labctl.run.launch import (
 from labctl.run.plan import RunPlan
 from labctl.run.result import RESULT_FILE, Outcome, RunResult
 from labctl.run.terminal import TerminalFilter
-from labctl.core.ui import node_colour, stderr_console, stdout_console
 
 FAIL_GRACE_S = 10.0  # after one node fails, how long the others get to notice and exit on their own
 STOP_GRACE_S = 3.0  # SIGTERM -> SIGKILL

@@ -15,9 +15,9 @@ from collections import deque
 from pathlib import Path
 from typing import Callable, Iterator
 
+from labctl.core.workspace import is_folder
 from labctl.errors import ConfigError, LabError
 from labctl.run.result import RESULT_FILE
-from labctl.core.workspace import is_folder
 
 POLL_S = 0.25  # how often `logs -f` looks for new lines: fast enough to read as live, cheap enough to idle
 LOG_GLOB = "node*.log"

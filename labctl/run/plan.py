@@ -10,8 +10,8 @@ import time
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from labctl.spec.labspec import check_timeout
 from labctl.run.launch import Launch, Launcher, RunOptions, build_launches, choose_launcher
+from labctl.spec.labspec import check_timeout
 
 __all__ = ["Launcher", "RunOptions", "RunPlan", "build_run_plan", "new_run"]
 

@@ -16,9 +16,6 @@ from functools import cached_property
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
-from labctl.spec.labspec import LabSpec
-from labctl.errors import LabError, StateError
-from labctl.engine.labels import container_name
 from labctl.engine.docker import (
     DockerNodes,
     container_log,
@@ -30,6 +27,8 @@ from labctl.engine.docker import (
     lab_networks,
     network_subnets,
 )
+from labctl.engine.labels import container_name
+from labctl.errors import LabError, StateError
 from labctl.lab.envfiles import read_node_envs
 from labctl.lab.lifecycle import NodeState, lab_dir, lab_status, require_running
 from labctl.lab.lockfile import describe_lock_file
@@ -38,6 +37,7 @@ from labctl.run.executor import execute
 from labctl.run.logs import check_tail, follow_run_logs, run_logs
 from labctl.run.plan import RunOptions, RunPlan, build_run_plan
 from labctl.run.result import RunResult
+from labctl.spec.labspec import LabSpec
 
 
 class LabSession:

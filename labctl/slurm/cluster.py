@@ -14,10 +14,10 @@ import os
 import time
 from pathlib import Path
 
-from labctl.errors import StateError
-from labctl.engine.labels import LABEL_SCHEDULER, container_name
-from labctl.engine.docker import exec_in, lab_containers
 from labctl.engine.detect import Engine
+from labctl.engine.docker import exec_in, lab_containers
+from labctl.engine.labels import LABEL_SCHEDULER, container_name
+from labctl.errors import StateError
 from labctl.slurm.conf import build_cgroup_conf
 
 CONTROLLER = "node0"

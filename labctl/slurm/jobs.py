@@ -27,17 +27,17 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Iterator
 
-from labctl.errors import ConfigError, LabError, StateError
-from labctl.engine.labels import LABEL_SCHEDULER, container_name
+from labctl.core.outfile import is_stdout, write_text
+from labctl.core.ui import node_colour
 from labctl.engine.docker import exec_in, exec_user, lab_containers
+from labctl.engine.labels import LABEL_SCHEDULER, container_name
+from labctl.errors import ConfigError, LabError, StateError
 from labctl.lab.lockfile import hash_requirements, read_lab_lock
 from labctl.lab.packages import LOCK_FILE, TORCH
-from labctl.core.outfile import is_stdout, write_text
 from labctl.run.executor import Echo, NodeLogs, OutputStream, conclude, link_latest, save_result
 from labctl.run.launch import PG_TIMEOUT_VAR, Launch, parse_nnodes, run_env, threads_per_process
 from labctl.run.plan import new_run
 from labctl.run.result import Outcome, RunResult
-from labctl.core.ui import node_colour
 from labctl.session import LabSession
 from labctl.slurm.cluster import CONTROLLER
 from labctl.slurm.script import DEFAULT_TIME, LOCK_DIR_VAR, JobSpec, build_job_script, check_time

@@ -18,8 +18,8 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from labctl.errors import LabError, StateError
 from labctl.core.workspace import is_folder
+from labctl.errors import LabError, StateError
 
 METRICS_FILE = re.compile(r"^metrics-rank(\d+)\.jsonl$")
 TRACE_FILE = re.compile(r"^trace-rank(\d+)\.json$")

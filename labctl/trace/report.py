@@ -15,16 +15,16 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from labctl.errors import LabError, StateError
 from labctl.core.plotting import INSTALL_HINT, have_matplotlib
-from labctl.run.logs import runs_hint
+from labctl.core.workspace import is_folder
+from labctl.errors import LabError, StateError
 from labctl.run.logs import run_dir as latest_run_dir
+from labctl.run.logs import runs_hint
 from labctl.trace import chrome, draw
 from labctl.trace.align import Alignment, align
 from labctl.trace.breakdown import RankRow, choose_steps, parse_steps, rank_row, segments, waited_for, window
 from labctl.trace.picture import Picture, build_picture
 from labctl.trace.records import NEEDS, RunRecords, read_run
-from labctl.core.workspace import is_folder
 
 PNG, MERGED, BREAKDOWN = "timeline.png", "trace-merged.json", "breakdown.json"
 PERFETTO = "https://ui.perfetto.dev"

@@ -9,7 +9,7 @@ import os
 import subprocess
 import sys
 
-from conftest import labctl, lab_resources
+from conftest import lab_resources, labctl
 
 
 def test_labctl_follows_the_docker_context_as_the_cli_does(docker_client, tmp_path, monkeypatch):

@@ -8,8 +8,8 @@ import subprocess
 import sys
 
 import pytest
-
 from conftest import REPO, labctl, module_lab, summary_of
+
 from labctl.spec.labspec import LabSpec
 
 ARGS = ["-m", "trainer", "--global-batch", "32", "--micro-batch", "8", "--steps", "20", "--no-metrics"]

@@ -20,7 +20,6 @@ import zipfile
 from pathlib import Path
 
 import pytest
-
 from conftest import REPO, lab_resources, labctl, new_lab_name, summary_of
 
 pytestmark = pytest.mark.integration

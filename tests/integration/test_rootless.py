@@ -21,7 +21,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-
 from conftest import REPO, SCRIPTS, summary_of
 
 SYSTEM_PYTHON = "/usr/bin/python3"  # pyenv's Pythons live under /root, which the user cannot enter

@@ -9,8 +9,8 @@ import shutil
 from pathlib import Path
 
 import pytest
-
 from conftest import PNG_MAGIC, REPO, lab_resources, labctl
+
 from labctl.api.scenarios import SCENARIOS
 
 

@@ -8,12 +8,12 @@ from pathlib import Path
 import pytest
 
 from labctl.api import Lab, lab_spec
-from labctl.spec.labspec import check_nproc, check_timeout
 from labctl.diagnose.findings import Diagnosis, Finding, PreflightFailed
 from labctl.errors import ConfigError, LabError, RunFailed, StateError
 from labctl.run.launch import Elastic, Launch
 from labctl.run.plan import RunOptions, build_run_plan
 from labctl.run.result import Outcome, RunResult
+from labctl.spec.labspec import check_nproc, check_timeout
 
 ENVS = {f"node{i}": {"MASTER_ADDR": "172.28.5.10", "MASTER_PORT": "29500", "NPROC_PER_NODE": "1"} for i in range(3)}
 

@@ -9,14 +9,14 @@ import json
 import pytest
 
 from labctl.bench import allreduce, cost, scaling_run, straggler
-from labctl.spec.labspec import LabSpec
-from labctl.errors import ConfigError, LabError, RunFailed, StateError
 from labctl.engine import docker as lab_docker
+from labctl.errors import ConfigError, LabError, RunFailed, StateError
 from labctl.lab.lifecycle import NodeState
-from labctl.session import LabSession
 from labctl.net import apply as netshape
 from labctl.net.tc import LinkState
 from labctl.run.result import Outcome, RunResult
+from labctl.session import LabSession
+from labctl.spec.labspec import LabSpec
 
 
 class FakeLab(LabSession):

@@ -4,10 +4,18 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from labctl.spec.labspec import (
-    AUTO, LabSpec, check_fits, load_config, node_ip, overlaps, pick_free_subnet, resolve_config, subnet_capacity,
-)
 from labctl.errors import ConfigError
+from labctl.spec.labspec import (
+    AUTO,
+    LabSpec,
+    check_fits,
+    load_config,
+    node_ip,
+    overlaps,
+    pick_free_subnet,
+    resolve_config,
+    subnet_capacity,
+)
 
 
 def test_defaults():

@@ -4,7 +4,14 @@ import pytest
 
 from labctl.bench import cost
 from labctl.bench.cost import (
-    PRESETS, Link, busbw_factor, bytes_per_rank, collective_time_s, parse_params, resolve_link, step_report,
+    PRESETS,
+    Link,
+    busbw_factor,
+    bytes_per_rank,
+    collective_time_s,
+    parse_params,
+    resolve_link,
+    step_report,
 )
 from labctl.errors import ConfigError
 

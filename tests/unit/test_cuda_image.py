@@ -11,8 +11,8 @@ from packaging.specifiers import SpecifierSet
 from packaging.version import Version
 
 from labctl.core import assets
-from labctl.spec.labspec import LabSpec, cuda_tag
 from labctl.lab import image
+from labctl.spec.labspec import LabSpec, cuda_tag
 
 REPO = Path(__file__).resolve().parents[2]
 

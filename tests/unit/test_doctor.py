@@ -124,8 +124,8 @@ def test_uneven_cpu_limits_name_the_slow_node():
 def test_scenario_reports_group_findings_and_find_the_symptom():
     from types import SimpleNamespace
 
-    from labctl.diagnose.findings import Finding
     from labctl.api.scenarios import SCENARIOS, first_symptom, group_findings
+    from labctl.diagnose.findings import Finding
 
     same = "NODE_RANK=0 on node0 and node1"
     assert group_findings([Finding("env", "node0", False, same), Finding("env", "node1", False, same),

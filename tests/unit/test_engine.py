@@ -14,8 +14,16 @@ from pathlib import Path
 import pytest
 
 from labctl.engine.detect import (
-    DEFAULT_ENDPOINT, WorkspaceProbe, classify, cpu_limits_refusal, limits_warning, node_user, refusal,
-    resolve_endpoint, ssh_refusal, workspace_problem,
+    DEFAULT_ENDPOINT,
+    WorkspaceProbe,
+    classify,
+    cpu_limits_refusal,
+    limits_warning,
+    node_user,
+    refusal,
+    resolve_endpoint,
+    ssh_refusal,
+    workspace_problem,
 )
 from labctl.errors import StateError
 

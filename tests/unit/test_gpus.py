@@ -9,18 +9,18 @@ from pathlib import Path
 
 import pytest
 import yaml
+from test_render import check_golden
 
 from labctl.api import Lab
-from labctl.spec.labspec import LabSpec, node_ip, resolve_config
+from labctl.engine.detect import Engine, classify, gpu_runtime_refusal
 from labctl.errors import ConfigError, StateError
 from labctl.lab import gpus as gpus_mod
 from labctl.lab import up as up_mod
 from labctl.lab.compose import ComposePlan, build_compose, load_template, render_compose
-from labctl.engine.detect import Engine, classify, gpu_runtime_refusal
 from labctl.lab.envfiles import build_env_files, topology_for_lab
 from labctl.lab.gpus import Gpu, build_gpu_plan, detect_gpus, parse_nvidia_smi
+from labctl.spec.labspec import LabSpec, node_ip, resolve_config
 from labctl.spec.parsers import parse_cuda, parse_gpus
-from test_render import check_golden
 
 # What nvidia-smi --query-gpu=index,name,uuid --format=csv,noheader prints on a 4-GPU machine.
 SMI = """0, NVIDIA H100 80GB HBM3, GPU-5d0a3c1e-0000-0000-0000-000000000000

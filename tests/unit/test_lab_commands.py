@@ -147,8 +147,8 @@ class FakeClient:
 
 
 def lab_with(tmp_path, containers):
-    from labctl.spec.labspec import load_config
     from labctl.session import LabSession
+    from labctl.spec.labspec import load_config
 
     return LabSession(load_config(tmp_path, {}, {"lab": "demo"}), tmp_path, FakeClient(containers))
 

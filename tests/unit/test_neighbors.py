@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from labctl.spec.labspec import LabSpec, node_ip, node_mac
 from labctl.net.neighbors import build_neighbors
+from labctl.spec.labspec import LabSpec, node_ip, node_mac
 
 
 def test_node_mac_is_docker_2010s_scheme_for_the_address():

@@ -7,8 +7,17 @@ import sys
 
 from labctl.lab.garbage import plan_gc
 from labctl.lab.listing import LabListing
-from labctl.lab.owner import (LABEL_HOST, LABEL_PID, LABEL_PID_NS, LABEL_PID_START, LABEL_SESSION, LABEL_USER,
-                              owner_gone, owner_of, process_start)
+from labctl.lab.owner import (
+    LABEL_HOST,
+    LABEL_PID,
+    LABEL_PID_NS,
+    LABEL_PID_START,
+    LABEL_SESSION,
+    LABEL_USER,
+    owner_gone,
+    owner_of,
+    process_start,
+)
 
 
 def dead_pid() -> int:
@@ -78,9 +87,9 @@ def test_gc_removes_only_labs_whose_owner_is_gone_and_all_with_everything():
 def test_a_subnet_race_keeps_the_owner_labels_on_the_next_attempt(tmp_path, monkeypatch):
     # Another lab took the picked subnet between the pick and Compose creating the network: `up`
     # plans again on a new subnet, and that plan must still carry the owner (gc judges labs by it).
-    from labctl.spec.labspec import load_config
     from labctl.errors import CommandError
     from labctl.lab import up
+    from labctl.spec.labspec import load_config
 
     config = load_config(tmp_path, {}, {"lab": "race"})
     owner = {LABEL_USER: "someone", LABEL_PID: "4242"}
@@ -108,8 +117,8 @@ def test_a_subnet_race_keeps_the_owner_labels_on_the_next_attempt(tmp_path, monk
 def test_a_subnet_lost_to_a_concurrent_up_is_not_picked_again_though_it_looks_free(tmp_path):
     # A fresh clone's make test: a lab picked 172.28.0.0/24 twice and 172.28.1.0/24 twice, each time
     # refused by Docker ("Pool overlaps") and each time listed free again by the engine a moment later.
-    from labctl.spec.labspec import load_config
     from labctl.lab.up import choose_subnet
+    from labctl.spec.labspec import load_config
 
     class Engine:  # no network at all: what the engine listed between the attempts
         class networks:

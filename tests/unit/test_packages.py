@@ -9,7 +9,6 @@ from pathlib import Path
 
 import pytest
 
-from labctl.spec.labspec import resolve_config, setting_text
 from labctl.errors import ConfigError, LabError, StateError
 from labctl.lab.lockfile import (
     Lock,
@@ -33,6 +32,7 @@ from labctl.lab.packages import (
 )
 from labctl.lab.piperrors import explain_pip_failure
 from labctl.lab.wheelhouse import Target
+from labctl.spec.labspec import resolve_config, setting_text
 from labctl.spec.parsers import parse_modules, parse_requirement_list, parse_requirements_file
 
 PIP = Path(__file__).resolve().parent / "pip"

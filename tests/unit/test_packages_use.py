@@ -9,7 +9,6 @@ from pathlib import Path
 
 import pytest
 
-from labctl.spec.labspec import resolve_config
 from labctl.diagnose.packages import check_packages
 from labctl.hosts.packages import with_pythonpath
 from labctl.lab.garbage import plan_images
@@ -22,6 +21,7 @@ from labctl.pytest_plugin.settings import Settings, lab_request
 from labctl.session import LabSession
 from labctl.slurm.jobs import Slurm
 from labctl.slurm.script import JobSpec, build_job_script
+from labctl.spec.labspec import resolve_config
 
 LOCK = Lock((Pin("torch", "2.13.0+cpu", "torch-2.13.0+cpu-cp311-cp311-manylinux_2_28_x86_64.whl", "", "a" * 64),
              Pin("tqdm", "4.67.1", "tqdm-4.67.1-py3-none-any.whl", "", "b" * 64),

@@ -7,21 +7,33 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from failures.recorded import recorded_run
 from hypothesis import given
 from hypothesis import strategies as st
 
-from labctl.spec.labspec import SETTINGS
 from labctl.diagnose.findings import Diagnosis, Finding
 from labctl.errors import ConfigError, LabError
-from labctl.pytest_plugin.report import (PoolStats, RunRecord, annotation_path, doctor_summary, excerpt,
-                                         failure_report, github_annotation, headline, summary_line)
-from labctl.spec.labspec import LabSpec
-from labctl.pytest_plugin.settings import (DEFAULT_RUN_TIMEOUT_S, Settings, lab_name, lab_request,
-                                           resolve_settings, worker_id)
+from labctl.pytest_plugin.report import (
+    PoolStats,
+    RunRecord,
+    annotation_path,
+    doctor_summary,
+    excerpt,
+    failure_report,
+    github_annotation,
+    headline,
+    summary_line,
+)
+from labctl.pytest_plugin.settings import (
+    DEFAULT_RUN_TIMEOUT_S,
+    Settings,
+    lab_name,
+    lab_request,
+    resolve_settings,
+    worker_id,
+)
 from labctl.run.result import RunResult
-
-from failures.recorded import recorded_run
-
+from labctl.spec.labspec import SETTINGS, LabSpec
 
 # ------------------------------------------------------------------------------------ settings
 

@@ -9,12 +9,17 @@ from pathlib import Path
 import pytest
 import yaml
 
-from labctl.lab.compose import ComposePlan, build_compose, load_template, render_compose
-from labctl.spec.labspec import LabSpec, node_ip
-from labctl.lab.envfiles import (
-    Topology, build_env_files, build_node_env, host_commands, parse_hosts, topology_for_lab,
-)
 from labctl.errors import ConfigError
+from labctl.lab.compose import ComposePlan, build_compose, load_template, render_compose
+from labctl.lab.envfiles import (
+    Topology,
+    build_env_files,
+    build_node_env,
+    host_commands,
+    parse_hosts,
+    topology_for_lab,
+)
+from labctl.spec.labspec import LabSpec, node_ip
 
 GOLDEN = Path(__file__).resolve().parents[1] / "golden"
 

@@ -4,14 +4,26 @@ links back from tc's output."""
 import shlex
 
 import pytest
+from test_render import check_golden
 
 from labctl.errors import ConfigError, LabError
 from labctl.net.tc import (
-    LinkState, Shape, build_apply, build_clear, build_netem_probe, build_plan, build_undo, burst_bytes, describe,
-    netem_limit, netem_missing, parse_link_state, parse_shape, parse_shape_request,
+    LinkState,
+    Shape,
+    build_apply,
+    build_clear,
+    build_netem_probe,
+    build_plan,
+    build_undo,
+    burst_bytes,
+    describe,
+    netem_limit,
+    netem_missing,
+    parse_link_state,
+    parse_shape,
+    parse_shape_request,
 )
 from labctl.spec.units import parse_duration_s
-from test_render import check_golden
 
 
 def as_text(commands) -> str:

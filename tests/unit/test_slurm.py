@@ -10,15 +10,15 @@ from pathlib import Path
 
 import pytest
 import yaml
+from test_render import check_golden
 
-from labctl.spec.labspec import LabSpec, resolve_config
-from labctl.errors import ConfigError
 from labctl.engine.labels import LABEL_EXEC_USER, LABEL_SCHEDULER
+from labctl.errors import ConfigError
 from labctl.lab.compose import ComposePlan, build_compose, load_template, render_compose
 from labctl.slurm import jobs
 from labctl.slurm.conf import SlurmNode, build_slurm_conf, cluster_name
 from labctl.slurm.script import JobSpec, build_job_script, check_time
-from test_render import check_golden
+from labctl.spec.labspec import LabSpec, resolve_config
 
 NODES = [SlurmNode(f"node{i}", f"172.28.5.{10 + i}") for i in range(3)]
 TRAIN = ("-m", "trainer", "--workload", "gpt", "--steps", "50")
@@ -212,8 +212,8 @@ def test_slurm_is_refused_where_its_daemons_cannot_start():
 
 
 def test_cgroup_conf_names_the_plugin_that_starts_read_only(tmp_path):
-    from labctl.slurm.conf import build_cgroup_conf
     from labctl.slurm.cluster import write_files
+    from labctl.slurm.conf import build_cgroup_conf
 
     assert [line for line in build_cgroup_conf().splitlines() if not line.startswith("#")] == ["CgroupPlugin=cgroup/v1"]
     directory = write_files(tmp_path, "ClusterName=x\n")

@@ -6,10 +6,10 @@ from pathlib import Path
 import pytest
 
 from labctl.engine.labels import LABEL_SSH
-from labctl.lab.compose import SSH_KEY_VAR, ComposePlan, build_compose, load_template
-from labctl.spec.labspec import LabSpec
 from labctl.hosts.inventory import Host, parse_inventory
 from labctl.hosts.labnodes import build_known_hosts, build_lab_inventory, parse_hostkey_line
+from labctl.lab.compose import SSH_KEY_VAR, ComposePlan, build_compose, load_template
+from labctl.spec.labspec import LabSpec
 
 KEY = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIBG2siVDAK8A8hMDNxin6RVnLg2W9JIgSzoAF1RTghCl ddplab-demo"
 

@@ -6,10 +6,10 @@ from pathlib import Path
 
 import pytest
 
-from labctl.spec.labspec import ConfigError, resolve_config
 from labctl.errors import StateError
 from labctl.lab import tcp
 from labctl.lab.compose import ComposePlan, build_compose, load_template
+from labctl.spec.labspec import ConfigError, resolve_config
 
 BBR_HOST = tcp.HostTcp(default="bbr", allowed=("reno", "bbr"))  # this project's machines, as they come
 CUBIC_HOST = tcp.HostTcp(default="cubic", allowed=("reno", "cubic"))  # Linux as it comes

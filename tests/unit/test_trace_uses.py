@@ -6,13 +6,14 @@ from __future__ import annotations
 
 import json
 
-from labctl.bench import straggler
-from labctl.api.scenarios import ScenarioOutcome, broken_timeline, remove_lab_folder
-from labctl.diagnose.traps import SCENARIOS
-from labctl.trace import write_comparison
 from test_bench_orchestration import FakeLab, engine, events, flag  # noqa: F401 (fixtures)
 from test_trace import write_run
 from test_trace_cli import no_matplotlib  # noqa: F401 (fixture)
+
+from labctl.api.scenarios import ScenarioOutcome, broken_timeline, remove_lab_folder
+from labctl.bench import straggler
+from labctl.diagnose.traps import SCENARIOS
+from labctl.trace import write_comparison
 
 
 def answer_with_metrics(plan):

@@ -6,7 +6,13 @@ from hypothesis import strategies as st
 
 from labctl.errors import ConfigError
 from labctl.spec.units import (
-    format_bytes, format_rate, parse_loss_pct, parse_rate, parse_size, parse_size_range, parse_time_us,
+    format_bytes,
+    format_rate,
+    parse_loss_pct,
+    parse_rate,
+    parse_size,
+    parse_size_range,
+    parse_time_us,
 )
 
 

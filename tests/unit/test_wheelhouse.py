@@ -16,8 +16,19 @@ import pytest
 from labctl.engine.detect import normalize_machine
 from labctl.errors import CommandError, LabError
 from labctl.lab.wheelhouse import (
-    STAMP, Target, Wheel, fill_wheelhouse, forget_wheelhouse, missing_wheels, pip_download_argv, prune_wheelhouse,
-    read_wheel, resolve_wheelhouse, stamped_wheels, target_from_probe, wheel_closure,
+    STAMP,
+    Target,
+    Wheel,
+    fill_wheelhouse,
+    forget_wheelhouse,
+    missing_wheels,
+    pip_download_argv,
+    prune_wheelhouse,
+    read_wheel,
+    resolve_wheelhouse,
+    stamped_wheels,
+    target_from_probe,
+    wheel_closure,
 )
 
 NODE = Target()  # CPython 3.11 on Debian bookworm, x86_64: the default node image
@@ -181,9 +192,9 @@ def test_a_wheelhouse_with_cuda_packages_is_refused_for_the_cpu_image(tmp_path):
     import json
     from dataclasses import asdict
 
-    from labctl.spec.labspec import LabSpec
     from labctl.lab.image import ensure_wheelhouse, wheel_requirements
     from labctl.lab.wheelhouse import STAMP
+    from labctl.spec.labspec import LabSpec
 
     config = LabSpec()
     (tmp_path / STAMP).write_text(json.dumps({"requirements": wheel_requirements(config.torch_version),
