@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import ipaddress
 import re
-import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Mapping
@@ -391,12 +390,3 @@ def parse_nodes_list(raw: str, key: str = "--nodes-list") -> list[int]:
     if not values:
         raise ConfigError(key, raw, "must list node counts, comma-separated, e.g. 3,16")
     return values
-
-
-def __getattr__(name: str):
-    """`LabConfig`, the lab spec's old name: kept for one release, with a DeprecationWarning."""
-    if name == "LabConfig":
-        warnings.warn("labctl's LabConfig is now LabSpec; LabConfig goes in the next release", DeprecationWarning,
-                      stacklevel=2)
-        return LabSpec
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -147,12 +147,9 @@ def test_every_command_is_where_the_lazy_group_looks_for_it():
 
 def test_old_names_still_work_for_one_release_and_say_so():
     import labctl.api
-    from labctl.spec import labspec
 
     with pytest.warns(DeprecationWarning, match="LabSpec"):
         assert labctl.api.LabConfig is labctl.api.LabSpec
-    with pytest.warns(DeprecationWarning, match="LabSpec"):
-        assert labspec.LabConfig is labspec.LabSpec
     with pytest.warns(DeprecationWarning, match="gc_labs"):
         assert labctl.api.gc is labctl.api.gc_labs
     with pytest.raises(AttributeError):
