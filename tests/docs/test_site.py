@@ -24,6 +24,9 @@ from pathlib import Path
 import click
 import pytest
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "docs" / "hooks"))
+from ddplab_docs import walk_commands  # noqa: E402
+
 REPO = Path(__file__).resolve().parents[2]
 CODE_COLUMNS = 110
 # Every element the site's pages use: HTML's own, and the inline SVG of the theme's icons.
@@ -80,16 +83,11 @@ def site(tmp_path_factory) -> dict[str, Page]:
 
 
 def commands() -> list[click.Command]:
+    """Every command, as the site's hook walks them (docs/hooks/ddplab_docs.py)."""
     from labctl.cli.app import load_all_commands, main
 
     load_all_commands()
-    found, todo = [], [main]
-    while todo:
-        command = todo.pop()
-        found.append(command)
-        if isinstance(command, click.Group):
-            todo.extend(command.commands.values())
-    return found
+    return list(walk_commands(main))
 
 
 def help_of(command: click.Command) -> str:
