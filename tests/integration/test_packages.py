@@ -109,8 +109,12 @@ def test_preloaded_packages_are_imported_before_the_script_starts(tqdm_lab, dock
     assert out.count("jinja2 preloaded: True") == 3, out
     labctl("up", "--lab", lab, check=True)  # not asked: the lab keeps its preload, and its servers
     for node in ("node0", "node1", "node2"):
-        servers = docker_client.containers.get(f"{lab}-{node}").exec_run(["pgrep", "-af", "serve /tmp/ddplab/fork-"])
-        assert servers.output.decode().count(" jinja2") == 1, servers.output  # one server, with jinja2
+        # A server's parent is the node's PID 1 (started in the background by a shell that has exited);
+        # a run's workers, forked from it, carry its command line too.
+        servers = docker_client.containers.get(f"{lab}-{node}").exec_run(
+            ["pgrep", "-P", "1", "-af", "serve /tmp/ddplab/fork-"])
+        lines = servers.output.decode().splitlines()
+        assert len(lines) == 1 and lines[0].endswith(" jinja2"), lines  # one server, with jinja2
     labctl("up", "--lab", lab, "--preload", "", check=True)  # none: the servers start again without it
     out = labctl("run", "--lab", lab, "--launcher", "warm", "--", script, "jinja2", check=True).stdout
     assert out.count("jinja2 preloaded: False") == 3, out
