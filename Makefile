@@ -24,12 +24,14 @@ demo: image
 	$(LABCTL) run -- -m trainer --epochs 3
 	@echo "The lab is still up: '$(LABCTL) status' shows it, '$(LABCTL) down' removes it."
 
-# The unit tests in two processes (pytest-xdist), then the tests that drive real labs, a module per
-# worker (their labs are the module's; the longest modules first, in the order
-# tests/integration/conftest.py gives them, which --no-loadscope-reorder keeps), INTEGRATION_WORKERS
-# at a time, and last, one at a time, those marked `alone`, which measure links, round trips and CPU
-# shares that a second test would skew. Each step runs whatever the ones before gave; make fails if
-# any did (5, "no tests selected" by a PYTEST_ARGS filter, is not a failure).
+# The tests that drive real labs, a module per worker (their labs are the module's; the longest
+# modules first, in the order tests/integration/conftest.py gives them, which --no-loadscope-reorder
+# keeps), INTEGRATION_WORKERS at a time; then, one at a time, those marked `alone`, which measure
+# links, round trips and CPU shares that a second test would skew. They leave the cores idle about
+# 45% of the time, so `make test` runs the unit tests (two processes, pytest-xdist) beside them at
+# idle CPU priority (tests/idle.sh: a cgroup with cpu.idle, which ranks below the nodes' containers
+# too), their output kept in .lab/unit-tests.log and printed after. Each step runs whatever the ones
+# before gave; make fails if any did (5, "no tests selected" by a PYTEST_ARGS filter, is not a failure).
 #
 # Three workers on two cores: a lab test waits as well as computes (containers starting, timeouts,
 # shaped links), and a third worker fills those waits: alternated on one tree here, three took 12 min
@@ -38,10 +40,11 @@ demo: image
 INTEGRATION_WORKERS ?= 3
 INTEGRATION := tests/docs tests/integration
 PYTEST := $(BIN)/python -m pytest
-RUN_INTEGRATION := $(PYTEST) $(INTEGRATION) -n $(INTEGRATION_WORKERS) --dist loadfile --no-loadscope-reorder \
-	-m "not alone" $(PYTEST_ARGS) \
-	|| passed_or_empty $$?; \
-	$(PYTEST) $(INTEGRATION) -m alone $(PYTEST_ARGS) || passed_or_empty $$?
+RUN_SIDE_BY_SIDE := $(PYTEST) $(INTEGRATION) -n $(INTEGRATION_WORKERS) --dist loadfile --no-loadscope-reorder \
+	-m "not alone" $(PYTEST_ARGS) || passed_or_empty $$?
+RUN_ALONE := $(PYTEST) $(INTEGRATION) -m alone $(PYTEST_ARGS) || passed_or_empty $$?
+RUN_INTEGRATION := $(RUN_SIDE_BY_SIDE); $(RUN_ALONE)
+UNIT_LOG := .lab/unit-tests.log
 define TRACK_STATUS
 status=0; passed_or_empty() { [ "$$1" -eq 5 ] || status=$$1; }
 endef
@@ -56,8 +59,12 @@ SETUP_IMAGES_AND_HOST_TORCH := $(MAKE) --no-print-directory -j2 --output-sync=ta
 test: docs netem-vm engine tools test-engines
 	+@$(SETUP_IMAGES_AND_HOST_TORCH)
 	@$(TRACK_STATUS); \
-	$(PYTEST) tests/unit -n 2 $(PYTEST_ARGS) || passed_or_empty $$?; \
-	$(RUN_INTEGRATION); \
+	$(RUN_SIDE_BY_SIDE); \
+	mkdir -p $(dir $(UNIT_LOG)); \
+	sh tests/idle.sh $(PYTEST) tests/unit -n 2 $(PYTEST_ARGS) >$(UNIT_LOG) 2>&1 & unit=$$!; \
+	$(RUN_ALONE); \
+	wait $$unit || passed_or_empty $$?; \
+	echo "--- the unit tests, run beside the alone ones at idle priority ($(UNIT_LOG)):"; cat $(UNIT_LOG); \
 	exit $$status
 
 unit: venv host-torch tools
