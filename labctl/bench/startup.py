@@ -8,6 +8,11 @@ tutorial `train.py` (one epoch) warm and under torchrun; and TorchX's local_dock
 a `torchx` command is given. The ways alternate, round after round, so a change in the machine's
 load hits them all alike; each is reported as the median of its rounds and its ratio to the warm
 path's. The lab (bench-start) is brought up for the bench and removed after it.
+
+Each round begins with what a user meets first: the lab taken down (its volume kept), then `labctl
+up` and, at once, the first warm run (FIRST_CONTACT), timed from `up`'s start to that run's end; then
+the bench waits until every node's fork server has imported its LATER modules, so the other ways
+find the lab as a user finds it a while after `up`.
 """
 
 from __future__ import annotations
@@ -26,10 +31,13 @@ from labctl.core.proc import run
 from labctl.engine.labels import container_name
 from labctl.errors import CommandError, StateError
 from labctl.lab.lifecycle import apply_down, lab_dir
+from labctl.run.warm import LATER, SERVER_LOG
 
 BENCH_LAB = "bench-start"
 SCRIPTS = Path(__file__).resolve().parent / "scripts"  # noop_ddp.py, train.py: copied into the lab's folder
 RUN_TIMEOUT_S = 300
+FIRST_CONTACT = "labctl up, then its first run (warm)"
+IDLE_WAIT_S = 60  # at most, for every server's LATER imports after FIRST_CONTACT
 
 
 @dataclass(frozen=True)
@@ -68,6 +76,29 @@ def timed(argvs: list[list[str]], cwd: Path) -> float:
     for argv, proc, output in zip(argvs, procs, outputs):
         if proc.returncode != 0:
             raise CommandError(argv, proc.returncode, output.decode(errors="replace"))
+    return seconds
+
+
+def timed_in_turn(argvs: list[list[str]], cwd: Path) -> float:
+    """Seconds from starting the first argv to the last one's exit, each started when the one before ended."""
+    return sum(timed([argv], cwd) for argv in argvs)
+
+
+def first_contact(client, workspace: Path, up: list[str], names: list[str]) -> float:
+    """FIRST_CONTACT's seconds: the lab down (volume kept), `up`, and at once the first warm no-op; then
+    wait (untimed) until the nodes' fork servers have imported what they import once idle (LATER, less
+    what `up --preload` made them import at once)."""
+    apply_down(client, BENCH_LAB)
+    noop = str(lab_dir(workspace, BENCH_LAB) / "noop_ddp.py")
+    seconds = timed_in_turn([up, [sys.executable, "-m", "labctl", "run", "--lab", BENCH_LAB, "--", noop]], workspace)
+    preloaded = {up[i + 1] for i, arg in enumerate(up[:-1]) if arg == "--preload"}
+    wanted = [f"imported {name} while idle" for name in LATER if name not in preloaded]
+    deadline = time.monotonic() + IDLE_WAIT_S
+    while names and time.monotonic() < deadline:
+        logs = [run(["docker", "exec", name, "cat", SERVER_LOG], check=False).stdout for name in names]
+        if all(line in log for log in logs for line in wanted):
+            break
+        time.sleep(0.2)
     return seconds
 
 
@@ -154,12 +185,14 @@ def measure(client, workspace: Path, nodes: int = 3, rounds: int = 5, torchx: st
         # TorchX builds an image of the folder it runs from: one that holds the script alone
         workspace_for = {name: folder / "torchx" if name.startswith("TorchX") else workspace for name in table}
         timed(table["labctl run (warm)"](), workspace)  # untimed: waits out the fork servers' first import
-        seconds: dict[str, list[float]] = {name: [] for name in table}
+        seconds: dict[str, list[float]] = {name: [] for name in [*table, FIRST_CONTACT]}
+        names = [container_name(BENCH_LAB, f"node{i}") for i in range(nodes)]
         for i in range(rounds):
+            seconds[FIRST_CONTACT].append(first_contact(client, workspace, up, names))
             order = list(table)[i % len(table):] + list(table)[:i % len(table)]  # a different way first each round
             for name in order:
                 seconds[name].append(timed(table[name](), workspace_for[name]))
-            report(f"round {i + 1}/{rounds}: " + "; ".join(f"{n} {seconds[n][-1]:.2f} s" for n in table))
+            report(f"round {i + 1}/{rounds}: " + "; ".join(f"{n} {seconds[n][-1]:.2f} s" for n in seconds))
         return StartReport(nodes, rounds, [StartTiming(name, tuple(s)) for name, s in seconds.items()])
     finally:
         if torchx_before is not None:

@@ -99,8 +99,10 @@ def bench_start_cmd(nodes, rounds, torchx, as_json, requirements, with_packages,
 
     A no-op DDP script (join, barrier, leave) through `labctl run` warm, static and under torchrun;
     the same by hand with `docker exec` on every node; a typical DDP tutorial train.py for one epoch,
-    warm and under torchrun; TorchX with --torchx. On a lab named bench-start, removed at the end;
-    with --requirements/--with (and --preload), a lab with those packages.
+    warm and under torchrun; TorchX with --torchx. And what a user meets first: each round begins
+    with the lab down, then `labctl up` and at once its first warm run, timed together. On a lab
+    named bench-start, removed at the end; with --requirements/--with (and --preload), a lab with
+    those packages.
     """
     from labctl.cli import render_bench
 

@@ -1,11 +1,14 @@
 """A node's fork server: one process that has imported torch, forking a run's workers. Linux only.
 
-  python -c TEXT serve SOCKET_PATH WORKER_TEXT CHILD_TEXT [PRELOAD...]    (`labctl up`, once per node)
+  python -c TEXT serve SOCKET_PATH WORKER_TEXT CHILD_TEXT [PRELOAD...] [-- LATER...]    (`labctl up`)
   python -c TEXT request SOCKET_PATH [WORKER_TEXT] -- [-m MODULE | SCRIPT] ARGS...    (each worker)
 
 Why: a cold `python` spends seconds importing torch, twice per node under torchrun, on every run.
 serve imports it once (the PRELOAD modules: labctl.run.warm.PRELOAD), prints `READY pid=N threads=T
 preloaded=A,B missing=C|-`, and then forks each request's worker: copy-on-write pages, no import.
+The LATER modules it imports once it is idle (no request waiting, no worker running), one at a time:
+what only some scripts need (torch._dynamo, for an optimizer) does not hold up the first run, which
+imports it itself if it must, and the runs after it find it imported.
 WORKER_TEXT is worker.py's text: the child runs a script with it, as `python -c WORKER_TEXT SCRIPT`
 would, once CHILD_TEXT (forkchild.py) has given it the request's world. One request at a time in
 one loop: no threads.
@@ -170,7 +173,7 @@ def die_by(sig):
 class Server:
     """The server of one node: listens at `path`, imports `preload`, and forks each request's worker."""
 
-    def __init__(self, path, worker_text, child_text, preload):
+    def __init__(self, path, worker_text, child_text, preload, later=()):
         """Listen first (requests wait in the backlog), then import what it preloads: `up` need not wait."""
         open_stdio()
         self.path, self.env = path, dict(os.environ)
@@ -184,6 +187,7 @@ class Server:
         self.registry = os.path.join(os.path.dirname(os.path.abspath(path)), REGISTRY)
         self.listen()
         self.preloaded, self.missing = self.preload(preload)
+        self.later = [name for name in later if name not in sys.modules]
         torch = sys.modules.get("torch")  # its thread count, as at import with no *_NUM_THREADS: no kernel
         self.start["torch_threads"] = torch.get_num_threads() if torch else None
         import gc
@@ -234,6 +238,17 @@ class Server:
             os.environ.update({var: value for var, value in held.items() if value is not None})
         return done, missing
 
+    def import_later(self):
+        """The next LATER module, imported as the preload's were, and frozen with them."""
+        import gc
+        import time
+        name, started = self.later.pop(0), time.monotonic()
+        done, _ = self.preload([name])
+        if done:
+            log("imported %s while idle (%.2f s)" % (name, time.monotonic() - started))
+        gc.collect()
+        gc.freeze()
+
     def serve(self):
         """Say READY, then forever: reap ended workers, kill those whose request went, accept requests."""
         wake_r, wake_w = os.pipe()
@@ -247,7 +262,11 @@ class Server:
         while True:
             self.reap()
             conns = [c for c in self.workers.values() if c is not None]
-            readable = select.select([self.listener, wake_r] + conns, [], [])[0]
+            idle = 0 if self.later and not self.workers else None  # a later module to import when idle
+            readable = select.select([self.listener, wake_r] + conns, [], [], idle)[0]
+            if not readable and self.later:
+                self.import_later()
+                continue
             if wake_r in readable:
                 os.read(wake_r, 4096)
             for pid, conn in list(self.workers.items()):
@@ -424,15 +443,18 @@ def alive(entry):
         return False
 
 
-USAGE = ("usage: serve SOCKET_PATH WORKER_TEXT CHILD_TEXT [PRELOAD...]\n"
+USAGE = ("usage: serve SOCKET_PATH WORKER_TEXT CHILD_TEXT [PRELOAD...] [-- LATER...]\n"
          "       request SOCKET_PATH [WORKER_TEXT] -- [-m MODULE | SCRIPT] ARGS...")
 
 
 def parse(args):
-    """The command line by name: {"verb", "socket", "worker", "child", "preload"} for serve, {"verb",
+    """The command line by name: {"verb", "socket", "worker", "child", "preload", "later"} for serve, {"verb",
     "socket", "worker" (None: no cold start here), "argv"} for request; None where it is neither."""
     if len(args) >= 4 and args[0] == "serve":
-        return {"verb": "serve", "socket": args[1], "worker": args[2], "child": args[3], "preload": args[4:]}
+        modules = args[4:]
+        cut = modules.index("--") if "--" in modules else len(modules)
+        return {"verb": "serve", "socket": args[1], "worker": args[2], "child": args[3],
+                "preload": modules[:cut], "later": modules[cut + 1:]}
     if len(args) >= 4 and args[0] == "request" and "--" in args[2:4] and args.index("--", 2) < len(args) - 1:
         dashes = args.index("--", 2)
         return {"verb": "request", "socket": args[1], "worker": args[2] if dashes == 3 else None,
@@ -446,7 +468,7 @@ def main(args):
     if command is None:
         sys.exit(USAGE)
     if command["verb"] == "serve":
-        Server(command["socket"], command["worker"], command["child"], command["preload"]).serve()
+        Server(command["socket"], command["worker"], command["child"], command["preload"], command["later"]).serve()
         return
     status = request(command["socket"], command["argv"], quiet_absent=command["worker"] is not None)
     sys.stderr.flush()

@@ -1,5 +1,5 @@
 # Start a node's fork server in the background (labctl.run.warm.server_argv):
-#   sh -c TEXT FORKSERVER_TEXT SOCKET_PATH WORKER_TEXT CHILD_TEXT [PRELOAD...]
+#   sh -c TEXT FORKSERVER_TEXT SOCKET_PATH WORKER_TEXT CHILD_TEXT [PRELOAD...] [-- LATER...]
 # Every server whose command line is not this one ends first: another labctl's (another socket), or
 # this labctl's with other modules to preload, waited for until it has gone, since it holds the same
 # socket. Then `nohup ... &` with every stream redirected: the exec (docker exec, an SSH session)

@@ -1,11 +1,13 @@
 """The warm path's servers: one fork server per node (labctl/remote/forkserver.py), started by `up`,
 which imports torch once so that a run's workers start in milliseconds (labctl.run.launch.warm_argv).
 
-The server preloads torch, torch.distributed, torch._dynamo (which torch.optim imports when a script
-makes its first optimizer: about as long again as torch itself, 1.5 to 1.8 s in a node here) and
-numpy: what DDP scripts import and what costs the seconds. Nothing of the workspace (the trainer
-package included) is preloaded: a script and the modules it imports are read afresh by every run, so
-a file edited between two runs is never run stale.
+The server preloads torch, torch.distributed and numpy: what every DDP script imports and what
+costs the seconds. Then, once it is idle (LATER), torch._dynamo, which torch.optim imports when a
+script makes its first optimizer: about as long again as torch itself, 1.4 to 1.8 s in a node here,
+and a no-op or a script without an optimizer never needs it. So the first run after `up` waits only
+for torch (and imports torch._dynamo itself if it must), and the runs after it find both imported.
+Nothing of the workspace (the trainer package included) is preloaded: a script and the modules it
+imports are read afresh by every run, so a file edited between two runs is never run stale.
 The server does not hold up `up`: it binds its socket first and imports while requests wait in its
 backlog, so a run right after `up` waits for the import once, as a cold start would.
 
@@ -23,7 +25,8 @@ from concurrent.futures import ThreadPoolExecutor
 from labctl import remote
 from labctl.run.launch import FORK_SOCKET, FORKCHILD_SCRIPT, FORKSERVER_SCRIPT, WORKER_SCRIPT
 
-PRELOAD = ("torch", "torch.distributed", "torch._dynamo", "numpy")
+PRELOAD = ("torch", "torch.distributed", "numpy")
+LATER = ("torch._dynamo",)  # imported by the server once idle: see above
 # What one idle server holds (its proportional set size after the preload, measured here: 229 MB), and
 # how much of the engine's memory `warm=auto` lets the lab's servers take.
 SERVER_BYTES = 230 * 1024**2
@@ -50,9 +53,12 @@ def gib(size: int) -> str:
 
 def server_argv(preload: tuple[str, ...] = ()) -> list[str]:
     """The command that starts a node's fork server in the background, importing PRELOAD and `preload`
-    (the user's modules, `up --preload`): a no-op where one of the same command line runs."""
+    (the user's modules, `up --preload`) at once and LATER when idle: a no-op where one of the same
+    command line runs."""
     modules = [*PRELOAD, *(m for m in preload if m not in PRELOAD)]
-    return ["sh", "-c", START_SCRIPT, FORKSERVER_SCRIPT, FORK_SOCKET, WORKER_SCRIPT, FORKCHILD_SCRIPT, *modules]
+    later = [m for m in LATER if m not in modules]
+    return ["sh", "-c", START_SCRIPT, FORKSERVER_SCRIPT, FORK_SOCKET, WORKER_SCRIPT, FORKCHILD_SCRIPT, *modules,
+            "--", *later]
 
 
 STOP = "pkill -f 'serve /tmp/ddplab/fork-[0-9a-f]+[.]sock' || true"

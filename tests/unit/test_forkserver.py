@@ -63,12 +63,13 @@ print(json.dumps({"capability": torch.backends.cpu.get_cpu_capability(), "thread
 """
 
 
-def start_server(path, preload=(), env=None, ignore=()):
+def start_server(path, preload=(), env=None, ignore=(), later=()):
     """A server as `up` would start one, here as a background job of a shell (SIGINT, SIGQUIT ignored)."""
     def pre():
         for sig in ignore:
             signal.signal(sig, signal.SIG_IGN)
-    proc = subprocess.Popen([sys.executable, "-c", FORKSERVER, "serve", str(path), WORKER, CHILD, *preload],
+    modules = [*preload, "--", *later] if later else list(preload)
+    proc = subprocess.Popen([sys.executable, "-c", FORKSERVER, "serve", str(path), WORKER, CHILD, *modules],
                             stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, text=True, env=env, preexec_fn=pre)
     proc.ready = proc.stdout.readline()
     return proc
@@ -113,6 +114,26 @@ def test_the_server_says_ready_after_the_preload_with_one_thread(server):
     assert (threads, preloaded, missing) == ("1", ",".join(PRELOAD), "-")
     assert os.listdir(f"/proc/{pid}/task") == [pid]  # and still one: no OpenMP or OpenBLAS pool
     assert oct(os.stat(os.path.dirname(server.sock)).st_mode & 0o777) == "0o700"
+
+
+def test_a_later_module_is_imported_once_the_server_is_idle_and_workers_find_it(tmp_path):
+    """LATER (torch._dynamo in a node) is not in the READY line's preload; forked workers have it once
+    the server, idle, has imported it. Here with two of the standard library's, for speed."""
+    sock = tmp_path / "ddplab" / "fork.sock"
+    proc = start_server(sock, preload=["json"], later=["decimal", "fractions"])
+    try:
+        assert READY.fullmatch(proc.ready).group(3) == "json"
+        script = write(tmp_path / "has.py", "import sys; print(all(m in sys.modules for m in ('decimal', 'fractions')))")
+        deadline = time.monotonic() + TIMEOUT_S
+        while True:
+            found = subprocess.run(request(sock, [str(script)]), capture_output=True, text=True, timeout=TIMEOUT_S)
+            assert found.returncode == 0, found.stderr
+            if found.stdout.strip() == "True" or time.monotonic() > deadline:
+                break
+            time.sleep(0.1)
+        assert found.stdout.strip() == "True"
+    finally:
+        end(proc)
 
 
 def test_a_second_server_on_the_socket_refuses(server):
@@ -364,3 +385,15 @@ def test_torch_in_a_worker_follows_the_runs_environment(server, tmp_path, extra)
     assert json.loads(forked.stdout) == json.loads(cold.stdout)
     if "ATEN_CPU_CAPABILITY" in extra:
         assert json.loads(forked.stdout)["capability"] == "DEFAULT" and json.loads(forked.stdout)["threads"] == 1
+
+
+def test_up_names_the_later_modules_after_the_preload_and_a_preloaded_one_is_not_later():
+    from labctl.remote.forkserver import parse
+    from labctl.run.warm import LATER, server_argv
+
+    argv = server_argv(("lightning",))
+    assert argv[argv.index(CHILD) + 1:] == [*PRELOAD, "lightning", "--", *LATER]
+    served = parse(["serve", *argv[argv.index(CHILD) - 2:]])  # what the start script hands the server
+    assert (served["preload"], served["later"]) == ([*PRELOAD, "lightning"], list(LATER))
+    argv = server_argv(("torch._dynamo",))
+    assert argv[argv.index(CHILD) + 1:] == [*PRELOAD, "torch._dynamo", "--"]
