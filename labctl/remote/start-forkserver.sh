@@ -10,6 +10,7 @@
 # parent matches too is a worker, never a server.
 mkdir -p "$(dirname "$1")" || exit 1
 want=$(printf '%s\0' python -c "$0" serve "$@" | cksum)
+running=""
 matches=$(pgrep -f 'serve /tmp/ddplab/fork-[0-9a-f]+[.]sock')
 for pid in $matches; do
   parent=$(awk '{print $4}' "/proc/$pid/stat" 2>/dev/null)
