@@ -31,7 +31,7 @@ from labctl.core.proc import run
 from labctl.engine.labels import container_name
 from labctl.errors import CommandError, StateError
 from labctl.lab.lifecycle import apply_down, lab_dir
-from labctl.run.warm import LATER, SERVER_LOG
+from labctl.run.warm import IMPORTED_LATER, SERVER_LOG, later_modules
 
 BENCH_LAB = "bench-start"
 SCRIPTS = Path(__file__).resolve().parent / "scripts"  # noop_ddp.py, train.py: copied into the lab's folder
@@ -84,15 +84,13 @@ def timed_in_turn(argvs: list[list[str]], cwd: Path) -> float:
     return sum(timed([argv], cwd) for argv in argvs)
 
 
-def first_contact(client, workspace: Path, up: list[str], names: list[str]) -> float:
-    """FIRST_CONTACT's seconds: the lab down (volume kept), `up`, and at once the first warm no-op; then
-    wait (untimed) until the nodes' fork servers have imported what they import once idle (LATER, less
-    what `up --preload` made them import at once)."""
+def first_contact(client, workspace: Path, up: list[str], first_run: list[str], names: list[str],
+                  later: list[str]) -> float:
+    """FIRST_CONTACT's seconds: the lab down (volume kept), `up`, and at once `first_run`; then wait
+    (untimed) until the nodes' fork servers have imported `later`, what they import once idle."""
     apply_down(client, BENCH_LAB)
-    noop = str(lab_dir(workspace, BENCH_LAB) / "noop_ddp.py")
-    seconds = timed_in_turn([up, [sys.executable, "-m", "labctl", "run", "--lab", BENCH_LAB, "--", noop]], workspace)
-    preloaded = {up[i + 1] for i, arg in enumerate(up[:-1]) if arg == "--preload"}
-    wanted = [f"imported {name} while idle" for name in LATER if name not in preloaded]
+    seconds = timed_in_turn([up, first_run], workspace)
+    wanted = [IMPORTED_LATER % name for name in later]
     deadline = time.monotonic() + IDLE_WAIT_S
     while names and time.monotonic() < deadline:
         logs = [run(["docker", "exec", name, "cat", SERVER_LOG], check=False).stdout for name in names]
@@ -169,7 +167,9 @@ def measure(client, workspace: Path, nodes: int = 3, rounds: int = 5, torchx: st
     times, alternating, and remove the lab."""
     if torchx and not shutil.which(torchx):
         raise StateError(f"no torchx command at {torchx}", hint="pip install torchx, then --torchx $(which torchx)")
-    up = [sys.executable, "-m", "labctl", "up", "--lab", BENCH_LAB, "--nodes", str(nodes), "--json", *(up_args or [])]
+    up_args = up_args or []
+    up = [sys.executable, "-m", "labctl", "up", "--lab", BENCH_LAB, "--nodes", str(nodes), "--json", *up_args]
+    later = later_modules(tuple(up_args[i + 1] for i, arg in enumerate(up_args[:-1]) if arg == "--preload"))
     apply_down(client, BENCH_LAB, volumes=True)
     torchx_before = torchx_objects(client) if torchx else None
     try:
@@ -187,8 +187,9 @@ def measure(client, workspace: Path, nodes: int = 3, rounds: int = 5, torchx: st
         timed(table["labctl run (warm)"](), workspace)  # untimed: waits out the fork servers' first import
         seconds: dict[str, list[float]] = {name: [] for name in [*table, FIRST_CONTACT]}
         names = [container_name(BENCH_LAB, f"node{i}") for i in range(nodes)]
+        [warm_noop] = table["labctl run (warm)"]()
         for i in range(rounds):
-            seconds[FIRST_CONTACT].append(first_contact(client, workspace, up, names))
+            seconds[FIRST_CONTACT].append(first_contact(client, workspace, up, warm_noop, names, later))
             order = list(table)[i % len(table):] + list(table)[:i % len(table)]  # a different way first each round
             for name in order:
                 seconds[name].append(timed(table[name](), workspace_for[name]))

@@ -51,6 +51,7 @@ RUNNING = "DDPLAB_FORKSERVER_RUNNING"  # serve: another server answers at SOCKET
 COLD_START = 75  # EX_TEMPFAIL: nothing of the run started here; start it the cold way
 LOST_STATUS = 70  # EX_SOFTWARE: the worker was killed with its server connection
 RUN_ID_VAR = "DDPLAB_RUN_ID"  # = labctl.run.launch.RUN_ID_VAR
+IMPORTED_LATER = "imported %s while idle"  # its log line for each LATER module: = labctl.run.warm.IMPORTED_LATER
 SOCKET_PATH = "/tmp/ddplab/fork.sock"  # in a node
 REGISTRY = "workers"  # next to the socket: /tmp/ddplab/workers = stop.py's REGISTRY_DIR
 FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
@@ -190,9 +191,7 @@ class Server:
         self.later = [name for name in later if name not in sys.modules]
         torch = sys.modules.get("torch")  # its thread count, as at import with no *_NUM_THREADS: no kernel
         self.start["torch_threads"] = torch.get_num_threads() if torch else None
-        import gc
-        gc.collect()
-        gc.freeze()  # a worker's collections then skip the preload's objects: their pages stay shared
+        freeze()
 
     def listen(self):
         """Bind the socket, unless a live server answers there already (then say so and exit 3); the
@@ -240,14 +239,12 @@ class Server:
 
     def import_later(self):
         """The next LATER module, imported as the preload's were, and frozen with them."""
-        import gc
         import time
         name, started = self.later.pop(0), time.monotonic()
         done, _ = self.preload([name])
         if done:
-            log("imported %s while idle (%.2f s)" % (name, time.monotonic() - started))
-        gc.collect()
-        gc.freeze()
+            log((IMPORTED_LATER + " (%.2f s)") % (name, time.monotonic() - started))
+        freeze()
 
     def serve(self):
         """Say READY, then forever: reap ended workers, kill those whose request went, accept requests."""
@@ -399,6 +396,14 @@ def receive(conn):
         if not more:
             break
     return (json.loads(data) if data.endswith(b"\n") else None), fds
+
+
+def freeze():
+    """Collect, then freeze what is left: a worker's collections skip the preload's objects, so their
+    pages stay shared."""
+    import gc
+    gc.collect()
+    gc.freeze()
 
 
 def threads():

@@ -27,6 +27,7 @@ from labctl.run.launch import FORK_SOCKET, FORKCHILD_SCRIPT, FORKSERVER_SCRIPT, 
 
 PRELOAD = ("torch", "torch.distributed", "numpy")
 LATER = ("torch._dynamo",)  # imported by the server once idle: see above
+IMPORTED_LATER = "imported %s while idle"  # the server's log line for each (forkserver.IMPORTED_LATER)
 # What one idle server holds (its proportional set size after the preload, measured here: 229 MB), and
 # how much of the engine's memory `warm=auto` lets the lab's servers take.
 SERVER_BYTES = 230 * 1024**2
@@ -56,9 +57,13 @@ def server_argv(preload: tuple[str, ...] = ()) -> list[str]:
     (the user's modules, `up --preload`) at once and LATER when idle: a no-op where one of the same
     command line runs."""
     modules = [*PRELOAD, *(m for m in preload if m not in PRELOAD)]
-    later = [m for m in LATER if m not in modules]
     return ["sh", "-c", START_SCRIPT, FORKSERVER_SCRIPT, FORK_SOCKET, WORKER_SCRIPT, FORKCHILD_SCRIPT, *modules,
-            "--", *later]
+            "--", *later_modules(preload)]
+
+
+def later_modules(preload: tuple[str, ...] = ()) -> list[str]:
+    """What a server started with `preload` (`up --preload`) imports once idle: LATER, less those."""
+    return [m for m in LATER if m not in preload]
 
 
 STOP = "pkill -f 'serve /tmp/ddplab/fork-[0-9a-f]+[.]sock' || true"

@@ -149,6 +149,7 @@ def test_the_constants_the_scripts_write_out_are_labctls():
     assert (store.STORE_READY, store.STORE_FAILED) == (launch.STORE_READY, launch.STORE_FAILED)
     assert re.findall(r"^marker=(\S+)", remote.load("prepare-workspace.sh"), re.M) == [ssh.MARKER]
     assert re.findall(r"^log=(\S+)", remote.load("start-forkserver.sh"), re.M) == [warm.SERVER_LOG]
+    assert forkserver.IMPORTED_LATER == warm.IMPORTED_LATER  # `bench start` waits for it in that log
 
 
 def test_labctl_ships_the_files_text():
