@@ -7,7 +7,8 @@ the same by hand (`docker exec` on every node at once, torchrun or a static laun
 tutorial `train.py` (one epoch) warm and under torchrun; and TorchX's local_docker scheduler, where
 a `torchx` command is given. The ways alternate, round after round, so a change in the machine's
 load hits them all alike; each is reported as the median of its rounds and its ratio to the warm
-path's. The lab (bench-start) is brought up for the bench and removed after it.
+path's. The lab (bench-start) is brought up for the bench and removed after it; its folder is
+removed before, so that `up` keeps nothing (a --preload, packages) of an earlier bench.
 
 Each round begins with what a user meets first: the lab taken down (its volume kept), then `labctl
 up` and, at once, the first warm run (FIRST_CONTACT), timed from `up`'s start to that run's end; then
@@ -92,12 +93,15 @@ def first_contact(client, workspace: Path, up: list[str], first_run: list[str], 
     seconds = timed_in_turn([up, first_run], workspace)
     wanted = [IMPORTED_LATER % name for name in later]
     deadline = time.monotonic() + IDLE_WAIT_S
-    while names and time.monotonic() < deadline:
+    while True:
         logs = [run(["docker", "exec", name, "cat", SERVER_LOG], check=False).stdout for name in names]
         if all(line in log for log in logs for line in wanted):
-            break
+            return seconds
+        if time.monotonic() > deadline:  # the other ways would be timed beside those imports
+            raise StateError(f"the fork servers of {BENCH_LAB} had not imported {', '.join(later)} "
+                             f"{IDLE_WAIT_S} s after its first run (each node's {SERVER_LOG} says why)",
+                             hint="labctl bench start --preload " + " --preload ".join(later) + " imports it at once")
         time.sleep(0.2)
-    return seconds
 
 
 def ways(workspace: Path, nodes: int, master: str, master_port: int,
@@ -171,6 +175,8 @@ def measure(client, workspace: Path, nodes: int = 3, rounds: int = 5, torchx: st
     up = [sys.executable, "-m", "labctl", "up", "--lab", BENCH_LAB, "--nodes", str(nodes), "--json", *up_args]
     later = later_modules(tuple(up_args[i + 1] for i, arg in enumerate(up_args[:-1]) if arg == "--preload"))
     apply_down(client, BENCH_LAB, volumes=True)
+    # and what an earlier bench left in the lab's folder: `up` would keep its --preload and packages
+    shutil.rmtree(lab_dir(workspace, BENCH_LAB), ignore_errors=True)
     torchx_before = torchx_objects(client) if torchx else None
     try:
         run(up, cwd=workspace, timeout_s=600)
