@@ -64,15 +64,6 @@ if [ -n "${DDPLAB_SLURM_DIR:-}" ]; then
   /opt/ddplab/slurm-node.sh || exit 1
 fi
 
-# With DDPLAB_FORK_SERVER naming a file that exists (`labctl up` writes .lab/<lab>/fork-server.sh
-# unless the lab runs cold), the node starts its fork server (labctl/run/warm.py) in the background
-# now, so that it imports torch while the rest of the lab is still starting. Before the READY line:
-# `up` starts a server itself once it has read that line, which is then a no-op. A server that does
-# not start is no reason to stop the node: its runs start cold, and `up` says so.
-if [ -n "${DDPLAB_FORK_SERVER:-}" ] && [ -f "$DDPLAB_FORK_SERVER" ]; then
-  sh "$DDPLAB_FORK_SERVER" || echo "ddplab: $DDPLAB_FORK_SERVER failed (exit status $?)"
-fi
-
 python - <<'PY' || exit 1
 import importlib.util, platform, re, sys
 spec = importlib.util.find_spec("torch")

@@ -9,7 +9,6 @@ the API (`Lab.up`, `Lab.plan_up`) and above everything they use.
 from __future__ import annotations
 
 import time
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Callable, Mapping
@@ -18,7 +17,6 @@ from labctl.engine import detect as engine_mod
 from labctl.engine.docker import lab_containers
 from labctl.hosts import labnodes
 from labctl.lab import image as image_mod
-from labctl.lab.compose import FORK_SERVER_FILE
 from labctl.lab.lifecycle import NodeState, lab_dir
 from labctl.lab.owner import Owner
 from labctl.lab.package_image import prepare_packages
@@ -27,7 +25,7 @@ from labctl.lab.resolve import write_atomic
 from labctl.lab.up import UpPlan, apply_up_plan, build_up_plan, kept_packages, settle
 from labctl.net.apply import apply_shape, read_links, settle_neighbors
 from labctl.net.tc import LinkState, parse_shape
-from labctl.run.warm import plan_servers, server_script, start_servers, stop_servers
+from labctl.run.warm import plan_servers, start_servers, stop_servers
 from labctl.session import LabSession
 from labctl.slurm import cluster
 from labctl.slurm.conf import SlurmNode, build_slurm_conf
@@ -116,15 +114,10 @@ def bring_up(session: LabSession, plan: UpPlan, report: Report, build_progress=N
         if warning:
             report(warning)
     services = SlurmServices(client, session.workspace, report) if config.scheduler == "slurm" else None
-    preload = prepare_warm(session, config, plan.engine, report)  # before the nodes start: they run its script
     plan, nodes = apply_up_plan(client, plan, session.workspace, report, services)
     names = [n.name for n in nodes]
-    # Two independent rounds of engine requests, one helper container or one exec per node: side by
-    # side, the shorter one (the fork servers' start) costs `up` nothing.
-    with ThreadPoolExecutor(max_workers=2) as pool:
-        settled = pool.submit(settle_neighbors, client, config.lab, {n.name: n.ip for n in nodes}, config.iface)
-        warmed = pool.submit(start_warm, session, names, preload, report)
-        settled.result(), warmed.result()
+    settle_neighbors(client, config.lab, {n.name: n.ip for n in nodes}, config.iface)
+    start_warm(session, config, plan.engine, names, report)
     links = None
     if config.bw is not None:
         apply_shape(client, config.lab, names, parse_shape(config.bw), config.iface)
@@ -144,31 +137,17 @@ def write_lab_lock(directory: Path, plan: UpPlan) -> None:
         write_atomic(path, plan.lock_text)
 
 
-def prepare_warm(session: LabSession, config: LabSpec, engine, report: Report) -> tuple[str, ...] | None:
-    """Whether the lab's nodes get fork servers, where the `warm` setting and the engine's memory allow
-    (labctl.run.warm), and the --preload modules they import too: those given now, else those given
-    before; None for no servers. Writes the lab's fork-server script, which each node's entry point
-    runs as it starts, or removes it."""
-    start, note = plan_servers(config.warm, config.nodes, engine.memory_bytes)
+def start_warm(session: LabSession, config: LabSpec, engine, names: list[str], report: Report) -> None:
+    """Each node's fork server, where the `warm` setting and the engine's memory allow (labctl.run.warm),
+    importing the lab's --preload modules too: those given now, else those it was given before."""
+    start, note = plan_servers(config.warm, len(names), engine.memory_bytes)
     if note:
         report(note)
-    session.directory.mkdir(parents=True, exist_ok=True)
-    script = session.directory / FORK_SERVER_FILE
     if not start:
-        script.unlink(missing_ok=True)
-        return None
-    given = config.preload if config.sources.get("preload", "default") != "default" else None
-    preload = kept_preload(session.directory / PRELOAD_FILE, given)
-    write_atomic(script, server_script(preload))
-    return preload
-
-
-def start_warm(session: LabSession, names: list[str], preload: tuple[str, ...] | None, report: Report) -> None:
-    """Each node's fork server, importing `preload` too, started through the engine where the node's
-    entry point has not (a no-op where it has); with `preload` None, every server ended."""
-    if preload is None:
         stop_servers(session.nodes(), names)
         return
+    given = config.preload if config.sources.get("preload", "default") != "default" else None
+    preload = kept_preload(session.directory / PRELOAD_FILE, given)
     for node, why in start_servers(session.nodes(), names, preload).items():
         report(f"{node}: no fork server ({why}); its runs start cold")
 

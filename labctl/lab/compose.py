@@ -27,8 +27,6 @@ from labctl.lab.gpus import GpuPlan
 from labctl.spec.labspec import LabSpec, node_ip, node_mac
 
 SSH_KEY_VAR = "DDPLAB_SSH_AUTHORIZED_KEY"  # the lab's public key; the node's entry point starts sshd for it
-FORK_SERVER_VAR = "DDPLAB_FORK_SERVER"  # the lab's fork-server script; the node's entry point runs it if it exists
-FORK_SERVER_FILE = "fork-server.sh"  # in the lab's folder (labctl.run.warm.server_script)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -45,7 +43,6 @@ class ComposePlan:
     gpus: GpuPlan | None = None  # each node's GPUs and image (labctl.lab.gpus); None: every node the CPU image
     slurm_dir: Path | None = None  # `--scheduler slurm`: the lab's slurm.conf and munge key, in the workspace
     tcp_cc: str | None = None  # every node's TCP congestion control (labctl.lab.tcp); None: the host's
-    fork_server: Path | None = None  # the lab's fork-server script, in the workspace (not on Slurm nodes, root)
 
 
 def load_template(path: Path | None = None) -> dict[str, Any]:
@@ -88,8 +85,6 @@ def node_service(config: LabSpec, plan: ComposePlan, template: dict[str, Any], r
     if plan.ssh_public_key:
         node["labels"][LABEL_SSH] = "true"
         node["environment"] = {**node["environment"], SSH_KEY_VAR: plan.ssh_public_key}
-    if plan.fork_server and not plan.slurm_dir:
-        node["environment"] = {**node["environment"], FORK_SERVER_VAR: str(plan.fork_server)}
     # The workspace appears at the same absolute path on every node and on the host, so
     # paths in commands, logs and run folders mean the same thing everywhere.
     node["volumes"] = [

@@ -196,8 +196,7 @@ def render_project(client, config: LabSpec, workspace: Path, inputs: ProjectInpu
     plan = ComposePlan(subnet=subnet, workspace=workspace, user=engine_mod.node_user(engine, invoking_user()),
                        node_cpus=node_cpus or {}, ssh_public_key=inputs.public_key, limits=engine.limits,
                        owner=inputs.owner or {}, gpus=gpus, tcp_cc=inputs.tcp_cc,
-                       slurm_dir=lab_dir(workspace, config.lab) / "slurm" if config.scheduler == "slurm" else None,
-                       fork_server=lab_dir(workspace, config.lab) / compose_mod.FORK_SERVER_FILE)
+                       slurm_dir=lab_dir(workspace, config.lab) / "slurm" if config.scheduler == "slurm" else None)
     document = compose_mod.build_compose(config, plan, compose_mod.load_template())
     ips = [node_ip(subnet, i) for i in range(config.nodes)]
     extra = {name: {**config.node_env, **(gpus.env.get(name, {}) if gpus else {})} for name in config.node_names}

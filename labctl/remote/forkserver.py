@@ -6,10 +6,9 @@
 Why: a cold `python` spends seconds importing torch, twice per node under torchrun, on every run.
 serve imports it once (the PRELOAD modules: labctl.run.warm.PRELOAD), prints `READY pid=N threads=T
 preloaded=A,B missing=C|-`, and then forks each request's worker: copy-on-write pages, no import.
-The LATER modules it imports once it is idle (no request waiting, no worker running), one at a time,
-and once it has forked a worker or LATER_GRACE_S have passed since READY: what only some scripts need
-(torch._dynamo, for an optimizer) does not hold up the first run, made right after `up`, which imports
-it itself if it must, and the runs after it find it imported.
+The LATER modules it imports once it is idle (no request waiting, no worker running), one at a time:
+what only some scripts need (torch._dynamo, for an optimizer) does not hold up the first run, which
+imports it itself if it must, and the runs after it find it imported.
 WORKER_TEXT is worker.py's text: the child runs a script with it, as `python -c WORKER_TEXT SCRIPT`
 would, once CHILD_TEXT (forkchild.py) has given it the request's world. One request at a time in
 one loop: no threads.
@@ -43,7 +42,6 @@ import select
 import signal
 import socket
 import sys
-import time
 
 READY = "DDPLAB_FORKSERVER_READY"
 ABSENT = "DDPLAB_FORKSERVER_ABSENT"  # request: no server answers at SOCKET_PATH
@@ -57,7 +55,6 @@ IMPORTED_LATER = "imported %s while idle"  # its log line for each LATER module:
 SOCKET_PATH = "/tmp/ddplab/fork.sock"  # in a node
 REGISTRY = "workers"  # next to the socket: /tmp/ddplab/workers = stop.py's REGISTRY_DIR
 FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
-LATER_GRACE_S = 3.0  # after READY, with no request yet: the LATER imports wait this long for a first run
 
 
 def ignored_signals():
@@ -242,6 +239,7 @@ class Server:
 
     def import_later(self):
         """The next LATER module, imported as the preload's were, and frozen with them."""
+        import time
         name, started = self.later.pop(0), time.monotonic()
         done, _ = self.preload([name])
         if done:
@@ -256,14 +254,12 @@ class Server:
         signal.set_wakeup_fd(wake_w, warn_on_full_buffer=False)  # SIGCHLD wakes the select
         signal.signal(signal.SIGCHLD, lambda sig, frame: None)
         self.own_fds = [wake_r, wake_w]
-        self.later_after = time.monotonic() + LATER_GRACE_S  # 0 once a worker was forked
         print("%s pid=%d threads=%d preloaded=%s missing=%s" % (
             READY, os.getpid(), threads(), ",".join(self.preloaded) or "-", ",".join(self.missing) or "-"), flush=True)
         while True:
             self.reap()
             conns = [c for c in self.workers.values() if c is not None]
-            # a later module to import when idle: at once, or when the grace for a first run is over
-            idle = max(0.0, self.later_after - time.monotonic()) if self.later and not self.workers else None
+            idle = 0 if self.later and not self.workers else None  # a later module to import when idle
             readable = select.select([self.listener, wake_r] + conns, [], [], idle)[0]
             if not readable and self.later:
                 self.import_later()
@@ -323,7 +319,6 @@ class Server:
             for fd in fds:
                 os.close(fd)
         self.workers[pid] = conn
-        self.later_after = 0.0
         try:
             self.register(pid, req["env"])
             send(conn, {"pid": pid})

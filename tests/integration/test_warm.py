@@ -100,18 +100,3 @@ def test_a_script_edited_between_two_runs_runs_as_edited(lab2, tmp_path):
     (folder / "helper_mod.py").write_text("VALUE = 2\n")
     second = labctl("run", "--lab", lab2, "--", str(folder / "edited.py"), check=True).stdout
     assert "EDITED 1" in first and "EDITED 2" in second and "EDITED 1" not in second
-
-
-def test_a_node_that_restarts_starts_its_own_fork_server(lab2, docker_client):
-    """No `up` after it: the node's entry point runs the lab's .lab/<lab>/fork-server.sh as it starts,
-    and a run finds the server it started."""
-    node = docker_client.containers.get(f"{lab2}-node1")
-    node.restart(timeout=2)
-    deadline = time.monotonic() + 60
-    while "DDPLAB_FORKSERVER_READY" not in node.exec_run(["cat", "/tmp/ddplab/fork.log"]).output.decode():
-        assert time.monotonic() < deadline, node.logs().decode()[-2000:]
-        time.sleep(0.2)
-    servers = node.exec_run(["pgrep", "-P", "1", "-f", "serve /tmp/ddplab/fork-"]).output.split()
-    assert len(servers) == 1, servers
-    out = labctl("run", "--lab", lab2, "--", "tests/integration/scripts/env_dump.py", check=True).stdout
-    assert out.count("ENV_DUMP {") == 2

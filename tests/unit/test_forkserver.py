@@ -136,23 +136,6 @@ def test_a_later_module_is_imported_once_the_server_is_idle_and_workers_find_it(
         end(proc)
 
 
-def test_with_no_request_the_later_modules_wait_out_the_grace_for_a_first_run(tmp_path):
-    """A run made right after `up` finds the server free: LATER waits LATER_GRACE_S after READY
-    unless a worker was forked first (the test above: at once, once that worker has ended)."""
-    grace = float(re.search(r"^LATER_GRACE_S = ([0-9.]+)", FORKSERVER, re.M).group(1))
-    sock = tmp_path / "ddplab" / "fork.sock"
-    proc = subprocess.Popen([sys.executable, "-c", FORKSERVER, "serve", str(sock), WORKER, CHILD, "json", "--",
-                             "decimal"], stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True)
-    try:
-        assert proc.stdout.readline().startswith("DDPLAB_FORKSERVER_READY ")
-        ready = time.monotonic()
-        assert "imported decimal while idle" in proc.stderr.readline()
-        assert time.monotonic() - ready >= grace - 0.2
-    finally:
-        end(proc)
-
-
 def test_a_second_server_on_the_socket_refuses(server):
     second = start_server(server.sock, preload=["json"])
     assert second.wait(timeout=TIMEOUT_S) == 3 and second.ready.startswith("DDPLAB_FORKSERVER_RUNNING ")
@@ -402,17 +385,6 @@ def test_torch_in_a_worker_follows_the_runs_environment(server, tmp_path, extra)
     assert json.loads(forked.stdout) == json.loads(cold.stdout)
     if "ATEN_CPU_CAPABILITY" in extra:
         assert json.loads(forked.stdout)["capability"] == "DEFAULT" and json.loads(forked.stdout)["threads"] == 1
-
-
-def test_the_labs_fork_server_script_is_the_command_up_runs():
-    """What each node's entry point runs (.lab/<lab>/fork-server.sh) starts the very server `up` starts
-    through the engine, so the second start finds the first one running and does nothing."""
-    import shlex
-
-    from labctl.run.warm import server_argv, server_script
-    lines = server_script(("lightning",)).splitlines(keepends=True)
-    header = next(i for i, line in enumerate(lines) if not line.startswith("#"))
-    assert shlex.split("".join(lines[header:])) == server_argv(("lightning",))
 
 
 def test_up_names_the_later_modules_after_the_preload_and_a_preloaded_one_is_not_later():

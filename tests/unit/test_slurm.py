@@ -100,18 +100,15 @@ def test_a_job_needs_a_script():
 def test_a_slurm_node_runs_as_root_and_labctl_execs_as_the_user():
     config = LabSpec(lab="s", nodes=2, scheduler="slurm")
     plan = ComposePlan(subnet="10.9.0.0/24", workspace=Path("/ws"), user="1000:1000",
-                       slurm_dir=Path("/ws/.lab/s/slurm"), fork_server=Path("/ws/.lab/s/fork-server.sh"))
+                       slurm_dir=Path("/ws/.lab/s/slurm"))
     node = yaml.safe_load(render_compose(build_compose(config, plan, load_template())))["services"]["node1"]
-    assert "DDPLAB_FORK_SERVER" not in node["environment"]  # root here: `up` starts it as the user
     assert node["user"] == "0:0"
     assert node["labels"][LABEL_SCHEDULER] == "slurm" and node["labels"][LABEL_EXEC_USER] == "1000:1000"
     assert node["environment"]["DDPLAB_SLURM_DIR"] == "/ws/.lab/s/slurm"
     assert node["environment"]["DDPLAB_RUN_AS"] == "1000:1000" and node["environment"]["HOME"] == "/tmp"
     assert "no-new-privileges" in node["security_opt"]  # root in the node, still no privilege to gain
     plain = build_compose(LabSpec(lab="s", nodes=2), ComposePlan(subnet="10.9.0.0/24", workspace=Path("/ws"),
-                                                                    user="1000:1000", fork_server=Path("/ws/f.sh")),
-                          load_template())
-    assert plain["services"]["node1"]["environment"]["DDPLAB_FORK_SERVER"] == "/ws/f.sh"
+                                                                    user="1000:1000"), load_template())
     assert plain["services"]["node1"]["user"] == "1000:1000" and LABEL_SCHEDULER not in plain["services"]["node1"]["labels"]
 
 
