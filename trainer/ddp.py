@@ -51,11 +51,12 @@ def param_checksum(model):
     """First 16 hex chars of sha256 over every parameter's name, shape and bytes.
 
     Identical iff the replicas hold bit-identical weights, which is what DDP
-    promises after every step.
+    promises after every step. A sharded parameter (an FSDP2 DTensor) is gathered whole first: a
+    collective, so every rank must call this, as every rank does.
     """
     h = hashlib.sha256()
     for name, p in sorted(model.named_parameters()):
-        t = p.detach().cpu().contiguous()
+        t = (p.full_tensor() if hasattr(p, "full_tensor") else p).detach().cpu().contiguous()
         h.update(f"{name}:{t.dtype}:{tuple(t.shape)};".encode())
         # The tensor's raw bytes, read via ctypes so NumPy isn't required.
         h.update(ctypes.string_at(t.data_ptr(), t.numel() * t.element_size()))

@@ -78,6 +78,10 @@ def parse_args(argv=None):
     add("--rank-micro-batch", default=None, metavar="RANK=M,...",
         help="per-rank micro-batch overrides, e.g. 0=10,1=6 to give a slow rank less work; "
              "gradients are weighted by sample count, so the step is still the global-batch mean")
+    add("--strategy", choices=["ddp", "zero", "fsdp"], default="ddp",
+        help="how the model's state is spread over the ranks (trainer/strategy.py): ddp replicates it; zero "
+             "shards the optimizer state (ZeroRedundancyOptimizer); fsdp shards parameters, gradients and "
+             "optimizer state (FSDP2 fully_shard per block). Same loop, same data, same loss (default ddp)")
     # DDP levers (no effect in a single process)
     add("--bucket-cap-mb", type=above_zero, default=25.0,
         help="DDP gradient bucket size in MiB: smaller buckets start communicating earlier (default 25)")
@@ -115,4 +119,10 @@ def parse_args(argv=None):
         help="write no metrics files (e.g. on a read-only filesystem)")
     add("--profile", action="store_true",
         help="write a torch.profiler Chrome trace of steps 3-5 per rank: <run_dir>/trace-rank<RANK>.json")
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    from trainer.strategy import refusal  # here: flags that do not go together fail before any process group
+
+    why = refusal(args)
+    if why:
+        p.exit(2, f"{p.prog}: {why}\n")
+    return args

@@ -27,7 +27,7 @@ class Run:
     tag: str  # "[rank R/W host]": how every line this rank prints begins
     run_dir: Path  # metrics, profiler traces, and checkpoints unless --ckpt-dir
     workload: Workload  # samples, the raw model, the loss
-    model: torch.nn.Module  # workload.model, wrapped in DDP when the world has more than one rank
+    model: torch.nn.Module  # workload.model as --strategy wraps it (DDP, or sharded) in a world of more than one
     optimizer: torch.optim.Optimizer
     timer: CommTimer  # inside DDP's comm hook: when each step's gradients were communicated
     metrics: MetricsWriter | NullMetrics  # this rank's metrics-rank<R>.jsonl

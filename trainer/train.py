@@ -7,9 +7,10 @@ differ only in which samples a step sees and what is logged between steps, and t
 holds that part: global-batch mode picks step s's samples from (seed, G, s); epoch mode takes one
 DistributedSampler batch a step and prints each rank's mean loss at every epoch's end.
 
-Elsewhere: the flags in flags.py, the workloads in workloads.py, DDP wrapping and the replica
-checksum in ddp.py, the process group in dist.py, step timing in instrument.py, the metrics records
-in metrics.py, checkpoints in checkpoint.py, the Run and Result records in state.py.
+Elsewhere: the flags in flags.py, the workloads in workloads.py, DDP or sharding in strategy.py
+(DDP's levers and the replica checksum in ddp.py), the process group in dist.py, step timing in
+instrument.py, the metrics records in metrics.py, checkpoints in checkpoint.py, the Run and Result
+records in state.py.
 """
 
 import json
@@ -21,11 +22,11 @@ from pathlib import Path
 
 import torch
 
-from trainer import checkpoint
-from trainer.ddp import param_checksum, wrap_ddp
+from trainer import checkpoint, strategy
+from trainer.ddp import param_checksum
 from trainer.dist import (all_gather, all_reduce_sum, barrier_times, compute_cleanup, compute_init, get_dist_info, print0,
                           rank_tag)
-from trainer.flags import parse_args  # the tests import parse_args and wrap_ddp from here too
+from trainer.flags import parse_args  # the tests import parse_args from here too
 from trainer.instrument import CommTimer, StepTiming, profiler_for, straggler_line, summarize, wall, wall_now
 from trainer.metrics import open_metrics
 from trainer.schedule import schedule_for
@@ -75,10 +76,8 @@ def setup(args, run_dir, metrics):
     workload = gpt_workload(args, c, tag) if args.workload == "gpt" else toy_workload(args, c)
 
     timer = CommTimer()
-    model = workload.model
-    if c.world_size > 1:
-        model = wrap_ddp(workload.model, c, args.bucket_cap_mb, args.comm_hook, args.static_graph, timer)
-    optimizer = torch.optim.Adam(model.parameters(), lr=args.lr)
+    model = strategy.wrap_model(workload.model, c, args, timer)  # DDP, or sharded (trainer/strategy.py)
+    optimizer = strategy.build_optimizer(model, args, c.world_size)
     prof = profiler_for(args.profile, c.device.type, Path(run_dir) / f"trace-rank{c.rank}.json")
     return Run(args=args, c=c, tag=tag, run_dir=run_dir, workload=workload, model=model, optimizer=optimizer,
                timer=timer, metrics=metrics, prof=prof)
@@ -127,7 +126,7 @@ def train_step(run, batch):
         x, y = x.to(c.device, non_blocking=True), y.to(c.device, non_blocking=True)
         # no_sync on all but the last micro-step: one gradient all-reduce per step.
         sync = k == len(batch.micros) - 1 or c.world_size == 1
-        with (nullcontext() if sync else model.no_sync()):
+        with (nullcontext() if sync else strategy.no_sync(model)):
             micro_loss = run.workload.loss_sum(model(x), y)
             (micro_loss * batch.scale).backward()  # under DDP the last one also all-reduces the gradients
         loss_sum += micro_loss.detach()
@@ -152,13 +151,18 @@ def finish(run, result):
     checksums = all_gather(checksum)
     gathered = all_gather((socket.gethostname(), result.timings))
     perf = summarize([t for _, t in gathered], [h for h, _ in gathered])
+    held = all_gather(strategy.state_bytes(run.model, run.optimizer))  # each rank's, after the last step
     summary = {
         "workload": run.workload.name,
         "steps": result.steps,
         "final_loss": result.final_loss,  # unrounded: runs are compared to the last digits float32 has
         "world_size": c.world_size,
-        "param_checksum": checksum,
+        "strategy": run.args.strategy,
+        "param_checksum": checksum,  # of the whole parameters: a sharded run's are gathered first
         "replicas_consistent": len(set(checksums)) == 1,
+        # Parameters, gradients and optimizer state on the rank that holds the most, and what they are.
+        "state_bytes_per_rank": max(sum(h.values()) for h in held),
+        "state_bytes": max(held, key=lambda h: sum(h.values())),
         "backend": c.backend,
         "device": c.device.type,
         "threads": torch.get_num_threads(),

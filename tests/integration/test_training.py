@@ -39,6 +39,30 @@ def test_gpt_trains_across_three_nodes_and_reports_where_the_time_goes(lab3, doc
         assert all(r["compute_ms"] > 0 and r["comm_ms"] >= 0 and r["tokens_per_s"] > 0 for r in records)
 
 
+def test_ddp_zero_and_fsdp_end_at_the_same_loss_and_sharding_holds_less_per_rank(lab3):
+    """The same gpt, 20 steps on 3 nodes, under each strategy (trainer/strategy.py): the same loop
+    and data order, so the same loss up to the order of floating-point sums."""
+    lab, _ = lab3
+    runs = {s: summary_of(labctl("run", "--lab", lab, "--", *GPT, "--steps", "20", "--strategy", s, check=True).stdout)
+            for s in ("ddp", "zero", "fsdp")}
+    ddp, zero, fsdp = runs["ddp"], runs["zero"], runs["fsdp"]
+    for name, s in runs.items():
+        assert (s["strategy"], s["world_size"], s["replicas_consistent"]) == (name, 3, True), s
+        assert abs(s["final_loss"] - ddp["final_loss"]) <= 1e-4 * abs(ddp["final_loss"]), (name, s["final_loss"])
+    # ZeRO-1 steps the same Adam on the same all-reduced gradients, shard by shard: to the last bit
+    assert zero["param_checksum"] == ddp["param_checksum"]
+    # What one rank holds, counted from its tensors. DDP: parameters, gradients and Adam's two moments.
+    params = ddp["state_bytes"]["params"]
+    assert params == 4 * ddp["params"] and ddp["state_bytes"]["grads"] == params
+    assert ddp["state_bytes"]["optimizer"] >= 2 * params
+    # ZeRO-1: every parameter and gradient, the moments of about a third (whole tensors, so not exactly)
+    assert zero["state_bytes"]["params"] == params and zero["state_bytes_per_rank"] < ddp["state_bytes_per_rank"]
+    assert zero["state_bytes"]["optimizer"] < ddp["state_bytes"]["optimizer"] / 2
+    # FSDP: a third of everything, each shard padded to an equal size
+    assert fsdp["state_bytes"]["params"] <= params / 3 + 4096
+    assert fsdp["state_bytes_per_rank"] <= ddp["state_bytes_per_rank"] / 2
+
+
 def test_the_straggler_is_named(lab3):
     lab, _ = lab3
     labctl("slow", "--lab", lab, "node2", "--cpus", "0.2", check=True)

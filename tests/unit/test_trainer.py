@@ -200,7 +200,7 @@ def test_comm_hooks_train(gloo_world_of_one, hook):
     import torch
 
     from trainer.model import MLP
-    from trainer.train import wrap_ddp
+    from trainer.ddp import wrap_ddp
 
     c = SimpleNamespace(local_rank=0, device=torch.device("cpu"), backend="gloo")
     torch.manual_seed(0)
@@ -223,7 +223,7 @@ def test_bf16_hook_on_gloo_is_refused_clearly(gloo_world_of_one):
     import torch
 
     from trainer.model import MLP
-    from trainer.train import wrap_ddp
+    from trainer.ddp import wrap_ddp
 
     c = SimpleNamespace(local_rank=0, device=torch.device("cpu"), backend="gloo")
     with pytest.raises(SystemExit, match="needs CUDA and NCCL"):

@@ -1,0 +1,106 @@
+"""How a model's state is spread over the ranks, and what one rank holds of it.
+
+    ddp   every rank holds the whole model, its gradients and its optimizer state; DDP all-reduces
+          the gradients (trainer/ddp.py)
+    zero  DDP, with torch's ZeroRedundancyOptimizer (ZeRO stage 1): each rank keeps the optimizer
+          state of its share of the parameters only, steps that share, and broadcasts it back
+    fsdp  FSDP2's fully_shard, once per transformer block and once for the whole model: each rank
+          keeps 1/N of the parameters, gradients and optimizer state; a block's parameters are
+          all-gathered before its forward and again before its backward, and its gradients
+          reduce-scattered after it
+
+The loop, the data order and the loss are the same for all three, so they end at the same loss up
+to the order in which floating-point sums are taken. A single process wraps nothing, as with DDP.
+"""
+
+from contextlib import contextmanager
+
+import torch
+
+from trainer.ddp import wrap_ddp
+
+STRATEGIES = ("ddp", "zero", "fsdp")
+DDP_ONLY = ("comm_hook", "static_graph")  # DDP's own levers: fsdp has neither
+
+
+def refusal(args):
+    """Why the flags do not go together with --strategy, or None: before any process group exists."""
+    if args.strategy == "ddp":
+        return None
+    if args.ckpt_every:
+        return (f"error: --ckpt-every with --strategy {args.strategy}: the trainer checkpoints whole, replicated "
+                "state only; use --strategy ddp for a run that resumes")
+    if args.strategy == "fsdp" and (args.comm_hook != "none" or args.static_graph):
+        given = "--comm-hook " + args.comm_hook if args.comm_hook != "none" else "--static-graph"
+        return f"error: {given} is a DDP setting, and --strategy fsdp has no DDP: use --strategy ddp or zero"
+    return None
+
+
+def wrap_model(model, c, args, timer):
+    """The model as the loop trains it: DDP (ddp, zero), fully sharded (fsdp), or as it is in a world of one."""
+    if c.world_size == 1:
+        return model
+    if args.strategy == "fsdp":
+        return shard_fully(model, c)
+    return wrap_ddp(model, c, args.bucket_cap_mb, args.comm_hook, args.static_graph, timer)
+
+
+def shard_fully(model, c):
+    """FSDP2 on a 1-D mesh of every rank: one unit per block (`model.blocks`, gpt's), then the root,
+    which holds what is left (embeddings, the final norm, the tied head). fully_shard changes the
+    module in place: its parameters become DTensors, each rank holding a shard."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    mesh = init_device_mesh(c.device.type, (c.world_size,))
+    for block in getattr(model, "blocks", ()):
+        fully_shard(block, mesh=mesh)
+    return fully_shard(model, mesh=mesh)
+
+
+def build_optimizer(model, args, world_size):
+    """Adam, for every strategy; zero's shards its state over the ranks."""
+    if args.strategy == "zero" and world_size > 1:
+        from torch.distributed.optim import ZeroRedundancyOptimizer
+
+        return ZeroRedundancyOptimizer(model.parameters(), optimizer_class=torch.optim.Adam, lr=args.lr)
+    return torch.optim.Adam(model.parameters(), lr=args.lr)
+
+
+@contextmanager
+def no_sync(model):
+    """A micro-step that accumulates gradients without communicating them: DDP's no_sync, FSDP2's
+    requires_gradient_sync off (it keeps the unsharded gradients until the step's last backward)."""
+    if hasattr(model, "no_sync"):
+        with model.no_sync():
+            yield
+    elif hasattr(model, "set_requires_gradient_sync"):
+        model.set_requires_gradient_sync(False)
+        try:
+            yield
+        finally:
+            model.set_requires_gradient_sync(True)
+    else:
+        yield
+
+
+def local(tensor):
+    """What this rank holds of a tensor: a DTensor's shard, or the tensor."""
+    return tensor.to_local() if hasattr(tensor, "to_local") else tensor
+
+
+def state_bytes(model, optimizer):
+    """{"params", "grads", "optimizer"}: the bytes of each that this rank holds, counted from its tensors."""
+    params = [p for p in model.parameters()]
+    inner = getattr(optimizer, "optim", optimizer)  # ZeroRedundancyOptimizer steps a local optimizer
+    states = [t for state in inner.state.values() for t in state.values() if torch.is_tensor(t)]
+    return {
+        "params": sum(nbytes(p) for p in params),
+        "grads": sum(nbytes(p.grad) for p in params if p.grad is not None),
+        "optimizer": sum(nbytes(t) for t in states),
+    }
+
+
+def nbytes(tensor):
+    shard = local(tensor)
+    return shard.numel() * shard.element_size()
