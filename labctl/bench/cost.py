@@ -5,6 +5,14 @@ reduce-scatter and all-gather move (n-1)/n x S each. Time on a link = those byte
 efficiency) + a latency term: 2(n-1) hops x alpha for allreduce, (n-1) x alpha for the others.
 These are also nccl-tests' busbw factors: busbw = algbw x 2(n-1)/n for allreduce.
 
+Per optimizer step, a strategy (the trainer's --strategy) sends (STRATEGY_COLLECTIVES): DDP one
+allreduce of the gradients, 2(n-1)/n x S; ZeRO-1 as torch's ZeroRedundancyOptimizer does it, DDP's
+allreduce and then every rank's updated shard of the parameters to every other rank, an all-gather's
+(n-1)/n x S more; FSDP an all-gather of the parameters before forward, another before backward and a
+reduce-scatter of the gradients, 3(n-1)/n x S. Both sharded ones send 1.5x DDP's bytes, for what
+one rank holds (state_bytes_per_rank): DDP all of the parameters, gradients and Adam's state, ZeRO-1
+1/n of Adam's state, FSDP 1/n of everything.
+
 `estimate` is `labctl cost`: the rows for the links asked for, or for a running lab's slowest
 shaped link and every preset, over the ranks given or the lab's world size.
 """
@@ -23,6 +31,16 @@ DTYPE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
 COLLECTIVES = ("allreduce", "reduce_scatter", "allgather")
 DEFAULT_EFFICIENCY = 0.85  # what a tuned TCP collective stack typically reaches on Ethernet
 DEFAULT_ALPHA_S = 50e-6
+STRATEGIES = ("ddp", "zero", "fsdp")
+# What one optimizer step sends, per strategy: (collective, how many), each over the model's S bytes.
+STRATEGY_COLLECTIVES = {
+    "ddp": (("allreduce", 1),),
+    "zero": (("allreduce", 1), ("allgather", 1)),  # the updated shards broadcast: an all-gather's bytes
+    "fsdp": (("allgather", 2), ("reduce_scatter", 1)),  # parameters before forward and backward; gradients
+}
+# Adam's state per parameter: two fp32 moments, and an fp32 master copy of the parameter when they
+# train in bf16 or fp16 (the ZeRO paper's K = 12): with the parameter and its gradient, 16 bytes either way.
+OPTIMIZER_BYTES = {"fp32": 8, "bf16": 12, "fp16": 12}
 
 
 @dataclass(frozen=True)
@@ -80,9 +98,30 @@ def collective_time_s(payload_bytes: float, n: int, link: Link, efficiency: floa
     return bytes_per_rank(payload_bytes, n, collective) * 8 / (link.rate_bps * efficiency) + hops * link.alpha_s
 
 
-def step_report(params: float, dtype: str, n: int, links: list[Link], compute_s: float | None = None,
-                grad_accum: int = 1, efficiency: float = DEFAULT_EFFICIENCY, collective: str = "allreduce") -> list[dict]:
-    """One row per link: what one gradient synchronisation costs, and against the compute."""
+def state_bytes_per_rank(params: float, dtype: str, n: int, strategy: str) -> float:
+    """The parameters, gradients and Adam state one of n ranks holds under `strategy`, in bytes."""
+    replicated = params * DTYPE_BYTES[dtype] * 2  # the parameters and their gradients
+    optimizer = params * OPTIMIZER_BYTES[dtype]
+    return {"ddp": replicated + optimizer, "zero": replicated + optimizer / n,
+            "fsdp": (replicated + optimizer) / n}[strategy]
+
+
+def strategy_step(payload_bytes: float, n: int, link: Link, efficiency: float, strategy: str,
+                  grad_accum: int = 1) -> tuple[float, float]:
+    """(bytes through each rank's NIC, seconds on `link`) of one optimizer step's collectives. FSDP
+    gathers the parameters again in every micro-step; the gradients go once a step, as DDP's do."""
+    sent = [(op, k * grad_accum if strategy == "fsdp" and op == "allgather" else k)
+            for op, k in STRATEGY_COLLECTIVES[strategy]]
+    return (sum(k * bytes_per_rank(payload_bytes, n, op) for op, k in sent),
+            sum(k * collective_time_s(payload_bytes, n, link, efficiency, op) for op, k in sent))
+
+
+def step_report(query: CostQuery, n: int, links: list[Link]) -> list[dict]:
+    """One row per link: what one gradient synchronisation costs over n ranks, and against the compute;
+    with a strategy, what its optimizer step sends (STRATEGY_COLLECTIVES) and what a rank holds.
+    `query.ranks`, `.links` and `.delay` are resolved already: `n` and `links`."""
+    params, dtype, compute_s, grad_accum = query.params, query.dtype, query.compute_s, query.grad_accum
+    efficiency, collective, strategy = query.efficiency, query.collective, query.strategy
     if not params > 0:
         raise ConfigError("--params", params, "must be a positive number of parameters, e.g. 760e6")
     if dtype not in DTYPE_BYTES:
@@ -96,18 +135,34 @@ def step_report(params: float, dtype: str, n: int, links: list[Link], compute_s:
     if compute_s is not None and not compute_s > 0:
         raise ConfigError("--compute-s", compute_s, "must be a positive number of seconds")
     _check_collective(collective)
+    if strategy is not None and strategy not in STRATEGIES:
+        raise ConfigError("--strategy", strategy, f"must be one of {', '.join(STRATEGIES)}")
+    if strategy is not None and collective != "allreduce":
+        raise ConfigError("--collective", collective, "prices one collective, and --strategy a whole step's",
+                          hint=f"drop --collective: --strategy {strategy} sends {strategy_text(strategy)}")
     payload = params * DTYPE_BYTES[dtype]
     rows = []
     for link in links:
-        comm_s = collective_time_s(payload, n, link, efficiency, collective)
-        row = {"link": link.name, "rate_bps": link.rate_bps, "payload_bytes": payload,
-               "bytes_per_rank": bytes_per_rank(payload, n, collective), "comm_s": comm_s}
+        if strategy is None:
+            sent, comm_s = bytes_per_rank(payload, n, collective), collective_time_s(payload, n, link, efficiency, collective)
+        else:
+            sent, comm_s = strategy_step(payload, n, link, efficiency, strategy, grad_accum)
+        row = {"link": link.name, "rate_bps": link.rate_bps, "payload_bytes": payload, "bytes_per_rank": sent,
+               "comm_s": comm_s}
+        if strategy is not None:
+            row.update(strategy=strategy, bytes_per_rank_per_step=sent,
+                       state_bytes_per_rank=state_bytes_per_rank(params, dtype, n, strategy))
         if compute_s is not None:
             # Gradients are synchronised once per optimizer step, after grad_accum micro-steps.
             row["comm_over_compute"] = comm_s / (grad_accum * compute_s)
             row["step_s_no_overlap"] = grad_accum * compute_s + comm_s
         rows.append(row)
     return rows
+
+
+def strategy_text(strategy: str) -> str:
+    """What a strategy's step sends, in words: "2 allgather + 1 reduce_scatter"."""
+    return " + ".join(f"{k} {op}" for op, k in STRATEGY_COLLECTIVES[strategy])
 
 
 _PARAM_SUFFIX = {"k": 1e3, "m": 1e6, "b": 1e9, "g": 1e9}
@@ -142,6 +197,7 @@ class CostReport:
     compute_s: float | None
     grad_accum: int
     rows: list[dict]
+    strategy: str | None = None  # a whole optimizer step's collectives, priced instead of one collective
 
 
 def lab_link(session: LabSession) -> tuple[tuple[str, int] | None, int | None]:
@@ -197,6 +253,7 @@ class CostQuery:
     efficiency: float = DEFAULT_EFFICIENCY  # --efficiency: the fraction of the link rate the stack reaches
     collective: str = "allreduce"  # --collective: one of COLLECTIVES
     delay: str | None = None  # --delay: a one-way delay added to every link's per-hop latency, e.g. "10ms"
+    strategy: str | None = None  # --strategy: price a whole optimizer step of ddp, zero or fsdp
 
 
 def estimate(query: CostQuery, lab: LabSession | None = None) -> CostReport:
@@ -206,7 +263,6 @@ def estimate(query: CostQuery, lab: LabSession | None = None) -> CostReport:
     shaped, world = lab_link(lab) if lab is not None else (None, None)
     n = rank_count(query.ranks, world)
     links = links_to_price(query.links, shaped, query.delay)
-    rows = step_report(query.params, query.dtype, n, links, query.compute_s, query.grad_accum, query.efficiency,
-                       query.collective)
+    rows = step_report(query, n, links)
     return CostReport(query.params, query.dtype, n, query.collective, query.efficiency, query.compute_s,
-                      query.grad_accum, rows)
+                      query.grad_accum, rows, query.strategy)

@@ -28,21 +28,28 @@ from labctl.spec.units import parse_size_range
 @click.option("--compute-s", type=float, metavar="T", help="Compute (forward+backward) seconds per micro-step.")
 @click.option("--collective", type=click.Choice(["allreduce", "reduce_scatter", "allgather"]), default="allreduce",
               show_default=True)
+@click.option("--strategy", type=click.Choice(["ddp", "zero", "fsdp"]),
+              help="Price a whole optimizer step of this strategy (the trainer's --strategy): every collective it "
+                   "sends, and what one rank holds.")
 @click.option("--grad-accum", type=int, default=1, show_default=True, metavar="K", help="Micro-steps per gradient sync.")
 @click.option("--efficiency", type=float, default=0.85, show_default=True, help="Fraction of the link rate the stack reaches.")
 @lab_option
 @click.option("--json", "as_json", is_flag=True, help="Print the rows as JSON.")
-def cost(params, dtype, ranks, links, delay, compute_s, collective, grad_accum, efficiency, lab, as_json) -> None:
-    """What one gradient synchronisation costs on each link, from first principles.
+def cost(params, dtype, ranks, links, delay, compute_s, collective, strategy, grad_accum, efficiency, lab,
+         as_json) -> None:
+    """What one gradient synchronisation, or one optimizer step of a strategy, costs on each link.
 
     Bytes through each rank's NIC: 2(n-1)/n x S for a ring allreduce, (n-1)/n x S for
     reduce-scatter or all-gather (S = params x dtype bytes); time = bytes / (rate x efficiency)
-    + 2(n-1) x alpha, where alpha is the link's typical latency plus --delay.
+    + 2(n-1) x alpha, where alpha is the link's typical latency plus --delay. --strategy zero adds
+    an all-gather of the updated parameters to DDP's allreduce; fsdp sends two all-gathers and a
+    reduce-scatter: 1.5x DDP's bytes, each, for less state on each rank.
     """
     from labctl.cli import render_bench
 
     count = benches.parse_params(params)
-    query = benches.CostQuery(count, dtype, ranks, links, compute_s, grad_accum, efficiency, collective, delay)
+    query = benches.CostQuery(count, dtype, ranks, links, compute_s, grad_accum, efficiency, collective, delay,
+                              strategy)
     report = benches.estimate(query, lab=invocation().lab(lab))
     render_bench.print_cost(report, as_json)
 

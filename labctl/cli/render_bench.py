@@ -17,15 +17,19 @@ def print_cost(report, as_json: bool) -> None:
         emit_json(report.rows)
         return
     payload = report.rows[0]["payload_bytes"]
-    table = Table(title=f"{report.collective} of {report.params:g} {report.dtype} params ({payload / 1e9:.3g} GB) "
+    what = f"a {report.strategy} step" if report.strategy else report.collective
+    table = Table(title=f"{what} of {report.params:g} {report.dtype} params ({payload / 1e9:.3g} GB) "
                         f"over {report.ranks} ranks, at {report.efficiency:.0%} of each link", title_justify="left")
-    columns = ["link", "rate", "bytes/rank", "time/sync"]
+    columns = ["link", "rate", "bytes/rank", "time/step" if report.strategy else "time/sync"]
+    columns += ["state/rank"] if report.strategy else []
     columns += ["comm/compute", "step (no overlap)"] if report.compute_s else []
     for column in columns:
         table.add_column(column, justify="right" if column != "link" else "left")
     for row in report.rows:
         cells = [row["link"], f"{row['rate_bps'] / 1e9:g} Gbit/s", f"{row['bytes_per_rank'] / 1e9:.3g} GB",
                  seconds_text(row["comm_s"])]
+        if report.strategy:
+            cells.append(f"{row['state_bytes_per_rank'] / 1e9:.3g} GB")
         if report.compute_s:
             cells += [f"{row['comm_over_compute']:.3g}", seconds_text(row["step_s_no_overlap"])]
         table.add_row(*cells)

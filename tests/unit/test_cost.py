@@ -5,6 +5,7 @@ import pytest
 from labctl.bench import cost
 from labctl.bench.cost import (
     PRESETS,
+    CostQuery,
     Link,
     busbw_factor,
     bytes_per_rank,
@@ -19,7 +20,7 @@ from labctl.errors import ConfigError
 def test_gpt2_760m_bf16_two_ranks():
     # S = 760e6 x 2 B = 1.52 GB; ring allreduce over 2 ranks moves 2(1)/2 x S = 1.52 GB = 12.16 Gbit
     # per rank; at 85% of 1 Gbit/s that is 12.16 / 0.85 = 14.306 s (+ 2 x 50 us latency).
-    rows = step_report(760e6, "bf16", 2, [resolve_link("1GbE"), resolve_link("10GbE"), resolve_link("400G-RoCE")])
+    rows = step_report(CostQuery(760e6, "bf16"), 2, [resolve_link("1GbE"), resolve_link("10GbE"), resolve_link("400G-RoCE")])
     assert rows[0]["payload_bytes"] == pytest.approx(1.52e9)
     assert rows[0]["comm_s"] == pytest.approx(12.16 / 0.85 + 2 * 50e-6, rel=1e-9)
     assert rows[0]["comm_s"] == pytest.approx(14.3, abs=0.05)
@@ -45,7 +46,7 @@ def test_latency_term_and_single_rank():
 
 
 def test_grad_accum_divides_the_ratio():
-    one, eight = (step_report(1e8, "fp32", 4, [PRESETS["1gbe"]], compute_s=0.5, grad_accum=k)[0] for k in (1, 8))
+    one, eight = (step_report(CostQuery(1e8, "fp32", compute_s=0.5, grad_accum=k), 4, [PRESETS["1gbe"]])[0] for k in (1, 8))
     assert one["comm_s"] == eight["comm_s"]
     assert eight["comm_over_compute"] == pytest.approx(one["comm_over_compute"] / 8)
     assert eight["step_s_no_overlap"] == pytest.approx(8 * 0.5 + eight["comm_s"])
@@ -60,9 +61,9 @@ def test_parse_params(text, params):
     (lambda: parse_params("big"), "parameter count"),
     (lambda: parse_params("0"), "from 1"),
     (lambda: resolve_link("100mbps"), "preset"),
-    (lambda: step_report(1e6, "int8", 2, [PRESETS["1gbe"]]), "--dtype"),
-    (lambda: step_report(1e6, "fp32", 2, [PRESETS["1gbe"]], efficiency=1.5), "--efficiency"),
-    (lambda: step_report(1e6, "fp32", 2, [PRESETS["1gbe"]], grad_accum=0), "--grad-accum"),
+    (lambda: step_report(CostQuery(1e6, "int8"), 2, [PRESETS["1gbe"]]), "--dtype"),
+    (lambda: step_report(CostQuery(1e6, "fp32", efficiency=1.5), 2, [PRESETS["1gbe"]]), "--efficiency"),
+    (lambda: step_report(CostQuery(1e6, "fp32", grad_accum=0), 2, [PRESETS["1gbe"]]), "--grad-accum"),
     (lambda: busbw_factor(2, "alltoall"), "--collective"),
 ])
 def test_errors(call, fragment):
@@ -85,3 +86,39 @@ def test_cost_with_a_delay_adds_it_to_every_links_latency():
     assert 0.020 < row["comm_s"] < 0.022
     with pytest.raises(ConfigError, match="--delay='soon': must be a time"):
         cost.links_to_price(["1gbit"], None, delay="soon")
+
+
+# --- a whole optimizer step of each strategy: the trainer's --strategy -----------------------------
+
+def test_a_strategys_step_by_hand_fsdp_and_zero_send_one_and_a_half_times_ddps_bytes():
+    link = PRESETS["1gbe"]  # 1 Gbit/s, alpha 50 us
+    S = 1e8 * 4  # 1e8 fp32 parameters
+    rows = {s: step_report(CostQuery(1e8, "fp32", strategy=s), 4, [link])[0] for s in ("ddp", "zero", "fsdp")}
+    # by hand, n = 4: an allreduce moves 2 x 3/4 x S through each NIC, an all-gather or reduce-scatter 3/4 x S
+    assert rows["ddp"]["bytes_per_rank_per_step"] == pytest.approx(1.5 * S)
+    assert rows["zero"]["bytes_per_rank_per_step"] == pytest.approx(1.5 * S + 0.75 * S)
+    assert rows["fsdp"]["bytes_per_rank_per_step"] == pytest.approx(3 * 0.75 * S)
+    assert rows["fsdp"]["bytes_per_rank_per_step"] == pytest.approx(1.5 * rows["ddp"]["bytes_per_rank_per_step"])
+    # time: bytes / (rate x 0.85) plus 2(n-1) hops of alpha for the allreduce, n-1 for each of the others
+    wire = 8 / (1e9 * 0.85)
+    assert rows["ddp"]["comm_s"] == pytest.approx(1.5 * S * wire + 6 * 50e-6)
+    assert rows["fsdp"]["comm_s"] == pytest.approx(2.25 * S * wire + 3 * 3 * 50e-6)
+    # what one rank holds: 4 bytes of parameter, 4 of gradient, 8 of Adam's moments per parameter
+    assert [rows[s]["state_bytes_per_rank"] for s in ("ddp", "zero", "fsdp")] == \
+           pytest.approx([16e8, 8e8 + 8e8 / 4, 16e8 / 4])
+    assert all(r["strategy"] == s for s, r in rows.items())
+
+
+def test_a_bf16_step_keeps_an_fp32_master_copy_and_fsdp_gathers_again_each_micro_step():
+    [row] = step_report(CostQuery(1e6, "bf16", strategy="ddp"), 2, [PRESETS["1gbe"]])
+    assert row["state_bytes_per_rank"] == 16e6  # 2 + 2 + 12 bytes a parameter (the ZeRO paper's K = 12)
+    S = 2e6
+    [row] = step_report(CostQuery(1e6, "bf16", strategy="fsdp", grad_accum=4), 2, [PRESETS["1gbe"]])
+    assert row["bytes_per_rank_per_step"] == pytest.approx((2 * 4 + 1) * 0.5 * S)
+
+
+def test_a_strategy_prices_a_step_so_a_collective_beside_it_is_refused():
+    with pytest.raises(ConfigError, match="--collective"):
+        step_report(CostQuery(1e6, "fp32", collective="allgather", strategy="fsdp"), 2, [PRESETS["1gbe"]])
+    with pytest.raises(ConfigError, match="--strategy"):
+        step_report(CostQuery(1e6, "fp32", strategy="tp"), 2, [PRESETS["1gbe"]])
