@@ -34,6 +34,8 @@ def above_zero(text):
 
 
 def parse_args(argv=None):
+    from trainer.strategy import STRATEGIES, refusal  # with torch: the parser is made where the run is
+
     p = argparse.ArgumentParser(
         prog="python -m trainer",
         description="Train a small model (an MLP on synthetic data, or a character-level GPT); "
@@ -78,7 +80,7 @@ def parse_args(argv=None):
     add("--rank-micro-batch", default=None, metavar="RANK=M,...",
         help="per-rank micro-batch overrides, e.g. 0=10,1=6 to give a slow rank less work; "
              "gradients are weighted by sample count, so the step is still the global-batch mean")
-    add("--strategy", choices=["ddp", "zero", "fsdp"], default="ddp",
+    add("--strategy", choices=STRATEGIES, default="ddp",
         help="how the model's state is spread over the ranks (trainer/strategy.py): ddp replicates it; zero "
              "shards the optimizer state (ZeroRedundancyOptimizer); fsdp shards parameters, gradients and "
              "optimizer state (FSDP2 fully_shard per block). Same loop, same data, same loss (default ddp)")
@@ -120,9 +122,7 @@ def parse_args(argv=None):
     add("--profile", action="store_true",
         help="write a torch.profiler Chrome trace of steps 3-5 per rank: <run_dir>/trace-rank<RANK>.json")
     args = p.parse_args(argv)
-    from trainer.strategy import refusal  # here: flags that do not go together fail before any process group
-
-    why = refusal(args)
+    why = refusal(args)  # flags that do not go together fail here, before any process group exists
     if why:
         p.exit(2, f"{p.prog}: {why}\n")
     return args

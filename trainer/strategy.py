@@ -19,8 +19,7 @@ import torch
 
 from trainer.ddp import wrap_ddp
 
-STRATEGIES = ("ddp", "zero", "fsdp")
-DDP_ONLY = ("comm_hook", "static_graph")  # DDP's own levers: fsdp has neither
+STRATEGIES = ("ddp", "zero", "fsdp")  # --strategy
 
 
 def refusal(args):
@@ -91,7 +90,7 @@ def local(tensor):
 
 def state_bytes(model, optimizer):
     """{"params", "grads", "optimizer"}: the bytes of each that this rank holds, counted from its tensors."""
-    params = [p for p in model.parameters()]
+    params = list(model.parameters())
     inner = getattr(optimizer, "optim", optimizer)  # ZeroRedundancyOptimizer steps a local optimizer
     states = [t for state in inner.state.values() for t in state.values() if torch.is_tensor(t)]
     return {
