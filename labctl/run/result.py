@@ -215,9 +215,15 @@ def first_round_note(members: list[dict], nodes: int) -> str | None:
 
 
 def find_summary(lines) -> dict | None:
-    """The first `SUMMARY {...}` among `lines`, parsed."""
+    """The first `SUMMARY {...}` among `lines` that parses as a JSON object. A line that does not (a
+    script's own "SUMMARY {", a line cut short) is passed over: the run's result still stands."""
     for line in lines:
         if SUMMARY_PREFIX + "{" in line:
-            return json.loads(line.split(SUMMARY_PREFIX, 1)[1])
+            try:
+                found = json.loads(line.split(SUMMARY_PREFIX, 1)[1])
+            except json.JSONDecodeError:
+                continue
+            if isinstance(found, dict):
+                return found
     return None
 

@@ -45,6 +45,10 @@ from labctl.slurm.script import DEFAULT_TIME, LOCK_DIR_VAR, JobSpec, build_job_s
 SCRIPT_FILE = "job.sbatch"  # in the run folder: the script the job ran, as `slurm export` writes it
 JOB_FILE = "job.json"  # in the run folder: the job id and how it was started
 LABEL_RE = re.compile(r"^(\d+): (.*)$")  # srun --label: "<task>: <line>"
+# srun sends a task's output in messages of at most this many bytes and labels each one: a longer line
+# comes as pieces of exactly this size, each on a line of its own (the trainer's SUMMARY, 1,160 bytes
+# here, came as 1,024 and 136). A piece of this size is joined with the task's next line.
+SRUN_PIECE_BYTES = 1024
 GRANTED_RE = re.compile(r"Granted job allocation (\d+)")
 SRUN_ERROR_RE = re.compile(r"srun: error: (\S+): tasks? ([\d,-]+): (.+)")
 SRUN_EXIT_RE = re.compile(r"Exited with exit code (\d+)")
@@ -317,6 +321,7 @@ class JobOutput:
         self.job_id: str | None = None
         self.srun: dict[str, tuple[int | None, bool]] = {}  # node -> (its task's exit code, terminated by srun)
         self.lost: set[str] = set()  # nodes Slurm reported failed
+        self.pieces: dict[int, str] = {}  # task -> the start of a line srun cut into pieces (SRUN_PIECE_BYTES)
 
     def drain(self, lines: queue.Queue, timeout_s: float | None = None) -> int | None:
         deadline = time.monotonic() + timeout_s if timeout_s else None
@@ -329,13 +334,20 @@ class JobOutput:
                     return None
                 continue
             if isinstance(item, int):
+                for task in list(self.pieces):  # a last piece with nothing after it is a line as it is
+                    self.streams[task].line(self.pieces.pop(task))
                 return item
             self.feed(item)
 
     def feed(self, line: str) -> None:
         labelled = LABEL_RE.match(line)
         if labelled and int(labelled.group(1)) < len(self.streams):  # one task per node, in node order
-            self.streams[int(labelled.group(1))].line(labelled.group(2))
+            task, piece = int(labelled.group(1)), labelled.group(2)
+            text = self.pieces.pop(task, "") + piece
+            if len(piece.encode()) == SRUN_PIECE_BYTES:
+                self.pieces[task] = text
+            else:
+                self.streams[task].line(text)
             return
         self.slurm.append(line)
         self.logs.write("slurm", line + "\n")

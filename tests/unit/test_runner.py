@@ -33,3 +33,14 @@ def test_an_ordinary_error_gets_its_own_line_and_no_guess():
     culprit = failed(["Traceback (most recent call last):", "ValueError: deliberate failure on rank 1"])
     text = RunResult(Path("/r"), [culprit], culprit).explain()
     assert "ValueError: deliberate failure on rank 1" in text and "why:" not in text
+
+
+def test_a_summary_line_that_is_not_json_is_passed_over_not_a_crash():
+    """A script's own "SUMMARY {" line, or one cut short on its way (srun cut the trainer's at 1,024
+    bytes once): the run's result stands, with the SUMMARY that parses or none."""
+    from labctl.run.result import find_summary
+
+    assert find_summary(['SUMMARY {"final_loss": 2.5, "run_dir": "/t', "step 1"]) is None
+    assert find_summary(['SUMMARY {"final_loss": 2.5, "run_dir": "/t', 'SUMMARY {"final_loss": 2.5}']) == \
+           {"final_loss": 2.5}
+    assert find_summary(["SUMMARY {of my own}", "SUMMARY {}"]) == {}

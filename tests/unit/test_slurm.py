@@ -4,6 +4,7 @@ read: srun's task labels to node names, the job id, and which node failed, from 
 
 from __future__ import annotations
 
+import json
 import queue
 import subprocess
 from pathlib import Path
@@ -173,6 +174,21 @@ def test_a_node_failure_is_named_and_a_success_has_its_summary(tmp_path):
     done, _ = read(["salloc: Granted job allocation 3", '0: SUMMARY {"final_loss": 2.5, "world_size": 3}',
                     "salloc: Relinquishing job allocation 3"], 0, tmp_path / "done")
     assert done.ok and done.summary == {"final_loss": 2.5, "world_size": 3} and done.exit_status == 0
+
+
+def test_a_line_srun_cut_into_pieces_of_1024_bytes_is_whole_again(tmp_path):
+    """srun sends at most 1,024 bytes of a task's output at a time and labels each piece: a SUMMARY
+    longer than that arrived as two labelled lines, and JSON could not read the first."""
+    summary = json.dumps({"final_loss": 2.5, "world_size": 3, "note": "x" * 1500})
+    line = f"SUMMARY {summary}"
+    pieces = [line[i:i + jobs.SRUN_PIECE_BYTES] for i in range(0, len(line), jobs.SRUN_PIECE_BYTES)]
+    assert len(pieces) == 2
+    lines = ["salloc: Granted job allocation 3", f"0: {pieces[0]}", "1: step 1", f"0: {pieces[1]}",
+             "0: " + "y" * jobs.SRUN_PIECE_BYTES, "salloc: Relinquishing job allocation 3"]
+    done, output = read(lines, 0, tmp_path)
+    assert done.ok and done.summary == json.loads(summary)
+    assert done.outcomes[0].lines == [line, "y" * jobs.SRUN_PIECE_BYTES]  # the last piece: as it came
+    assert done.outcomes[1].lines == ["step 1"]
 
 
 def test_a_job_slurm_refused_fails_as_salloc(tmp_path):
