@@ -46,8 +46,8 @@ SCRIPT_FILE = "job.sbatch"  # in the run folder: the script the job ran, as `slu
 JOB_FILE = "job.json"  # in the run folder: the job id and how it was started
 LABEL_RE = re.compile(r"^(\d+): (.*)$")  # srun --label: "<task>: <line>"
 # srun sends a task's output in messages of at most this many bytes and labels each one: a longer line
-# comes as pieces of exactly this size, each on a line of its own (the trainer's SUMMARY, 1,160 bytes
-# here, came as 1,024 and 136). A piece of this size is joined with the task's next line.
+# comes as pieces of exactly this size, each on a line of its own (the trainer's SUMMARY, over 1,024 bytes
+# for gpt, came in two). A piece of this size is joined with the task's next line.
 SRUN_PIECE_BYTES = 1024
 GRANTED_RE = re.compile(r"Granted job allocation (\d+)")
 SRUN_ERROR_RE = re.compile(r"srun: error: (\S+): tasks? ([\d,-]+): (.+)")
