@@ -152,6 +152,7 @@ def finish(run, result):
     gathered = all_gather((socket.gethostname(), result.timings))
     perf = summarize([t for _, t in gathered], [h for h, _ in gathered])
     held = all_gather(strategy.state_bytes(run.model, run.optimizer))  # each rank's, after the last step
+    fullest = max(held, key=lambda h: sum(h.values()))
     summary = {
         "workload": run.workload.name,
         "steps": result.steps,
@@ -161,8 +162,8 @@ def finish(run, result):
         "param_checksum": checksum,  # of the whole parameters: a sharded run's are gathered first
         "replicas_consistent": len(set(checksums)) == 1,
         # Parameters, gradients and optimizer state on the rank that holds the most, and what they are.
-        "state_bytes_per_rank": max(sum(h.values()) for h in held),
-        "state_bytes": max(held, key=lambda h: sum(h.values())),
+        "state_bytes_per_rank": sum(fullest.values()),
+        "state_bytes": fullest,
         "backend": c.backend,
         "device": c.device.type,
         "threads": torch.get_num_threads(),

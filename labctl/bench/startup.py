@@ -166,14 +166,15 @@ def remove_torchx_objects(client, before: dict[str, set[str]]) -> None:
 
 
 def measure(client, workspace: Path, nodes: int = 3, rounds: int = 5, torchx: str | None = None,
-            report: Callable[[str], None] = lambda _line: None, up_args: list[str] | None = None) -> StartReport:
-    """Bring up bench-start (with `up_args` besides: packages, --preload), time every way `rounds`
-    times, alternating, and remove the lab."""
+            report: Callable[[str], None] = lambda _line: None, up_args: list[str] | None = None,
+            preload: tuple[str, ...] = ()) -> StartReport:
+    """Bring up bench-start (with `up_args` besides, its packages, and `preload`, what its fork servers
+    import too), time every way `rounds` times, alternating, and remove the lab."""
     if torchx and not shutil.which(torchx):
         raise StateError(f"no torchx command at {torchx}", hint="pip install torchx, then --torchx $(which torchx)")
-    up_args = up_args or []
-    up = [sys.executable, "-m", "labctl", "up", "--lab", BENCH_LAB, "--nodes", str(nodes), "--json", *up_args]
-    later = later_modules(tuple(up_args[i + 1] for i, arg in enumerate(up_args[:-1]) if arg == "--preload"))
+    up = [sys.executable, "-m", "labctl", "up", "--lab", BENCH_LAB, "--nodes", str(nodes), "--json", *(up_args or []),
+          *(a for module in preload for a in ("--preload", module))]
+    later = later_modules(preload)
     apply_down(client, BENCH_LAB, volumes=True)
     # and what an earlier bench left in the lab's folder: `up` would keep its --preload and packages
     shutil.rmtree(lab_dir(workspace, BENCH_LAB), ignore_errors=True)

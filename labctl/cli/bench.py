@@ -113,8 +113,8 @@ def bench_start_cmd(nodes, rounds, torchx, as_json, requirements, with_packages,
     """
     from labctl.cli import render_bench
 
-    up_args = up_package_args(requirements, with_packages) + [a for m in preload for a in ("--preload", m)]
-    report = benches.bench_start(invocation().client, invocation().workspace, nodes, rounds, torchx, info, up_args)
+    report = benches.bench_start(invocation().client, invocation().workspace, nodes, rounds, torchx, info,
+                                 up_package_args(requirements, with_packages), tuple(preload))
     render_bench.print_start(report, as_json)
 
 
