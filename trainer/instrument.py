@@ -32,7 +32,9 @@ from __future__ import annotations
 import statistics
 import threading
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
+
+from trainer.collectives import records
 
 # Sampled once, when the trainer starts (train.py imports this module first thing).
 WALL0, PERF0 = time.time(), time.perf_counter()
@@ -107,15 +109,18 @@ class StepTiming:
     t_comm_end: float | None = None  # the last all-reduce finished
     t_backward_end: float | None = None  # backward() returned (after the device sync)
     t_end: float | None = None  # after the optimizer step
+    collectives: list = field(default_factory=list)  # the step's trainer.collectives.Call, in launch order
 
     def record(self) -> dict:
         """The timing fields for a metrics line (the caller writes the step number): durations to
         the microsecond (3 decimals of ms), absolute times to the microsecond (6 decimals of s)."""
         out = {}
         for k, v in asdict(self).items():
-            if k != "step":
+            if k not in ("step", "collectives"):
                 out[k] = round(v, 6 if k.startswith("t_") else 3) if isinstance(v, float) else v
         out["tokens_per_s"] = round(self.tokens / (self.wall_ms / 1e3), 1) if self.wall_ms else None
+        if self.collectives:
+            out["collectives"] = records(self.collectives, wall)
         return out
 
 

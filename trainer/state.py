@@ -44,3 +44,4 @@ class Result:
     elapsed_s: float  # the loop's wall time on this rank, in seconds
     timings: list[StepTiming]  # one per step this rank ran
     extra: dict  # the mode's own SUMMARY fields (trainer/schedule.py)
+    wire_tx_bytes: int | None = None  # what this node's links sent over the steps after the first (trainer/wire.py)

@@ -22,12 +22,12 @@ from pathlib import Path
 
 import torch
 
-from trainer import checkpoint, strategy
+from trainer import checkpoint, collectives, strategy, wire
 from trainer.ddp import param_checksum
 from trainer.dist import (all_gather, all_reduce_sum, barrier_times, compute_cleanup, compute_init, get_dist_info, print0,
                           rank_tag)
 from trainer.flags import parse_args  # the tests import parse_args from here too
-from trainer.instrument import CommTimer, StepTiming, profiler_for, straggler_line, summarize, wall, wall_now
+from trainer.instrument import CommTimer, StepTiming, profiler_for, steady, straggler_line, summarize, wall, wall_now
 from trainer.metrics import open_metrics
 from trainer.schedule import schedule_for
 from trainer.state import Result, Run
@@ -76,6 +76,7 @@ def setup(args, run_dir, metrics):
     workload = gpt_workload(args, c, tag) if args.workload == "gpt" else toy_workload(args, c)
 
     timer = CommTimer()
+    collectives.CollectiveLog.install()  # every step's collectives, by kind (trainer/collectives.py)
     model = strategy.wrap_model(workload.model, c, args, timer)  # DDP, or sharded (trainer/strategy.py)
     optimizer = strategy.build_optimizer(model, args, c.world_size)
     prof = profiler_for(args.profile, c.device.type, Path(run_dir) / f"trace-rank{c.rank}.json")
@@ -89,6 +90,7 @@ def train(run, schedule):
     timings, samples = [], 0  # this rank's, over the steps it runs
     run.model.train()  # no dropout or batch norm in these models: it changes nothing, but says what we do
     t0 = last_end = time.perf_counter()
+    sent_before = None
     for step in range(schedule.start, schedule.steps + 1):
         batch = schedule.batch(step)  # which samples this step trains on: the mode's to say
         loss_sum, timing = train_step(run, batch)
@@ -108,9 +110,13 @@ def train(run, schedule):
         if step == 1:
             schedule.after_first_step()  # global-batch mode: are the replicas identical after one step?
             last_end = time.perf_counter()  # that check is no part of step 2's wall time
+        if step == schedule.start:
+            sent_before = wire.tx_bytes()  # the link counters over the steady steps (trainer/wire.py)
     elapsed_s = time.perf_counter() - t0
+    sent_after = wire.tx_bytes()
     return Result(steps=schedule.steps, final_loss=schedule.final_loss(), samples=samples, elapsed_s=elapsed_s,
-                  timings=timings, extra=schedule.summary())
+                  timings=timings, extra=schedule.summary(),
+                  wire_tx_bytes=sent_after - sent_before if None not in (sent_before, sent_after) else None)
 
 
 def train_step(run, batch):
@@ -121,6 +127,8 @@ def train_step(run, batch):
     t0 = time.perf_counter()
     run.optimizer.zero_grad(set_to_none=True)
     timer.reset()
+    log = collectives.CollectiveLog.install()
+    log.start_step()
     loss_sum = torch.zeros((), device=c.device)
     for k, (x, y) in enumerate(batch.micros):
         x, y = x.to(c.device, non_blocking=True), y.to(c.device, non_blocking=True)
@@ -135,12 +143,22 @@ def train_step(run, batch):
     run.optimizer.step()
     sync_device(c.device)
     step_end = time.perf_counter()
-    wait_ms = timer.wait_ms(backward_end)
-    timing = StepTiming(step=0, compute_ms=(backward_end - t0) * 1e3 - wait_ms, comm_ms=timer.comm_ms(),
-                        comm_wait_ms=wait_ms, step_ms=(step_end - t0) * 1e3, tokens=batch.tokens,
-                        t_start=wall(t0), t_comm_start=wall(timer.first_launch), t_comm_end=wall(timer.last_done),
-                        t_backward_end=wall(backward_end), t_end=wall(step_end))
+    calls = log.end_step()
+    first, last, wait_ms = comm_times(timer, calls, backward_end)
+    timing = StepTiming(step=0, compute_ms=(backward_end - t0) * 1e3 - wait_ms,
+                        comm_ms=(last - first) * 1e3 if first is not None and last is not None else 0.0, comm_wait_ms=wait_ms,
+                        step_ms=(step_end - t0) * 1e3, tokens=batch.tokens, t_start=wall(t0), t_comm_start=wall(first),
+                        t_comm_end=wall(last), t_backward_end=wall(backward_end), t_end=wall(step_end),
+                        collectives=calls)
     return loss_sum, timing
+
+
+def comm_times(timer, calls, backward_end):
+    """(first collective launched, last finished, ms this rank sat waiting) of a step's gradient
+    communication: DDP's comm hook's when it ran, else (fsdp) the collectives' (trainer/collectives.py)."""
+    if timer.first_launch is not None:
+        return timer.first_launch, timer.last_done, timer.wait_ms(backward_end)
+    return collectives.span(calls, backward_end)
 
 
 def finish(run, result):
@@ -149,8 +167,12 @@ def finish(run, result):
     total_samples = int(all_reduce_sum(result.samples, c.device))
     checksum = param_checksum(run.workload.model)
     checksums = all_gather(checksum)
-    gathered = all_gather((socket.gethostname(), result.timings))
-    perf = summarize([t for _, t in gathered], [h for h, _ in gathered])
+    gathered = all_gather((socket.gethostname(), result.timings, result.wire_tx_bytes))
+    perf = summarize([t for _, t, _ in gathered], [h for h, _, _ in gathered])
+    perf["collectives_per_step"] = collectives.summarize_calls([[t.collectives for t in steady(timings)]
+                                                               for _, timings, _ in gathered])
+    perf["wire_tx_bytes_per_step"] = wire.per_node_per_step([(h, sent) for h, _, sent in gathered],
+                                                            len(result.timings) - 1)
     held = all_gather(strategy.state_bytes(run.model, run.optimizer))  # each rank's, after the last step
     fullest = max(held, key=lambda h: sum(h.values()))
     summary = {

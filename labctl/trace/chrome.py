@@ -6,7 +6,10 @@ a JSON object whose `traceEvents` is a list of events, each with `ph` (its phase
 event with `dur`, "i" an instant, "M" metadata), `name`, `ts` (microseconds), `pid` and `tid`.
 Here each rank is one process (pid = the rank), named `rank R (nodeK)` by a process_name metadata
 event. Thread 0 holds the steps from the metrics, each with its phases inside it (compute, the
-all-reduce in flight, waiting); thread 1 the all-reduce spans; the clock records are instants.
+all-reduce in flight, waiting); thread 1 each step's communication span (first collective launched
+to last finished); threads 2 to 9 every collective the step called, named by its kind (all_reduce,
+all_gather, reduce_scatter, broadcast), one lane per call in flight at once; the clock records are
+instants.
 A rank's torch.profiler events (trace-rank<R>.json) join its process, every (pid, tid) of the
 profiler's a thread of its own, moved onto the aligned time axis: the profiler's times are unix
 microseconds from `baseTimeNanoseconds` + `ts`, on the same machine's clock as the metrics, so the
@@ -23,7 +26,7 @@ from labctl.trace.align import Alignment
 from labctl.trace.breakdown import Segment
 from labctl.trace.records import RunRecords, Step
 
-STEPS_TID, COMM_TID, FIRST_PROFILER_TID = 0, 1, 10
+STEPS_TID, COMM_TID, FIRST_COLLECTIVE_TID, FIRST_PROFILER_TID = 0, 1, 2, 10
 PROCESS_METADATA = {"process_name", "process_labels", "process_sort_index"}  # replaced by the rank's own
 FLOW_ID_STRIDE = 10**9  # flow ids made unique across ranks: rank x stride + the profiler's id
 UNIX_US_AFTER = 1e15  # a trace without baseTimeNanoseconds counts in unix microseconds if its times are past 2001
@@ -41,7 +44,7 @@ def rank_events(rank: int, label: str, steps: list[tuple[Step, list[Segment]]], 
     """A rank's process: its name, and its steps from the metrics with their phases."""
     events = [metadata(rank, 0, "process_name", {"name": label}), metadata(rank, 0, "process_sort_index", {"sort_index": rank}),
               metadata(rank, STEPS_TID, "thread_name", {"name": "steps (metrics)"}),
-              metadata(rank, COMM_TID, "thread_name", {"name": "all-reduce (metrics)"})]
+              metadata(rank, COMM_TID, "thread_name", {"name": "communication (metrics)"})]
     for s, parts in steps:
         start = s.t_start - offset - origin
         events.append({"ph": "X", "name": f"step {s.step}", "cat": "step", "pid": rank, "tid": STEPS_TID, "ts": us(start),
@@ -50,9 +53,36 @@ def rank_events(rank: int, label: str, steps: list[tuple[Step, list[Segment]]], 
         events += [{"ph": "X", "name": p.what, "cat": p.kind, "pid": rank, "tid": STEPS_TID, "ts": us(p.start - origin),
                     "dur": us(p.end - p.start)} for p in parts]
         if s.has_comm:
-            events.append({"ph": "X", "name": "all-reduce (gradients)", "cat": "comm", "pid": rank, "tid": COMM_TID,
+            events.append({"ph": "X", "name": comm_name(s), "cat": "comm", "pid": rank, "tid": COMM_TID,
                            "ts": us(s.t_comm_start - offset - origin), "dur": us(s.t_comm_end - s.t_comm_start)})
-    return events
+    return events + collective_events(rank, [s for s, _ in steps], offset, origin)
+
+
+def comm_name(step: Step) -> str:
+    """The span from the step's first collective to its last: DDP's gradient all-reduce, or (fsdp) all of them."""
+    if all(c.kind == "all_reduce" for c in step.collectives):
+        return "all-reduce (gradients)"
+    return "collectives (" + ", ".join(sorted({c.kind for c in step.collectives})) + ")"
+
+
+def collective_events(rank: int, steps: list[Step], offset: float, origin: float) -> list[dict]:
+    """Each collective of each step, named by its kind, on lanes of the rank's process: a call goes on
+    the first lane free when it is launched, so calls in flight together (an all-gather prefetched
+    while another runs) sit one above the other. One whose end is unknown is an instant."""
+    lanes: list[float] = []  # each lane's last end, aligned seconds
+    events = []
+    for c in (c for s in steps for c in s.collectives):
+        start, end = c.start - offset, (c.end - offset if c.end is not None else None)
+        lane = next((i for i, last in enumerate(lanes) if last <= start), None)
+        if lane is None:
+            lane = min(len(lanes), FIRST_PROFILER_TID - FIRST_COLLECTIVE_TID - 1)
+            lanes.extend([start] * (lane + 1 - len(lanes)))
+        lanes[lane] = max(lanes[lane], end if end is not None else start)
+        event = {"name": c.kind, "cat": "collective", "pid": rank, "tid": FIRST_COLLECTIVE_TID + lane,
+                 "ts": us(start - origin), "args": {"bytes": c.bytes, "blocking": c.blocking}}
+        events.append({**event, "ph": "X", "dur": us(end - start)} if end is not None else {**event, "ph": "i", "s": "t"})
+    return events + [metadata(rank, FIRST_COLLECTIVE_TID + i, "thread_name", {"name": f"collectives {i + 1} (metrics)"})
+                     for i in range(len(lanes))]
 
 
 def clock_events(rank: int, clocks: dict[str, tuple[float, ...]], offset: float, origin: float) -> list[dict]:

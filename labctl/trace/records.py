@@ -8,7 +8,8 @@ that printed the SUMMARY.
 
 What a step needs (a script of your own writes the same fields): `step`, `t_start`, `t_end` (unix
 seconds); `t_backward_end` (else t_end); with communication `t_comm_start`, `t_comm_end` and
-`comm_wait_ms`; `compute_ms` and `wall_ms` (else worked out from the times).
+`comm_wait_ms`; `compute_ms` and `wall_ms` (else worked out from the times). Optionally
+`collectives`, each collective the step called (trainer/collectives.py writes them).
 """
 
 from __future__ import annotations
@@ -29,6 +30,18 @@ NEEDS = ("a run folder holds what `labctl trace` reads: metrics-rank<R>.jsonl (t
 
 
 @dataclass(frozen=True)
+class Collective:
+    """One collective a step called (trainer/collectives.py): launched -> done in unix seconds on its
+    rank's clock; done is None where its end is not known."""
+
+    kind: str  # all_reduce, all_gather, reduce_scatter, broadcast, all_to_all
+    start: float
+    end: float | None
+    bytes: int = 0
+    blocking: bool = True
+
+
+@dataclass(frozen=True)
 class Step:
     """One optimizer step of one rank, in unix seconds on that rank's own clock."""
 
@@ -41,6 +54,7 @@ class Step:
     comm_wait_ms: float = 0.0  # last bucket handed over -> backward() returned: idle, waiting
     compute_ms: float = 0.0  # forward and backward, less comm_wait_ms (as trainer/instrument.py)
     wall_ms: float = 0.0  # end of the previous step -> end of this one
+    collectives: tuple[Collective, ...] = ()  # each collective it called, in launch order
 
     @property
     def arrived(self) -> float:
@@ -165,7 +179,20 @@ def step_of(record: dict) -> Step | None:
     wall_ms = record.get("wall_ms")
     return Step(number, float(t_start), float(t_end), float(backward_end), comm_start, comm_end, wait_ms,
                 float(compute_ms) if _is_number(compute_ms) else (backward_end - t_start) * 1e3 - wait_ms,
-                float(wall_ms) if _is_number(wall_ms) and wall_ms else (t_end - t_start) * 1e3)
+                float(wall_ms) if _is_number(wall_ms) and wall_ms else (t_end - t_start) * 1e3,
+                collectives_of(record.get("collectives")))
+
+
+def collectives_of(listed) -> tuple[Collective, ...]:
+    """A step record's `collectives` (each with kind, t_launch, t_done, bytes, blocking); those without
+    a kind and a launch time are passed over."""
+    found = []
+    for c in listed if isinstance(listed, list) else ():
+        if isinstance(c, dict) and isinstance(c.get("kind"), str) and _is_number(c.get("t_launch")):
+            done = float(c["t_done"]) if _is_number(c.get("t_done")) else None
+            size = c.get("bytes") if _is_number(c.get("bytes")) else 0
+            found.append(Collective(c["kind"], float(c["t_launch"]), done, int(size), bool(c.get("blocking", True))))
+    return tuple(found)
 
 
 def trace_host(path: Path) -> str | None:

@@ -33,3 +33,20 @@ def test_a_script_of_ones_own_gets_a_timeline_and_its_profiler_traces_merged(tmp
     events = json.loads(report.merged.read_text())["traceEvents"]
     for rank in (0, 1):
         assert any(e["pid"] == rank and e["name"].startswith("ProfilerStep#") for e in events)
+
+
+def test_an_fsdp2_script_of_ones_own_shows_its_all_gathers_and_reduce_scatters_on_every_rank(tmp_path, tmp_path_factory):
+    env = {k: v for k, v in os.environ.items() if k not in LAUNCH_VARS}
+    env.update(DDPLAB_RUN_DIR=str(tmp_path), PYTHONPATH=str(REPO), OMP_NUM_THREADS="1", CUDA_VISIBLE_DEVICES="")
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+           "--log-dir", str(tmp_path_factory.mktemp("torchrun")),
+           str(REPO / "examples" / "trace" / "my_fsdp_script.py"), "--steps", "5"]
+    proc = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=180)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    report = write_trace(tmp_path)
+    assert all(row.comm_s > 0 for row in report.rows)
+    events = json.loads(report.merged.read_text())["traceEvents"]
+    for rank in (0, 1):
+        named = [e["name"] for e in events if e["pid"] == rank and e.get("cat") == "collective"]
+        # 3 blocks gathered twice a step and the root once; every unit's gradients reduce-scattered once
+        assert named.count("all_gather") == 5 * 7 and named.count("reduce_scatter") == 5 * 4, (rank, named[:12])

@@ -1,0 +1,169 @@
+"""Every collective a training step calls, by kind: when it was launched, when it finished, its size.
+
+DDP's all-reduce, FSDP2's all-gathers and reduce-scatters and ZeroRedundancyOptimizer's broadcasts
+all go through torch.distributed's Python functions (FSDP2 calls `dist.all_gather_single` and
+`dist.reduce_scatter_single`, DDP's comm hooks `dist.all_reduce`, ZeRO `dist.broadcast`), looked up
+on the module at every call. CollectiveLog.install() replaces those functions with ones that note
+the call and then call the original, so whatever strategy, and a script of your own, is recorded
+without a profiler. Between start_step() and end_step() each call becomes one Call:
+
+  kind      all_reduce, all_gather, reduce_scatter, broadcast or all_to_all
+  launched  when it was called (perf_counter seconds)
+  done      when it finished: its return for a blocking call; for an async one (async_op=True, what
+            FSDP2's prefetching all-gathers and DDP's buckets are) when its future completed, on the
+            backend's thread; None where the backend's Work has no future (gloo's async
+            reduce-scatter, which FSDP2 does not use)
+  bytes     the message's size as nccl-tests counts it: the tensor for all_reduce and broadcast, the
+            whole gathered output for all_gather, the whole input for reduce_scatter and all_to_all
+
+Outside a step (the summary's own gathers, checkpoints) nothing is recorded.
+"""
+
+from __future__ import annotations
+
+import functools
+import threading
+import time
+from dataclasses import dataclass
+
+import torch.distributed as dist
+
+# torch.distributed's function -> (kind, the argument holding the message: its name, its position)
+RECORDED = {
+    "all_reduce": ("all_reduce", "tensor", 0),
+    "broadcast": ("broadcast", "tensor", 0),
+    "all_gather_single": ("all_gather", "output_tensor", 0),
+    "all_gather_into_tensor": ("all_gather", "output_tensor", 0),
+    "reduce_scatter_single": ("reduce_scatter", "input", 1),
+    "reduce_scatter_tensor": ("reduce_scatter", "input", 1),
+    "all_to_all_single": ("all_to_all", "input", 1),
+}
+KINDS = ("all_reduce", "all_gather", "reduce_scatter", "broadcast", "all_to_all")
+
+
+@dataclass
+class Call:
+    kind: str
+    launched: float
+    bytes: int
+    blocking: bool = True  # the caller waited for it: the time launched -> done was not hidden
+    done: float | None = None
+
+    @property
+    def ms(self) -> float | None:
+        return None if self.done is None else (self.done - self.launched) * 1e3
+
+
+def message_bytes(args: tuple, kwargs: dict, name: str, position: int) -> int:
+    tensor = kwargs.get(name, args[position] if len(args) > position else None)
+    return tensor.numel() * tensor.element_size() if hasattr(tensor, "numel") else 0
+
+
+class CollectiveLog:
+    """The collectives of the current step (see the module's docstring). One per process."""
+
+    _installed: "CollectiveLog | None" = None
+
+    def __init__(self):
+        self._lock = threading.Lock()  # futures complete on the backend's threads
+        self.calls: list[Call] = []
+        self.active = False
+
+    @classmethod
+    def install(cls) -> "CollectiveLog":
+        """The process's log, wrapping torch.distributed's collectives the first time it is asked for."""
+        if cls._installed is None:
+            log = cls()
+            for name, (kind, arg, position) in RECORDED.items():
+                if hasattr(dist, name):
+                    setattr(dist, name, log.wrap(getattr(dist, name), kind, arg, position))
+            cls._installed = log
+        return cls._installed
+
+    def wrap(self, fn, kind: str, arg: str, position: int):
+        @functools.wraps(fn)
+        def recorded(*args, **kwargs):
+            if not self.active:
+                return fn(*args, **kwargs)
+            call = Call(kind, time.perf_counter(), message_bytes(args, kwargs, arg, position))
+            work = fn(*args, **kwargs)
+            call.blocking = work is None  # torch returns a Work only for async_op=True
+            with self._lock:
+                self.calls.append(call)
+            if call.blocking:  # it has finished
+                call.done = time.perf_counter()
+            else:
+                self._stamp_when_done(work, call)
+            return work
+
+        return recorded
+
+    @staticmethod
+    def _stamp_when_done(work, call: Call) -> None:
+        def done(_future):
+            call.done = time.perf_counter()
+
+        try:
+            work.get_future().then(done)
+        except RuntimeError:  # a Work without a future: its end is not known
+            pass
+
+    def start_step(self) -> None:
+        with self._lock:
+            self.calls = []
+        self.active = True
+
+    def end_step(self) -> list[Call]:
+        """The step's calls, in the order they were launched; recording stops until the next step."""
+        self.active = False
+        with self._lock:
+            return list(self.calls)
+
+
+def in_flight_ms(calls: list[Call]) -> float:
+    """The time at least one of `calls` was in flight (launched, not done), in ms: calls launched
+    together and finishing one after another (ZeRO's 28 async broadcasts a step) count once."""
+    spans = sorted((c.launched, c.done) for c in calls if c.done is not None)
+    total, reach = 0.0, float("-inf")
+    for start, end in spans:
+        if end > reach:
+            total += end - max(start, reach)
+            reach = end
+    return total * 1e3
+
+
+def summarize_calls(per_rank: list[list[list[Call]]]) -> dict:
+    """{kind: {"calls", "bytes", "ms"}} per step: calls and message bytes as rank 0 made them (every
+    rank makes the same), ms the time a call of that kind was in flight (in_flight_ms: it may
+    overlap compute), the mean over ranks and steps. Empty without collectives."""
+    steps = per_rank[0] if per_rank else []
+    if not steps or not any(steps):
+        return {}
+    out = {}
+    for kind in KINDS:
+        counts = [[c for c in step if c.kind == kind] for step in steps]
+        if not any(counts):
+            continue
+        times = [in_flight_ms([c for c in step if c.kind == kind]) for rank in per_rank for step in rank]
+        out[kind] = {"calls": round(sum(map(len, counts)) / len(steps), 2),
+                     "bytes": round(sum(c.bytes for step in counts for c in step) / len(steps)),
+                     "ms": round(sum(times) / len(times), 3)}
+    return out
+
+
+def span(calls: list[Call], backward_end: float) -> tuple[float | None, float | None, float]:
+    """For a step without DDP's comm hook (fsdp): (first launched, last done, ms blocked) of the calls
+    made by the end of backward. Blocked: summed over the blocking calls, which the rank could not
+    hide behind compute; an async call's time counts as overlapped."""
+    before = [c for c in calls if c.launched <= backward_end]
+    if not before:
+        return None, None, 0.0
+    done = [c.done for c in before if c.done is not None]
+    return (min(c.launched for c in before), max(done) if done else None,
+            sum(c.ms for c in before if c.blocking and c.ms is not None))
+
+
+def records(calls: list[Call], wall) -> list[dict]:
+    """A step's calls for its metrics record, times on the process's one clock (`wall`, unix seconds)."""
+    return [{"kind": c.kind, "bytes": c.bytes, "t_launch": round(wall(c.launched), 6),
+             "t_done": None if c.done is None else round(wall(c.done), 6), "blocking": c.blocking} for c in calls]
