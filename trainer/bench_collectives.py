@@ -1,26 +1,36 @@
-"""An allreduce sweep in the manner of nccl-tests' all_reduce_perf, for gloo (or nccl) under torchrun.
+"""Collective sweeps in the manner of nccl-tests (all_reduce_perf, all_gather_perf, ...), for gloo
+(or nccl) under torchrun.
 
-    torchrun --standalone --nproc_per_node=2 -m trainer.bench_allreduce --sizes 1024,1048576
-    labctl bench allreduce --sizes 1K:64M      # across the lab's nodes, with the cost model beside
+    torchrun --standalone --nproc_per_node=3 -m trainer.bench_collectives --ops all_gather --sizes 1048576
+    labctl bench collectives --sizes 1M:64M    # across the lab's nodes, with the cost model beside
+    python -m trainer.bench_allreduce ...      # the one-op spelling: --ops all_reduce, allreduce.json
 
-For each message size S (bytes of float32): a few warm-up allreduces, then `--iters` timed ones, and
-with `--max-iters K --budget-s T` more while the timed ones together took less than T seconds, up to
-K: a small message's time is mostly the machine's noise (1 to 11 ms for the same 1 KiB allreduce on
-two shared cores), so it gets as many samples as the probe's, while a large one keeps `--iters`.
-Every rank stops after the same iteration, since each decides from the times reduced to their maximum.
-Each iteration is timed on every rank between a barrier and the allreduce's completion; the
-iteration's time is the maximum over ranks (the collective is done when the slowest rank is),
-and the size's time is the median over iterations. Rank 0 prints one JSON line per size,
-`ALLREDUCE {...}` (with the backend and device measured), and writes them all to
-`<run_dir>/allreduce.json`.
+For each op and message size S (bytes of float32, as nccl-tests counts them: the tensor for
+all_reduce and broadcast, the whole gathered output for all_gather, the whole input for
+reduce_scatter and all_to_all; rounded down to a multiple of 4 x world size for the three that
+split it): a few warm-up calls, then `--iters` timed ones, and with `--max-iters K --budget-s T`
+more while the timed ones together took less than T seconds, up to K: a small message's time is
+mostly the machine's noise (1 to 11 ms for the same 1 KiB allreduce on two shared cores), so it gets
+as many samples as the probe's, while a large one keeps `--iters`. Every rank stops after the same
+iteration, since each decides from the times reduced to their maximum. Each iteration is timed on
+every rank between a barrier and the collective's completion; the iteration's time is the maximum
+over ranks (the collective is done when the slowest rank is), and the size's time is the median
+over iterations. Rank 0 prints one JSON line per op and size, `COLLECTIVE {...}` (`ALLREDUCE` from
+trainer.bench_allreduce), with the op, the backend and the device measured, and writes them all to
+`<run_dir>/collectives.json` (allreduce.json).
 
-`--probe-size B --probe-iters K` first times a latency probe: an allreduce of B bytes, K times
+`--probe-size B --probe-iters K` first times a latency probe: an all_reduce of B bytes, K times
 (small-message latency is the noisiest number here, so it gets more iterations than the sweep).
-It comes first in allreduce.json with `"probe": true`; `labctl bench allreduce` takes the
-calibrated model's base latency from it, and being first it also opens the connections.
+It comes first in the file with `"probe": true`; `labctl bench` takes the calibrated model's base
+latency from it, and being first it also opens the connections. `--copy-probe` adds probe rows of
+op "copy", one per size: every rank at once copying the message into a fresh tensor, the local
+work gloo adds to an all-gather (it gathers into a buffer it allocates, then copies out) and to a
+reduce-scatter (it clones the input before all-reducing it). The calibrated model takes each
+size's copy rate from them: per byte it is not one number (a large fresh buffer is new pages,
+faulted in and zeroed by the kernel; a small one comes back from the allocator warm).
 
-On nccl (--backend, default $DDPLAB_BACKEND, else auto: see trainer/backend.py) the tensor lives on
-the rank's GPU, and since NCCL's all_reduce returns as soon as the kernel is queued, the clock
+On nccl (--backend, default $DDPLAB_BACKEND, else auto: see trainer/backend.py) the tensors live on
+the rank's GPU, and since NCCL's collectives return as soon as the kernel is queued, the clock
 stops only after torch.cuda.synchronize(): the time is the collective's, not its launch's.
 """
 
@@ -40,8 +50,14 @@ from trainer.backend import backend_flag
 from trainer.dist import compute_cleanup, compute_init, get_dist_info, println
 
 
-def parse_args(argv=None):
-    p = argparse.ArgumentParser(prog="python -m trainer.bench_allreduce", description=__doc__.splitlines()[0])
+OPS = ("all_reduce", "all_gather", "reduce_scatter", "broadcast", "all_to_all")
+SPLIT = ("all_gather", "reduce_scatter", "all_to_all")  # the message is cut into world-size chunks
+
+
+def parse_args(argv=None, ops_flag=True, prog="python -m trainer.bench_collectives"):
+    p = argparse.ArgumentParser(prog=prog, description=__doc__.splitlines()[0])
+    if ops_flag:
+        p.add_argument("--ops", default="all_reduce", help=f"comma-separated, of {', '.join(OPS)} (default all_reduce)")
     p.add_argument("--sizes", required=True, help="comma-separated message sizes in bytes (multiples of 4)")
     p.add_argument("--iters", type=int, default=5, help="timed iterations per size (default 5)")
     p.add_argument("--warmup", type=int, default=2, help="untimed iterations per size first (default 2)")
@@ -51,11 +67,17 @@ def parse_args(argv=None):
                    help="seconds of timed iterations per size before stopping at --iters (default 0)")
     p.add_argument("--probe-size", type=int, default=1024, help="bytes of the latency probe (default 1024)")
     p.add_argument("--probe-iters", type=int, default=0, help="timed iterations of the latency probe (default 0: none)")
+    p.add_argument("--copy-probe", action="store_true",
+                   help="also time a local copy into a fresh tensor at every size, on every rank at once")
     p.add_argument("--timeout-s", type=float, default=300.0, help="process-group timeout in seconds (default 300)")
     p.add_argument("--backend", type=backend_flag, default=None,
                    help="auto, nccl or gloo (default $DDPLAB_BACKEND, else auto: nccl where CUDA is available)")
-    p.add_argument("--run-dir", default=None, help="where rank 0 writes allreduce.json (default $DDPLAB_RUN_DIR or .)")
+    p.add_argument("--run-dir", default=None, help="where rank 0 writes its JSON file (default $DDPLAB_RUN_DIR or .)")
     args = p.parse_args(argv)
+    args.ops = [o.strip() for o in args.ops.split(",") if o.strip()] if ops_flag else ["all_reduce"]
+    unknown = [o for o in args.ops if o not in OPS]
+    if not args.ops or unknown:
+        p.error(f"--ops must name some of {', '.join(OPS)}; got {', '.join(unknown) or 'none'}")
     try:
         args.sizes = [int(s) for s in args.sizes.split(",") if s.strip()]
     except ValueError:
@@ -74,21 +96,48 @@ def more(times: list[float], iters: int, max_iters: int, budget_s: float) -> boo
     return len(times) < iters or (len(times) < max_iters and sum(times) < budget_s)
 
 
-def time_size(size_bytes: int, iters: int, warmup: int, device: torch.device, max_iters: int = 0,
+def message_size(op: str, size_bytes: int, world_size: int) -> int:
+    """The bytes the op is timed at: `size_bytes`, or rounded down to world-size chunks of float32
+    for the ops that split it (nccl-tests rounds its counts the same way); at least one element each."""
+    if op not in SPLIT:
+        return size_bytes
+    return max(size_bytes // (4 * world_size), 1) * 4 * world_size
+
+
+def collective(op: str, size_bytes: int, world_size: int, device: torch.device):
+    """A function that runs `op` once on a message of `size_bytes` (already a message_size)."""
+    count = size_bytes // 4
+    full = torch.ones(count, dtype=torch.float32, device=device)
+    if op == "copy":  # no collective: gloo's local work around one, a fresh buffer written, then copied out
+        out = torch.empty_like(full)
+        return lambda: out.copy_(torch.empty_like(full).fill_(1.0))
+    if op == "all_reduce":
+        return lambda: dist.all_reduce(full)
+    if op == "broadcast":
+        return lambda: dist.broadcast(full, src=0)
+    part = torch.ones(count // world_size, dtype=torch.float32, device=device)
+    if op == "all_gather":
+        return lambda: dist.all_gather_single(full, part)
+    if op == "reduce_scatter":
+        return lambda: dist.reduce_scatter_single(part, full)
+    out = torch.empty_like(full)
+    return lambda: dist.all_to_all_single(out, full)
+
+
+def time_size(run_once, iters: int, warmup: int, device: torch.device, max_iters: int = 0,
               budget_s: float = 0.0) -> list[float]:
-    """Per-iteration times in seconds, each the maximum over ranks (so all ranks agree on `more`)."""
-    tensor = torch.ones(size_bytes // 4, dtype=torch.float32, device=device)
+    """Per-iteration times of run_once() in seconds, each the maximum over ranks (so all ranks agree on `more`)."""
     cuda = device.type == "cuda"
     for _ in range(warmup):
-        dist.all_reduce(tensor)
+        run_once()
     times: list[float] = []
     while more(times, iters, max_iters, budget_s):
         dist.barrier()
         if cuda:  # nothing of the warm-up or the barrier still queued on the GPU when the clock starts
             torch.cuda.synchronize(device)
         started = time.perf_counter()
-        dist.all_reduce(tensor)
-        if cuda:  # NCCL's all_reduce returns once queued: wait for the kernel itself
+        run_once()
+        if cuda:  # NCCL's collectives return once queued: wait for the kernel itself
             torch.cuda.synchronize(device)
         # The reduction of the times is a collective too: on nccl its tensor must be on the GPU.
         elapsed = torch.tensor([time.perf_counter() - started], dtype=torch.float64, device=device)
@@ -97,31 +146,37 @@ def time_size(size_bytes: int, iters: int, warmup: int, device: torch.device, ma
     return times
 
 
-def main(argv=None):
-    args = parse_args(argv)
+def main(argv=None, one_op: bool = False):
+    """The sweep; `one_op` is trainer.bench_allreduce's spelling: all_reduce only, ALLREDUCE lines, allreduce.json."""
+    prog = "python -m trainer.bench_allreduce" if one_op else "python -m trainer.bench_collectives"
+    args = parse_args(argv, ops_flag=not one_op, prog=prog)
     is_ddp, rank, local_rank, world_size = get_dist_info()
     if not is_ddp:
-        raise SystemExit("bench_allreduce needs a process group: run it under torchrun (or labctl bench allreduce)")
+        raise SystemExit(f"{prog.split('.')[-1]} needs a process group: run it under torchrun (or labctl bench)")
     c = compute_init(args.timeout_s, args.backend)
     device = c.device
     if rank == 0:
-        println(f"bench_allreduce: backend {c.backend}, device {device}, world size {world_size} ({c.reason})")
+        println(f"{prog.split('.')[-1]}: backend {c.backend}, device {device}, world size {world_size} ({c.reason})")
     rows = []
-    probe = [(args.probe_size, args.probe_iters, True)] if args.probe_iters else []
-    for size, iters, is_probe in probe + [(size, args.iters, False) for size in args.sizes]:
-        times = time_size(size, iters, args.warmup, device, 0 if is_probe else args.max_iters, args.budget_s)
-        row = {"size": size, "count": size // 4, "type": "float", "world_size": world_size,
+    probe = [("all_reduce", args.probe_size, args.probe_iters, True)] if args.probe_iters else []
+    probe += [("copy", size, args.iters, True) for size in args.sizes] if args.copy_probe else []
+    sweep = [(op, size, args.iters, False) for op in args.ops for size in args.sizes]
+    for op, asked, iters, is_probe in probe + sweep:
+        size = message_size(op, asked, world_size)
+        times = time_size(collective(op, size, world_size, device), iters, args.warmup, device,
+                          0 if is_probe else args.max_iters, args.budget_s)
+        row = {"op": op, "size": size, "count": size // 4, "type": "float", "world_size": world_size,
                "backend": c.backend, "device": device.type,
                "time_us": statistics.median(times) * 1e6, "times_us": [t * 1e6 for t in times]}
         if is_probe:
             row["probe"] = True
         rows.append(row)
         if rank == 0:
-            println(("PROBE " if is_probe else "ALLREDUCE ") + json.dumps(row))
+            println(("PROBE " if is_probe else "ALLREDUCE " if one_op else "COLLECTIVE ") + json.dumps(row))
     if rank == 0:
         run_dir = Path(args.run_dir or os.environ.get("DDPLAB_RUN_DIR") or ".")
         run_dir.mkdir(parents=True, exist_ok=True)
-        (run_dir / "allreduce.json").write_text(json.dumps(rows))
+        (run_dir / ("allreduce.json" if one_op else "collectives.json")).write_text(json.dumps(rows))
     compute_cleanup()
 
 

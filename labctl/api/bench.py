@@ -6,6 +6,7 @@ object: a CostQuery, ScalingOptions or StragglerOptions."""
 from __future__ import annotations
 
 from labctl.bench.allreduce import measure as allreduce
+from labctl.bench.allreduce import measure_collectives as collectives
 from labctl.bench.bringup import bench_up
 from labctl.bench.cost import CostQuery, estimate, parse_params
 from labctl.bench.scaling_run import ScalingOptions
@@ -15,5 +16,5 @@ from labctl.bench.straggler import StragglerOptions
 from labctl.bench.straggler import measure as straggler
 from labctl.run.userenv import NCCL_DEBUG_ENV
 
-__all__ = ["allreduce", "bench_start", "bench_up", "estimate", "parse_params", "scaling", "straggler", "NCCL_DEBUG_ENV",
+__all__ = ["allreduce", "collectives", "bench_start", "bench_up", "estimate", "parse_params", "scaling", "straggler", "NCCL_DEBUG_ENV",
            "CostQuery", "ScalingOptions", "StragglerOptions"]

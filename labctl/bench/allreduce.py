@@ -22,25 +22,19 @@ runner), and `measure`, which is the whole benchmark on a running lab.
 from __future__ import annotations
 
 import json
+import math
 import textwrap
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Callable
 
-from labctl.bench.cost import (
-    DEFAULT_ALPHA_S,
-    DEFAULT_EFFICIENCY,
-    Link,
-    busbw_factor,
-    bytes_per_rank,
-    collective_time_s,
-)
+from labctl.bench.cost import DEFAULT_ALPHA_S, DEFAULT_EFFICIENCY, OPS, Link, op_cost
 from labctl.core.outfile import is_stdout, save_figure
 from labctl.core.plotting import pyplot, require_matplotlib
 from labctl.engine.docker import exec_in
 from labctl.engine.labels import container_name
-from labctl.errors import LabError, StateError
+from labctl.errors import ConfigError, LabError, StateError
 from labctl.net import apply as netshape
 from labctl.run.plan import RunOptions, RunPlan
 from labctl.session import LabSession
@@ -73,6 +67,7 @@ class AllreduceRow:
     meas_over_calibrated: float | None = None
     backend: str = "gloo"  # what was measured: the trainer's backend and the tensors' device
     device: str = "cpu"
+    op: str = "all_reduce"  # OPS: all_reduce, all_gather, reduce_scatter, broadcast, all_to_all
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -96,44 +91,56 @@ class Calibration:
     wire_bps: float
     base_s: float
     delay_s: float = 0.0
+    copy_rates: tuple[tuple[int, float], ...] = ()  # (size, bytes/s) of a copy into a fresh buffer, every rank at once
 
-    def time_s(self, payload_bytes: float, n: int) -> float:
-        if n <= 1:
+    def copy_s(self, payload_bytes: float) -> float:
+        """A copy of `payload_bytes` at the rate probed at the nearest size (on a log scale); 0 unprobed."""
+        if not self.copy_rates:
             return 0.0
-        steps = 2 * (n - 1)
-        transfer_s = bytes_per_rank(payload_bytes, n) * 8 / self.wire_bps
-        return steps * self.delay_s + max(steps * self.base_s, transfer_s)
+        _, rate = min(self.copy_rates, key=lambda sr: abs(math.log(sr[0] / max(payload_bytes, 1))))
+        return payload_bytes / rate
+
+    def time_s(self, payload_bytes: float, n: int, op: str = "all_reduce", backend: str = "gloo") -> float:
+        """The op's time: its algorithm's steps (op_cost's hops) each paying the delay, and the
+        longer of their stack latency and its bytes through the busiest NIC at the wire's rate; plus
+        the backend's copies in memory (op_cost's copies) at the probed copy rate, where probed."""
+        cost = op_cost(op, n, backend)
+        transfer_s = cost.wire * payload_bytes * 8 / self.wire_bps
+        return cost.hops * self.delay_s + max(cost.hops * self.base_s, transfer_s) + cost.copies * self.copy_s(payload_bytes)
 
 
 def calibrate(timings: list[dict], n: int, wire_bps: float | None, delay_s: float = 0.0) -> Calibration | None:
     """The calibrated model from the sweep's latency probe (the row marked "probe"), the iperf3 wire
     and the configured delay; None without a probe, a wire, or a ring."""
-    probe = next((t for t in timings if t.get("probe")), None)
+    probe = next((t for t in timings if t.get("probe") and t.get("op", "all_reduce") == "all_reduce"), None)
+    copies = tuple((t["size"], t["size"] / (t["time_us"] / 1e6)) for t in timings
+                   if t.get("probe") and t.get("op") == "copy" and t["time_us"] > 0)
     if not wire_bps or probe is None or n < 2:
         return None
     steps = 2 * (n - 1)
-    transfer_s = bytes_per_rank(probe["size"], n) * 8 / wire_bps
+    transfer_s = op_cost("all_reduce", n).wire * probe["size"] * 8 / wire_bps
     base_s = max(0.0, probe["time_us"] / 1e6 - transfer_s - steps * delay_s) / steps
-    return Calibration(float(wire_bps), base_s, delay_s)
+    return Calibration(float(wire_bps), base_s, delay_s, copies)
 
 
 def build_rows(timings: list[dict], n: int, link: Link | None, wire_bps: float | None,
                efficiency: float = DEFAULT_EFFICIENCY, calibrated: Calibration | None = None) -> list[AllreduceRow]:
-    factor = busbw_factor(n)
     rows = []
     for t in timings:
+        op, backend = t.get("op", "all_reduce"), t.get("backend", "gloo")
+        cost = op_cost(op, n, backend)
         seconds = t["time_us"] / 1e6
         algbw = t["size"] / seconds / 1e9
-        busbw = algbw * factor
-        model_us = collective_time_s(t["size"], n, link, efficiency) * 1e6 if link else None
-        cal_us = calibrated.time_s(t["size"], n) * 1e6 if calibrated else None
+        busbw = algbw * cost.busbw
+        model_us = (cost.wire * t["size"] * 8 / (link.rate_bps * efficiency) + cost.hops * link.alpha_s) * 1e6 if link else None
+        cal_us = calibrated.time_s(t["size"], n, op, backend) * 1e6 if calibrated else None
         rows.append(AllreduceRow(
             size=t["size"], count=t["count"], type=t.get("type", "float"), time_us=t["time_us"],
             algbw_gbs=algbw, busbw_gbs=busbw, model_us=model_us,
             meas_over_model=t["time_us"] / model_us if model_us else None,
             busbw_over_wire=busbw * 1e9 * 8 / wire_bps if wire_bps else None,
             calibrated_us=cal_us, meas_over_calibrated=t["time_us"] / cal_us if cal_us else None,
-            backend=t.get("backend", "gloo"), device=t.get("device", "cpu"),
+            backend=backend, device=t.get("device", "cpu"), op=op,
         ))
     return rows
 
@@ -164,20 +171,21 @@ def measure_wire(client, lab: str, client_node: str, server_node: str, server_ip
 
 
 def sweep_plan(session: LabSession, node_env: dict, sizes: list[int], iters: int,
-               env: dict[str, str] | None = None, probe_iters: int = PROBE_ITERS) -> RunPlan:
-    """torchrun -m trainer.bench_allreduce on every node, one process each, the latency probe first:
-    the plan (its run folder is known before anything starts). `env` is added to every process's
-    (as `labctl run -e`)."""
-    args = ["-m", "trainer.bench_allreduce", "--sizes", ",".join(map(str, sizes)), "--iters", str(iters),
+               env: dict[str, str] | None = None, probe_iters: int = PROBE_ITERS, ops: list[str] | None = None) -> RunPlan:
+    """torchrun -m trainer.bench_allreduce (with `ops`, trainer.bench_collectives --ops) on every
+    node, one process each, the latency probe first: the plan (its run folder is known before
+    anything starts). `env` is added to every process's (as `labctl run -e`)."""
+    module = ["trainer.bench_collectives", "--ops", ",".join(ops), "--copy-probe"] if ops else ["trainer.bench_allreduce"]
+    args = ["-m", *module, "--sizes", ",".join(map(str, sizes)), "--iters", str(iters),
             "--probe-size", str(PROBE_SIZE), "--probe-iters", str(probe_iters),
             "--max-iters", str(max(iters, PROBE_ITERS)), "--budget-s", str(SMALL_BUDGET_S)]
     return session.plan_run(args, options=RunOptions(nproc_per_node=1, env=env), node_env=node_env)
 
 
-def run_sweep(session: LabSession, plan: RunPlan) -> list[dict]:
-    """Run a sweep_plan, output to the run's logs only: rank 0's timings."""
+def run_sweep(session: LabSession, plan: RunPlan, name: str = "allreduce") -> list[dict]:
+    """Run a sweep_plan, output to the run's logs only: rank 0's timings (`name`.json: allreduce or collectives)."""
     session.execute(plan, echo=False)
-    return json.loads((plan.run_dir / "allreduce.json").read_text())
+    return json.loads((plan.run_dir / f"{name}.json").read_text())
 
 
 @dataclass(frozen=True)
@@ -199,17 +207,23 @@ def _quiet(_message: str) -> None:
 
 def measure(session: LabSession, sizes: list[int], iters: int, efficiency: float = DEFAULT_EFFICIENCY,
             report: Callable[[str], None] = _quiet, plot_path: Path | None = None,
-            env: dict[str, str] | None = None) -> AllreduceReport:
+            env: dict[str, str] | None = None, ops: list[str] | None = None) -> AllreduceReport:
     """The sweep across the running lab's nodes beside the wire and the model: iperf3 from the node
     with the slowest shaped link to the next, then the sweep (with `env` added to its processes');
     the rows are also written to bench-allreduce.json in the run's folder, and with `plot_path`
-    drawn there."""
+    drawn there. With `ops` (OPS), `labctl bench collectives`: every op at every size, the rows in
+    bench-collectives.json."""
+    name = "collectives" if ops else "allreduce"
+    for op in ops or ():
+        if op not in OPS:
+            raise ConfigError("--ops", ",".join(ops), f"names ops from {', '.join(OPS)}", hint=f"{op!r} is none of them")
     if plot_path:  # refused before the minutes of measuring, not after
 
         require_matplotlib("bench allreduce --plot")
     nodes = session.running()
     if len(nodes) < 2:
-        raise StateError(f"lab {session.name} has {len(nodes)} node; an allreduce across nodes needs 2 or more",
+        raise StateError(f"lab {session.name} has {len(nodes)} node; {'a collective' if ops else 'an allreduce'} across "
+                         "nodes needs 2 or more",
                          hint=f"labctl up --lab {session.name} --nodes 3")
     names = [n.name for n in nodes]
     node_env = session.node_env(names)
@@ -221,24 +235,33 @@ def measure(session: LabSession, sizes: list[int], iters: int, efficiency: float
     ip_of = {n.name: n.ip for n in nodes}
     report(f"measuring the wire {slowest} -> {neighbour} with iperf3 ({IPERF_SECONDS} s)")
     wire_bps = measure_wire(session.client, session.name, slowest, neighbour, ip_of[neighbour])
-    plan = sweep_plan(session, node_env, sizes, iters, env)
+    plan = sweep_plan(session, node_env, sizes, iters, env, ops=ops)
     more = f", up to {PROBE_ITERS} where they take under {SMALL_BUDGET_S:g} s" if iters < PROBE_ITERS else ""
-    report(f"allreduce sweep on {len(names)} nodes, {len(sizes)} sizes x {iters} iterations{more} (logs: {plan.run_dir})")
-    timings = run_sweep(session, plan)
+    what = f"{', '.join(ops)} sweep" if ops else "allreduce sweep"
+    report(f"{what} on {len(names)} nodes, {len(sizes)} sizes x {iters} iterations{more} (logs: {plan.run_dir})")
+    timings = run_sweep(session, plan, name)
     calibrated = calibrate(timings, len(names), wire_bps, delay_s)
     asked = [t for t in timings if not t.get("probe")]
     rows = build_rows(asked, len(names), model_link(link_bps, wire_bps, delay_s), wire_bps, efficiency, calibrated)
-    (plan.run_dir / "bench-allreduce.json").write_text(json.dumps([r.as_dict() for r in rows]))
+    (plan.run_dir / f"bench-{name}.json").write_text(json.dumps([r.as_dict() for r in rows]))
     measured = f"{rows[0].backend} ({rows[0].device} tensors)" if rows else "?"
-    title = (f"allreduce on {measured}, {len(names)} nodes, link {_link_text(link_bps, slowest)}, "
+    title = (f"{name} on {measured}, {len(names)} nodes, link {_link_text(link_bps, slowest)}, "
              f"iperf3 wire {wire_bps / 1e6:.0f} Mbit/s; model: ring at {efficiency:.0%} of "
              f"{'the link' if link_bps else 'the wire'}, {(DEFAULT_ALPHA_S + delay_s) * 1e6:.0f} us a hop"
              + (f"; calibrated: the wire, a step {delay_s * 1e3:g} ms + max(stack {calibrated.base_s * 1e6:.0f} us, "
-                "transfer)" if calibrated else ""))
+                "transfer)" if calibrated else "")
+             + (" + gloo's copies at the probed rate" if calibrated and calibrated.copy_rates else ""))
     if plot_path:
         plot(rows, plot_path, link_bps, wire_bps, len(names), title.split(";")[0])
         report(f"plot written to {'standard output' if is_stdout(plot_path) else plot_path}")
     return AllreduceReport(rows, title, plan.run_dir, len(names), slowest, link_bps, wire_bps)
+
+
+def measure_collectives(session: LabSession, ops: list[str], sizes: list[int], iters: int,
+                        efficiency: float = DEFAULT_EFFICIENCY, report: Callable[[str], None] = _quiet,
+                        plot_path: Path | None = None, env: dict[str, str] | None = None) -> AllreduceReport:
+    """`labctl bench collectives`: measure()'s sweep for every op in `ops` (OPS)."""
+    return measure(session, sizes, iters, efficiency, report, plot_path, env, ops=list(ops))
 
 
 def _link_text(link_bps: int | None, slowest: str) -> str:
@@ -247,14 +270,16 @@ def _link_text(link_bps: int | None, slowest: str) -> str:
 
 def plot(rows: list[AllreduceRow], path: Path, link_bps: float | None, wire_bps: float | None, n: int, title: str) -> None:
     plt = pyplot()
-    sizes = [r.size for r in rows]
     fig, ax = plt.subplots(figsize=(7, 4.2), dpi=120)
-    ax.plot(sizes, [r.busbw_gbs * 1000 for r in rows], "o-", label="measured busbw")
-    factor = busbw_factor(n)
-    for key, style, label in (("model_us", "--", "paper model"), ("calibrated_us", ":", "calibrated model")):
-        if rows and getattr(rows[0], key) is not None:  # a model's busbw: the bytes over its predicted time
-            ax.plot(sizes, [r.size / (getattr(r, key) / 1e6) * factor / 1e6 for r in rows], style, label=label,
-                    zorder=3)  # over the wire line, which the calibrated model follows
+    ops = list(dict.fromkeys(r.op for r in rows))
+    for op in ops:  # one colour per op: its measured busbw, and the models' beside it
+        mine = [r for r in rows if r.op == op]
+        sizes, factor, named = [r.size for r in mine], op_cost(op, n, mine[0].backend).busbw, f"{op} " if len(ops) > 1 else ""
+        line, = ax.plot(sizes, [r.busbw_gbs * 1000 for r in mine], "o-", label=f"{named}measured busbw")
+        for key, style, label in (("model_us", "--", "paper model"), ("calibrated_us", ":", "calibrated model")):
+            if getattr(mine[0], key) is not None:  # a model's busbw: the bytes over its predicted time
+                ax.plot(sizes, [r.size / (getattr(r, key) / 1e6) * factor / 1e6 for r in mine], style, zorder=3,
+                        color=line.get_color(), label=f"{named}{label}")  # over the wire line, which the calibrated model follows
     if link_bps:
         ax.axhline(link_bps / 8e6, color="red", linestyle=":", label=f"link rate {link_bps / 1e6:g} Mbit/s")
     if wire_bps:

@@ -13,12 +13,18 @@ reduce-scatter of the gradients, 3(n-1)/n x S. Both sharded ones send 1.5x DDP's
 one rank holds (state_bytes_per_rank): DDP all of the parameters, gradients and Adam's state, ZeRO-1
 1/n of Adam's state, FSDP 1/n of everything.
 
+That is NCCL's arithmetic, and `--backend nccl` the default. gloo (the lab's CPU nodes) reduce-scatters
+by all-reducing the whole input and keeping its chunk, so there a reduce-scatter costs an
+all-reduce's 2(n-1)/n x S, and FSDP's step 4(n-1)/n x S: 2x DDP's, not 1.5x (`--backend gloo`;
+op_cost has every op's algorithm per backend, which `labctl bench collectives` measures).
+
 `estimate` is `labctl cost`: the rows for the links asked for, or for a running lab's slowest
 shaped link and every preset, over the ranks given or the lab's world size.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, replace
 from typing import Sequence
 
@@ -28,7 +34,10 @@ from labctl.session import LabSession
 from labctl.spec.units import format_rate, parse_rate, parse_time_us
 
 DTYPE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
-COLLECTIVES = ("allreduce", "reduce_scatter", "allgather")
+COLLECTIVES = ("allreduce", "reduce_scatter", "allgather")  # --collective
+OPS = ("all_reduce", "all_gather", "reduce_scatter", "broadcast", "all_to_all")  # nccl-tests' names: bench collectives
+SPELLED = {"allreduce": "all_reduce", "allgather": "all_gather", "reduce_scatter": "reduce_scatter"}
+BACKENDS = ("nccl", "gloo")  # --backend: whose algorithms the model prices
 DEFAULT_EFFICIENCY = 0.85  # what a tuned TCP collective stack typically reaches on Ethernet
 DEFAULT_ALPHA_S = 50e-6
 STRATEGIES = ("ddp", "zero", "fsdp")
@@ -78,24 +87,60 @@ def _check_collective(collective: str) -> None:
         raise ConfigError("--collective", collective, f"must be one of {', '.join(COLLECTIVES)}")
 
 
+@dataclass(frozen=True)
+class OpCost:
+    """How one collective over n ranks uses the links, as its algorithm runs it on a backend."""
+
+    hops: int  # latency steps one after another
+    wire: float  # bytes through the busiest rank's NIC, over the message's bytes
+    busbw: float  # nccl-tests' bus-bandwidth factor: busbw = algbw x busbw
+    algorithm: str  # in words
+    copies: float = 0.0  # bytes copied in memory besides the transfer, over the message's (gloo's extra buffers)
+
+
+def op_cost(op: str, n: int, backend: str = "nccl") -> OpCost:
+    """The ring cost model per op (OPS), with what the backend really does where it differs: gloo
+    reduce-scatters by all-reducing a clone of the whole input and keeping its chunk (ProcessGroupGloo's
+    reduce_scatter_tensor_coalesced), so its wire is an all-reduce's; it all-gathers into a buffer it
+    allocates and copies the result out; and it broadcasts down a binomial tree, the root sending
+    the whole message once a round. NCCL runs rings and chains in place."""
+    if op not in OPS:
+        raise ConfigError("--ops", op, f"must be one of {', '.join(OPS)}")
+    if n <= 1:
+        return OpCost(0, 0.0, 0.0, "one rank: nothing crosses a link")
+    ring = (n - 1) / n
+    if op == "all_reduce":
+        return OpCost(2 * (n - 1), 2 * ring, 2 * ring, "ring: reduce-scatter, then all-gather")
+    if op == "reduce_scatter" and backend == "gloo":  # the input cloned, all-reduced, this rank's chunk copied out
+        return OpCost(2 * (n - 1), 2 * ring, ring, "gloo: an all-reduce of the whole input, its chunk kept", 1 + 1 / n)
+    if op == "all_gather" and backend == "gloo":  # gathered into a buffer it allocates, then copied out
+        return OpCost(n - 1, ring, ring, "gloo: ring into a fresh buffer, copied out", 1.0)
+    if op in ("all_gather", "reduce_scatter"):
+        return OpCost(n - 1, ring, ring, "ring")
+    if op == "broadcast" and backend == "gloo":
+        rounds = math.ceil(math.log2(n))
+        return OpCost(rounds, float(rounds), 1.0, "gloo: binomial tree, the whole message once a round")
+    if op == "broadcast":
+        return OpCost(n - 1, 1.0, 1.0, "pipelined chain")
+    return OpCost(1, ring, ring, "every pair at once")
+
+
 def busbw_factor(n: int, collective: str = "allreduce") -> float:
     """nccl-tests' bus-bandwidth factor; 0 for one rank (nothing crosses a link)."""
     _check_collective(collective)
-    if n <= 1:
-        return 0.0
-    return 2 * (n - 1) / n if collective == "allreduce" else (n - 1) / n
+    return op_cost(SPELLED[collective], n).busbw
 
 
-def bytes_per_rank(payload_bytes: float, n: int, collective: str = "allreduce") -> float:
-    return busbw_factor(n, collective) * payload_bytes
+def bytes_per_rank(payload_bytes: float, n: int, collective: str = "allreduce", backend: str = "nccl") -> float:
+    _check_collective(collective)
+    return op_cost(SPELLED[collective], n, backend).wire * payload_bytes
 
 
 def collective_time_s(payload_bytes: float, n: int, link: Link, efficiency: float = DEFAULT_EFFICIENCY,
-                      collective: str = "allreduce") -> float:
-    if n <= 1:
-        return 0.0
-    hops = 2 * (n - 1) if collective == "allreduce" else n - 1
-    return bytes_per_rank(payload_bytes, n, collective) * 8 / (link.rate_bps * efficiency) + hops * link.alpha_s
+                      collective: str = "allreduce", backend: str = "nccl") -> float:
+    _check_collective(collective)
+    cost = op_cost(SPELLED[collective], n, backend)
+    return cost.wire * payload_bytes * 8 / (link.rate_bps * efficiency) + cost.hops * link.alpha_s
 
 
 def state_bytes_per_rank(params: float, dtype: str, n: int, strategy: str) -> float:
@@ -107,13 +152,13 @@ def state_bytes_per_rank(params: float, dtype: str, n: int, strategy: str) -> fl
 
 
 def strategy_step(payload_bytes: float, n: int, link: Link, efficiency: float, strategy: str,
-                  grad_accum: int = 1) -> tuple[float, float]:
+                  grad_accum: int = 1, backend: str = "nccl") -> tuple[float, float]:
     """(bytes through each rank's NIC, seconds on `link`) of one optimizer step's collectives. FSDP
     gathers the parameters again in every micro-step; the gradients go once a step, as DDP's do."""
     sent = [(op, k * grad_accum if strategy == "fsdp" and op == "allgather" else k)
             for op, k in STRATEGY_COLLECTIVES[strategy]]
-    return (sum(k * bytes_per_rank(payload_bytes, n, op) for op, k in sent),
-            sum(k * collective_time_s(payload_bytes, n, link, efficiency, op) for op, k in sent))
+    return (sum(k * bytes_per_rank(payload_bytes, n, op, backend) for op, k in sent),
+            sum(k * collective_time_s(payload_bytes, n, link, efficiency, op, backend) for op, k in sent))
 
 
 def step_report(query: CostQuery, n: int, links: list[Link]) -> list[dict]:
@@ -137,6 +182,8 @@ def step_report(query: CostQuery, n: int, links: list[Link]) -> list[dict]:
     _check_collective(collective)
     if strategy is not None and strategy not in STRATEGIES:
         raise ConfigError("--strategy", strategy, f"must be one of {', '.join(STRATEGIES)}")
+    if query.backend not in BACKENDS:
+        raise ConfigError("--backend", query.backend, f"must be one of {', '.join(BACKENDS)}")
     if strategy is not None and collective != "allreduce":
         raise ConfigError("--collective", collective, "prices one collective, and --strategy a whole step's",
                           hint=f"drop --collective: --strategy {strategy} sends {strategy_text(strategy)}")
@@ -144,9 +191,10 @@ def step_report(query: CostQuery, n: int, links: list[Link]) -> list[dict]:
     rows = []
     for link in links:
         if strategy is None:
-            sent, comm_s = bytes_per_rank(payload, n, collective), collective_time_s(payload, n, link, efficiency, collective)
+            sent = bytes_per_rank(payload, n, collective, query.backend)
+            comm_s = collective_time_s(payload, n, link, efficiency, collective, query.backend)
         else:
-            sent, comm_s = strategy_step(payload, n, link, efficiency, strategy, grad_accum)
+            sent, comm_s = strategy_step(payload, n, link, efficiency, strategy, grad_accum, query.backend)
         row = {"link": link.name, "rate_bps": link.rate_bps, "payload_bytes": payload, "bytes_per_rank": sent,
                "comm_s": comm_s}
         if strategy is not None:
@@ -198,6 +246,7 @@ class CostReport:
     grad_accum: int
     rows: list[dict]
     strategy: str | None = None  # a whole optimizer step's collectives, priced instead of one collective
+    backend: str = "nccl"  # whose algorithms were priced
 
 
 def lab_link(session: LabSession) -> tuple[tuple[str, int] | None, int | None]:
@@ -254,6 +303,7 @@ class CostQuery:
     collective: str = "allreduce"  # --collective: one of COLLECTIVES
     delay: str | None = None  # --delay: a one-way delay added to every link's per-hop latency, e.g. "10ms"
     strategy: str | None = None  # --strategy: price a whole optimizer step of ddp, zero or fsdp
+    backend: str = "nccl"  # --backend: whose algorithms (BACKENDS); gloo's reduce-scatter is an all-reduce
 
 
 def estimate(query: CostQuery, lab: LabSession | None = None) -> CostReport:
@@ -265,4 +315,4 @@ def estimate(query: CostQuery, lab: LabSession | None = None) -> CostReport:
     links = links_to_price(query.links, shaped, query.delay)
     rows = step_report(query, n, links)
     return CostReport(query.params, query.dtype, n, query.collective, query.efficiency, query.compute_s,
-                      query.grad_accum, rows, query.strategy)
+                      query.grad_accum, rows, query.strategy, query.backend)

@@ -1,4 +1,4 @@
-"""Benchmarks and the cost model: cost, bench up|allreduce|scaling|straggler."""
+"""Benchmarks and the cost model: cost, bench up|allreduce|collectives|scaling|straggler."""
 
 from __future__ import annotations
 
@@ -31,11 +31,13 @@ from labctl.spec.units import parse_size_range
 @click.option("--strategy", type=click.Choice(["ddp", "zero", "fsdp"]),
               help="Price a whole optimizer step of this strategy (the trainer's --strategy): every collective it "
                    "sends, and what one rank holds.")
+@click.option("--backend", type=click.Choice(["nccl", "gloo"]), default="nccl", show_default=True,
+              help="Whose algorithms to price: gloo (the lab's CPU nodes) reduce-scatters with an all-reduce.")
 @click.option("--grad-accum", type=int, default=1, show_default=True, metavar="K", help="Micro-steps per gradient sync.")
 @click.option("--efficiency", type=float, default=0.85, show_default=True, help="Fraction of the link rate the stack reaches.")
 @lab_option
 @click.option("--json", "as_json", is_flag=True, help="Print the rows as JSON.")
-def cost(params, dtype, ranks, links, delay, compute_s, collective, strategy, grad_accum, efficiency, lab,
+def cost(params, dtype, ranks, links, delay, compute_s, collective, strategy, backend, grad_accum, efficiency, lab,
          as_json) -> None:
     """What one gradient synchronisation, or one optimizer step of a strategy, costs on each link.
 
@@ -43,13 +45,14 @@ def cost(params, dtype, ranks, links, delay, compute_s, collective, strategy, gr
     reduce-scatter or all-gather (S = params x dtype bytes); time = bytes / (rate x efficiency)
     + 2(n-1) x alpha, where alpha is the link's typical latency plus --delay. --strategy zero adds
     an all-gather of the updated parameters to DDP's allreduce; fsdp sends two all-gathers and a
-    reduce-scatter: 1.5x DDP's bytes, each, for less state on each rank.
+    reduce-scatter: 1.5x DDP's bytes, each, for less state on each rank. --backend gloo prices
+    what gloo does: its reduce-scatter is an all-reduce, so fsdp sends 2x DDP's bytes there.
     """
     from labctl.cli import render_bench
 
     count = benches.parse_params(params)
     query = benches.CostQuery(count, dtype, ranks, links, compute_s, grad_accum, efficiency, collective, delay,
-                              strategy)
+                              strategy, backend)
     report = benches.estimate(query, lab=invocation().lab(lab))
     render_bench.print_cost(report, as_json)
 
@@ -143,6 +146,40 @@ def bench_allreduce_cmd(lab, sizes, iters, efficiency, as_json, plot_path, nccl_
     size_list = parse_size_range(sizes)
     env = benches.NCCL_DEBUG_ENV if nccl_debug else None
     report = benches.allreduce(invocation().lab(lab), size_list, iters, efficiency, info, plot_path, env)
+    render_bench.print_allreduce(report, as_json, to_stderr=is_stdout(plot_path))
+
+
+@bench.command("collectives", context_settings=CONTEXT)
+@lab_option
+@click.option("--ops", default="all_reduce,all_gather,reduce_scatter,broadcast,all_to_all", show_default=True,
+              metavar="OP,OP", help="Which collectives, comma-separated.")
+@click.option("--sizes", default="1K:64M", show_default=True, metavar="LO:HI|S,S",
+              help="Message sizes (1024-based K/M/G): a doubling range LO:HI or a list.")
+@click.option("--iters", type=click.IntRange(1, 1000), default=5, show_default=True, help="Timed iterations per size.")
+@click.option("--efficiency", type=click.FloatRange(0.01, 1.0), default=0.85, show_default=True,
+              help="Efficiency the cost model assumes.")
+@click.option("--json", "as_json", is_flag=True, help="Print the rows as a JSON list (op, size, busbw_gbs, ...).")
+@click.option("--plot", "plot_path", type=click.Path(dir_okay=False, path_type=Path),
+              help="Write a PNG of busbw against size, a line per op; - for standard output.")
+@nccl_debug_option
+def bench_collectives_cmd(lab, ops, sizes, iters, efficiency, as_json, plot_path, nccl_debug) -> None:
+    """nccl-tests' sweeps (all_reduce_perf, all_gather_perf, ...) across the lab's nodes, each op
+    beside the cost model, the calibrated model and the wire.
+
+    Sizes as nccl-tests counts them: the tensor for all_reduce and broadcast, the gathered output
+    for all_gather, the input for reduce_scatter and all_to_all. busbw = algbw x 2(n-1)/n for
+    all_reduce, (n-1)/n for all_gather, reduce_scatter and all_to_all, 1 for broadcast. The models
+    price what the backend runs: gloo's reduce-scatter is an all-reduce of the whole input, its
+    broadcast a binomial tree (docs/explanation/cost-model.md).
+    """
+    from labctl.cli import render_bench
+
+    if as_json and is_stdout(plot_path):
+        raise click.UsageError("--json and --plot - both want standard output; give --plot a file name")
+    op_list = [op.strip() for op in ops.split(",") if op.strip()]
+    env = benches.NCCL_DEBUG_ENV if nccl_debug else None
+    report = benches.collectives(invocation().lab(lab), op_list, parse_size_range(sizes), iters, efficiency, info,
+                                 plot_path, env)
     render_bench.print_allreduce(report, as_json, to_stderr=is_stdout(plot_path))
 
 

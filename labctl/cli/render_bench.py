@@ -18,8 +18,9 @@ def print_cost(report, as_json: bool) -> None:
         return
     payload = report.rows[0]["payload_bytes"]
     what = f"a {report.strategy} step" if report.strategy else report.collective
+    how = ", as gloo runs it (its reduce-scatter is an all-reduce)" if report.backend == "gloo" else ""
     table = Table(title=f"{what} of {report.params:g} {report.dtype} params ({payload / 1e9:.3g} GB) "
-                        f"over {report.ranks} ranks, at {report.efficiency:.0%} of each link", title_justify="left")
+                        f"over {report.ranks} ranks, at {report.efficiency:.0%} of each link{how}", title_justify="left")
     columns = ["link", "rate", "bytes/rank", "time/step" if report.strategy else "time/sync"]
     columns += ["state/rank"] if report.strategy else []
     columns += ["comm/compute", "step (no overlap)"] if report.compute_s else []
@@ -57,21 +58,22 @@ def print_up_timings(results, repeats: int, as_json: bool) -> None:
 
 
 def print_allreduce(report, as_json: bool, to_stderr: bool = False) -> None:
-    """`bench allreduce`: one row per message size, nccl-tests' columns and the model's beside them
-    (on stderr when the plot went to stdout)."""
+    """`bench allreduce` and `bench collectives`: one row per op and message size, nccl-tests' columns
+    and the models' beside them (on stderr when the plot went to stdout)."""
     if as_json:
         emit_json([r.as_dict() for r in report.rows])
         return
     table = Table(title=report.title, title_justify="left")
-    for column in ("size(B)", "count", "type", "time(us)", "algbw(GB/s)", "busbw(GB/s)", "model(us)", "meas/model",
-                   "calibrated(us)", "meas/cal", "busbw/wire"):
-        table.add_column(column, justify="right")
+    ops = len({r.op for r in report.rows}) > 1 or any(r.op != "all_reduce" for r in report.rows)
+    for column in (("op",) if ops else ()) + ("size(B)", "count", "type", "time(us)", "algbw(GB/s)", "busbw(GB/s)",
+                                              "model(us)", "meas/model", "calibrated(us)", "meas/cal", "busbw/wire"):
+        table.add_column(column, justify="left" if column == "op" else "right")
 
     def num(value, fmt):
         return "-" if value is None else format(value, fmt)
 
     for r in report.rows:
-        table.add_row(str(r.size), str(r.count), r.type, f"{r.time_us:.1f}", f"{r.algbw_gbs:.4f}", f"{r.busbw_gbs:.4f}",
+        table.add_row(*((r.op,) if ops else ()), str(r.size), str(r.count), r.type, f"{r.time_us:.1f}", f"{r.algbw_gbs:.4f}", f"{r.busbw_gbs:.4f}",
                       num(r.model_us, ".1f"), num(r.meas_over_model, ".2f"), num(r.calibrated_us, ".1f"),
                       num(r.meas_over_calibrated, ".2f"), num(r.busbw_over_wire, ".2f"))
     (err_console if to_stderr else console).print(table)

@@ -96,3 +96,19 @@ def connect_rtt_ms(client, lab: str) -> float:
     out = client.containers.get(f"{lab}-node0").exec_run(["python", "-c", script]).output.decode()
     node1.exec_run(["pkill", "-f", "5999"])
     return float(out.strip().splitlines()[-1])
+
+
+def test_all_gather_and_reduce_scatter_run_as_the_calibrated_model_says_gloo_runs_them(lab):
+    """gloo's all-gather is a ring, its reduce-scatter an all-reduce of the whole input (cost.op_cost):
+    at 100mbit both land on the calibrated model, and the reduce-scatter takes an all-reduce's time."""
+    labctl("shape", "--lab", lab, "--bw", "100mbit", check=True)
+    result = labctl("bench", "collectives", "--lab", lab, "--ops", "all_gather,reduce_scatter", "--sizes", "1M,4M",
+                    "--iters", "3", "--json", check=True, timeout=600)
+    rows = json.loads(result.stdout)
+    assert [(r["op"], r["size"]) for r in rows] == [("all_gather", 1048572), ("all_gather", 4194300),
+                                                    ("reduce_scatter", 1048572), ("reduce_scatter", 4194300)]
+    for row in rows:
+        assert 0.9 <= row["meas_over_calibrated"] <= 1.1, row  # the cost model page's goal is 0.95-1.05
+    gather, scatter = rows[1], rows[3]
+    # nccl-tests' busbw factor is (n-1)/n for both; gloo's reduce-scatter moves twice the bytes for it
+    assert within(gather["busbw_gbs"], 0.0125) and within(scatter["busbw_gbs"], 0.0125 / 2), (gather, scatter)

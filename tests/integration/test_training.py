@@ -61,6 +61,16 @@ def test_ddp_zero_and_fsdp_end_at_the_same_loss_and_sharding_holds_less_per_rank
     # FSDP: a third of everything, each shard padded to an equal size
     assert fsdp["state_bytes"]["params"] <= params / 3 + 4096
     assert fsdp["state_bytes_per_rank"] <= ddp["state_bytes_per_rank"] / 2
+    # Every collective by kind, and the bytes the links sent: what `labctl cost --backend gloo` predicts
+    # per rank per step (gloo's reduce-scatter is an all-reduce), within 5%, read from the nodes' counters.
+    assert set(ddp["collectives_per_step"]) == {"all_reduce"}
+    assert set(zero["collectives_per_step"]) == {"all_reduce", "broadcast"}
+    assert set(fsdp["collectives_per_step"]) == {"all_gather", "reduce_scatter"}
+    for name, s in runs.items():
+        predicted = json.loads(labctl("cost", "--params", str(s["params"]), "--dtype", "fp32", "--nodes", "3",
+                                      "--link", "1gbe", "--strategy", name, "--backend", "gloo", "--json",
+                                      check=True).stdout)[0]["bytes_per_rank_per_step"]
+        assert abs(s["wire_tx_bytes_per_step"] / predicted - 1) <= 0.05, (name, s["wire_tx_bytes_per_step"], predicted)
 
 
 def test_the_straggler_is_named(lab3):

@@ -56,3 +56,20 @@ def test_allreduce_plot_draws_both_models_into_a_png(tmp_path):
     path = tmp_path / "plots" / "allreduce.png"
     allreduce.plot(rows, path, 10**9, 956e6, 3, "allreduce on gloo (cpu tensors), 3 nodes, " + "x" * 120)
     assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_each_ops_row_takes_its_own_busbw_factor_and_its_backends_algorithm():
+    wire, n = 1e9, 3
+    cal = allreduce.Calibration(wire, 0.0)
+    size = 3 * 2**20
+    timings = [{"op": op, "size": size, "count": size // 4, "time_us": cal.time_s(size, n, op, "gloo") * 1e6,
+                "backend": "gloo"} for op in ("all_reduce", "all_gather", "reduce_scatter", "broadcast", "all_to_all")]
+    rows = {r.op: r for r in allreduce.build_rows(timings, n, allreduce.model_link(10**9, wire), wire, 0.85, cal)}
+    assert all(abs(r.meas_over_calibrated - 1) < 1e-9 for r in rows.values())
+    # gloo's reduce-scatter moves an all-reduce's bytes, so at nccl-tests' (n-1)/n its busbw reads half the wire
+    assert rows["reduce_scatter"].time_us == pytest.approx(rows["all_reduce"].time_us)
+    assert rows["all_gather"].busbw_over_wire == pytest.approx(1.0)
+    assert rows["reduce_scatter"].busbw_over_wire == pytest.approx(0.5)
+    assert rows["all_reduce"].busbw_over_wire == pytest.approx(1.0)
+    assert rows["broadcast"].busbw_over_wire == pytest.approx(0.5)  # two rounds of the whole message
+    assert rows["all_gather"].as_dict()["op"] == "all_gather"

@@ -439,3 +439,24 @@ def test_scaling_without_matplotlib_writes_the_table_and_says_so(tmp_path, event
     assert messages[0].startswith("matplotlib is not installed: scaling.md and scaling.json only, no PNGs")
     assert [p.name for p in result.paths] == ["scaling.md", "scaling.json"]
     assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["scaling.json", "scaling.md"]
+
+
+def test_collectives_sweep_every_op_through_the_same_bench_and_write_their_own_rows(tmp_path, events, engine,
+                                                                                    monkeypatch):
+    monkeypatch.setattr(allreduce, "measure_wire", lambda *args: 9e8)
+    timings = [{"op": "all_reduce", "size": 1024, "count": 256, "time_us": 400.0, "probe": True}] + [
+        {"op": op, "size": 3072, "count": 768, "time_us": 500.0} for op in ("all_gather", "reduce_scatter")]
+
+    def answer(plan):
+        plan.run_dir.mkdir(parents=True)
+        (plan.run_dir / "collectives.json").write_text(json.dumps(timings))
+        return {}
+
+    result = allreduce.measure_collectives(FakeLab(tmp_path, events, answer=answer), ["all_gather", "reduce_scatter"],
+                                           [3072], 3)
+    assert events[-1][2][:3] == ["trainer.bench_collectives", "--ops", "all_gather,reduce_scatter"]
+    assert [r.op for r in result.rows] == ["all_gather", "reduce_scatter"] and result.title.startswith("collectives on")
+    written = json.loads((result.run_dir / "bench-collectives.json").read_text())
+    assert [(r["op"], r["size"]) for r in written] == [("all_gather", 3072), ("reduce_scatter", 3072)]
+    with pytest.raises(ConfigError, match="'gather' is none of them|names ops"):
+        allreduce.measure_collectives(FakeLab(tmp_path, events), ["all_gather", "gather"], [3072], 3)

@@ -122,3 +122,38 @@ def test_a_strategy_prices_a_step_so_a_collective_beside_it_is_refused():
         step_report(CostQuery(1e6, "fp32", collective="allgather", strategy="fsdp"), 2, [PRESETS["1gbe"]])
     with pytest.raises(ConfigError, match="--strategy"):
         step_report(CostQuery(1e6, "fp32", strategy="tp"), 2, [PRESETS["1gbe"]])
+
+
+# --- every op as its backend runs it: what `bench collectives` measures --------------------------
+
+@pytest.mark.parametrize("op, backend, hops, wire, busbw", [
+    ("all_reduce", "nccl", 4, 4 / 3, 4 / 3), ("all_reduce", "gloo", 4, 4 / 3, 4 / 3),
+    ("all_gather", "gloo", 2, 2 / 3, 2 / 3), ("reduce_scatter", "nccl", 2, 2 / 3, 2 / 3),
+    # gloo reduce-scatters with an all-reduce of the whole input: an all-reduce's steps and bytes,
+    # while nccl-tests' busbw factor stays the op's own
+    ("reduce_scatter", "gloo", 4, 4 / 3, 2 / 3),
+    ("broadcast", "nccl", 2, 1.0, 1.0), ("broadcast", "gloo", 2, 2.0, 1.0),  # a binomial tree: 2 rounds for 3
+    ("all_to_all", "gloo", 1, 2 / 3, 2 / 3),
+])
+def test_each_op_on_three_ranks_by_hand(op, backend, hops, wire, busbw):
+    c = cost.op_cost(op, 3, backend)
+    assert (c.hops, c.wire, c.busbw) == (hops, pytest.approx(wire), pytest.approx(busbw))
+    assert cost.op_cost(op, 1, backend).wire == 0.0
+
+
+def test_an_unknown_op_is_refused_with_the_ops_there_are():
+    with pytest.raises(ConfigError, match="all_reduce, all_gather, reduce_scatter, broadcast, all_to_all"):
+        cost.op_cost("gather", 3)
+
+
+def test_on_gloo_fsdp_sends_twice_ddps_bytes_since_its_reduce_scatter_is_an_all_reduce():
+    link, n = PRESETS["1gbe"], 4
+    rows = {s: step_report(CostQuery(1e8, "fp32", strategy=s, backend="gloo"), n, [link])[0]
+            for s in ("ddp", "zero", "fsdp")}
+    s = 4e8
+    assert rows["ddp"]["bytes_per_rank_per_step"] == pytest.approx(2 * 3 / 4 * s)
+    assert rows["zero"]["bytes_per_rank_per_step"] == pytest.approx(3 * 3 / 4 * s)  # ZeRO has no reduce-scatter
+    assert rows["fsdp"]["bytes_per_rank_per_step"] == pytest.approx((2 * 3 / 4 + 2 * 3 / 4) * s)
+    assert rows["fsdp"]["bytes_per_rank_per_step"] == pytest.approx(2 * rows["ddp"]["bytes_per_rank_per_step"])
+    with pytest.raises(ConfigError, match="--backend"):
+        step_report(CostQuery(1e8, "fp32", strategy="fsdp", backend="mpi"), n, [link])
