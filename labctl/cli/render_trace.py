@@ -51,7 +51,8 @@ def print_trace(report: TraceReport, as_json: bool) -> None:
         console.print(trace_table(report))
         console.print(report.verdict(), markup=False)
         console.print("fractions of each rank's wall time; waiting: for the slowest rank to hand its gradients "
-                      "over; exposed comm: the all-reduce after that, hidden by no compute", markup=False, style="dim")
+                      "over; exposed comm: communication no compute hid (DDP's all-reduce after that; fsdp's "
+                      "blocking collectives)", markup=False, style="dim")
     console.print(alignment_line(report), markup=False)
     if report.png:
         console.print(f"timeline: {report.png} (steps {report.window[0]}-{report.window[-1]})", markup=False)

@@ -96,3 +96,15 @@ def test_bench_straggler_draws_before_and_after_side_by_side(straggler_lab, tmp_
     assert result["timeline"] == str(tmp_path / "straggler-timeline.png")
     assert Path(result["timeline"]).read_bytes()[:8] == PNG_MAGIC
 
+
+
+def test_an_fsdp_run_traced_names_its_all_gathers_and_reduce_scatters_on_every_rank(straggler_lab):
+    out = labctl("run", "--lab", straggler_lab, "--trace", "--", "-m", "trainer", "--workload", "gpt", "--steps", "6",
+                 "--strategy", "fsdp", check=True).stdout
+    run_dir = Path(summary_of(out)["run_dir"])
+    assert (run_dir / "timeline.png").read_bytes()[:8] == PNG_MAGIC
+    events = json.loads((run_dir / "trace-merged.json").read_text())["traceEvents"]
+    for rank in range(3):
+        named = [e["name"] for e in events if e["pid"] == rank and e.get("cat") == "collective"]
+        # gpt's 2 blocks gathered twice a step and the root once; every unit's gradients once; 6 steps
+        assert (named.count("all_gather"), named.count("reduce_scatter")) == (6 * 5, 6 * 3), (rank, named[:10])
