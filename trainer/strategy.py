@@ -26,9 +26,6 @@ def refusal(args):
     """Why the flags do not go together with --strategy, or None: before any process group exists."""
     if args.strategy == "ddp":
         return None
-    if args.ckpt_every:
-        return (f"error: --ckpt-every with --strategy {args.strategy}: the trainer checkpoints whole, replicated "
-                "state only; use --strategy ddp for a run that resumes")
     if args.strategy == "fsdp" and (args.comm_hook != "none" or args.static_graph):
         given = "--comm-hook " + args.comm_hook if args.comm_hook != "none" else "--static-graph"
         return f"error: {given} is a DDP setting, and --strategy fsdp has no DDP: use --strategy ddp or zero"

@@ -1,15 +1,22 @@
 """The trainer's --strategy flag (trainer/strategy.py): what does not go with it is refused before
-any process group exists. The strategies train on a real 3-node lab in
-tests/integration/test_training.py."""
+any process group exists; zero's and fsdp's checkpoints resume, fsdp's resharded for another world
+size. The strategies train on a real 3-node lab in tests/integration/test_training.py."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
 from trainer.flags import parse_args
 
+REPO = Path(__file__).resolve().parents[2]
+LAUNCH_VARS = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_RUN_ID", "DDPLAB_RUN_DIR")
+
 
 @pytest.mark.parametrize("argv, fragment", [
-    (["--strategy", "fsdp", "--ckpt-every", "5"], "--ckpt-every with --strategy fsdp"),
-    (["--strategy", "zero", "--ckpt-every", "5"], "--ckpt-every with --strategy zero"),
     (["--strategy", "fsdp", "--comm-hook", "fp16"], "--comm-hook fp16 is a DDP setting"),
     (["--strategy", "fsdp", "--static-graph"], "--static-graph is a DDP setting"),
     (["--strategy", "hsdp"], "invalid choice: 'hsdp'"),
@@ -18,3 +25,29 @@ def test_flags_that_do_not_go_with_a_strategy_are_refused_before_anything_starts
     with pytest.raises(SystemExit) as exc:
         parse_args(argv)
     assert exc.value.code == 2 and fragment in capsys.readouterr().err
+
+
+def train(tmp_path, ranks, *flags):
+    """`-m trainer --workload gpt` under torchrun on this machine: its SUMMARY and its output."""
+    env = {k: v for k, v in os.environ.items() if k not in LAUNCH_VARS}
+    env.update(OMP_NUM_THREADS="1", CUDA_VISIBLE_DEVICES="")
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={ranks}", "--log-dir",
+           str(tmp_path / "torchrun"), "-m", "trainer", "--workload", "gpt", "--global-batch", "24", "--micro-batch", "4",
+           "--run-dir", str(tmp_path / "run"), "--data-dir", str(tmp_path / "data"), "--no-metrics", *flags]
+    out = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-3000:]
+    line = next(line for line in out.stdout.splitlines() if "SUMMARY " in line)
+    return json.loads(line.split("SUMMARY ", 1)[1]), out.stdout
+
+
+@pytest.mark.parametrize("strategy, first, then", [("fsdp", 3, 2), ("zero", 2, 2)])
+def test_a_sharded_run_checkpoints_and_resumes_to_the_loss_of_one_that_never_stopped(tmp_path, strategy, first, then):
+    whole, _ = train(tmp_path / "whole", then, "--steps", "6", "--strategy", strategy)
+    ckpt = str(tmp_path / "ckpt")
+    # The first run checkpoints step 3 (not its last, step 4); another, on `then` ranks, goes on from there.
+    train(tmp_path / "first", first, "--steps", "4", "--ckpt-every", "3", "--ckpt-dir", ckpt, "--strategy", strategy)
+    assert sorted(p.name for p in Path(ckpt).iterdir()) == ["step-3" if strategy == "fsdp" else "step-3.pt"]
+    resumed, out = train(tmp_path / "then", then, "--steps", "6", "--ckpt-every", "10", "--ckpt-dir", ckpt,
+                         "--strategy", strategy)
+    assert "resuming from step 3" in out and resumed["resumed_from_step"] == 3
+    assert abs(resumed["final_loss"] - whole["final_loss"]) <= 1e-5 * abs(whole["final_loss"]), (resumed, whole)
