@@ -31,6 +31,7 @@ from pathlib import Path
 import torch
 
 from trainer.dist import all_gather, barrier, print0, println
+from trainer.strategy import SHARDED
 
 _NAME = re.compile(r"^step-(\d+)(\.pt)?$")  # a whole checkpoint's file, or a sharded one's folder
 META = "meta.pt"  # in a sharded checkpoint's folder: what a resumed run must match
@@ -98,7 +99,7 @@ def save_step(run, step: int, global_batch: int) -> None:
     zero's and fsdp's saves are collectives."""
     meta = {"workload": run.workload.name, "global_batch": global_batch, "seed": run.args.seed,
             "strategy": run.args.strategy}
-    if run.args.strategy == "fsdp" and run.c.world_size > 1:
+    if run.args.strategy in SHARDED and run.c.world_size > 1:
         save_sharded(run, step, meta)
         return
     if run.args.strategy == "zero" and run.c.world_size > 1:
@@ -164,7 +165,7 @@ def resume(run, global_batch: int) -> int:
         raise SystemExit(f"error: checkpoint {chosen} is at step {state['step']}, not before --steps {args.steps}: "
                          "nothing left to train")
     sharded = Path(chosen).is_dir()
-    if sharded != (args.strategy == "fsdp" and c.world_size > 1):
+    if sharded != (args.strategy in SHARDED and c.world_size > 1):
         raise SystemExit(f"error: checkpoint {chosen} holds {'sharded' if sharded else 'whole'} state (--strategy "
                          f"{state.get('strategy', 'ddp')}); this run is --strategy {args.strategy} on {c.world_size} "
                          "rank(s). Resume it with its own strategy, or use another --ckpt-dir")

@@ -83,7 +83,8 @@ def parse_args(argv=None):
     add("--strategy", choices=STRATEGIES, default="ddp",
         help="how the model's state is spread over the ranks (trainer/strategy.py): ddp replicates it; zero "
              "shards the optimizer state (ZeroRedundancyOptimizer); fsdp shards parameters, gradients and "
-             "optimizer state (FSDP2 fully_shard per block). Same loop, same data, same loss (default ddp)")
+             "optimizer state (FSDP2 fully_shard per block); hsdp shards within a node's processes and replicates "
+             "across nodes (--nproc-per-node 2 or more). Same loop, same data, same loss (default ddp)")
     # DDP levers (no effect in a single process)
     add("--bucket-cap-mb", type=above_zero, default=25.0,
         help="DDP gradient bucket size in MiB: smaller buckets start communicating earlier (default 25)")

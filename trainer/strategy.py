@@ -8,6 +8,9 @@
           keeps 1/N of the parameters, gradients and optimizer state; a block's parameters are
           all-gathered before its forward and again before its backward, and its gradients
           reduce-scattered after it
+    hsdp  fsdp on a 2-D mesh: sharded within a node's processes (torchrun's LOCAL_WORLD_SIZE, which
+          --nproc-per-node sets), replicated across nodes; the all-gathers and reduce-scatters stay
+          inside a node, and only the gradient shards are all-reduced between nodes
 
 The loop, the data order and the loss are the same for all three, so they end at the same loss up
 to the order in which floating-point sums are taken. A single process wraps nothing, as with DDP.
@@ -15,20 +18,27 @@ to the order in which floating-point sums are taken. A single process wraps noth
 
 from contextlib import contextmanager
 
+import os
+
 import torch
 
 from trainer.ddp import wrap_ddp
 
-STRATEGIES = ("ddp", "zero", "fsdp")  # --strategy
+STRATEGIES = ("ddp", "zero", "fsdp", "hsdp")  # --strategy
+SHARDED = ("fsdp", "hsdp")  # FSDP2: parameters, gradients and optimizer state in shards
 
 
 def refusal(args):
     """Why the flags do not go together with --strategy, or None: before any process group exists."""
     if args.strategy == "ddp":
         return None
-    if args.strategy == "fsdp" and (args.comm_hook != "none" or args.static_graph):
+    if args.strategy in SHARDED and (args.comm_hook != "none" or args.static_graph):
         given = "--comm-hook " + args.comm_hook if args.comm_hook != "none" else "--static-graph"
-        return f"error: {given} is a DDP setting, and --strategy fsdp has no DDP: use --strategy ddp or zero"
+        return f"error: {given} is a DDP setting, and --strategy {args.strategy} has no DDP: use --strategy ddp or zero"
+    local, world = int(os.environ.get("LOCAL_WORLD_SIZE", 1)), int(os.environ.get("WORLD_SIZE", 1))
+    if args.strategy == "hsdp" and world > 1 and (local < 2 or world % local):
+        return (f"error: --strategy hsdp shards within a node's processes and this run has {local} on a node "
+                f"(world size {world}): give each node 2 or more (labctl run --nproc-per-node 2), or use --strategy fsdp")
     return None
 
 
@@ -36,19 +46,22 @@ def wrap_model(model, c, args, timer):
     """The model as the loop trains it: DDP (ddp, zero), fully sharded (fsdp), or as it is in a world of one."""
     if c.world_size == 1:
         return model
-    if args.strategy == "fsdp":
-        return shard_fully(model, c)
+    if args.strategy in SHARDED:
+        return shard_fully(model, c, hybrid=args.strategy == "hsdp")
     return wrap_ddp(model, c, args.bucket_cap_mb, args.comm_hook, args.static_graph, timer)
 
 
-def shard_fully(model, c):
-    """FSDP2 on a 1-D mesh of every rank: one unit per block (`model.blocks`, gpt's), then the root,
+def shard_fully(model, c, hybrid=False):
+    """FSDP2 on a 1-D mesh of every rank (hybrid: a 2-D mesh, replicated across nodes and sharded
+    within one, which FSDP2 runs as HSDP): one unit per block (`model.blocks`, gpt's), then the root,
     which holds what is left (embeddings, the final norm, the tied head). fully_shard changes the
     module in place: its parameters become DTensors, each rank holding a shard."""
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
 
-    mesh = init_device_mesh(c.device.type, (c.world_size,))
+    local = int(os.environ.get("LOCAL_WORLD_SIZE", 1))
+    mesh = (init_device_mesh(c.device.type, (c.world_size // local, local), mesh_dim_names=("replicate", "shard"))
+            if hybrid else init_device_mesh(c.device.type, (c.world_size,)))
     for block in getattr(model, "blocks", ()):
         fully_shard(block, mesh=mesh)
     return fully_shard(model, mesh=mesh)

@@ -19,7 +19,8 @@ LAUNCH_VARS = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
 @pytest.mark.parametrize("argv, fragment", [
     (["--strategy", "fsdp", "--comm-hook", "fp16"], "--comm-hook fp16 is a DDP setting"),
     (["--strategy", "fsdp", "--static-graph"], "--static-graph is a DDP setting"),
-    (["--strategy", "hsdp"], "invalid choice: 'hsdp'"),
+    (["--strategy", "tp"], "invalid choice: 'tp'"),
+    (["--strategy", "hsdp", "--static-graph"], "--static-graph is a DDP setting, and --strategy hsdp"),
 ])
 def test_flags_that_do_not_go_with_a_strategy_are_refused_before_anything_starts(argv, fragment, capsys):
     with pytest.raises(SystemExit) as exc:
@@ -51,3 +52,41 @@ def test_a_sharded_run_checkpoints_and_resumes_to_the_loss_of_one_that_never_sto
                          "--strategy", strategy)
     assert "resuming from step 3" in out and resumed["resumed_from_step"] == 3
     assert abs(resumed["final_loss"] - whole["final_loss"]) <= 1e-5 * abs(whole["final_loss"]), (resumed, whole)
+
+
+def test_hsdp_needs_more_than_one_process_on_a_node(monkeypatch, capsys):
+    monkeypatch.setenv("WORLD_SIZE", "3")
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "1")
+    with pytest.raises(SystemExit) as exc:
+        parse_args(["--strategy", "hsdp"])
+    assert exc.value.code == 2 and "labctl run --nproc-per-node 2" in capsys.readouterr().err
+
+
+def test_hsdp_on_two_nodes_of_two_processes_shards_within_a_node_and_ends_at_ddps_loss(tmp_path):
+    """Two torchrun agents on this machine stand for two nodes of two processes each."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = {k: v for k, v in os.environ.items() if k not in LAUNCH_VARS}
+    env.update(OMP_NUM_THREADS="1", CUDA_VISIBLE_DEVICES="")
+    runs = {}
+    for strategy in ("ddp", "hsdp"):
+        agents = [subprocess.Popen(
+            [sys.executable, "-m", "torch.distributed.run", "--nnodes=2", "--nproc_per_node=2", f"--node_rank={node}",
+             "--rdzv_backend=c10d", f"--rdzv_endpoint=127.0.0.1:{port}", f"--rdzv_id={strategy}", "--log-dir",
+             str(tmp_path / f"torchrun-{strategy}-{node}"), "-m", "trainer", "--workload", "gpt", "--steps", "4",
+             "--strategy", strategy, "--run-dir", str(tmp_path / strategy), "--data-dir", str(tmp_path / "data"),
+             "--no-metrics"], cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+            for node in (0, 1)]
+        outs = [agent.communicate(timeout=300) for agent in agents]
+        assert all(a.returncode == 0 for a in agents), [o[1][-2000:] for o in outs]
+        line = next(line for out, _ in outs for line in out.splitlines() if "SUMMARY " in line)
+        runs[strategy] = json.loads(line.split("SUMMARY ", 1)[1])
+    ddp, hsdp = runs["ddp"], runs["hsdp"]
+    assert hsdp["world_size"] == 4 and hsdp["replicas_consistent"]
+    assert abs(hsdp["final_loss"] - ddp["final_loss"]) <= 1e-5 * abs(ddp["final_loss"])
+    # sharded over a node's 2 processes: about half of DDP's state; the gradient shards all-reduced across nodes
+    assert hsdp["state_bytes_per_rank"] <= ddp["state_bytes_per_rank"] / 2 + 8192
+    assert set(hsdp["collectives_per_step"]) == {"all_gather", "reduce_scatter", "all_reduce"}
