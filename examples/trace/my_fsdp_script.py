@@ -21,23 +21,15 @@ from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import fully_shard
 
 from trainer.collectives import CollectiveLog, records, span  # every collective of a step: kind, bytes, times
+from trainer.dist import barrier_times  # leave n barriers back to back, reading a clock as each is left
+from trainer.instrument import wall, wall_now  # one clock: perf_counter's steadiness, unix seconds' origin
 from trainer.metrics import open_metrics  # metrics-rank<RANK>.jsonl, one JSON record a line
-
-WALL0, PERF0 = time.time(), time.perf_counter()  # one clock: perf_counter's steadiness, unix seconds' origin
-
-
-def wall(perf):
-    """A perf_counter() reading in unix seconds; None stays None (no collective in the step)."""
-    return None if perf is None else WALL0 + (perf - PERF0)
 
 
 def clock(metrics, rank, event, barriers=16):
     """Moments every rank shares, as it leaves barriers: the clocks are lined up by them ("start") and
     checked by them ("end"). Several, because a rank descheduled as it leaves one stamps it late."""
-    times = []
-    for _ in range(barriers):
-        dist.barrier()
-        times.append(wall(time.perf_counter()))
+    times = barrier_times(barriers, wall_now)
     metrics.log(kind="clock", event=event, rank=rank, host=socket.gethostname(), t=times[0], t_barriers=times)
 
 

@@ -121,16 +121,33 @@ def bench_start_cmd(nodes, rounds, torchx, as_json, requirements, with_packages,
     render_bench.print_start(report, as_json)
 
 
+def sweep_options(json_help: str, plot_lines: str):
+    """The options bench allreduce and bench collectives share: sizes, iterations, the model's
+    efficiency, --json and --plot."""
+    options = [
+        click.option("--sizes", default="1K:64M", show_default=True, metavar="LO:HI|S,S",
+                     help="Message sizes (1024-based K/M/G): a doubling range LO:HI or a list."),
+        click.option("--iters", type=click.IntRange(1, 1000), default=5, show_default=True,
+                     help="Timed iterations per size."),
+        click.option("--efficiency", type=click.FloatRange(0.01, 1.0), default=0.85, show_default=True,
+                     help="Efficiency the cost model assumes."),
+        click.option("--json", "as_json", is_flag=True, help=json_help),
+        click.option("--plot", "plot_path", type=click.Path(dir_okay=False, path_type=Path),
+                     help=f"Write a PNG of busbw against size{plot_lines}; - for standard output (the table then "
+                          "goes to stderr)."),
+    ]
+
+    def apply(command):
+        for option in reversed(options):
+            command = option(command)
+        return command
+
+    return apply
+
+
 @bench.command("allreduce", context_settings=CONTEXT)
 @lab_option
-@click.option("--sizes", default="1K:64M", show_default=True, metavar="LO:HI|S,S",
-              help="Message sizes (1024-based K/M/G): a doubling range LO:HI or a list.")
-@click.option("--iters", type=click.IntRange(1, 1000), default=5, show_default=True, help="Timed iterations per size.")
-@click.option("--efficiency", type=click.FloatRange(0.01, 1.0), default=0.85, show_default=True,
-              help="Efficiency the cost model assumes.")
-@click.option("--json", "as_json", is_flag=True, help="Print the rows as a JSON list.")
-@click.option("--plot", "plot_path", type=click.Path(dir_okay=False, path_type=Path),
-              help="Write a PNG of busbw against size; - for standard output (the table then goes to stderr).")
+@sweep_options("Print the rows as a JSON list.", "")
 @nccl_debug_option
 def bench_allreduce_cmd(lab, sizes, iters, efficiency, as_json, plot_path, nccl_debug) -> None:
     """An nccl-tests-style allreduce sweep across the lab's nodes, beside the cost model and the wire.
@@ -153,14 +170,7 @@ def bench_allreduce_cmd(lab, sizes, iters, efficiency, as_json, plot_path, nccl_
 @lab_option
 @click.option("--ops", default="all_reduce,all_gather,reduce_scatter,broadcast,all_to_all", show_default=True,
               metavar="OP,OP", help="Which collectives, comma-separated.")
-@click.option("--sizes", default="1K:64M", show_default=True, metavar="LO:HI|S,S",
-              help="Message sizes (1024-based K/M/G): a doubling range LO:HI or a list.")
-@click.option("--iters", type=click.IntRange(1, 1000), default=5, show_default=True, help="Timed iterations per size.")
-@click.option("--efficiency", type=click.FloatRange(0.01, 1.0), default=0.85, show_default=True,
-              help="Efficiency the cost model assumes.")
-@click.option("--json", "as_json", is_flag=True, help="Print the rows as a JSON list (op, size, busbw_gbs, ...).")
-@click.option("--plot", "plot_path", type=click.Path(dir_okay=False, path_type=Path),
-              help="Write a PNG of busbw against size, a line per op; - for standard output.")
+@sweep_options("Print the rows as a JSON list (op, size, busbw_gbs, ...).", ", a line per op")
 @nccl_debug_option
 def bench_collectives_cmd(lab, ops, sizes, iters, efficiency, as_json, plot_path, nccl_debug) -> None:
     """nccl-tests' sweeps (all_reduce_perf, all_gather_perf, ...) across the lab's nodes, each op
