@@ -40,12 +40,13 @@ SPELLED = {"allreduce": "all_reduce", "allgather": "all_gather", "reduce_scatter
 BACKENDS = ("nccl", "gloo")  # --backend: whose algorithms the model prices
 DEFAULT_EFFICIENCY = 0.85  # what a tuned TCP collective stack typically reaches on Ethernet
 DEFAULT_ALPHA_S = 50e-6
-STRATEGIES = ("ddp", "zero", "fsdp")
+STRATEGIES = ("ddp", "zero", "fsdp", "hsdp")
 # What one optimizer step sends, per strategy: (collective, how many), each over the model's S bytes.
 STRATEGY_COLLECTIVES = {
     "ddp": (("allreduce", 1),),
     "zero": (("allreduce", 1), ("allgather", 1)),  # the updated shards broadcast: an all-gather's bytes
     "fsdp": (("allgather", 2), ("reduce_scatter", 1)),  # parameters before forward and backward; gradients
+    "hsdp": (("allreduce", 1),),  # between nodes: each rank's gradient shard, with its peers on the other nodes
 }
 # Adam's state per parameter: two fp32 moments, and an fp32 master copy of the parameter when they
 # train in bf16 or fp16 (the ZeRO paper's K = 12): with the parameter and its gradient, 16 bytes either way.
@@ -148,7 +149,7 @@ def state_bytes_per_rank(params: float, dtype: str, n: int, strategy: str) -> fl
     replicated = params * DTYPE_BYTES[dtype] * 2  # the parameters and their gradients
     optimizer = params * OPTIMIZER_BYTES[dtype]
     return {"ddp": replicated + optimizer, "zero": replicated + optimizer / n,
-            "fsdp": (replicated + optimizer) / n}[strategy]
+            "fsdp": (replicated + optimizer) / n, "hsdp": (replicated + optimizer) / n}[strategy]
 
 
 def strategy_step(payload_bytes: float, n: int, link: Link, efficiency: float, strategy: str,
@@ -194,18 +195,40 @@ def step_report(query: CostQuery, n: int, links: list[Link]) -> list[dict]:
             sent = bytes_per_rank(payload, n, collective, query.backend)
             comm_s = collective_time_s(payload, n, link, efficiency, collective, query.backend)
         else:
-            sent, comm_s = strategy_step(payload, n, link, efficiency, strategy, grad_accum, query.backend)
+            sent, node_sent, comm_s = node_step(query, payload, n, link)
         row = {"link": link.name, "rate_bps": link.rate_bps, "payload_bytes": payload, "bytes_per_rank": sent,
                "comm_s": comm_s}
         if strategy is not None:
-            row.update(strategy=strategy, bytes_per_rank_per_step=sent,
-                       state_bytes_per_rank=state_bytes_per_rank(params, dtype, n, strategy))
+            sharded_over = query.nproc_per_node if strategy == "hsdp" else n
+            row.update(strategy=strategy, bytes_per_rank_per_step=sent, bytes_per_node_per_step=node_sent,
+                       state_bytes_per_rank=state_bytes_per_rank(params, dtype, sharded_over, strategy))
         if compute_s is not None:
             # Gradients are synchronised once per optimizer step, after grad_accum micro-steps.
             row["comm_over_compute"] = comm_s / (grad_accum * compute_s)
             row["step_s_no_overlap"] = grad_accum * compute_s + comm_s
         rows.append(row)
     return rows
+
+
+def node_step(query: CostQuery, payload: float, n: int, link: Link) -> tuple[float, float, float]:
+    """(bytes through a rank's NIC, through a node's, seconds on the node's link) of one optimizer step
+    over n ranks, --nproc-per-node P of them on a node sharing its link. The flat strategies' rings
+    run through each node's ranks in turn, so one rank a node sends across: a node sends a rank's
+    bytes. hsdp's collectives inside a node stay there; between nodes each of its P ranks all-reduces
+    its shard (S/P) with its peers on the other n/P nodes, all P through the node's link."""
+    per_node = query.nproc_per_node
+    if per_node < 1 or n % per_node:
+        raise ConfigError("--nproc-per-node", per_node, f"must divide the {n} ranks into whole nodes")
+    if query.strategy != "hsdp":
+        sent, comm_s = strategy_step(payload, n, link, query.efficiency, query.strategy, query.grad_accum, query.backend)
+        return sent, sent, comm_s
+    if per_node < 2:
+        raise ConfigError("--nproc-per-node", per_node, "must be 2 or more for hsdp, which shards within a node",
+                          hint="labctl cost --strategy hsdp --nodes 16 --nproc-per-node 8")
+    nodes, shard = n // per_node, payload / per_node
+    sent = bytes_per_rank(shard, nodes, "allreduce", query.backend)
+    cost = op_cost("all_reduce", nodes, query.backend)
+    return sent, sent * per_node, sent * per_node * 8 / (link.rate_bps * query.efficiency) + cost.hops * link.alpha_s
 
 
 def strategy_text(strategy: str) -> str:
@@ -247,6 +270,7 @@ class CostReport:
     rows: list[dict]
     strategy: str | None = None  # a whole optimizer step's collectives, priced instead of one collective
     backend: str = "nccl"  # whose algorithms were priced
+    nproc_per_node: int = 1  # ranks on a node, sharing its link
 
 
 def lab_link(session: LabSession) -> tuple[tuple[str, int] | None, int | None]:
@@ -304,6 +328,7 @@ class CostQuery:
     delay: str | None = None  # --delay: a one-way delay added to every link's per-hop latency, e.g. "10ms"
     strategy: str | None = None  # --strategy: price a whole optimizer step of ddp, zero or fsdp
     backend: str = "nccl"  # --backend: whose algorithms (BACKENDS); gloo's reduce-scatter is an all-reduce
+    nproc_per_node: int = 1  # --nproc-per-node: ranks on a node, sharing its link (hsdp shards over them)
 
 
 def estimate(query: CostQuery, lab: LabSession | None = None) -> CostReport:
@@ -315,4 +340,4 @@ def estimate(query: CostQuery, lab: LabSession | None = None) -> CostReport:
     links = links_to_price(query.links, shaped, query.delay)
     rows = step_report(query, n, links)
     return CostReport(query.params, query.dtype, n, query.collective, query.efficiency, query.compute_s,
-                      query.grad_accum, rows, query.strategy, query.backend)
+                      query.grad_accum, rows, query.strategy, query.backend, query.nproc_per_node)

@@ -28,17 +28,19 @@ from labctl.spec.units import parse_size_range
 @click.option("--compute-s", type=float, metavar="T", help="Compute (forward+backward) seconds per micro-step.")
 @click.option("--collective", type=click.Choice(["allreduce", "reduce_scatter", "allgather"]), default="allreduce",
               show_default=True)
-@click.option("--strategy", type=click.Choice(["ddp", "zero", "fsdp"]),
+@click.option("--strategy", type=click.Choice(["ddp", "zero", "fsdp", "hsdp"]),
               help="Price a whole optimizer step of this strategy (the trainer's --strategy): every collective it "
                    "sends, and what one rank holds.")
+@click.option("--nproc-per-node", type=int, default=1, show_default=True, metavar="P",
+              help="Ranks on a node, sharing its link; hsdp shards over them.")
 @click.option("--backend", type=click.Choice(["nccl", "gloo"]), default="nccl", show_default=True,
               help="Whose algorithms to price: gloo (the lab's CPU nodes) reduce-scatters with an all-reduce.")
 @click.option("--grad-accum", type=int, default=1, show_default=True, metavar="K", help="Micro-steps per gradient sync.")
 @click.option("--efficiency", type=float, default=0.85, show_default=True, help="Fraction of the link rate the stack reaches.")
 @lab_option
 @click.option("--json", "as_json", is_flag=True, help="Print the rows as JSON.")
-def cost(params, dtype, ranks, links, delay, compute_s, collective, strategy, backend, grad_accum, efficiency, lab,
-         as_json) -> None:
+def cost(params, dtype, ranks, links, delay, compute_s, collective, strategy, nproc_per_node, backend, grad_accum,
+         efficiency, lab, as_json) -> None:
     """What one gradient synchronisation, or one optimizer step of a strategy, costs on each link.
 
     Bytes through each rank's NIC: 2(n-1)/n x S for a ring allreduce, (n-1)/n x S for
@@ -52,7 +54,7 @@ def cost(params, dtype, ranks, links, delay, compute_s, collective, strategy, ba
 
     count = benches.parse_params(params)
     query = benches.CostQuery(count, dtype, ranks, links, compute_s, grad_accum, efficiency, collective, delay,
-                              strategy, backend)
+                              strategy, backend, nproc_per_node)
     report = benches.estimate(query, lab=invocation().lab(lab))
     render_bench.print_cost(report, as_json)
 

@@ -21,14 +21,16 @@ def print_cost(report, as_json: bool) -> None:
     how = ", as gloo runs it (its reduce-scatter is an all-reduce)" if report.backend == "gloo" else ""
     table = Table(title=f"{what} of {report.params:g} {report.dtype} params ({payload / 1e9:.3g} GB) "
                         f"over {report.ranks} ranks, at {report.efficiency:.0%} of each link{how}", title_justify="left")
-    columns = ["link", "rate", "bytes/rank", "time/step" if report.strategy else "time/sync"]
-    columns += ["state/rank"] if report.strategy else []
+    per_node = report.strategy is not None and report.nproc_per_node > 1
+    columns = ["link", "rate", "bytes/rank"] + (["bytes/node"] if per_node else [])
+    columns += ["time/step" if report.strategy else "time/sync"] + (["state/rank"] if report.strategy else [])
     columns += ["comm/compute", "step (no overlap)"] if report.compute_s else []
     for column in columns:
         table.add_column(column, justify="right" if column != "link" else "left")
     for row in report.rows:
-        cells = [row["link"], f"{row['rate_bps'] / 1e9:g} Gbit/s", f"{row['bytes_per_rank'] / 1e9:.3g} GB",
-                 seconds_text(row["comm_s"])]
+        cells = [row["link"], f"{row['rate_bps'] / 1e9:g} Gbit/s", f"{row['bytes_per_rank'] / 1e9:.3g} GB"]
+        cells += [f"{row['bytes_per_node_per_step'] / 1e9:.3g} GB"] if per_node else []
+        cells.append(seconds_text(row["comm_s"]))
         if report.strategy:
             cells.append(f"{row['state_bytes_per_rank'] / 1e9:.3g} GB")
         if report.compute_s:

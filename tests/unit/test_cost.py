@@ -157,3 +157,23 @@ def test_on_gloo_fsdp_sends_twice_ddps_bytes_since_its_reduce_scatter_is_an_all_
     assert rows["fsdp"]["bytes_per_rank_per_step"] == pytest.approx(2 * rows["ddp"]["bytes_per_rank_per_step"])
     with pytest.raises(ConfigError, match="--backend"):
         step_report(CostQuery(1e8, "fp32", strategy="fsdp", backend="mpi"), n, [link])
+
+
+def test_hsdp_sends_between_nodes_only_the_shards_all_reduce_and_a_node_carries_ddps_bytes():
+    # 6 ranks, 2 a node (3 nodes), S = 400 MB: each rank all-reduces its 200 MB shard with its 2 peers
+    # on the other nodes, 2(3-1)/3 x 200 MB; the node's link carries both of its ranks'.
+    link = PRESETS["1gbe"]
+    [h] = step_report(CostQuery(1e8, "fp32", strategy="hsdp", nproc_per_node=2), 6, [link])
+    assert h["bytes_per_rank_per_step"] == pytest.approx(4 / 3 * 2e8)
+    assert h["bytes_per_node_per_step"] == pytest.approx(4 / 3 * 4e8)
+    assert h["comm_s"] == pytest.approx(4 / 3 * 4e8 * 8 / (1e9 * 0.85) + 4 * 50e-6)
+    assert h["state_bytes_per_rank"] == pytest.approx(16 * 1e8 / 2)  # sharded over a node's 2 ranks
+    # the flat strategies' rings cross each node once: a node sends one rank's bytes
+    [d] = step_report(CostQuery(1e8, "fp32", strategy="ddp", nproc_per_node=2), 6, [link])
+    assert d["bytes_per_node_per_step"] == d["bytes_per_rank_per_step"] == pytest.approx(10 / 6 * 4e8)
+
+
+@pytest.mark.parametrize("per_node, fragment", [(1, "must be 2 or more for hsdp"), (4, "must divide the 6 ranks")])
+def test_hsdp_needs_whole_nodes_of_two_ranks_or_more(per_node, fragment):
+    with pytest.raises(ConfigError, match=fragment):
+        step_report(CostQuery(1e8, "fp32", strategy="hsdp", nproc_per_node=per_node), 6, [PRESETS["1gbe"]])
