@@ -16,7 +16,9 @@ without a profiler. Between start_step() and end_step() each call becomes one Ca
   bytes     the message's size as nccl-tests counts it: the tensor for all_reduce and broadcast, the
             whole gathered output for all_gather, the whole input for reduce_scatter and all_to_all
 
-Outside a step (the summary's own gathers, checkpoints) nothing is recorded.
+Outside a step (the summary's own gathers, checkpoints) nothing is recorded. On NCCL a blocking
+call returns once its kernel is queued on the GPU's stream, so there its time is the launch's, not
+the transfer's; the lab's CPU nodes run gloo, whose blocking calls return when the data is there.
 """
 
 from __future__ import annotations
