@@ -73,3 +73,14 @@ def test_each_ops_row_takes_its_own_busbw_factor_and_its_backends_algorithm():
     assert rows["all_reduce"].busbw_over_wire == pytest.approx(1.0)
     assert rows["broadcast"].busbw_over_wire == pytest.approx(0.5)  # two rounds of the whole message
     assert rows["all_gather"].as_dict()["op"] == "all_gather"
+
+
+def test_a_collectives_plot_draws_a_line_of_each_op_into_a_png(tmp_path):
+    pytest.importorskip("matplotlib", reason="the [plot] extra is not installed")
+    cal = allreduce.Calibration(956e6, 1.0e-3)
+    timings = [{"op": op, "size": s, "count": s // 4, "time_us": t, "backend": "gloo"}
+               for op in ("all_gather", "reduce_scatter") for s, t in ((3 << 20, 30000.0), (3 << 22, 110000.0))]
+    rows = allreduce.build_rows(timings, 3, allreduce.model_link(10**9, 956e6), 956e6, calibrated=cal)
+    path = tmp_path / "collectives.png"
+    allreduce.plot(rows, path, 10**9, 956e6, 3, "collectives on gloo (cpu tensors), 3 nodes")
+    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
