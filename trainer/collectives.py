@@ -134,21 +134,32 @@ def in_flight_ms(calls: list[Call]) -> float:
     return total * 1e3
 
 
-def summarize_calls(per_rank: list[list[list[Call]]]) -> dict:
-    """{kind: {"calls", "bytes", "ms"}} per step: calls and message bytes as rank 0 made them (every
-    rank makes the same), ms the time a call of that kind was in flight (in_flight_ms: it may
-    overlap compute), the mean over ranks and steps. Empty without collectives."""
-    steps = per_rank[0] if per_rank else []
-    if not steps or not any(steps):
+def totals(steps: list[list[Call]]) -> dict:
+    """One rank's steps summed by kind: {kind: [calls, bytes, ms in flight]} and "steps", what the
+    ranks gather (small, however long the run) for summarize_calls."""
+    out: dict = {"steps": len(steps)}
+    for kind in KINDS:
+        mine = [[c for c in step if c.kind == kind] for step in steps]
+        if any(mine):
+            out[kind] = [sum(map(len, mine)), sum(c.bytes for step in mine for c in step),
+                         sum(in_flight_ms(step) for step in mine)]
+    return out
+
+
+def summarize_calls(per_rank: list[dict]) -> dict:
+    """{kind: {"calls", "bytes", "ms"}} per step from every rank's totals(): calls and message bytes
+    as rank 0 made them (every rank makes the same), ms the time a call of that kind was in flight
+    (in_flight_ms: it may overlap compute), the mean over ranks. Empty without collectives."""
+    first = per_rank[0] if per_rank else {}
+    if not first.get("steps"):
         return {}
     out = {}
     for kind in KINDS:
-        counts = [[c for c in step if c.kind == kind] for step in steps]
-        if not any(counts):
+        if kind not in first:
             continue
-        times = [in_flight_ms([c for c in step if c.kind == kind]) for rank in per_rank for step in rank]
-        out[kind] = {"calls": round(sum(map(len, counts)) / len(steps), 2),
-                     "bytes": round(sum(c.bytes for step in counts for c in step) / len(steps)),
+        calls, size, _ = first[kind]
+        times = [r[kind][2] / r["steps"] for r in per_rank if kind in r and r["steps"]]
+        out[kind] = {"calls": round(calls / first["steps"], 2), "bytes": round(size / first["steps"]),
                      "ms": round(sum(times) / len(times), 3)}
     return out
 

@@ -18,6 +18,7 @@ import os
 import socket
 import time
 from contextlib import nullcontext
+from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -167,11 +168,13 @@ def finish(run, result):
     total_samples = int(all_reduce_sum(result.samples, c.device))
     checksum = param_checksum(run.workload.model)
     checksums = all_gather(checksum)
-    gathered = all_gather((socket.gethostname(), result.timings, result.wire_tx_bytes))
-    perf = summarize([t for _, t, _ in gathered], [h for h, _, _ in gathered])
-    perf["collectives_per_step"] = collectives.summarize_calls([[t.collectives for t in steady(timings)]
-                                                               for _, timings, _ in gathered])
-    perf["wire_tx_bytes_per_step"] = wire.per_node_per_step([(h, sent) for h, _, sent in gathered],
+    # Each rank's collectives go summed (a few numbers), not call by call: the step records have those.
+    mine = collectives.totals([t.collectives for t in steady(result.timings)])
+    timings = [replace(t, collectives=[]) for t in result.timings]
+    gathered = all_gather((socket.gethostname(), timings, result.wire_tx_bytes, mine))
+    perf = summarize([t for _, t, _, _ in gathered], [h for h, _, _, _ in gathered])
+    perf["collectives_per_step"] = collectives.summarize_calls([calls for _, _, _, calls in gathered])
+    perf["wire_tx_bytes_per_step"] = wire.per_node_per_step([(h, sent) for h, _, sent, _ in gathered],
                                                             len(result.timings) - 1)
     held = all_gather(strategy.state_bytes(run.model, run.optimizer))  # each rank's, after the last step
     fullest = max(held, key=lambda h: sum(h.values()))

@@ -14,7 +14,7 @@ import torch.distributed as dist
 from labctl.trace import write_trace
 from labctl.trace.chrome import FIRST_COLLECTIVE_TID, collective_events
 from labctl.trace.records import Collective, Step
-from trainer.collectives import Call, CollectiveLog, in_flight_ms, summarize_calls
+from trainer.collectives import Call, CollectiveLog, in_flight_ms, summarize_calls, totals
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 LAUNCH_VARS = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_RUN_ID", "DDPLAB_RUN_DIR")
@@ -50,10 +50,12 @@ def test_the_summary_is_per_step_calls_and_bytes_and_the_mean_time_over_ranks_an
     def step(ms):
         return [Call("all_gather", 0.0, 100, True, ms / 1e3), Call("reduce_scatter", 0.0, 50, True, 0.001)]
 
-    summary = summarize_calls([[step(2.0), step(4.0)], [step(6.0), step(8.0)]])
+    summary = summarize_calls([totals([step(2.0), step(4.0)]), totals([step(6.0), step(8.0)])])
     assert summary == {"all_gather": {"calls": 1.0, "bytes": 100, "ms": 5.0},
                        "reduce_scatter": {"calls": 1.0, "bytes": 50, "ms": 1.0}}
-    assert summarize_calls([[[], []]]) == {}  # a world of one calls none
+    assert summarize_calls([totals([[], []])]) == {}  # a world of one calls none
+    assert totals([step(2.0)]) == {"steps": 1, "all_gather": [1, 100, pytest.approx(2.0)],
+                                   "reduce_scatter": [1, 50, pytest.approx(1.0)]}
 
 
 def test_calls_launched_together_count_their_time_in_flight_once():
