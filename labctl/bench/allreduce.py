@@ -29,7 +29,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Callable
 
-from labctl.bench.cost import DEFAULT_ALPHA_S, DEFAULT_EFFICIENCY, OPS, Link, op_cost
+from labctl.bench.cost import DEFAULT_ALPHA_S, DEFAULT_EFFICIENCY, OPS, Link, op_cost, op_time_s
 from labctl.core.outfile import is_stdout, save_figure
 from labctl.core.plotting import pyplot, require_matplotlib
 from labctl.engine.docker import exec_in
@@ -132,7 +132,7 @@ def build_rows(timings: list[dict], n: int, link: Link | None, wire_bps: float |
         seconds = t["time_us"] / 1e6
         algbw = t["size"] / seconds / 1e9
         busbw = algbw * cost.busbw
-        model_us = (cost.wire * t["size"] * 8 / (link.rate_bps * efficiency) + cost.hops * link.alpha_s) * 1e6 if link else None
+        model_us = op_time_s(t["size"], n, link, efficiency, op, backend) * 1e6 if link else None
         cal_us = calibrated.time_s(t["size"], n, op, backend) * 1e6 if calibrated else None
         rows.append(AllreduceRow(
             size=t["size"], count=t["count"], type=t.get("type", "float"), time_us=t["time_us"],

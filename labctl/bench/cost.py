@@ -140,8 +140,19 @@ def bytes_per_rank(payload_bytes: float, n: int, collective: str = "allreduce", 
 def collective_time_s(payload_bytes: float, n: int, link: Link, efficiency: float = DEFAULT_EFFICIENCY,
                       collective: str = "allreduce", backend: str = "nccl") -> float:
     _check_collective(collective)
-    cost = op_cost(SPELLED[collective], n, backend)
-    return cost.wire * payload_bytes * 8 / (link.rate_bps * efficiency) + cost.hops * link.alpha_s
+    return op_time_s(payload_bytes, n, link, efficiency, SPELLED[collective], backend)
+
+
+def op_time_s(payload_bytes: float, n: int, link: Link, efficiency: float = DEFAULT_EFFICIENCY,
+              op: str = "all_reduce", backend: str = "nccl") -> float:
+    """The paper model of one op (OPS) over n ranks: its busiest NIC's bytes on `link`, plus its hops."""
+    cost = op_cost(op, n, backend)
+    return link_time_s(cost.wire * payload_bytes, cost.hops, link, efficiency)
+
+
+def link_time_s(wire_bytes: float, hops: int, link: Link, efficiency: float) -> float:
+    """`wire_bytes` through a NIC at `efficiency` of the link's rate, and `hops` of its latency."""
+    return wire_bytes * 8 / (link.rate_bps * efficiency) + hops * link.alpha_s
 
 
 def state_bytes_per_rank(params: float, dtype: str, n: int, strategy: str) -> float:
@@ -228,7 +239,7 @@ def node_step(query: CostQuery, payload: float, n: int, link: Link) -> tuple[flo
     nodes, shard = n // per_node, payload / per_node
     sent = bytes_per_rank(shard, nodes, "allreduce", query.backend)
     cost = op_cost("all_reduce", nodes, query.backend)
-    return sent, sent * per_node, sent * per_node * 8 / (link.rate_bps * query.efficiency) + cost.hops * link.alpha_s
+    return sent, sent * per_node, link_time_s(sent * per_node, cost.hops, link, query.efficiency)
 
 
 def strategy_text(strategy: str) -> str:
