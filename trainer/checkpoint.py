@@ -67,7 +67,10 @@ def save(directory: Path, step: int, state: dict, keep: int = 2) -> Path:
 
 def prune(directory: Path, keep: int) -> None:
     for _, old in checkpoints(directory)[keep:]:
-        shutil.rmtree(old, ignore_errors=True) if old.is_dir() else old.unlink(missing_ok=True)
+        if old.is_dir():  # a sharded checkpoint's folder
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            old.unlink(missing_ok=True)
 
 
 def load_latest(directory: Path) -> tuple[dict | None, Path | None, list[str]]:

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import torch
 
+from trainer.collectives import CollectiveLog
 from trainer.dist import Compute
 from trainer.instrument import CommTimer, NoProfiler, StepTiming
 from trainer.metrics import MetricsWriter, NullMetrics
@@ -30,6 +31,7 @@ class Run:
     model: torch.nn.Module  # workload.model as --strategy wraps it (DDP, or sharded) in a world of more than one
     optimizer: torch.optim.Optimizer
     timer: CommTimer  # inside DDP's comm hook: when each step's gradients were communicated
+    collectives: CollectiveLog  # every collective of the current step, by kind (trainer/collectives.py)
     metrics: MetricsWriter | NullMetrics  # this rank's metrics-rank<R>.jsonl
     prof: torch.profiler.profile | NoProfiler  # --profile's Chrome trace of steps 3-5, or a no-op
 

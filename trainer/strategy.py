@@ -12,13 +12,12 @@
           --nproc-per-node sets), replicated across nodes; the all-gathers and reduce-scatters stay
           inside a node, and only the gradient shards are all-reduced between nodes
 
-The loop, the data order and the loss are the same for all three, so they end at the same loss up
+The loop, the data order and the loss are the same for all four, so they end at the same loss up
 to the order in which floating-point sums are taken. A single process wraps nothing, as with DDP.
 """
 
-from contextlib import contextmanager
-
 import os
+from contextlib import contextmanager
 
 import torch
 
@@ -43,7 +42,7 @@ def refusal(args):
 
 
 def wrap_model(model, c, args, timer):
-    """The model as the loop trains it: DDP (ddp, zero), fully sharded (fsdp), or as it is in a world of one."""
+    """The model as the loop trains it: DDP (ddp, zero), sharded (fsdp, hsdp), or as it is in a world of one."""
     if c.world_size == 1:
         return model
     if args.strategy in SHARDED:

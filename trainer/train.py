@@ -77,12 +77,12 @@ def setup(args, run_dir, metrics):
     workload = gpt_workload(args, c, tag) if args.workload == "gpt" else toy_workload(args, c)
 
     timer = CommTimer()
-    collectives.CollectiveLog.install()  # every step's collectives, by kind (trainer/collectives.py)
+    log = collectives.CollectiveLog.install()  # every step's collectives, by kind (trainer/collectives.py)
     model = strategy.wrap_model(workload.model, c, args, timer)  # DDP, or sharded (trainer/strategy.py)
     optimizer = strategy.build_optimizer(model, args, c.world_size)
     prof = profiler_for(args.profile, c.device.type, Path(run_dir) / f"trace-rank{c.rank}.json")
     return Run(args=args, c=c, tag=tag, run_dir=run_dir, workload=workload, model=model, optimizer=optimizer,
-               timer=timer, metrics=metrics, prof=prof)
+               timer=timer, collectives=log, metrics=metrics, prof=prof)
 
 
 def train(run, schedule):
@@ -128,8 +128,7 @@ def train_step(run, batch):
     t0 = time.perf_counter()
     run.optimizer.zero_grad(set_to_none=True)
     timer.reset()
-    log = collectives.CollectiveLog.install()
-    log.start_step()
+    run.collectives.start_step()
     loss_sum = torch.zeros((), device=c.device)
     for k, (x, y) in enumerate(batch.micros):
         x, y = x.to(c.device, non_blocking=True), y.to(c.device, non_blocking=True)
@@ -144,7 +143,7 @@ def train_step(run, batch):
     run.optimizer.step()
     sync_device(c.device)
     step_end = time.perf_counter()
-    calls = log.end_step()
+    calls = run.collectives.end_step()
     first, last, wait_ms = comm_times(timer, calls, backward_end)
     timing = StepTiming(step=0, compute_ms=(backward_end - t0) * 1e3 - wait_ms,
                         comm_ms=(last - first) * 1e3 if first is not None and last is not None else 0.0, comm_wait_ms=wait_ms,
