@@ -111,3 +111,18 @@ def open_metrics(run_dir, rank, enabled=True):
             f"{e.strerror or e}. Pass --run-dir or set DDPLAB_RUN_DIR to a "
             "writable path, or use --no-metrics"
         ) from None
+
+
+def write_clock(metrics, rank, event, barriers, left_at=None):
+    """A "clock" record: this rank's times, on the process's one clock (trainer/instrument.py), as it
+    leaves `barriers` barriers back to back (`left_at`: it has just left one, which counts as the
+    first). Every rank must call it: the barriers are collectives."""
+    import socket
+
+    from trainer.dist import barrier_times
+    from trainer.instrument import wall_now
+
+    first = [left_at] if left_at is not None else []
+    times = first + barrier_times(barriers - len(first), wall_now)
+    metrics.log(kind="clock", event=event, rank=rank, host=socket.gethostname(), t=round(times[0], 6),
+                t_barriers=[round(t, 6) for t in times])

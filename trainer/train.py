@@ -25,11 +25,11 @@ import torch
 
 from trainer import checkpoint, collectives, strategy, wire
 from trainer.ddp import param_checksum
-from trainer.dist import (all_gather, all_reduce_sum, barrier_times, compute_cleanup, compute_init, get_dist_info, print0,
+from trainer.dist import (all_gather, all_reduce_sum, compute_cleanup, compute_init, get_dist_info, print0,
                           rank_tag)
 from trainer.flags import parse_args  # the tests import parse_args from here too
 from trainer.instrument import CommTimer, StepTiming, profiler_for, steady, straggler_line, summarize, wall, wall_now
-from trainer.metrics import open_metrics
+from trainer.metrics import open_metrics, write_clock
 from trainer.schedule import schedule_for
 from trainer.state import Result, Run
 from trainer.workloads import gpt_workload, toy_workload
@@ -237,10 +237,7 @@ def log_clock(run, event, left_at=None):
     stamps are each late with probability 0.5 (exponential, mean 2 ms), the residual was over 1 ms in
     0.05% of runs with 32, 0.3% with 24, 2% with 16, 10% with 10, 40% with 5. A barrier costs about
     half a millisecond."""
-    first = [left_at] if left_at is not None else []
-    times = first + barrier_times(CLOCK_BARRIERS - len(first), wall_now)
-    run.metrics.log(kind="clock", event=event, rank=run.c.rank, host=socket.gethostname(), t=round(times[0], 6),
-                    t_barriers=[round(t, 6) for t in times])
+    write_clock(run.metrics, run.c.rank, event, CLOCK_BARRIERS, left_at)
 
 
 def sync_device(device):

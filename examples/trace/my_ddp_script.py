@@ -6,13 +6,11 @@ metrics records, both in the run folder labctl names in DDPLAB_RUN_DIR.
 
 On the host: DDPLAB_RUN_DIR=runs/mine PYTHONPATH=. torchrun --standalone --nproc_per_node=2
 examples/trace/my_ddp_script.py, then `labctl trace runs/mine`. In a lab's nodes the trainer package
-is on the path already (it is in the node image); its metrics and instrument modules need only the
-standard library.
+is on the path already (it is in the node image).
 """
 
 import argparse
 import os
-import socket
 import time
 
 import torch
@@ -21,25 +19,8 @@ from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.profiler import ProfilerActivity, profile, schedule
 
-from trainer.instrument import CommTimer  # a DDP comm hook wrapper: when the all-reduce's buckets go and come back
-from trainer.metrics import open_metrics  # metrics-rank<RANK>.jsonl, one JSON record a line
-
-WALL0, PERF0 = time.time(), time.perf_counter()  # one clock: perf_counter's steadiness, unix seconds' origin
-
-
-def wall(perf):
-    """A perf_counter() reading in unix seconds; None stays None (no all-reduce in the step)."""
-    return None if perf is None else WALL0 + (perf - PERF0)
-
-
-def clock(metrics, rank, event, barriers=16):
-    """Moments every rank shares, as it leaves barriers: the clocks are lined up by them ("start") and
-    checked by them ("end"). Several, because a rank descheduled as it leaves one stamps it late."""
-    times = []
-    for _ in range(barriers):
-        dist.barrier()
-        times.append(wall(time.perf_counter()))
-    metrics.log(kind="clock", event=event, rank=rank, host=socket.gethostname(), t=times[0], t_barriers=times)
+from trainer.instrument import CommTimer, wall  # a DDP comm hook wrapper; the process's one clock, in unix seconds
+from trainer.metrics import open_metrics, write_clock  # metrics-rank<RANK>.jsonl; its "clock" records
 
 
 def main():
@@ -60,7 +41,7 @@ def main():
     with open_metrics(run_dir, rank) as metrics, profile(
             activities=[ProfilerActivity.CPU], schedule=schedule(wait=1, warmup=1, active=3),
             on_trace_ready=lambda p: p.export_chrome_trace(trace)) as prof:
-        clock(metrics, rank, "start")
+        write_clock(metrics, rank, "start", barriers=16)  # moments every rank shares: the clocks line up by them
         for step in range(1, args.steps + 1):
             timer.reset()
             t0 = time.perf_counter()
@@ -73,7 +54,7 @@ def main():
                         t_comm_end=wall(timer.last_done), t_backward_end=wall(backward_end), t_end=wall(time.perf_counter()),
                         comm_wait_ms=wait_ms, compute_ms=(backward_end - t0) * 1e3 - wait_ms)
             prof.step()
-        clock(metrics, rank, "end")
+        write_clock(metrics, rank, "end", barriers=16)  # and are checked by them
     dist.destroy_process_group()
 
 

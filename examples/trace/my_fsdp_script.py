@@ -12,7 +12,6 @@ as they happen (my_ddp_script.py has the torch.profiler lines, which work here t
 
 import argparse
 import os
-import socket
 import time
 
 import torch
@@ -21,16 +20,8 @@ from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import fully_shard
 
 from trainer.collectives import CollectiveLog, records, span  # every collective of a step: kind, bytes, times
-from trainer.dist import barrier_times  # leave n barriers back to back, reading a clock as each is left
-from trainer.instrument import wall, wall_now  # one clock: perf_counter's steadiness, unix seconds' origin
-from trainer.metrics import open_metrics  # metrics-rank<RANK>.jsonl, one JSON record a line
-
-
-def clock(metrics, rank, event, barriers=16):
-    """Moments every rank shares, as it leaves barriers: the clocks are lined up by them ("start") and
-    checked by them ("end"). Several, because a rank descheduled as it leaves one stamps it late."""
-    times = barrier_times(barriers, wall_now)
-    metrics.log(kind="clock", event=event, rank=rank, host=socket.gethostname(), t=times[0], t_barriers=times)
+from trainer.instrument import wall  # the process's one clock, in unix seconds
+from trainer.metrics import open_metrics, write_clock  # metrics-rank<RANK>.jsonl; its "clock" records
 
 
 def main():
@@ -50,7 +41,7 @@ def main():
     optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
     log = CollectiveLog.install()
     with open_metrics(run_dir, rank) as metrics:
-        clock(metrics, rank, "start")
+        write_clock(metrics, rank, "start", barriers=16)  # moments every rank shares: the clocks line up by them
         for step in range(1, args.steps + 1):
             log.start_step()
             t0 = time.perf_counter()
@@ -64,7 +55,7 @@ def main():
                         t_comm_end=wall(last), t_backward_end=wall(backward_end), t_end=wall(time.perf_counter()),
                         comm_wait_ms=blocked_ms, compute_ms=(backward_end - t0) * 1e3 - blocked_ms,
                         collectives=records(calls, wall))
-        clock(metrics, rank, "end")
+        write_clock(metrics, rank, "end", barriers=16)  # and are checked by them
     dist.destroy_process_group()
 
 
