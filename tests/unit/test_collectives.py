@@ -2,10 +2,6 @@
 put on the merged trace's lanes (labctl/trace/chrome.py)."""
 
 import json
-import os
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 import torch
@@ -15,9 +11,8 @@ from labctl.trace import write_trace
 from labctl.trace.chrome import FIRST_COLLECTIVE_TID, collective_events
 from labctl.trace.records import Collective, Step
 from trainer.collectives import Call, CollectiveLog, in_flight_ms, summarize_calls, totals
+from hostrun import torchrun
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
-LAUNCH_VARS = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_RUN_ID", "DDPLAB_RUN_DIR")
 
 
 @pytest.fixture
@@ -78,12 +73,8 @@ def test_calls_in_flight_together_go_on_lanes_of_their_own():
 
 
 def test_an_fsdp_run_names_its_all_gathers_and_reduce_scatters_in_the_summary_and_on_every_ranks_lanes(tmp_path):
-    env = {k: v for k, v in os.environ.items() if k not in LAUNCH_VARS}
-    env.update(OMP_NUM_THREADS="1", CUDA_VISIBLE_DEVICES="")
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "--log-dir",
-           str(tmp_path / "torchrun"), "-m", "trainer", "--workload", "gpt", "--steps", "3", "--strategy", "fsdp",
-           "--run-dir", str(tmp_path / "run"), "--data-dir", str(tmp_path / "data")]
-    out = subprocess.run(cmd, cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=240)
+    out = torchrun(tmp_path / "torchrun", "-m", "trainer", "--workload", "gpt", "--steps", "3", "--strategy", "fsdp",
+                   "--run-dir", tmp_path / "run", "--data-dir", tmp_path / "data", timeout=240)
     assert out.returncode == 0, out.stderr[-3000:]
     summary = json.loads(next(line for line in out.stdout.splitlines() if "SUMMARY " in line).split("SUMMARY ", 1)[1])
     per_step = summary["collectives_per_step"]

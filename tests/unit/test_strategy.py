@@ -3,7 +3,6 @@ any process group exists; zero's and fsdp's checkpoints resume, fsdp's resharded
 size. The strategies train on a real 3-node lab in tests/integration/test_training.py."""
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -11,9 +10,8 @@ from pathlib import Path
 import pytest
 
 from trainer.flags import parse_args
+from hostrun import REPO, host_env, torchrun
 
-REPO = Path(__file__).resolve().parents[2]
-LAUNCH_VARS = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_RUN_ID", "DDPLAB_RUN_DIR")
 
 
 @pytest.mark.parametrize("argv, fragment", [
@@ -30,12 +28,8 @@ def test_flags_that_do_not_go_with_a_strategy_are_refused_before_anything_starts
 
 def train(tmp_path, ranks, *flags):
     """`-m trainer --workload gpt` under torchrun on this machine: its SUMMARY and its output."""
-    env = {k: v for k, v in os.environ.items() if k not in LAUNCH_VARS}
-    env.update(OMP_NUM_THREADS="1", CUDA_VISIBLE_DEVICES="")
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={ranks}", "--log-dir",
-           str(tmp_path / "torchrun"), "-m", "trainer", "--workload", "gpt", "--global-batch", "24", "--micro-batch", "4",
-           "--run-dir", str(tmp_path / "run"), "--data-dir", str(tmp_path / "data"), "--no-metrics", *flags]
-    out = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    out = torchrun(tmp_path / "torchrun", "-m", "trainer", "--workload", "gpt", "--global-batch", "24", "--micro-batch",
+                   "4", "--run-dir", tmp_path / "run", "--data-dir", tmp_path / "data", "--no-metrics", *flags, nproc=ranks)
     assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-3000:]
     line = next(line for line in out.stdout.splitlines() if "SUMMARY " in line)
     return json.loads(line.split("SUMMARY ", 1)[1]), out.stdout
@@ -69,8 +63,7 @@ def test_hsdp_on_two_nodes_of_two_processes_shards_within_a_node_and_ends_at_ddp
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    env = {k: v for k, v in os.environ.items() if k not in LAUNCH_VARS}
-    env.update(OMP_NUM_THREADS="1", CUDA_VISIBLE_DEVICES="")
+    env = host_env()
     runs = {}
     for strategy in ("ddp", "hsdp"):
         agents = [subprocess.Popen(

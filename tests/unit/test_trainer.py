@@ -1,22 +1,15 @@
 """Unit tests for the DDP trainer: flags, data, a single-process run, torchrun x2."""
 
 import json
-import os
 import re
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 import torch
 
 from trainer.data import make_dataset
 from trainer.train import main, parse_args
+from hostrun import LAUNCH_VARS, torchrun
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
-# Launcher variables that would turn an in-process run into a DDP one.
-LAUNCH_VARS = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
-               "TORCHELASTIC_RUN_ID", "DDPLAB_RUN_DIR")
 SMALL = ["--samples", "512", "--features", "8", "--classes", "3", "--hidden", "16",
          "--batch-size", "32", "--lr", "0.01"]
 
@@ -144,13 +137,8 @@ def test_unwritable_run_dir_names_the_path(tmp_path, no_launcher_env):
 # (d) torchrun, two processes --------------------------------------------------------
 
 def test_torchrun_two_processes(tmp_path, tmp_path_factory):
-    env = {k: v for k, v in os.environ.items() if k not in LAUNCH_VARS}
-    env["OMP_NUM_THREADS"] = "1"  # also keeps torchrun from warning about it
-    env["CUDA_VISIBLE_DEVICES"] = ""  # test the CPU/gloo path even on a GPU box
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
-           "--log-dir", str(tmp_path_factory.mktemp("torchrun")),  # not a /tmp/torchelastic_* left behind
-           "-m", "trainer", "--epochs", "2", "--run-dir", str(tmp_path), "--timeout-s", "60"]
-    proc = subprocess.run(cmd, cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=120)
+    proc = torchrun(tmp_path_factory.mktemp("torchrun"), "-m", "trainer", "--epochs", "2", "--run-dir", tmp_path,
+                    "--timeout-s", "60", timeout=120)
     output = proc.stdout + proc.stderr
     assert proc.returncode == 0, output
     assert "Traceback" not in output

@@ -2,21 +2,15 @@
 the "clock" records at the start and end barriers, and the SUMMARY's kernel fields."""
 
 import json
-import os
-import subprocess
-import sys
 import time
-from pathlib import Path
 
 import pytest
 import torch
 
 from trainer.instrument import StepTiming, wall, wall_now
 from trainer.train import main
+from hostrun import LAUNCH_VARS, torchrun
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
-LAUNCH_VARS = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_RUN_ID",
-               "DDPLAB_RUN_DIR", "DDPLAB_CPU_KERNELS")
 SMALL = ["--samples", "512", "--features", "8", "--classes", "3", "--hidden", "16", "--lr", "0.01"]
 
 
@@ -52,14 +46,8 @@ def test_summary_says_which_cpu_kernels_ran(tmp_path, monkeypatch):
 
 
 def test_two_ranks_leave_a_timeline(tmp_path):
-    env = {k: v for k, v in os.environ.items() if k not in LAUNCH_VARS}
-    env["OMP_NUM_THREADS"] = "1"
-    env["CUDA_VISIBLE_DEVICES"] = ""
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
-           "--log-dir", str(tmp_path / "torchrun"), "-m", "trainer",
-           *SMALL, "--global-batch", "32", "--micro-batch", "8", "--steps", "4", "--run-dir", str(tmp_path),
-           "--timeout-s", "60"]
-    proc = subprocess.run(cmd, cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=120)
+    proc = torchrun(tmp_path / "torchrun", "-m", "trainer", *SMALL, "--global-batch", "32", "--micro-batch", "8",
+                    "--steps", "4", "--run-dir", tmp_path, "--timeout-s", "60", timeout=120)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     for rank in (0, 1):
         records = read_jsonl(tmp_path / f"metrics-rank{rank}.jsonl")
