@@ -34,7 +34,7 @@ import threading
 import time
 from dataclasses import asdict, dataclass, field
 
-from trainer.collectives import records
+from trainer.collectives import in_flight_ms, records
 
 # Sampled once, when the trainer starts (train.py imports this module first thing).
 WALL0, PERF0 = time.time(), time.perf_counter()
@@ -176,6 +176,46 @@ def straggler_line(summary: dict, threshold: float = 1.2) -> str | None:
     return (f"straggler: rank {summary['slowest_rank']} on {summary['slowest_node']} computes {ratio:.1f}x the median "
             f"rank's time per step; the others waited {summary['waited_for_slowest_s']:.2f} s for it over "
             f"{summary['measured_steps']} steps")
+
+
+def exposed_comm_ms(t: StepTiming) -> float:
+    """What a step waited for communication beyond its compute: backward's wait for the last
+    bucket (comm_wait_ms), and the collectives launched after backward (zero's broadcasts)."""
+    after = [c for c in t.collectives if t.t_backward_end is not None and wall(c.launched) >= t.t_backward_end]
+    return t.comm_wait_ms + in_flight_ms(after)
+
+
+def step_model_fields(predicted, step_ms: float | None, steps: list[StepTiming]) -> dict:
+    """The SUMMARY's step-model fields: the prediction beside what rank 0 measured, and its terms."""
+    prediction, calibration = predicted
+    measured = statistics.fmean(exposed_comm_ms(t) for t in steps) if steps else None
+    return {
+        "predicted_step_ms": round(prediction.step_ms, 3),
+        "predicted_exposed_comm_ms": round(prediction.exposed_comm_ms, 3),
+        "exposed_comm_ms": round(measured, 3) if measured is not None else None,
+        "step_model_error": round(step_ms / prediction.step_ms - 1, 4) if step_ms and prediction.step_ms else None,
+        "step_model": {**prediction.record(), "calibration": calibration},
+    }
+
+
+def prediction_line(prediction, calibration: dict) -> str:
+    """The step model's prediction in words, printed before step 1."""
+    link = calibration.get("link") or {}
+    comm = (f" + the link {prediction.exposed_comm_ms - prediction.waiting_ms:.1f} not hidden (of "
+            f"{prediction.comm_ms:.1f} at {link['rate_bps'] / 1e6:.1f} Mbit/s, {link['stack_us'] / 1e3:.2f} ms a hop)"
+            ) if link else ""
+    return (f"step model: predicted {prediction.step_ms:.1f} ms a step = compute {prediction.compute_ms:.1f} "
+            f"({calibration['accum']} micro-step{'s' if calibration['accum'] > 1 else ''}) + waiting for the slowest rank {prediction.waiting_ms:.1f}"
+            f"{comm} + optimizer {prediction.optimizer_ms:.1f}")
+
+
+def checked_line(summary: dict) -> str | None:
+    """The prediction against the measurement, after the last step."""
+    if summary.get("step_model_error") is None:
+        return None
+    return (f"step model: predicted {summary['predicted_step_ms']:.1f} ms a step, measured {summary['step_ms']:.1f} "
+            f"({summary['step_model_error']:+.1%}); exposed comm predicted {summary['predicted_exposed_comm_ms']:.1f}, "
+            f"measured {summary['exposed_comm_ms']:.1f}")
 
 
 class NoProfiler:

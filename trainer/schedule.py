@@ -62,6 +62,7 @@ class GlobalBatches:
         self.tokens_per_step = self.global_batch * workload.tokens_per_sample
         self.loss = None  # the global loss, on the steps that print it
         self.step1_consistent = None  # unknown when resuming past step 1
+        self.micro_samples = self.sizes[c.rank]  # this rank's micro-batch (the step model calibrates one)
         print0(f"{run.tag} global batch {self.global_batch} = {self.accum} accumulation steps x micro-batches "
                f"{self.sizes}" + (f" x {workload.tokens_per_sample} tokens" if workload.tokens_per_sample > 1 else ""))
 
@@ -112,6 +113,7 @@ class Epochs:
             raise SystemExit(f"error: --samples {args.samples} over {c.world_size} ranks "
                              "leaves none per rank; raise --samples")
         self.per_epoch = len(self.loader)
+        self.micro_samples = args.batch_size  # one micro-batch a step (the step model calibrates one)
         self.start, self.steps = 1, args.epochs * self.per_epoch
         self.epoch_loss = None  # the last finished epoch's mean loss on this rank
 

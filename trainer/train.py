@@ -13,6 +13,7 @@ instrument.py, the metrics records in metrics.py, checkpoints in checkpoint.py, 
 records in state.py.
 """
 
+import copy
 import json
 import os
 import socket
@@ -24,11 +25,13 @@ from pathlib import Path
 import torch
 
 from trainer import checkpoint, collectives, strategy, wire
+from trainer.calibrate import predict_run
 from trainer.ddp import param_checksum
 from trainer.dist import (all_gather, all_reduce_sum, compute_cleanup, compute_init, get_dist_info, print0,
                           rank_tag)
 from trainer.flags import parse_args  # the tests import parse_args from here too
-from trainer.instrument import CommTimer, StepTiming, profiler_for, steady, straggler_line, summarize, wall, wall_now
+from trainer.instrument import (CommTimer, StepTiming, checked_line, prediction_line, profiler_for,
+                                steady, step_model_fields, straggler_line, summarize, wall, wall_now)
 from trainer.metrics import open_metrics, write_clock
 from trainer.schedule import schedule_for
 from trainer.state import Result, Run
@@ -53,19 +56,24 @@ def main(argv=None):
     _, rank, _, _ = get_dist_info()
     run_dir = resolve_run_dir(args.run_dir)
     with open_metrics(run_dir, rank, enabled=not args.no_metrics) as metrics:
-        run = setup(args, run_dir, metrics)
+        run, as_built = setup(args, run_dir, metrics)
         schedule = schedule_for(run)  # epochs or global batches; may resume from a checkpoint
+        # The step model's prediction of every step, from a calibration before the first (trainer/calibrate.py)
+        predicted = predict_run(run, schedule, as_built)
+        del as_built  # fsdp's unsharded copy
+        print0(f"{run.tag} {prediction_line(predicted[0], predicted[1])}")
 
         # Every rank leaves a barrier at almost the same moment, which makes it the mark that lines up
         # the ranks' clocks in the metrics; the end of the run has its twin, in compute_cleanup.
         log_clock(run, "start")
         with run.prof:
             result = train(run, schedule)
-        return finish(run, result)
+        return finish(run, result, predicted)
 
 
 def setup(args, run_dir, metrics):
-    """Join the process group (if launched as one), then build the workload, model and optimizer."""
+    """Join the process group (if launched as one), then build the workload, model and optimizer:
+    (the Run; the model as built, unwrapped and unsharded, which the step model calibrates on)."""
     c = compute_init(args.timeout_s, args.backend)
     tag = rank_tag(c.rank, c.world_size)
     print0(f"{tag} backend {c.backend} world_size {c.world_size} device {c.device} "
@@ -78,11 +86,13 @@ def setup(args, run_dir, metrics):
 
     timer = CommTimer()
     log = collectives.CollectiveLog.install()  # every step's collectives, by kind (trainer/collectives.py)
+    # fsdp and hsdp shard the module in place; DDP wraps it and leaves it as it is
+    as_built = copy.deepcopy(workload.model) if args.strategy in strategy.SHARDED and c.world_size > 1 else workload.model
     model = strategy.wrap_model(workload.model, c, args, timer)  # DDP, or sharded (trainer/strategy.py)
     optimizer = strategy.build_optimizer(model, args, c.world_size)
     prof = profiler_for(args.profile, c.device.type, Path(run_dir) / f"trace-rank{c.rank}.json")
     return Run(args=args, c=c, tag=tag, run_dir=run_dir, workload=workload, model=model, optimizer=optimizer,
-               timer=timer, collectives=log, metrics=metrics, prof=prof)
+               timer=timer, collectives=log, metrics=metrics, prof=prof), as_built
 
 
 def train(run, schedule):
@@ -161,8 +171,9 @@ def comm_times(timer, calls, backward_end):
     return collectives.span(calls, backward_end)
 
 
-def finish(run, result):
-    """The SUMMARY line (rank 0) and a clean exit. Collectives: every rank must get here."""
+def finish(run, result, predicted):
+    """The SUMMARY line (rank 0) and a clean exit. Collectives: every rank must get here.
+    `predicted`: the step model's (Prediction, calibration) from before the first step."""
     c = run.c
     total_samples = int(all_reduce_sum(result.samples, c.device))
     checksum = param_checksum(run.workload.model)
@@ -202,11 +213,12 @@ def finish(run, result):
         "samples_per_s": round(total_samples / result.elapsed_s, 1),
         "samples": total_samples,
         **perf,
+        **step_model_fields(predicted, perf.get("step_ms"), steady(result.timings)),
         "run_dir": str(run.run_dir),
     }
-    line = straggler_line(summary)
-    if line:
-        print0(f"{run.tag} {line}")
+    for line in (straggler_line(summary), checked_line(summary)):
+        if line:
+            print0(f"{run.tag} {line}")
     print0("SUMMARY " + json.dumps(summary))
     compute_cleanup(after_barrier=lambda: log_clock(run, "end", left_at=wall_now()))  # after the last collective
     KEPT_UNTIL_EXIT.append(run.model)

@@ -24,7 +24,6 @@ shaped link and every preset, over the ranks given or the lab's world size.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, replace
 from typing import Sequence
 
@@ -32,10 +31,10 @@ from labctl.errors import ConfigError, LabError
 from labctl.net import apply as netshape
 from labctl.session import LabSession
 from labctl.spec.units import format_rate, parse_rate, parse_time_us
+from trainer.ring import OPS, OpCost, ring_cost  # noqa: F401 - OPS and OpCost are this module's API too
 
 DTYPE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
 COLLECTIVES = ("allreduce", "reduce_scatter", "allgather")  # --collective
-OPS = ("all_reduce", "all_gather", "reduce_scatter", "broadcast", "all_to_all")  # nccl-tests' names: bench collectives
 SPELLED = {"allreduce": "all_reduce", "allgather": "all_gather", "reduce_scatter": "reduce_scatter"}
 BACKENDS = ("nccl", "gloo")  # --backend: whose algorithms the model prices
 DEFAULT_EFFICIENCY = 0.85  # what a tuned TCP collective stack typically reaches on Ethernet
@@ -88,42 +87,12 @@ def _check_collective(collective: str) -> None:
         raise ConfigError("--collective", collective, f"must be one of {', '.join(COLLECTIVES)}")
 
 
-@dataclass(frozen=True)
-class OpCost:
-    """How one collective over n ranks uses the links, as its algorithm runs it on a backend."""
-
-    hops: int  # latency steps one after another
-    wire: float  # bytes through the busiest rank's NIC, over the message's bytes
-    busbw: float  # nccl-tests' bus-bandwidth factor: busbw = algbw x busbw
-    algorithm: str  # in words
-    copies: float = 0.0  # bytes copied in memory besides the transfer, over the message's (gloo's extra buffers)
-
-
 def op_cost(op: str, n: int, backend: str = "nccl") -> OpCost:
-    """The ring cost model per op (OPS), with what the backend really does where it differs: gloo
-    reduce-scatters by all-reducing a clone of the whole input and keeping its chunk (ProcessGroupGloo's
-    reduce_scatter_tensor_coalesced), so its wire is an all-reduce's; it all-gathers into a buffer it
-    allocates and copies the result out; and it broadcasts down a binomial tree, the root sending
-    the whole message once a round. NCCL runs rings and chains in place."""
+    """The ring cost model per op (OPS), with what the backend really does where it differs
+    (trainer/ring.py, which the trainer's step model prices with too)."""
     if op not in OPS:
         raise ConfigError("--ops", op, f"must be one of {', '.join(OPS)}")
-    if n <= 1:
-        return OpCost(0, 0.0, 0.0, "one rank: nothing crosses a link")
-    ring = (n - 1) / n
-    if op == "all_reduce":
-        return OpCost(2 * (n - 1), 2 * ring, 2 * ring, "ring: reduce-scatter, then all-gather")
-    if op == "reduce_scatter" and backend == "gloo":  # the input cloned, all-reduced, this rank's chunk copied out
-        return OpCost(2 * (n - 1), 2 * ring, ring, "gloo: an all-reduce of the whole input, its chunk kept", 1 + 1 / n)
-    if op == "all_gather" and backend == "gloo":  # gathered into a buffer it allocates, then copied out
-        return OpCost(n - 1, ring, ring, "gloo: ring into a fresh buffer, copied out", 1.0)
-    if op in ("all_gather", "reduce_scatter"):
-        return OpCost(n - 1, ring, ring, "ring")
-    if op == "broadcast" and backend == "gloo":
-        rounds = math.ceil(math.log2(n))
-        return OpCost(rounds, float(rounds), 1.0, "gloo: binomial tree, the whole message once a round")
-    if op == "broadcast":
-        return OpCost(n - 1, 1.0, 1.0, "pipelined chain")
-    return OpCost(1, ring, ring, "every pair at once")
+    return ring_cost(op, n, backend)
 
 
 def busbw_factor(n: int, collective: str = "allreduce") -> float:

@@ -110,6 +110,13 @@ def test_single_process_run_writes_metrics_and_learns(tmp_path, no_launcher_env,
     assert steps[0]["t_comm_start"] is None and steps[0]["t_comm_end"] is None
     losses = [r["loss"] for r in epochs]
     assert losses[-1] < 0.7 * losses[0], losses
+    # the step model's prediction, printed before step 1 and checked after the last
+    model = summary["step_model"]
+    parts = model["compute_ms"] + model["waiting_ms"] + model["optimizer_ms"]
+    assert summary["predicted_step_ms"] == pytest.approx(parts, abs=3e-3)
+    assert summary["step_model_error"] == pytest.approx(summary["step_ms"] / summary["predicted_step_ms"] - 1, abs=1e-3)
+    assert model["calibration"]["link"] == {} and summary["predicted_exposed_comm_ms"] == 0.0
+    assert re.search(r"step model: predicted [\d.]+ ms a step = compute", out)
     assert summary["final_loss"] == pytest.approx(losses[-1], abs=1e-5)
 
 
@@ -155,6 +162,10 @@ def test_torchrun_two_processes(tmp_path, tmp_path_factory):
     assert summary["replicas_consistent"] is True
     assert summary["backend"] == "gloo"
     assert summary["steps"] == 2 * (4096 // 2 // 64)
+    # two ranks on this machine, nothing shaped: the link's rate from a probe, its latency from another
+    link = summary["step_model"]["calibration"]["link"]
+    assert link["rate_from"].endswith("all-reduce") and link["rate_bps"] > 0 and link["probe_us"] > 0
+    assert summary["predicted_step_ms"] > summary["step_model"]["compute_ms"] > 0
 
     files = sorted(p.name for p in tmp_path.iterdir())
     assert files == ["metrics-rank0.jsonl", "metrics-rank1.jsonl"]

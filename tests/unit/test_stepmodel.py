@@ -1,0 +1,96 @@
+"""The step model's arithmetic (trainer/stepmodel.py) and the calibration's pure parts (trainer/calibrate.py)."""
+
+import pytest
+
+from trainer import stepmodel
+from trainer.calibrate import parse_qdiscs, ring_hops
+from trainer.stepmodel import Compute, Job, Link, ddp_buckets, predict
+
+MB = 1 << 20
+
+
+def test_buckets_close_once_they_reach_the_cap():
+    assert ddp_buckets([400_000, 700_000, 300_000, 100], MB) == (1_100_000, 300_100)
+    assert ddp_buckets([10] * 5, 25 * MB) == (50,)
+    assert ddp_buckets([], MB) == ()
+
+
+def test_one_rank_is_compute_and_optimizer():
+    p = predict(Job(world=1), Compute(4.0, 6.0, 1.5), None)
+    assert (p.step_ms, p.comm_ms, p.exposed_comm_ms) == (11.5, 0.0, 0.0)
+
+
+def test_accumulation_multiplies_the_compute_not_the_allreduce():
+    link = Link(rate_bps=100e6)
+    one = predict(Job(world=2, buckets=(1_000_000,)), Compute(4.0, 6.0, 1.0), link)
+    four = predict(Job(world=2, accum=4, buckets=(1_000_000,)), Compute(4.0, 6.0, 1.0), link)
+    assert four.step_ms - one.step_ms == pytest.approx(30.0)
+    assert four.comm_ms == one.comm_ms == pytest.approx(1_000_000 * 8 / 100e6 * 1e3)  # 2(n-1)/n = 1 at n=2
+
+
+def test_one_bucket_is_all_exposed_and_small_buckets_hide_behind_backward():
+    link = Link(rate_bps=1e9)
+    compute = Compute(forward_ms=10.0, backward_ms=40.0, optimizer_ms=0.0)
+    one = predict(Job(world=2, buckets=(4_000_000,)), compute, link)
+    assert one.exposed_comm_ms == pytest.approx(32.0)  # ready when backward ends: nothing hides
+    four = predict(Job(world=2, buckets=(1_000_000,) * 4), compute, link)
+    # each 8 ms bucket is ready every 10 ms of backward: only the last one's 8 ms is exposed
+    assert four.exposed_comm_ms == pytest.approx(8.0)
+    assert four.comm_ms == pytest.approx(one.comm_ms)
+
+
+def test_the_ring_pays_its_hops_latency_and_the_delay_every_hop():
+    link = Link(rate_bps=1e12, stack_s=0.001, delay_s=0.005)
+    assert link.op_s("all_reduce", 1000, 3, "gloo") * 1e3 == pytest.approx(4 * 6.0, rel=1e-3)
+    assert link.op_s("all_reduce", 1000, 1, "gloo") == 0.0
+
+
+def test_a_banked_burst_passes_unpaced():
+    link = Link(rate_bps=100e6, burst_bytes=131_072)
+    assert link.credit(idle_s=1.0) == 131_072
+    assert link.credit(idle_s=0.0) == 0.0
+    paced = link.op_s("all_reduce", 600_000, 2, "gloo", credit_bytes=131_072)
+    assert paced == pytest.approx((600_000 - 131_072) * 8 / 100e6)
+
+
+def test_the_lockstep_compute_shows_as_waiting_for_the_slowest_rank():
+    compute = Compute(5.0, 10.0, 2.0, own_ms=15.0, lockstep_ms=21.0)
+    p = predict(Job(world=3, buckets=(100,)), compute, Link(rate_bps=1e9))
+    assert p.waiting_ms == pytest.approx(6.0)
+    assert p.step_ms == pytest.approx(21.0 + p.exposed_comm_ms - 6.0 + 2.0)
+
+
+def test_zero_adds_its_broadcasts_and_fsdp_its_gathers_outside_backward():
+    link, compute = Link(rate_bps=1e9), Compute(5.0, 10.0, 1.0)
+    ddp = predict(Job(world=3, buckets=(3_000_000,), param_bytes=3_000_000), compute, link)
+    zero = predict(Job(world=3, strategy="zero", buckets=(3_000_000,), param_bytes=3_000_000), compute, link)
+    # gloo's binomial broadcast of each rank's third: 2 rounds of 1 MB at 1 Gbit/s
+    assert zero.step_ms - ddp.step_ms == pytest.approx(16.0)
+    units = (1_000_000,) * 3  # two blocks and the root
+    fsdp = predict(Job(world=3, strategy="fsdp", accum=2, param_bytes=3_000_000, units=units), compute, link)
+    assert set(fsdp.terms) == {"all_gather_ms", "reduce_scatter_ms"}
+    # a micro-step gathers every unit for forward, and the blocks again for backward: 5 calls, twice
+    assert fsdp.terms["all_gather_ms"] == pytest.approx(2 * 5 * 2 / 3 * 1_000_000 * 8 / 1e9 * 1e3)
+    assert fsdp.terms["reduce_scatter_ms"] == pytest.approx(3 * 4 / 3 * 1_000_000 * 8 / 1e9 * 1e3)  # gloo: all-reduces
+
+
+def test_tc_json_gives_the_slowest_tbf_each_way_and_netem_delay():
+    qdiscs = [{"kind": "noqueue", "dev": "lo"},
+              {"kind": "tbf", "dev": "eth0", "options": {"rate": 12_500_000, "burst": 131_062}},
+              {"kind": "netem", "dev": "eth0", "options": {"delay": {"delay": 0.005}}},
+              {"kind": "tbf", "dev": "ifb0", "options": {"rate": 125_000_000, "burst": 131_072}}]
+    shaping = parse_qdiscs(qdiscs)
+    assert shaping["egress"] == {"rate_bps": 100e6, "burst_bytes": 131_062, "delay_s": 0.005}
+    assert shaping["ingress"]["rate_bps"] == 1e9
+    assert parse_qdiscs([{"kind": "fq_codel", "dev": "eth0", "options": {}}]) == {}
+
+
+def test_the_ring_hops_between_nodes_take_the_slower_of_sender_and_receiver():
+    shaping = {"a": {"egress": {"rate_bps": 100e6, "burst_bytes": 1.0}}, "b": {"ingress": {"rate_bps": 50e6}}}
+    hops = ring_hops(["a", "a", "b", "b"], shaping)  # 0->1 and 2->3 stay on their node
+    assert [h["rate_bps"] for h in hops] == [50e6, None]  # a->b: b's ingress is slower; b->a: unshaped
+    assert ring_hops(["a", "a"], shaping) == []
+
+
+def test_payload_efficiency_is_a_full_segment_in_its_frame():
+    assert stepmodel.PAYLOAD_EFFICIENCY == pytest.approx(0.9564, abs=1e-4)

@@ -1,0 +1,221 @@
+"""The step model's inputs, measured by the run itself before its first step (trainer/stepmodel.py).
+
+Every rank, at once (so ranks that share cores contend as they will in the steps):
+
+  compute    forward and backward of one of its micro-batches, CALIBRATION_REPS times after one to
+             warm up, on the model as built (never wrapped: DDP's hooks and FSDP's shards are not
+             touched; the gradients are dropped after), the medians
+  optimizer  Adam's step over copies of what this rank holds (all the parameters under ddp, its
+             shard under zero and fsdp), the median of CALIBRATION_REPS after the first
+  shaping    its node's Linux traffic control, read back (`tc -j qdisc show`): a tbf's rate and
+             burst, netem's delay; ifb devices shape what the node receives
+
+Then, together, the link (fit_link): the ring's slowest hop between nodes sets the rate, at the
+payload a shaped rate carries (stepmodel.PAYLOAD_EFFICIENCY); where no hop between nodes is shaped,
+a RATE_PROBE_BYTES all-reduce measures it. The stack's latency per hop comes from a PROBE_BYTES
+all-reduce, timed PROBE_ITERS times. None of these runs inside a step: the steps' records, their
+collectives and the link counters see nothing of them.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import statistics
+import subprocess
+import time
+
+import torch
+
+from trainer import stepmodel
+from trainer.dist import all_gather, barrier, is_group
+from trainer.ring import ring_cost
+from trainer.strategy import local
+
+CALIBRATION_REPS, CALIBRATION_WARMUP = 6, 2  # the first micro-steps run slower (allocator, caches)
+PROBE_BYTES, PROBE_ITERS = 1024, 15
+RATE_PROBE_BYTES, RATE_PROBE_ITERS = 4 << 20, 3
+
+
+def median_ms(fn, reps: int, warmup: int = CALIBRATION_WARMUP) -> float:
+    """fn() `warmup` times, then the median of `reps` timed calls, in milliseconds."""
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        fn()
+        times.append((time.perf_counter() - t0) * 1e3)
+    return statistics.median(times)
+
+
+def micro_step(module, workload, x, y):
+    """A function that runs forward and backward of (x, y) on the bare module: (forward s, backward s)."""
+
+    def run():
+        t0 = time.perf_counter()
+        loss = workload.loss_sum(module(x), y)
+        t1 = time.perf_counter()
+        loss.backward()
+        return t1 - t0, time.perf_counter() - t1
+
+    return run
+
+
+def measure_steps(micro, accum: int, optimizer_step, sync, reps: int = CALIBRATION_REPS,
+                  warmup: int = CALIBRATION_WARMUP) -> dict:
+    """Steps without their payload, as the run will take them: `accum` micro() (forward and
+    backward, micro_step), then sync() (a tiny all-reduce: every rank waits for the slowest, as at a
+    step's end), then optimizer_step(). Medians in ms: "forward" and "backward" of one micro-step,
+    "optimizer", and "step", the whole."""
+    samples = {"forward": [], "backward": [], "optimizer": [], "step": []}
+    for _ in range(warmup + reps):
+        t0 = time.perf_counter()
+        for _ in range(accum):
+            forward_s, backward_s = micro()
+        sync()
+        t1 = time.perf_counter()
+        optimizer_step()
+        t2 = time.perf_counter()
+        for key, seconds in (("forward", forward_s), ("backward", backward_s), ("optimizer", t2 - t1), ("step", t2 - t0)):
+            samples[key].append(seconds * 1e3)
+    return {key: statistics.median(values[warmup:]) for key, values in samples.items()}
+
+
+def optimizer_copy(tensors, lr: float) -> torch.optim.Optimizer:
+    """Adam over copies of `tensors`, with zero gradients: the run's optimizer step, on nothing it trains."""
+    copies = [t.detach().clone().requires_grad_(True) for t in tensors]
+    for t in copies:
+        t.grad = torch.zeros_like(t)
+    return torch.optim.Adam(copies, lr=lr)
+
+
+def held_parameters(model, optimizer):
+    """What this rank's optimizer steps: zero's shard, fsdp's local shards, else every parameter."""
+    inner = getattr(optimizer, "optim", None)  # ZeroRedundancyOptimizer's local optimizer
+    params = [p for group in inner.param_groups for p in group["params"]] if inner else list(model.parameters())
+    return [local(p) for p in params]
+
+
+def read_shaping(run=subprocess.run) -> dict:
+    """{"egress": {...}, "ingress": {...}} of this node: the slowest tbf's rate_bps and burst_bytes and
+    netem's delay_s on its interfaces (ifb devices: ingress); {} where tc is missing or says nothing."""
+    try:
+        out = run(["tc", "-j", "qdisc", "show"], capture_output=True, text=True, timeout=5)
+        qdiscs = json.loads(out.stdout or "[]")
+    except (OSError, subprocess.SubprocessError, ValueError):
+        return {}
+    return parse_qdiscs(qdiscs)
+
+
+def parse_qdiscs(qdiscs: list[dict]) -> dict:
+    """read_shaping's answer from tc's JSON (a list of qdiscs, each with "dev", "kind", "options")."""
+    shaping = {}
+    for q in qdiscs:
+        dev, options = q.get("dev", ""), q.get("options") or {}
+        if dev == "lo":
+            continue
+        side = shaping.setdefault("ingress" if dev.startswith("ifb") else "egress", {})
+        if q.get("kind") == "tbf" and options.get("rate"):
+            rate_bps = float(options["rate"]) * 8  # tc's JSON gives bytes a second
+            if rate_bps < side.get("rate_bps", float("inf")):
+                side.update(rate_bps=rate_bps, burst_bytes=float(options.get("burst", 0)))
+        elif q.get("kind") == "netem":
+            delay = options.get("delay") or {}
+            side["delay_s"] = side.get("delay_s", 0.0) + float(delay.get("delay", 0) if isinstance(delay, dict) else 0)
+    return {side: values for side, values in shaping.items() if values}
+
+
+def ring_hops(hosts: list[str], shaping: dict[str, dict]) -> list[dict]:
+    """The ring's hops between nodes (rank r -> r+1): each hop's rate, burst and delay from the
+    sender's egress and the receiver's ingress shaping (rate None: neither is shaped)."""
+    hops = []
+    for r, host in enumerate(hosts):
+        peer = hosts[(r + 1) % len(hosts)]
+        if peer == host:
+            continue
+        out, into = shaping.get(host, {}).get("egress", {}), shaping.get(peer, {}).get("ingress", {})
+        sides = [s for s in (out, into) if s.get("rate_bps")]
+        slowest = min(sides, key=lambda s: s["rate_bps"]) if sides else {}
+        hops.append({"rate_bps": slowest.get("rate_bps"), "burst_bytes": slowest.get("burst_bytes", 0.0),
+                     "delay_s": out.get("delay_s", 0.0) + into.get("delay_s", 0.0)})
+    return hops
+
+
+def probe_s(nbytes: int, iters: int, device) -> float:
+    """The median seconds of an all-reduce of `nbytes`, after one to warm up."""
+    t = torch.zeros(max(1, nbytes // 4), dtype=torch.float32, device=device)
+
+    def once():
+        torch.distributed.all_reduce(t)
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+
+    return median_ms(once, iters, warmup=1) / 1e3
+
+
+def fit_link(hosts: list[str], shaping: dict[str, dict], backend: str, device) -> tuple[stepmodel.Link, dict]:
+    """The ring's link (stepmodel.Link) and how it was found. Collective: every rank calls it."""
+    n = len(hosts)
+    hops = ring_hops(hosts, shaping)
+    shaped = [h for h in hops if h["rate_bps"]]
+    delay_s = max((h["delay_s"] for h in hops), default=0.0)
+    small_s = probe_s(PROBE_BYTES, PROBE_ITERS, device)
+    cost = ring_cost("all_reduce", n, backend)
+    if shaped:
+        slowest = min(shaped, key=lambda h: h["rate_bps"])
+        rate_bps, burst, source = slowest["rate_bps"] * stepmodel.PAYLOAD_EFFICIENCY, slowest["burst_bytes"], "tc"
+    else:
+        big_s = probe_s(RATE_PROBE_BYTES, RATE_PROBE_ITERS, device)
+        rate_bps = cost.wire * RATE_PROBE_BYTES * 8 / max(big_s - cost.hops * delay_s, 1e-6)
+        burst, source = 0.0, f"a {RATE_PROBE_BYTES >> 20} MiB all-reduce"
+    stack_s = max(0.0, small_s - cost.hops * delay_s - cost.wire * PROBE_BYTES * 8 / rate_bps) / cost.hops
+    link = stepmodel.Link(rate_bps, stack_s, delay_s, burst)
+    return link, {"rate_from": source, "rate_bps": round(rate_bps), "stack_us": round(stack_s * 1e6, 1),
+                  "probe_us": round(small_s * 1e6, 1),
+                  "delay_us": round(delay_s * 1e6, 1), "burst_bytes": burst, "hops_between_nodes": len(hops)}
+
+
+def fsdp_units(module) -> tuple[int, ...]:
+    """The bytes of each unit strategy.shard_fully makes: each block (`module.blocks`), then the root."""
+    def size(params):
+        return sum(p.numel() * p.element_size() for p in params)
+
+    blocks = [size(block.parameters()) for block in getattr(module, "blocks", ())]
+    return (*blocks, size(module.parameters()) - sum(blocks))
+
+
+def predict_run(run, schedule, module) -> tuple[stepmodel.Prediction, dict]:
+    """This run's step, predicted from its calibration: (the prediction for rank 0's steps, what it
+    was calibrated on). Collective: every rank calls it, before step 1. `module` is the model as
+    built (for fsdp and hsdp a copy taken before it was sharded)."""
+    args, c = run.args, run.c
+    accum = getattr(schedule, "accum", 1)  # epoch mode: one micro-batch a step
+    x, y = run.workload.batch(torch.arange(schedule.micro_samples))
+    tiny = torch.zeros(PROBE_BYTES // 4, device=c.device)
+    barrier()  # every rank calibrates at once, sharing the cores as the steps will
+    measured = measure_steps(micro_step(module, run.workload, x.to(c.device), y.to(c.device)), accum,
+                             optimizer_copy(held_parameters(run.model, run.optimizer), args.lr).step,
+                             (lambda: torch.distributed.all_reduce(tiny)) if is_group() else (lambda: None))
+    for p in module.parameters():
+        p.grad = None  # the calibration's gradients, which the run never sees
+    everyone = all_gather({"host": socket.gethostname(), **measured, "shaping": read_shaping() if is_group() else {}})
+    link, found = (fit_link([m["host"] for m in everyone], {m["host"]: m["shaping"] for m in everyone},
+                            c.backend, c.device) if c.world_size > 1 else (None, {}))
+    slowest = max(range(len(everyone)), key=lambda r: everyone[r]["forward"] + everyone[r]["backward"])
+    mine = everyone[0]  # rank 0's steps are the SUMMARY's
+    # Its calibration steps less their optimizer and the tiny all-reduce's own latency: the compute
+    # until the slowest rank's gradients are ready, ranks sharing cores and waiting for each other.
+    lockstep_ms = max(mine["step"] - mine["optimizer"] - found.get("probe_us", 0.0) / 1e3, 0.0)
+    compute = stepmodel.Compute(everyone[slowest]["forward"], everyone[slowest]["backward"], mine["optimizer"],
+                                accum * (mine["forward"] + mine["backward"]), lockstep_ms)
+    grads = [p.numel() * p.element_size() for p in reversed(list(module.parameters())) if p.requires_grad]
+    squeeze = 2 if args.comm_hook in ("fp16", "bf16") else 1  # compression halves what is sent
+    job = stepmodel.Job(world=c.world_size, strategy=args.strategy, backend=c.backend, accum=accum,
+                        buckets=stepmodel.ddp_buckets([g // squeeze for g in grads], int(args.bucket_cap_mb * 2**20)),
+                        param_bytes=sum(grads), units=fsdp_units(module),
+                        local_world=int(os.environ.get("LOCAL_WORLD_SIZE", 1)))
+    return stepmodel.predict(job, compute, link), {
+        "link": found, "forward_ms": round(compute.forward_ms, 3), "backward_ms": round(compute.backward_ms, 3),
+        "lockstep_ms": round(lockstep_ms, 3), "slowest_rank": slowest, "buckets": list(job.buckets), "accum": accum}

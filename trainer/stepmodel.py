@@ -1,0 +1,178 @@
+"""The step model: one optimizer step's time, predicted from its parts before the steps are run.
+
+Pure Python, no torch: the trainer predicts its own steps with it (trainer/calibrate.py measures
+the inputs) and `labctl cost --step` answers what-if questions for fabrics the lab cannot have.
+
+    step = accum x (forward + backward)       the compute, on the slowest rank (all wait for it)
+         + exposed communication              what backward does not hide (below)
+         + optimizer                          Adam over what this rank holds
+         + the strategy's collectives outside backward (zero's broadcasts of the updated shards;
+           fsdp's all-gathers before each micro-step's forward and backward, and its reduce-scatter)
+
+DDP hands its gradient buckets to the all-reduce from inside the last micro-step's backward, in the
+order backward produces them, about the reverse of the parameters' order. Bucket k is ready when
+backward has produced its bytes and the ones before it (backward's time spread over the gradient
+bytes evenly); the buckets go one after another on one process group, so bucket k starts at the
+later of its readiness and the end of bucket k-1. Exposed communication is how far the last bucket
+ends after backward's compute: nothing with one bucket hides (it is ready when backward ends).
+
+A collective's time on the link:
+
+    t = hops x (delay + stack) + bytes through the busiest NIC x 8 / rate
+
+`bench allreduce`'s calibrated model hides the stack's latency behind a long transfer (its ranks
+are hot in a loop of all-reduces); in a step they arrive from compute, and there it adds.
+where the ring's slowest hop sets `rate`: a ring moves at the pace of its slowest link. A shaped
+link (Linux tbf) lets through a burst at the bridge's speed when it has been idle: `burst_bytes` of
+credit, refilled at `rate` while the link waits for the next collective, so the first bytes of a
+step's communication can pass unpaced.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+
+from trainer.ring import ring_cost
+
+# What a shaped link's rate carries of a collective's bytes: tbf paces whole Ethernet frames, and a
+# full TCP segment with timestamps is 1448 bytes of data in a 1514-byte frame (iperf3 got 955 to
+# 958 Mbit/s through 1gbit here, docs/explanation/cost-model.md).
+PAYLOAD_EFFICIENCY = 1448 / 1514
+
+
+@dataclass(frozen=True)
+class Link:
+    """The ring's link as the collectives see it: the slowest hop's payload rate, the stack's latency
+    per hop, the configured delay per hop, and the burst a shaped link lets through when idle."""
+
+    rate_bps: float  # payload bits per second through the slowest hop
+    stack_s: float = 0.0  # waking processes, syscalls: per hop, hidden behind a long enough transfer
+    delay_s: float = 0.0  # netem's delay per hop: never hidden
+    burst_bytes: float = 0.0  # tbf's bucket at the slowest hop; 0 where nothing is shaped
+
+    def op_s(self, op: str, nbytes: float, n: int, backend: str, credit_bytes: float = 0.0) -> float:
+        """One collective of `nbytes` over n ranks, with `credit_bytes` of burst banked on the link."""
+        cost = ring_cost(op, n, backend)
+        if not cost.hops:
+            return 0.0
+        paced = max(0.0, cost.wire * nbytes - credit_bytes)
+        return cost.hops * (self.delay_s + self.stack_s) + paced * 8 / self.rate_bps
+
+    def credit(self, idle_s: float) -> float:
+        """The burst banked after the link idled `idle_s` seconds."""
+        return min(self.burst_bytes, max(0.0, idle_s) * self.rate_bps / 8 / PAYLOAD_EFFICIENCY)
+
+
+@dataclass(frozen=True)
+class Compute:
+    """Calibrated compute, in milliseconds: one micro-step's forward and backward on the slowest rank,
+    and the optimizer's step on the rank whose steps are predicted."""
+
+    forward_ms: float
+    backward_ms: float
+    optimizer_ms: float
+    own_ms: float | None = None  # the predicted rank's own micro-steps; None: accum x (forward + backward)
+    # All of a step's micro-steps until the slowest rank's last gradient, as measured in lockstep
+    # (ranks sharing cores, each step waiting for the slowest); None: own_ms
+    lockstep_ms: float | None = None
+
+
+@dataclass(frozen=True)
+class Job:
+    """What a step does: its ranks, strategy and backend, its micro-steps, and the bytes it moves."""
+
+    world: int
+    strategy: str = "ddp"
+    backend: str = "gloo"
+    accum: int = 1
+    buckets: tuple[int, ...] = ()  # DDP's gradient buckets in bytes, in the order backward hands them over
+    param_bytes: int = 0  # the whole model's parameters
+    units: tuple[int, ...] = ()  # fsdp's units' bytes (each block, then the root): one gather or scatter apiece
+    local_world: int = 1  # ranks on one node (hsdp shards within them)
+
+
+@dataclass
+class Prediction:
+    """The predicted step and its terms, in milliseconds."""
+
+    step_ms: float
+    compute_ms: float  # the predicted rank's own forward and backward passes
+    waiting_ms: float  # for the slowest rank's gradients
+    optimizer_ms: float
+    comm_ms: float  # every collective's time on the link, hidden or not
+    exposed_comm_ms: float  # what the step waits beyond its own compute: for the slowest rank, then the link
+    terms: dict = field(default_factory=dict)  # the strategy's other collectives, by name
+
+    def record(self) -> dict:
+        return {k: round(v, 3) if isinstance(v, float) else v for k, v in asdict(self).items()}
+
+
+def ddp_buckets(grad_bytes: list[int], cap_bytes: int) -> tuple[int, ...]:
+    """DDP's buckets from the gradients' sizes in the order backward produces them: each bucket is
+    closed once it holds `cap_bytes` or more (torch's compute_bucket_assignment_by_size)."""
+    buckets, size = [], 0
+    for nbytes in grad_bytes:
+        size += nbytes
+        if size >= cap_bytes:
+            buckets.append(size)
+            size = 0
+    if size:
+        buckets.append(size)
+    return tuple(buckets)
+
+
+def overlap_ms(buckets: tuple[int, ...], backward_ms: float, idle_ms: float, link: Link, n: int,
+               backend: str) -> tuple[float, float]:
+    """(the buckets' time on the link, how long after backward's compute the last one ends)."""
+    total = sum(buckets) or 1
+    ready, end_ms, busy_ms = 0.0, None, 0.0
+    for nbytes in buckets:
+        ready += backward_ms * nbytes / total
+        start = ready if end_ms is None else max(ready, end_ms)
+        idle = idle_ms + ready if end_ms is None else start - end_ms
+        took = link.op_s("all_reduce", nbytes, n, backend, link.credit(idle / 1e3)) * 1e3
+        end_ms, busy_ms = start + took, busy_ms + took
+    return busy_ms, max(0.0, (end_ms or 0.0) - backward_ms)
+
+
+def predict(job: Job, compute: Compute, link: Link | None) -> Prediction:
+    """The step's time (see the module's docstring); `link` None: one rank, nothing to send."""
+    own = compute.own_ms if compute.own_ms is not None else job.accum * (compute.forward_ms + compute.backward_ms)
+    compute_ms = compute.lockstep_ms if compute.lockstep_ms is not None else own
+    waiting = max(0.0, compute_ms - own)
+    if job.world < 2 or link is None:  # nobody to wait for: the lockstep's extra is the loop's own
+        return Prediction(compute_ms + compute.optimizer_ms, compute_ms, 0.0, compute.optimizer_ms, 0.0, 0.0)
+    n, op_ms = job.world, lambda op, nbytes: link.op_s(op, nbytes, job.world, job.backend) * 1e3
+    terms = {}
+    if job.strategy in ("ddp", "zero"):
+        # The link idled since the last step's all-reduce: the optimizer, then this step's compute
+        # up to the last backward (the first bucket's own readiness is added in overlap_ms).
+        idle = compute.optimizer_ms + compute_ms - compute.backward_ms
+        comm_ms, exposed = overlap_ms(job.buckets or (job.param_bytes,), compute.backward_ms, idle, link, n, job.backend)
+        if job.strategy == "zero":  # every rank's updated shard to every other, after the optimizer
+            terms["broadcast_ms"] = op_ms("broadcast", job.param_bytes / n)
+    else:  # fsdp, hsdp: the collectives wait for each other and for the compute (gloo on CPU)
+        terms = sharded_terms(job, link)
+        comm_ms, exposed = 0.0, 0.0
+    outside = sum(terms.values())
+    return Prediction(compute_ms + exposed + compute.optimizer_ms + outside, own, waiting, compute.optimizer_ms,
+                      comm_ms + outside, waiting + exposed + outside, terms)
+
+
+def sharded_terms(job: Job, link: Link) -> dict:
+    """fsdp's collectives, a call per unit: each micro-step gathers every unit before its forward and
+    all but the root again before its backward (the root stays gathered), and a step reduce-scatters
+    every unit's gradients once. hsdp: the all-reduce of each rank's gradient shard with its peers on
+    the other nodes, the node's gathers and scatters staying inside it."""
+    if job.strategy == "hsdp":
+        nodes = job.world // max(job.local_world, 1)
+        shard = job.param_bytes / max(job.local_world, 1)
+        # every rank of a node sends its shard through the node's one link at once
+        return {"all_reduce_ms": link.op_s("all_reduce", shard * job.local_world, nodes, job.backend) * 1e3}
+    units = job.units or (job.param_bytes,)
+
+    def each_ms(op, sizes):
+        return sum(link.op_s(op, nbytes, job.world, job.backend) for nbytes in sizes) * 1e3
+
+    return {"all_gather_ms": job.accum * (each_ms("all_gather", units) + each_ms("all_gather", units[:-1])),
+            "reduce_scatter_ms": each_ms("reduce_scatter", units)}
