@@ -189,11 +189,12 @@ def step_model_fields(predicted, step_ms: float | None, steps: list[StepTiming])
     """The SUMMARY's step-model fields: the prediction beside what rank 0 measured, and its terms."""
     prediction, calibration = predicted
     measured = statistics.fmean(exposed_comm_ms(t) for t in steps) if steps else None
+    predicted_ms = round(prediction.step_ms, 3)  # the error is of the numbers the SUMMARY shows
     return {
-        "predicted_step_ms": round(prediction.step_ms, 3),
+        "predicted_step_ms": predicted_ms,
         "predicted_exposed_comm_ms": round(prediction.exposed_comm_ms, 3),
         "exposed_comm_ms": round(measured, 3) if measured is not None else None,
-        "step_model_error": round(step_ms / prediction.step_ms - 1, 4) if step_ms and prediction.step_ms else None,
+        "step_model_error": round(step_ms / predicted_ms - 1, 4) if step_ms and predicted_ms else None,
         "step_model": {**prediction.record(), "calibration": calibration},
     }
 

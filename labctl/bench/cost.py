@@ -25,13 +25,16 @@ shaped link and every preset, over the ranks given or the lab's world size.
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import Sequence
+from typing import TYPE_CHECKING, Sequence
 
 from labctl.errors import ConfigError, LabError
 from labctl.net import apply as netshape
 from labctl.session import LabSession
 from labctl.spec.units import format_rate, parse_rate, parse_time_us
 from trainer.ring import OPS, OpCost, ring_cost  # noqa: F401 - OPS and OpCost are this module's API too
+
+if TYPE_CHECKING:
+    from labctl.bench.stepcost import StepQuery
 
 DTYPE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
 COLLECTIVES = ("allreduce", "reduce_scatter", "allgather")  # --collective
@@ -251,6 +254,7 @@ class CostReport:
     strategy: str | None = None  # a whole optimizer step's collectives, priced instead of one collective
     backend: str = "nccl"  # whose algorithms were priced
     nproc_per_node: int = 1  # ranks on a node, sharing its link
+    step: bool = False  # rows of whole predicted steps (labctl/bench/stepcost.py), not of one collective
 
 
 def lab_link(session: LabSession) -> tuple[tuple[str, int] | None, int | None]:
@@ -309,6 +313,7 @@ class CostQuery:
     strategy: str | None = None  # --strategy: price a whole optimizer step of ddp, zero or fsdp
     backend: str = "nccl"  # --backend: whose algorithms (BACKENDS); gloo's reduce-scatter is an all-reduce
     nproc_per_node: int = 1  # --nproc-per-node: ranks on a node, sharing its link (hsdp shards over them)
+    step: "StepQuery | None" = None  # --step: a whole step, predicted by the trainer's step model (stepcost.py)
 
 
 def estimate(query: CostQuery, lab: LabSession | None = None) -> CostReport:
@@ -318,6 +323,10 @@ def estimate(query: CostQuery, lab: LabSession | None = None) -> CostReport:
     shaped, world = lab_link(lab) if lab is not None else (None, None)
     n = rank_count(query.ranks, world)
     links = links_to_price(query.links, shaped, query.delay)
-    rows = step_report(query, n, links)
+    rows = step_report(query, n, links)  # checks the query too
+    if query.step is not None:
+        from labctl.bench.stepcost import step_rows
+
+        rows = step_rows(query.params, query.dtype, n, links, query, query.step)
     return CostReport(query.params, query.dtype, n, query.collective, query.efficiency, query.compute_s,
-                      query.grad_accum, rows, query.strategy, query.backend, query.nproc_per_node)
+                      query.grad_accum, rows, query.strategy, query.backend, query.nproc_per_node, query.step is not None)

@@ -37,10 +37,17 @@ from labctl.spec.units import parse_size_range
               help="Whose algorithms to price: gloo (the lab's CPU nodes) reduce-scatters with an all-reduce.")
 @click.option("--grad-accum", type=int, default=1, show_default=True, metavar="K", help="Micro-steps per gradient sync.")
 @click.option("--efficiency", type=float, default=0.85, show_default=True, help="Fraction of the link rate the stack reaches.")
+@click.option("--step", is_flag=True,
+              help="Predict a whole optimizer step with the trainer's step model: the compute, the buckets' all-reduce "
+                   "overlapping backward, accumulation, the strategy's collectives; needs --compute-s or --flops and --tokens.")
+@click.option("--flops", type=float, metavar="RATE", help="--step: FLOP/s one rank reaches; compute = 6 x params x --tokens / RATE.")
+@click.option("--tokens", type=float, metavar="N", help="--step: tokens in one rank's micro-step.")
+@click.option("--optimizer-s", type=float, metavar="T", help="--step: the optimizer's seconds a step [default: 0].")
+@click.option("--bucket-cap-mb", type=float, metavar="MIB", help="--step: DDP's bucket size [default: 25].")
 @lab_option
 @click.option("--json", "as_json", is_flag=True, help="Print the rows as JSON.")
 def cost(params, dtype, ranks, links, delay, compute_s, collective, strategy, nproc_per_node, backend, grad_accum,
-         efficiency, lab, as_json) -> None:
+         efficiency, step, flops, tokens, optimizer_s, bucket_cap_mb, lab, as_json) -> None:
     """What one gradient synchronisation, or one optimizer step of a strategy, costs on each link.
 
     Bytes through each rank's NIC: 2(n-1)/n x S for a ring allreduce, (n-1)/n x S for
@@ -49,12 +56,14 @@ def cost(params, dtype, ranks, links, delay, compute_s, collective, strategy, np
     an all-gather of the updated parameters to DDP's allreduce; fsdp sends two all-gathers and a
     reduce-scatter: 1.5x DDP's bytes, each, for less state on each rank. --backend gloo prices
     what gloo does: its reduce-scatter is an all-reduce, so fsdp sends 2x DDP's bytes there.
+    --step predicts the whole step instead (labctl/bench/stepcost.py), each term shown.
     """
     from labctl.cli import render_bench
 
     count = benches.parse_params(params)
+    step_query = benches.step_query(step, compute_s, flops, tokens, optimizer_s, bucket_cap_mb)
     query = benches.CostQuery(count, dtype, ranks, links, compute_s, grad_accum, efficiency, collective, delay,
-                              strategy, backend, nproc_per_node)
+                              strategy, backend, nproc_per_node, step_query)
     report = benches.estimate(query, lab=invocation().lab(lab))
     render_bench.print_cost(report, as_json)
 

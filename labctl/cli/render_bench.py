@@ -16,6 +16,9 @@ def print_cost(report, as_json: bool) -> None:
     if as_json:
         emit_json(report.rows)
         return
+    if report.step:
+        print_step_cost(report)
+        return
     payload = report.rows[0]["payload_bytes"]
     what = f"a {report.strategy} step" if report.strategy else report.collective
     how = ", as gloo runs it (its reduce-scatter is an all-reduce)" if report.backend == "gloo" else ""
@@ -39,6 +42,26 @@ def print_cost(report, as_json: bool) -> None:
     console.print(table)
     if report.compute_s and report.grad_accum == 1:
         info("with --grad-accum K the same sync is paid once per K micro-steps: comm/compute falls K-fold")
+
+
+def print_step_cost(report) -> None:
+    """`cost --step`: the predicted step on each link, and its terms."""
+    first = report.rows[0]
+    what = f"{report.strategy or 'ddp'} step" + (f" of {report.grad_accum} micro-steps" if report.grad_accum > 1 else "")
+    table = Table(title=f"predicted: a {what} of {report.params:g} {report.dtype} params "
+                        f"({first['payload_bytes'] / 1e9:.3g} GB) over {report.ranks} ranks, at {report.efficiency:.0%} "
+                        f"of each link, compute {seconds_text(first['compute_s'] / report.grad_accum)} a micro-step "
+                        f"({first['compute_from']})", title_justify="left")
+    for column in ("link", "rate", "compute", "on the link", "exposed", "optimizer", "step (predicted)"):
+        table.add_column(column, justify="right" if column != "link" else "left")
+    for row in report.rows:
+        table.add_row(row["link"], f"{row['rate_bps'] / 1e9:g} Gbit/s", seconds_text(row["compute_s"]),
+                      seconds_text(row["comm_s"]), seconds_text(row["exposed_comm_s"]), seconds_text(row["optimizer_s"]),
+                      seconds_text(row["predicted_step_s"]))
+    console.print(table)
+    info("step = compute + exposed + optimizer; exposed: what backward (2/3 of the compute) does not hide of "
+         f"the {first['buckets']} buckets' all-reduce" + (" and the strategy's collectives outside it"
+                                                         if report.strategy not in (None, "ddp") else ""))
 
 
 def print_up_timings(results, repeats: int, as_json: bool) -> None:

@@ -50,6 +50,10 @@ def invoke(*args):
     (["cost", "--params", "lots", "--nodes", "2"], "parameter count"),
     (["cost", "--params", "1e9"], "--nodes"),
     (["cost", "--params", "1e9", "--nodes", "2", "--link", "10mbps"], "preset"),
+    (["cost", "--params", "1e9", "--nodes", "2", "--step"], "needs the compute of one micro-step"),
+    (["cost", "--params", "1e9", "--nodes", "2", "--step", "--flops", "1e12"], "--tokens"),
+    (["cost", "--params", "1e9", "--nodes", "2", "--tokens", "8"], "needs --step"),
+    (["cost", "--params", "1e9", "--nodes", "2", "--step", "--compute-s", "1", "--flops", "1e12"], "give one"),
     (["slow", "node2"], "exactly one of --cpus C or --clear"),
     (["slow", "node2", "--cpus", "1", "--clear"], "exactly one of --cpus C or --clear"),
     (["slow", "node2", "--cpus", "lots"], "number of CPUs"),
@@ -103,6 +107,24 @@ def test_cost_calculator_json():
     rows = json.loads(result.output)
     assert [r["link"] for r in rows] == ["1GbE", "10GbE"]
     assert abs(rows[0]["comm_s"] - 14.3) < 0.05 and abs(rows[1]["comm_s"] - 1.43) < 0.01
+
+
+def test_cost_step_reproduces_the_classic_table_with_its_terms():
+    import json
+
+    result = invoke("cost", "--params", "760e6", "--nodes", "2", "--link", "1GbE", "--link", "10GbE",
+                    "--link", "400G-RoCE", "--step", "--compute-s", "0.5", "--json")
+    assert result.exit_code == 0, result.output
+    rows = {r["link"]: r for r in json.loads(result.output)}
+    # the all-reduce of 760M bf16 gradients on 2 nodes at 85% of the link: about 14 s, 1.4 s, 36 ms
+    assert [round(rows[name]["comm_s"], 2) for name in ("1GbE", "10GbE")] == [14.31, 1.43]
+    assert abs(rows["400G-RoCE"]["comm_s"] - 0.036) < 0.001
+    for row in rows.values():  # backward (a third of a second) hides what it can
+        assert row["predicted_step_s"] == pytest.approx(row["compute_s"] + row["exposed_comm_s"] + row["optimizer_s"])
+        assert row["comm_s"] - 1 / 3 - 1e-9 <= row["exposed_comm_s"] <= row["comm_s"]
+    table = invoke("cost", "--params", "760e6", "--nodes", "2", "--link", "1GbE", "--step", "--flops", "400e12",
+                   "--tokens", "8192")
+    assert table.exit_code == 0 and "predicted" in table.output and "6 x 7.6e+08 params" in table.output, table.output
 
 
 def test_cost_table_outside_a_lab_lists_every_preset():

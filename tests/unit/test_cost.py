@@ -177,3 +177,13 @@ def test_hsdp_sends_between_nodes_only_the_shards_all_reduce_and_a_node_carries_
 def test_hsdp_needs_whole_nodes_of_two_ranks_or_more(per_node, fragment):
     with pytest.raises(ConfigError, match=fragment):
         step_report(CostQuery(1e8, "fp32", strategy="hsdp", nproc_per_node=per_node), 6, [PRESETS["1gbe"]])
+
+
+def test_step_cost_cuts_buckets_and_derives_compute_from_a_flop_rate():
+    from labctl.bench.stepcost import StepQuery, buckets, micro_step_s
+
+    assert buckets(60 * 2**20, 25) == (25 * 2**20, 25 * 2**20, 10 * 2**20)
+    assert buckets(2**20, 25) == (2**20,)
+    seconds, how = micro_step_s(1e9, StepQuery(flops=6e12, tokens=1000))
+    assert seconds == pytest.approx(1.0) and how.startswith("6 x")
+    assert micro_step_s(1e9, StepQuery(compute_s=0.25)) == (0.25, "given")
