@@ -20,6 +20,7 @@ collectives and the link counters see nothing of them.
 from __future__ import annotations
 
 import json
+import math
 import os
 import socket
 import statistics
@@ -31,9 +32,11 @@ import torch
 from trainer import stepmodel
 from trainer.dist import all_gather, barrier, is_group
 from trainer.ring import ring_cost
-from trainer.strategy import local
 
 CALIBRATION_REPS, CALIBRATION_WARMUP = 6, 2  # the first micro-steps run slower (allocator, caches)
+# Steps timed: enough to fill this many ms (ranks sharing cores wait for each other unevenly from
+# step to step; a few steps' mean was 30% off the run's now and then), within these bounds.
+CALIBRATION_BUDGET_MS, CALIBRATION_MAX_REPS = 600.0, 40
 PROBE_BYTES, PROBE_ITERS = 1024, 15
 RATE_PROBE_BYTES, RATE_PROBE_ITERS = 4 << 20, 3
 
@@ -63,24 +66,78 @@ def micro_step(module, workload, x, y):
     return run
 
 
-def measure_steps(micro, accum: int, optimizer_step, sync, reps: int = CALIBRATION_REPS,
+def measure_steps(micro, accum: int, optimizer_step, sync, reps=CALIBRATION_REPS,
                   warmup: int = CALIBRATION_WARMUP) -> dict:
     """Steps without their payload, as the run will take them: `accum` micro() (forward and
     backward, micro_step), then sync() (a tiny all-reduce: every rank waits for the slowest, as at a
-    step's end), then optimizer_step(). Medians in ms: "forward" and "backward" of one micro-step,
-    "optimizer", and "step", the whole."""
-    samples = {"forward": [], "backward": [], "optimizer": [], "step": []}
-    for _ in range(warmup + reps):
-        t0 = time.perf_counter()
+    step's end), then optimizer_step(). `reps` steps are timed after `warmup`, or reps(the last
+    warm-up step's ms) of them (every rank must time as many: sync() is a collective). In ms:
+    "forward" and "backward" of one micro-step and "optimizer", medians; "step", the whole, and
+    "cpu", the CPU time this process spent on a micro-step, means (the run reports a mean step)."""
+    samples = {"forward": [], "backward": [], "optimizer": [], "step": [], "cpu": []}
+    count = warmup + (reps if isinstance(reps, int) else 0)
+    done = 0
+    while done < count:
+        t0, cpu0 = time.perf_counter(), time.process_time()
         for _ in range(accum):
             forward_s, backward_s = micro()
+        cpu_s = (time.process_time() - cpu0) / accum
         sync()
         t1 = time.perf_counter()
         optimizer_step()
         t2 = time.perf_counter()
-        for key, seconds in (("forward", forward_s), ("backward", backward_s), ("optimizer", t2 - t1), ("step", t2 - t0)):
+        for key, seconds in (("forward", forward_s), ("backward", backward_s), ("optimizer", t2 - t1), ("step", t2 - t0),
+                             ("cpu", cpu_s)):
             samples[key].append(seconds * 1e3)
-    return {key: statistics.median(values[warmup:]) for key, values in samples.items()}
+        done += 1
+        if done == warmup and not isinstance(reps, int):
+            count = warmup + reps(samples["step"][-1])
+    kept = {key: values[warmup:] for key, values in samples.items()}
+    return {key: (statistics.fmean if key in ("step", "cpu") else statistics.median)(values)
+            for key, values in kept.items()}
+
+
+def reps_for(device, budget_ms: float = CALIBRATION_BUDGET_MS):
+    """measure_steps' reps: enough steps to fill `budget_ms` at the warm-up's pace, at least
+    CALIBRATION_REPS and at most CALIBRATION_MAX_REPS, the most any rank asks for (a collective)."""
+
+    def reps(step_ms: float) -> int:
+        wanted = min(CALIBRATION_MAX_REPS, max(CALIBRATION_REPS, math.ceil(budget_ms / max(step_ms, 1e-3))))
+        if not is_group():
+            return wanted
+        t = torch.tensor([wanted], dtype=torch.int64, device=device)
+        torch.distributed.all_reduce(t, op=torch.distributed.ReduceOp.MAX)
+        return int(t.item())
+
+    return reps
+
+
+def cpu_quota(root: str = "/sys/fs/cgroup") -> float | None:
+    """The CPUs this process's cgroup may use (cgroup v2 cpu.max, v1 cpu.cfs_quota_us over its
+    period): `labctl slow`'s limit on a node; None where there is none."""
+    try:
+        with open(f"{root}/cpu.max") as f:
+            quota, period = f.read().split()[:2]
+        return None if quota == "max" else int(quota) / int(period)
+    except (OSError, ValueError):
+        pass
+    try:
+        with open(f"{root}/cpu/cpu.cfs_quota_us") as f, open(f"{root}/cpu/cpu.cfs_period_us") as g:
+            quota, period = int(f.read()), int(g.read())
+        return None if quota < 0 else quota / period
+    except (OSError, ValueError):
+        return None
+
+
+def sustained(measured: dict, accum: int) -> float:
+    """How much longer than calibrated a rank's micro-steps take once its node's CPU quota bites:
+    the calibration's few steps fit in the quota's first period, a run's do not. Its CPU time a
+    micro-step, times the ranks sharing the node, over the quota; 1 without a quota."""
+    quota = measured.get("quota")
+    wall = measured["forward"] + measured["backward"]
+    if not quota or not wall:
+        return 1.0
+    return max(1.0, measured["cpu"] * measured["local_ranks"] / quota / wall)
 
 
 def optimizer_copy(tensors, lr: float) -> torch.optim.Optimizer:
@@ -92,10 +149,10 @@ def optimizer_copy(tensors, lr: float) -> torch.optim.Optimizer:
 
 
 def held_parameters(model, optimizer):
-    """What this rank's optimizer steps: zero's shard, fsdp's local shards, else every parameter."""
+    """What this rank's optimizer steps: zero's shard, fsdp's sharded parameters (DTensors: Adam's
+    step over them goes through DTensor's dispatch, as the run's does), else every parameter."""
     inner = getattr(optimizer, "optim", None)  # ZeroRedundancyOptimizer's local optimizer
-    params = [p for group in inner.param_groups for p in group["params"]] if inner else list(model.parameters())
-    return [local(p) for p in params]
+    return [p for group in inner.param_groups for p in group["params"]] if inner else list(model.parameters())
 
 
 def read_shaping(run=subprocess.run) -> dict:
@@ -186,6 +243,18 @@ def fsdp_units(module) -> tuple[int, ...]:
     return (*blocks, size(module.parameters()) - sum(blocks))
 
 
+def gather_ranks(measured: dict, accum: int) -> list[dict]:
+    """Every rank's calibration with its node's (host, CPU quota, ranks, shaping), each rank's
+    micro-step as the run will see it: its node's quota applied (sustained). Collective."""
+    node = {"host": socket.gethostname(), "quota": cpu_quota(), "local_ranks": int(os.environ.get("LOCAL_WORLD_SIZE", 1)),
+            "shaping": read_shaping() if is_group() else {}}
+    everyone = all_gather({**measured, **node})
+    for m in everyone:
+        m["slowdown"] = sustained(m, accum)
+        m["forward"], m["backward"] = m["forward"] * m["slowdown"], m["backward"] * m["slowdown"]
+    return everyone
+
+
 def predict_run(run, schedule, module) -> tuple[stepmodel.Prediction, dict]:
     """This run's step, predicted from its calibration: (the prediction for rank 0's steps, what it
     was calibrated on). Collective: every rank calls it, before step 1. `module` is the model as
@@ -197,10 +266,11 @@ def predict_run(run, schedule, module) -> tuple[stepmodel.Prediction, dict]:
     barrier()  # every rank calibrates at once, sharing the cores as the steps will
     measured = measure_steps(micro_step(module, run.workload, x.to(c.device), y.to(c.device)), accum,
                              optimizer_copy(held_parameters(run.model, run.optimizer), args.lr).step,
-                             (lambda: torch.distributed.all_reduce(tiny)) if is_group() else (lambda: None))
+                             (lambda: torch.distributed.all_reduce(tiny)) if is_group() else (lambda: None),
+                             reps_for(c.device))
     for p in module.parameters():
         p.grad = None  # the calibration's gradients, which the run never sees
-    everyone = all_gather({"host": socket.gethostname(), **measured, "shaping": read_shaping() if is_group() else {}})
+    everyone = gather_ranks(measured, accum)
     link, found = (fit_link([m["host"] for m in everyone], {m["host"]: m["shaping"] for m in everyone},
                             c.backend, c.device) if c.world_size > 1 else (None, {}))
     slowest = max(range(len(everyone)), key=lambda r: everyone[r]["forward"] + everyone[r]["backward"])
@@ -208,14 +278,17 @@ def predict_run(run, schedule, module) -> tuple[stepmodel.Prediction, dict]:
     # Its calibration steps less their optimizer and the tiny all-reduce's own latency: the compute
     # until the slowest rank's gradients are ready, ranks sharing cores and waiting for each other.
     lockstep_ms = max(mine["step"] - mine["optimizer"] - found.get("probe_us", 0.0) / 1e3, 0.0)
+    # a straggler held back by its quota: its sustained micro-steps, where longer than the lockstep's
+    lockstep_ms = max(lockstep_ms, accum * (everyone[slowest]["forward"] + everyone[slowest]["backward"]))
     compute = stepmodel.Compute(everyone[slowest]["forward"], everyone[slowest]["backward"], mine["optimizer"],
                                 accum * (mine["forward"] + mine["backward"]), lockstep_ms)
     grads = [p.numel() * p.element_size() for p in reversed(list(module.parameters())) if p.requires_grad]
     squeeze = 2 if args.comm_hook in ("fp16", "bf16") else 1  # compression halves what is sent
     job = stepmodel.Job(world=c.world_size, strategy=args.strategy, backend=c.backend, accum=accum,
                         buckets=stepmodel.ddp_buckets([g // squeeze for g in grads], int(args.bucket_cap_mb * 2**20)),
-                        param_bytes=sum(grads), units=fsdp_units(module),
+                        param_bytes=sum(grads), units=fsdp_units(module), tensors=len(grads),
                         local_world=int(os.environ.get("LOCAL_WORLD_SIZE", 1)))
     return stepmodel.predict(job, compute, link), {
         "link": found, "forward_ms": round(compute.forward_ms, 3), "backward_ms": round(compute.backward_ms, 3),
-        "lockstep_ms": round(lockstep_ms, 3), "slowest_rank": slowest, "buckets": list(job.buckets), "accum": accum}
+        "lockstep_ms": round(lockstep_ms, 3), "slowest_rank": slowest,
+        "quota_slowdown": round(everyone[slowest]["slowdown"], 3), "buckets": list(job.buckets), "accum": accum}

@@ -16,12 +16,11 @@ bytes evenly); the buckets go one after another on one process group, so bucket 
 later of its readiness and the end of bucket k-1. Exposed communication is how far the last bucket
 ends after backward's compute: nothing with one bucket hides (it is ready when backward ends).
 
-A collective's time on the link:
+A collective's time on the link is `bench allreduce`'s calibrated model
+(docs/explanation/cost-model.md): a pipelined ring hides the stack's latency behind a long enough
+transfer, and never the configured delay:
 
-    t = hops x (delay + stack) + bytes through the busiest NIC x 8 / rate
-
-`bench allreduce`'s calibrated model hides the stack's latency behind a long transfer (its ranks
-are hot in a loop of all-reduces); in a step they arrive from compute, and there it adds.
+    t = hops x delay + max(hops x stack, bytes through the busiest NIC x 8 / rate)
 where the ring's slowest hop sets `rate`: a ring moves at the pace of its slowest link. A shaped
 link (Linux tbf) lets through a burst at the bridge's speed when it has been idle: `burst_bytes` of
 credit, refilled at `rate` while the link waits for the next collective, so the first bytes of a
@@ -56,7 +55,7 @@ class Link:
         if not cost.hops:
             return 0.0
         paced = max(0.0, cost.wire * nbytes - credit_bytes)
-        return cost.hops * (self.delay_s + self.stack_s) + paced * 8 / self.rate_bps
+        return cost.hops * self.delay_s + max(cost.hops * self.stack_s, paced * 8 / self.rate_bps)
 
     def credit(self, idle_s: float) -> float:
         """The burst banked after the link idled `idle_s` seconds."""
@@ -88,6 +87,7 @@ class Job:
     buckets: tuple[int, ...] = ()  # DDP's gradient buckets in bytes, in the order backward hands them over
     param_bytes: int = 0  # the whole model's parameters
     units: tuple[int, ...] = ()  # fsdp's units' bytes (each block, then the root): one gather or scatter apiece
+    tensors: int = 1  # parameter tensors: zero broadcasts each with a call of its own
     local_world: int = 1  # ranks on one node (hsdp shards within them)
 
 
@@ -142,21 +142,37 @@ def predict(job: Job, compute: Compute, link: Link | None) -> Prediction:
     waiting = max(0.0, compute_ms - own)
     if job.world < 2 or link is None:  # nobody to wait for: the lockstep's extra is the loop's own
         return Prediction(compute_ms + compute.optimizer_ms, compute_ms, 0.0, compute.optimizer_ms, 0.0, 0.0)
-    n, op_ms = job.world, lambda op, nbytes: link.op_s(op, nbytes, job.world, job.backend) * 1e3
-    terms = {}
+    n, terms = job.world, {}
     if job.strategy in ("ddp", "zero"):
         # The link idled since the last step's all-reduce: the optimizer, then this step's compute
         # up to the last backward (the first bucket's own readiness is added in overlap_ms).
         idle = compute.optimizer_ms + compute_ms - compute.backward_ms
         comm_ms, exposed = overlap_ms(job.buckets or (job.param_bytes,), compute.backward_ms, idle, link, n, job.backend)
         if job.strategy == "zero":  # every rank's updated shard to every other, after the optimizer
-            terms["broadcast_ms"] = op_ms("broadcast", job.param_bytes / n)
+            terms["broadcast_ms"] = zero_broadcast_ms(job, link)
     else:  # fsdp, hsdp: the collectives wait for each other and for the compute (gloo on CPU)
         terms = sharded_terms(job, link)
         comm_ms, exposed = 0.0, 0.0
     outside = sum(terms.values())
     return Prediction(compute_ms + exposed + compute.optimizer_ms + outside, own, waiting, compute.optimizer_ms,
                       comm_ms + outside, waiting + exposed + outside, terms)
+
+
+# ProcessGroupGloo's worker threads (its Options' default: two per device, one device on the lab): the
+# async collectives a rank launches together run this many at a time.
+GLOO_THREADS = 2
+
+
+def zero_broadcast_ms(job: Job, link: Link) -> float:
+    """ZeroRedundancyOptimizer's broadcasts after its step: each parameter tensor from the rank that
+    owns it, one async call apiece, all launched together. The bytes: each rank's shard (1/n of the
+    parameters) down the tree; the latency: every call's rounds of the stack's, the backend's threads
+    running them GLOO_THREADS at a time (NCCL runs them one after another on its stream)."""
+    n = job.world
+    cost = ring_cost("broadcast", n, job.backend)
+    at_once = GLOO_THREADS if job.backend == "gloo" else 1
+    latency = job.tensors * cost.hops * (link.stack_s + link.delay_s) / at_once
+    return (cost.wire * job.param_bytes / n * 8 / link.rate_bps + latency) * 1e3
 
 
 def sharded_terms(job: Job, link: Link) -> dict:

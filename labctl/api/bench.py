@@ -9,7 +9,8 @@ from labctl.bench.allreduce import measure as allreduce
 from labctl.bench.allreduce import measure_collectives as collectives
 from labctl.bench.bringup import bench_up
 from labctl.bench.cost import CostQuery, estimate, parse_params
-from labctl.bench.stepcost import StepQuery, step_query
+from labctl.bench.stepcost import StepQuery, estimate_step, step_query
+from labctl.bench.predict import measure as predict
 from labctl.bench.scaling_run import ScalingOptions
 from labctl.bench.scaling_run import measure as scaling
 from labctl.bench.startup import measure as bench_start
@@ -17,5 +18,5 @@ from labctl.bench.straggler import StragglerOptions
 from labctl.bench.straggler import measure as straggler
 from labctl.run.userenv import NCCL_DEBUG_ENV
 
-__all__ = ["allreduce", "collectives", "bench_start", "bench_up", "estimate", "parse_params", "scaling", "straggler", "NCCL_DEBUG_ENV",
-           "CostQuery", "StepQuery", "step_query", "ScalingOptions", "StragglerOptions"]
+__all__ = ["allreduce", "collectives", "bench_start", "bench_up", "estimate", "predict", "parse_params", "scaling", "straggler", "NCCL_DEBUG_ENV",
+           "CostQuery", "StepQuery", "estimate_step", "step_query", "ScalingOptions", "StragglerOptions"]

@@ -25,16 +25,13 @@ shaped link and every preset, over the ranks given or the lab's world size.
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Sequence
+from typing import Sequence
 
 from labctl.errors import ConfigError, LabError
 from labctl.net import apply as netshape
 from labctl.session import LabSession
 from labctl.spec.units import format_rate, parse_rate, parse_time_us
 from trainer.ring import OPS, OpCost, ring_cost  # noqa: F401 - OPS and OpCost are this module's API too
-
-if TYPE_CHECKING:
-    from labctl.bench.stepcost import StepQuery
 
 DTYPE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
 COLLECTIVES = ("allreduce", "reduce_scatter", "allgather")  # --collective
@@ -313,20 +310,22 @@ class CostQuery:
     strategy: str | None = None  # --strategy: price a whole optimizer step of ddp, zero or fsdp
     backend: str = "nccl"  # --backend: whose algorithms (BACKENDS); gloo's reduce-scatter is an all-reduce
     nproc_per_node: int = 1  # --nproc-per-node: ranks on a node, sharing its link (hsdp shards over them)
-    step: "StepQuery | None" = None  # --step: a whole step, predicted by the trainer's step model (stepcost.py)
 
 
 def estimate(query: CostQuery, lab: LabSession | None = None) -> CostReport:
     """What one gradient synchronisation costs on each link. `lab`, when up, gives the world size
     and the shaped link (it is asked even when `query.ranks` and `query.links` are given, as the CLI
     does); `query.delay` adds a one-way delay to every link's per-hop latency."""
-    shaped, world = lab_link(lab) if lab is not None else (None, None)
-    n = rank_count(query.ranks, world)
-    links = links_to_price(query.links, shaped, query.delay)
-    rows = step_report(query, n, links)  # checks the query too
-    if query.step is not None:
-        from labctl.bench.stepcost import step_rows
+    n, links = resolve(query, lab)
+    return report_of(query, n, step_report(query, n, links))
 
-        rows = step_rows(query.params, query.dtype, n, links, query, query.step)
+
+def resolve(query: CostQuery, lab: LabSession | None = None) -> tuple[int, list[Link]]:
+    """(the ranks, the links to price) of `query`, a running `lab`'s where the query leaves them out."""
+    shaped, world = lab_link(lab) if lab is not None else (None, None)
+    return rank_count(query.ranks, world), links_to_price(query.links, shaped, query.delay)
+
+
+def report_of(query: CostQuery, n: int, rows: list[dict], step: bool = False) -> CostReport:
     return CostReport(query.params, query.dtype, n, query.collective, query.efficiency, query.compute_s,
-                      query.grad_accum, rows, query.strategy, query.backend, query.nproc_per_node, query.step is not None)
+                      query.grad_accum, rows, query.strategy, query.backend, query.nproc_per_node, step)

@@ -13,7 +13,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from labctl.bench.cost import DTYPE_BYTES, Link
+from labctl.bench.cost import DTYPE_BYTES, CostQuery, CostReport, Link, report_of, resolve, step_report
+from labctl.session import LabSession
 from labctl.errors import ConfigError
 from trainer import stepmodel
 
@@ -72,6 +73,13 @@ def buckets(payload: float, cap_mb: float) -> tuple[int, ...]:
     cap = int(cap_mb * 2**20)
     full, rest = divmod(int(payload), cap)
     return (cap,) * full + ((rest,) if rest else ())
+
+
+def estimate_step(query: CostQuery, step: StepQuery, lab: LabSession | None = None) -> CostReport:
+    """`labctl cost --step`: `query` resolved and checked as `labctl cost` does, a predicted step a link."""
+    n, links = resolve(query, lab)
+    step_report(query, n, links)  # checks the query
+    return report_of(query, n, step_rows(query.params, query.dtype, n, links, query, step), step=True)
 
 
 def step_rows(params: float, dtype: str, n: int, links: list[Link], query, step: StepQuery) -> list[dict]:

@@ -1,4 +1,4 @@
-"""Benchmarks and the cost model: cost, bench up|allreduce|collectives|scaling|straggler."""
+"""Benchmarks and the cost model: cost, bench up|allreduce|collectives|scaling|predict|straggler."""
 
 from __future__ import annotations
 
@@ -62,9 +62,10 @@ def cost(params, dtype, ranks, links, delay, compute_s, collective, strategy, np
 
     count = benches.parse_params(params)
     step_query = benches.step_query(step, compute_s, flops, tokens, optimizer_s, bucket_cap_mb)
-    query = benches.CostQuery(count, dtype, ranks, links, compute_s, grad_accum, efficiency, collective, delay,
-                              strategy, backend, nproc_per_node, step_query)
-    report = benches.estimate(query, lab=invocation().lab(lab))
+    query = benches.CostQuery(count, dtype, ranks, links, None if step else compute_s, grad_accum, efficiency, collective,
+                              delay, strategy, backend, nproc_per_node)
+    session = invocation().lab(lab)
+    report = benches.estimate_step(query, step_query, session) if step_query else benches.estimate(query, lab=session)
     render_bench.print_cost(report, as_json)
 
 
@@ -243,6 +244,29 @@ def bench_scaling_cmd(lab, workload, nodes_list, rates, delay, nproc, steps, mic
                                      efficiency=efficiency, host=not no_host)
     report = benches.scaling(invocation().lab(lab), options, out_dir=out_dir, report=info)
     render_bench.print_scaling(report, as_json)
+
+
+@bench.command("predict", context_settings=CONTEXT)
+@lab_option
+@click.option("--steps", type=click.IntRange(3, 10_000), default=30, show_default=True, help="Optimizer steps per run.")
+@click.option("--repeats", type=click.IntRange(1, 20), default=1, show_default=True,
+              help="Runs of each case, in rounds; its row is their median prediction against their median step.")
+@click.option("--out", "out_dir", type=click.Path(file_okay=False, path_type=Path),
+              help="Where to write predict.md, predict.json and predict.png [default: .lab/<lab>/bench-predict].")
+@click.option("--json", "as_json", is_flag=True, help="Print the rows and the error's statistics as JSON.")
+def bench_predict_cmd(lab, steps, repeats, out_dir, as_json) -> None:
+    """The step model against the steps it predicts, over a grid of configurations.
+
+    Runs the trainer (gpt) on the lab's first 2, 4 and 8 nodes, unshaped and at 1gbit and 100mbit,
+    with accumulation, buckets of 1 and 25 MiB, 2 ranks a node, a straggler and the sharded
+    strategies (the cases the lab has nodes for: 12 on 2 nodes, 24 on 4, all 29 on 8), and prints each
+    run's predicted and measured step, and the median and 90th percentile of the absolute error.
+    The lab's links must be unshaped: the bench shapes and clears them itself.
+    """
+    from labctl.cli import render_bench
+
+    result = benches.predict(invocation().lab(lab), steps, repeats, out_dir=out_dir, report=info)
+    render_bench.print_predict(result, as_json)
 
 
 @bench.command("straggler", context_settings=CONTEXT)

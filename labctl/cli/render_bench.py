@@ -64,6 +64,23 @@ def print_step_cost(report) -> None:
                                                          if report.strategy not in (None, "ddp") else ""))
 
 
+def print_predict(result, as_json: bool) -> None:
+    """`bench predict`: a row per run, then the error's median and 90th percentile."""
+    if as_json:
+        emit_json({**result.stats, "rows": [r.as_dict() for r in result.rows]})
+        return
+    table = Table(title=result.title, title_justify="left")
+    for column in ("case", "world", "predicted (ms)", "measured (ms)", "error"):
+        table.add_column(column, justify="left" if column == "case" else "right")
+    for r in result.rows:
+        table.add_row(escape(r.case), str(r.world_size), f"{r.predicted_step_ms:.1f}", f"{r.measured_step_ms:.1f}",
+                      f"{r.error:+.1%}")
+    console.print(table)
+    s = result.stats
+    info(f"{s['rows']} cases: median absolute error {s['median_abs_error']:.1%}, 90th percentile "
+         f"{s['p90_abs_error']:.1%}, largest {s['max_abs_error']:.1%}")
+
+
 def print_up_timings(results, repeats: int, as_json: bool) -> None:
     """`bench up`: each lab size's medians and their ratio."""
     if as_json:

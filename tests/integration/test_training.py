@@ -24,6 +24,10 @@ def test_gpt_trains_across_three_nodes_and_reports_where_the_time_goes(lab3, doc
     assert s["tokens_per_s"] > 0 and s["compute_ms_per_step"] > 0
     assert s["allreduce_ms_per_step"] > 0 and 0 < s["comm_fraction"] < 1
     assert s["slowest_node"] in ("node0", "node1", "node2")
+    # the step model, calibrated on this lab before step 1: nothing shaped, so the link was probed
+    link = s["step_model"]["calibration"]["link"]
+    assert link["hops_between_nodes"] == 3 and link["rate_from"].endswith("all-reduce") and link["probe_us"] > 0
+    assert s["predicted_step_ms"] > 0 and abs(s["step_model_error"]) < 0.5, s["step_model"]
     # rank 0 prepared the corpus once, on the shared volume: node2 sees the same file
     listing = docker_client.containers.get(f"{lab}-node2").exec_run(["ls", "/shared/ddplab-data"]).output.decode()
     from trainer.corpus import CORPUS_SHA256
@@ -71,6 +75,22 @@ def test_ddp_zero_and_fsdp_end_at_the_same_loss_and_sharding_holds_less_per_rank
                                       "--link", "1gbe", "--strategy", name, "--backend", "gloo", "--json",
                                       check=True).stdout)[0]["bytes_per_rank_per_step"]
         assert abs(s["wire_tx_bytes_per_step"] / predicted - 1) <= 0.05, (name, s["wire_tx_bytes_per_step"], predicted)
+
+
+def test_the_step_model_reads_the_shaped_link_back_from_tc_and_predicts_the_step(lab3):
+    """100mbit on every node: each rank reads its node's tbf back from the kernel, the ring's pace is
+    its payload rate, and the prediction holds to 25% (bench predict measures it closely: docs)."""
+    lab, _ = lab3
+    labctl("shape", "--lab", lab, "--bw", "100mbit", check=True)
+    try:
+        s = summary_of(labctl("run", "--lab", lab, "--", *GPT, "--steps", "12", check=True).stdout)
+    finally:
+        labctl("shape", "--lab", lab, "--clear", check=True)
+    link = s["step_model"]["calibration"]["link"]
+    assert link["rate_from"] == "tc" and link["rate_bps"] == round(100e6 * 1448 / 1514), link
+    assert link["burst_bytes"] >= 128 * 1024 - 100, link  # tbf's bucket as labctl sets it, read back
+    assert s["step_model"]["comm_ms"] > 20, s["step_model"]  # 436 KB a step over 100mbit: tens of ms
+    assert abs(s["step_model_error"]) < 0.25, s["step_model"]
 
 
 def test_the_straggler_is_named(lab3):

@@ -39,9 +39,11 @@ def test_one_bucket_is_all_exposed_and_small_buckets_hide_behind_backward():
     assert four.comm_ms == pytest.approx(one.comm_ms)
 
 
-def test_the_ring_pays_its_hops_latency_and_the_delay_every_hop():
-    link = Link(rate_bps=1e12, stack_s=0.001, delay_s=0.005)
-    assert link.op_s("all_reduce", 1000, 3, "gloo") * 1e3 == pytest.approx(4 * 6.0, rel=1e-3)
+def test_the_ring_pays_the_delay_every_hop_and_hides_the_stack_behind_a_long_transfer():
+    link = Link(rate_bps=1e9, stack_s=0.001, delay_s=0.005)
+    assert link.op_s("all_reduce", 1000, 3, "gloo") * 1e3 == pytest.approx(4 * 5.0 + 4 * 1.0)  # latency-bound
+    big = 3_000_000  # 4 MB through each NIC: 32 ms, longer than the 4 hops' 4 ms of stack
+    assert link.op_s("all_reduce", big, 3, "gloo") * 1e3 == pytest.approx(4 * 5.0 + 32.0)
     assert link.op_s("all_reduce", 1000, 1, "gloo") == 0.0
 
 
@@ -72,6 +74,14 @@ def test_zero_adds_its_broadcasts_and_fsdp_its_gathers_outside_backward():
     # a micro-step gathers every unit for forward, and the blocks again for backward: 5 calls, twice
     assert fsdp.terms["all_gather_ms"] == pytest.approx(2 * 5 * 2 / 3 * 1_000_000 * 8 / 1e9 * 1e3)
     assert fsdp.terms["reduce_scatter_ms"] == pytest.approx(3 * 4 / 3 * 1_000_000 * 8 / 1e9 * 1e3)  # gloo: all-reduces
+
+
+def test_zeros_broadcasts_pay_each_calls_latency_two_at_a_time_on_gloo():
+    link = Link(rate_bps=1e12, stack_s=0.001)
+    job = Job(world=4, strategy="zero", buckets=(100,), param_bytes=100, tensors=28)
+    # 28 calls of 2 rounds (a binomial tree over 4 ranks) of 1 ms, gloo's two threads at once
+    assert stepmodel.zero_broadcast_ms(job, link) == pytest.approx(28.0, rel=1e-3)
+    assert predict(job, Compute(1.0, 1.0, 0.0), link).terms["broadcast_ms"] == pytest.approx(28.0, rel=1e-3)
 
 
 def test_tc_json_gives_the_slowest_tbf_each_way_and_netem_delay():
