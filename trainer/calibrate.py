@@ -256,7 +256,7 @@ def gather_ranks(measured: dict, accum: int) -> list[dict]:
 
 
 def predict_run(run, schedule, module) -> tuple[stepmodel.Prediction, dict]:
-    """This run's step, predicted from its calibration: (the prediction for rank 0's steps, what it
+    """This run's step, predicted from its calibration: (the prediction for this rank's steps, what it
     was calibrated on). Collective: every rank calls it, before step 1. `module` is the model as
     built (for fsdp and hsdp a copy taken before it was sharded)."""
     args, c = run.args, run.c
@@ -274,7 +274,7 @@ def predict_run(run, schedule, module) -> tuple[stepmodel.Prediction, dict]:
     link, found = (fit_link([m["host"] for m in everyone], {m["host"]: m["shaping"] for m in everyone},
                             c.backend, c.device) if c.world_size > 1 else (None, {}))
     slowest = max(range(len(everyone)), key=lambda r: everyone[r]["forward"] + everyone[r]["backward"])
-    mine = everyone[0]  # rank 0's steps are the SUMMARY's
+    mine = everyone[run.c.rank]  # each rank predicts its own steps; rank 0's are the SUMMARY's
     # Its calibration steps less their optimizer and the tiny all-reduce's own latency: the compute
     # until the slowest rank's gradients are ready, ranks sharing cores and waiting for each other.
     lockstep_ms = max(mine["step"] - mine["optimizer"] - found.get("probe_us", 0.0) / 1e3, 0.0)

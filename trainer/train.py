@@ -66,6 +66,7 @@ def main(argv=None):
         # Every rank leaves a barrier at almost the same moment, which makes it the mark that lines up
         # the ranks' clocks in the metrics; the end of the run has its twin, in compute_cleanup.
         log_clock(run, "start")
+        metrics.log(kind="prediction", rank=run.c.rank, **predicted[0].record())  # labctl trace shows it per rank
         with run.prof:
             result = train(run, schedule)
         return finish(run, result, predicted)

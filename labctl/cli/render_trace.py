@@ -33,6 +33,16 @@ def trace_table(report: TraceReport) -> Table:
     return table
 
 
+def prediction_line(report: TraceReport) -> str | None:
+    """Each rank's step as the trainer's step model predicted it before step 1, beside the measured
+    mean over the table's steps; None for runs from before the step model (no "prediction" record)."""
+    ranks = [r for r in report.rows if r.predicted_step_ms and r.step_ms]
+    if not ranks:
+        return None
+    return "step model: " + "; ".join(f"rank {r.rank} predicted {r.predicted_step_ms:.1f} ms a step, measured "
+                                      f"{r.step_ms:.1f} ({r.step_ms / r.predicted_step_ms - 1:+.1%})" for r in ranks)
+
+
 def alignment_line(report: TraceReport) -> str:
     a = report.alignment
     if a.event is None:
@@ -59,5 +69,8 @@ def print_trace(report: TraceReport, as_json: bool) -> None:
     console.print(f"merged trace: {report.merged} (open it in {PERFETTO} or chrome://tracing)", markup=False)
     if report.breakdown:
         console.print(f"table: {report.breakdown}", markup=False)
+    line = prediction_line(report)
+    if line:
+        console.print(line, markup=False)
     for note in report.notes:
         info(escape(note))  # notes quote `pip install 'ddplab[plot]'`, which rich would read as markup

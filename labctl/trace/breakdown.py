@@ -56,6 +56,8 @@ class RankRow:
     waiting_s: float  # waiting for the slowest rank to hand its gradients over
     comm_s: float  # t_comm_start -> t_comm_end, summed
     overlap_s: float  # the part of comm_s with compute going on
+    step_ms: float | None = None  # the mean step, t_start -> t_end, as the SUMMARY's step_ms
+    predicted_step_ms: float | None = None  # what the trainer's step model said before step 1
 
     def fraction(self, seconds: float) -> float:
         return seconds / self.wall_s if self.wall_s else 0.0
@@ -75,7 +77,9 @@ class RankRow:
                 "waiting": round(self.fraction(self.waiting_s), 4), "other": round(self.fraction(self.other_s), 4),
                 "comm_overlapped": None if self.overlap_fraction is None else round(self.overlap_fraction, 4),
                 "compute_s": round(self.compute_s, 4), "exposed_comm_s": round(self.exposed_s, 4),
-                "waiting_s": round(self.waiting_s, 4), "comm_s": round(self.comm_s, 4)}
+                "waiting_s": round(self.waiting_s, 4), "comm_s": round(self.comm_s, 4),
+                "step_ms": None if self.step_ms is None else round(self.step_ms, 3),
+                "predicted_step_ms": self.predicted_step_ms}
 
 
 def parse_steps(text: str) -> tuple[int | None, int | None]:
@@ -171,7 +175,9 @@ def rank_row(rank: RankRecords, steps: list[tuple[Step, list[Segment]]]) -> Rank
     return RankRow(rank.rank, rank.label, sum(s.wall_ms for s, _ in steps) / 1e3,
                    total(lambda p: p.kind == COMPUTE) + overlap, exposed,
                    total(lambda p: p.kind == WAITING) - exposed,
-                   sum(s.t_comm_end - s.t_comm_start for s, _ in steps if s.has_comm), overlap)
+                   sum(s.t_comm_end - s.t_comm_start for s, _ in steps if s.has_comm), overlap,
+                   sum((s.t_end - s.t_start) * 1e3 for s, _ in steps) / len(steps) if steps else None,
+                   rank.predicted_step_ms)
 
 
 def waited_for(ranks: list[RankRecords], numbers: list[int]) -> tuple[int | None, float]:

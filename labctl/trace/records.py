@@ -73,6 +73,7 @@ class RankRecords:
     steps: tuple[Step, ...] = ()
     clocks: dict[str, tuple[float, ...]] = field(default_factory=dict)  # "start"/"end" -> each barrier's time
     trace: Path | None = None  # its torch.profiler Chrome trace
+    predicted_step_ms: float | None = None  # the trainer's step model, before step 1 ("prediction" record)
 
     @property
     def label(self) -> str:
@@ -108,13 +109,13 @@ def read_run(run_dir: Path) -> RunRecords:
     notes: list[str] = []
     ranks = []
     for rank in sorted(set(metrics) | set(traces)):
-        steps, clocks, host, skipped = read_metrics(metrics[rank]) if rank in metrics else ((), {}, None, 0)
+        steps, clocks, host, skipped, predicted = read_metrics(metrics[rank]) if rank in metrics else ((), {}, None, 0, None)
         if rank not in metrics:
             notes.append(f"rank {rank} wrote no metrics: its profiler trace only")
         if skipped:
             notes.append(f"rank {rank}: {skipped} line(s) of {metrics[rank].name} skipped (not a whole JSON record)")
         ranks.append(RankRecords(rank, host or (trace_host(traces[rank]) if rank in traces else None), steps, clocks,
-                                 traces.get(rank)))
+                                 traces.get(rank), predicted))
     run = RunRecords(run_dir, tuple(ranks), tuple(notes))
     if not run.has_steps and not traces:
         raise StateError(f"the metrics in {run_dir} hold no step records with times (t_start, t_end): nothing to put "
@@ -131,11 +132,12 @@ def _by_rank(run_dir: Path, pattern: re.Pattern) -> dict[int, Path]:
     return found
 
 
-def read_metrics(path: Path) -> tuple[tuple[Step, ...], dict[str, tuple[float, ...]], str | None, int]:
-    """(steps, clock times by event, host, lines skipped) of the last attempt in one metrics file."""
+def read_metrics(path: Path) -> tuple[tuple[Step, ...], dict[str, tuple[float, ...]], str | None, int, float | None]:
+    """(steps, clock times by event, host, lines skipped, the predicted step in ms) of the last attempt
+    in one metrics file."""
     steps: list[Step] = []
     clocks: dict[str, tuple[float, ...]] = {}
-    host, skipped = None, 0
+    host, skipped, predicted = None, 0, None
     for line in path.read_text(errors="replace").splitlines():
         try:
             record = json.loads(line)
@@ -147,7 +149,7 @@ def read_metrics(path: Path) -> tuple[tuple[Step, ...], dict[str, tuple[float, .
             continue
         if record.get("kind") == "clock":
             if record.get("event") == "start":  # a new attempt: what came before belongs to an earlier one
-                steps, clocks = [], {}
+                steps, clocks, predicted = [], {}, None
             times = clock_times(record)
             if times and isinstance(record.get("event"), str):
                 clocks[record["event"]] = times
@@ -156,7 +158,9 @@ def read_metrics(path: Path) -> tuple[tuple[Step, ...], dict[str, tuple[float, .
             step = step_of(record)
             if step is not None:
                 steps.append(step)
-    return tuple(sorted(steps, key=lambda s: s.step)), clocks, host, skipped
+        elif record.get("kind") == "prediction" and _is_number(record.get("step_ms")):
+            predicted = float(record["step_ms"])
+    return tuple(sorted(steps, key=lambda s: s.step)), clocks, host, skipped, predicted
 
 
 def clock_times(record: dict) -> tuple[float, ...]:

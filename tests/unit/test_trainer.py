@@ -172,7 +172,8 @@ def test_torchrun_two_processes(tmp_path, tmp_path_factory):
     for rank in (0, 1):
         records = read_jsonl(tmp_path / f"metrics-rank{rank}.jsonl")
         assert [(r["kind"], r["rank"], r.get("epoch"), r.get("event")) for r in records] == [
-            ("clock", rank, None, "start"), ("epoch", rank, 1, None), ("epoch", rank, 2, None), ("clock", rank, None, "end")]
+            ("clock", rank, None, "start"), ("prediction", rank, None, None), ("epoch", rank, 1, None),
+            ("epoch", rank, 2, None), ("clock", rank, None, "end")]
 
 
 # --- DDP levers: hooks wired on a real (world size 1, gloo) process group, in this process -----
