@@ -1,14 +1,13 @@
 """The step model's inputs, measured by the run itself before its first step (trainer/stepmodel.py).
 
-Every rank, at once (so ranks that share cores contend as they will in the steps):
-
-  compute    forward and backward of one of its micro-batches, CALIBRATION_REPS times after one to
-             warm up, on the model as built (never wrapped: DDP's hooks and FSDP's shards are not
-             touched; the gradients are dropped after), the medians
-  optimizer  Adam's step over copies of what this rank holds (all the parameters under ddp, its
-             shard under zero and fsdp), the median of CALIBRATION_REPS after the first
-  shaping    its node's Linux traffic control, read back (`tc -j qdisc show`): a tbf's rate and
-             burst, netem's delay; ifb devices shape what the node receives
+Every rank, at once (so ranks that share cores contend as they will in the steps), runs steps
+without their payload (measure_steps), on the model as built (never wrapped: DDP's hooks and FSDP's
+shards are not touched; the gradients are dropped after): the step's micro-steps of forward and
+backward, a tiny all-reduce at which every rank waits for the slowest, and Adam's step over copies
+of what this rank holds (all the parameters under ddp, its shard under zero and fsdp). As many as
+fill CALIBRATION_BUDGET_MS at the warm-up's pace, CALIBRATION_WARMUP first. Each rank also reads
+its node's CPU quota (cgroup) and Linux traffic control (`tc -j qdisc show`: a tbf's rate and
+burst, netem's delay; ifb devices shape what the node receives).
 
 Then, together, the link (fit_link): the ring's slowest hop between nodes sets the rate, at the
 payload a shaped rate carries (stepmodel.PAYLOAD_EFFICIENCY); where no hop between nodes is shaped,

@@ -3,7 +3,8 @@
 Pure Python, no torch: the trainer predicts its own steps with it (trainer/calibrate.py measures
 the inputs) and `labctl cost --step` answers what-if questions for fabrics the lab cannot have.
 
-    step = accum x (forward + backward)       the compute, on the slowest rank (all wait for it)
+    step = accum x (forward + backward)       this rank's compute
+         + waiting                            for the slowest rank's gradients (lockstep_ms)
          + exposed communication              what backward does not hide (below)
          + optimizer                          Adam over what this rank holds
          + the strategy's collectives outside backward (zero's broadcasts of the updated shards;
@@ -21,6 +22,7 @@ A collective's time on the link is `bench allreduce`'s calibrated model
 transfer, and never the configured delay:
 
     t = hops x delay + max(hops x stack, bytes through the busiest NIC x 8 / rate)
+
 where the ring's slowest hop sets `rate`: a ring moves at the pace of its slowest link. A shaped
 link (Linux tbf) lets through a burst at the bridge's speed when it has been idle: `burst_bytes` of
 credit, refilled at `rate` while the link waits for the next collective, so the first bytes of a

@@ -2,7 +2,7 @@
 
 Every trainer run predicts its own step before step 1 (trainer/stepmodel.py, calibrated by
 trainer/calibrate.py) and measures it. This bench runs the trainer over a grid of configurations
-on the running lab (GRID: node counts, links, bucket sizes, accumulation, ranks per node, a
+on the running lab (grid(): node counts, links, bucket sizes, accumulation, ranks per node, a
 straggler, the strategies), each on the lab's first N nodes, and reports predicted against
 measured for each row, with the median and the 90th percentile of the absolute error: the table
 (predict.md), the rows (predict.json) and a picture (predict.png) in the output folder.
@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Callable
 
 from labctl.bench.scaling import Config
-from labctl.bench.scaling_run import _lab_for, run_lab
+from labctl.bench.scaling_run import lab_for, run_lab
 from labctl.core.outfile import save_figure
 from labctl.core.plotting import have_matplotlib, pyplot
 from labctl.engine import docker as lab_docker
@@ -52,7 +52,7 @@ class Case:
 
 
 def grid(max_nodes: int) -> list[Case]:
-    """The default grid, each case on no more nodes than the lab has (GRID's 29 on 8 nodes)."""
+    """The default grid, each case on no more nodes than the lab has (29 on 8 nodes, 24 on 4, 12 on 2)."""
     cases = [Case(n, bw) for n in (2, 4, 8) for bw in (None, "1gbit", "100mbit")]
     cases += [Case(n, bw, ("--global-batch", str(4 * 8 * n))) for n in (2, 8) for bw in ("1gbit", "100mbit")]
     cases += [Case(n, bw, (*LARGER, "--bucket-cap-mb", cap)) for n in (2, 4) for bw in ("1gbit", "100mbit")
@@ -166,7 +166,7 @@ def measure(session: LabSession, steps: int = 20, repeats: int = 1, *, out_dir: 
             report: Callable[[str], None] = _quiet) -> PredictReport:
     """Every case of the grid the running lab has nodes for (it must be up, links unshaped), `repeats`
     runs of each (the median's row), written to `out_dir` (default .lab/<lab>/bench-predict)."""
-    names, _counts, _gpus = _lab_for(session, None)
+    names, _counts, _gpus = lab_for(session, None)
     cases = grid(len(names))
     if len(cases) < 2:
         raise StateError(f"lab {session.name} has {len(names)} node; the grid's cases need 2 or more",

@@ -100,7 +100,7 @@ def measure(session: LabSession, options: ScalingOptions = ScalingOptions(), *, 
     here. A delay (`options.delay`) needs the kernel's netem: probed before anything runs."""
     shaped = shaped_rates(options.rates)
     delayed = shaped_delay(options.delay, shaped)
-    names, counts, gpu_nodes = _lab_for(session, options.nodes_list)
+    names, counts, gpu_nodes = lab_for(session, options.nodes_list)
     if delayed:  # refused now, not after the unshaped rows' minutes
         netshape.check_netem(session.client, session.name, names[0])
     plots = plots_possible(report)
@@ -173,7 +173,7 @@ def leading_gpu_nodes(nodes) -> int:
     return count
 
 
-def _lab_for(session: LabSession, nodes_list: str | Sequence[int] | None) -> tuple[list[str], list[int], int]:
+def lab_for(session: LabSession, nodes_list: str | Sequence[int] | None) -> tuple[list[str], list[int], int]:
     """The running lab's nodes, the node counts to run and how many of its first nodes have a GPU,
     refusing counts it lacks and shaped links."""
     nodes = session.running()
