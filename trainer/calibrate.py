@@ -128,7 +128,7 @@ def cpu_quota(root: str = "/sys/fs/cgroup") -> float | None:
         return None
 
 
-def sustained(measured: dict, accum: int) -> float:
+def sustained(measured: dict) -> float:
     """How much longer than calibrated a rank's micro-steps take once its node's CPU quota bites:
     the calibration's few steps fit in the quota's first period, a run's do not. Its CPU time a
     micro-step, times the ranks sharing the node, over the quota; 1 without a quota."""
@@ -242,14 +242,14 @@ def fsdp_units(module) -> tuple[int, ...]:
     return (*blocks, size(module.parameters()) - sum(blocks))
 
 
-def gather_ranks(measured: dict, accum: int) -> list[dict]:
+def gather_ranks(measured: dict) -> list[dict]:
     """Every rank's calibration with its node's (host, CPU quota, ranks, shaping), each rank's
     micro-step as the run will see it: its node's quota applied (sustained). Collective."""
     node = {"host": socket.gethostname(), "quota": cpu_quota(), "local_ranks": int(os.environ.get("LOCAL_WORLD_SIZE", 1)),
             "shaping": read_shaping() if is_group() else {}}
     everyone = all_gather({**measured, **node})
     for m in everyone:
-        m["slowdown"] = sustained(m, accum)
+        m["slowdown"] = sustained(m)
         m["forward"], m["backward"] = m["forward"] * m["slowdown"], m["backward"] * m["slowdown"]
     return everyone
 
@@ -269,7 +269,7 @@ def predict_run(run, schedule, module) -> tuple[stepmodel.Prediction, dict]:
                              reps_for(c.device))
     for p in module.parameters():
         p.grad = None  # the calibration's gradients, which the run never sees
-    everyone = gather_ranks(measured, accum)
+    everyone = gather_ranks(measured)
     link, found = (fit_link([m["host"] for m in everyone], {m["host"]: m["shaping"] for m in everyone},
                             c.backend, c.device) if c.world_size > 1 else (None, {}))
     slowest = max(range(len(everyone)), key=lambda r: everyone[r]["forward"] + everyone[r]["backward"])

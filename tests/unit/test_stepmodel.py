@@ -104,3 +104,32 @@ def test_the_ring_hops_between_nodes_take_the_slower_of_sender_and_receiver():
 
 def test_payload_efficiency_is_a_full_segment_in_its_frame():
     assert stepmodel.PAYLOAD_EFFICIENCY == pytest.approx(0.9564, abs=1e-4)
+
+
+def test_a_nodes_cpu_quota_is_read_from_cgroup_v2_or_v1(tmp_path):
+    from trainer.calibrate import cpu_quota
+
+    v2 = tmp_path / "v2"
+    v2.mkdir()
+    (v2 / "cpu.max").write_text("50000 100000\n")
+    assert cpu_quota(str(v2)) == 0.5
+    (v2 / "cpu.max").write_text("max 100000\n")
+    assert cpu_quota(str(v2)) is None
+    v1 = tmp_path / "v1" / "cpu"
+    v1.mkdir(parents=True)
+    (v1 / "cpu.cfs_quota_us").write_text("25000\n")
+    (v1 / "cpu.cfs_period_us").write_text("100000\n")
+    assert cpu_quota(str(tmp_path / "v1")) == 0.25
+    (v1 / "cpu.cfs_quota_us").write_text("-1\n")
+    assert cpu_quota(str(tmp_path / "v1")) is None
+    assert cpu_quota(str(tmp_path / "none")) is None
+
+
+def test_a_quota_slows_a_rank_by_its_cpu_time_over_what_it_may_use():
+    from trainer.calibrate import sustained
+
+    # 10 ms of wall and of CPU a micro-step, alone on a node held to half a CPU: 20 ms once throttled
+    assert sustained({"forward": 4.0, "backward": 6.0, "cpu": 10.0, "local_ranks": 1, "quota": 0.5}) == 2.0
+    # two ranks on a node of 4 CPUs: the quota never bites
+    assert sustained({"forward": 4.0, "backward": 6.0, "cpu": 10.0, "local_ranks": 2, "quota": 4.0}) == 1.0
+    assert sustained({"forward": 4.0, "backward": 6.0, "cpu": 10.0, "local_ranks": 1, "quota": None}) == 1.0
