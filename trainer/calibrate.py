@@ -40,7 +40,7 @@ PROBE_BYTES, PROBE_ITERS = 1024, 15
 RATE_PROBE_BYTES, RATE_PROBE_ITERS = 4 << 20, 3
 
 
-def median_ms(fn, reps: int, warmup: int = CALIBRATION_WARMUP) -> float:
+def median_ms(fn, reps: int, warmup: int) -> float:
     """fn() `warmup` times, then the median of `reps` timed calls, in milliseconds."""
     for _ in range(warmup):
         fn()

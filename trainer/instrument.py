@@ -185,9 +185,8 @@ def exposed_comm_ms(t: StepTiming) -> float:
     return t.comm_wait_ms + in_flight_ms(after)
 
 
-def step_model_fields(predicted, step_ms: float | None, steps: list[StepTiming]) -> dict:
+def step_model_fields(prediction, calibration: dict, step_ms: float | None, steps: list[StepTiming]) -> dict:
     """The SUMMARY's step-model fields: the prediction beside what rank 0 measured, and its terms."""
-    prediction, calibration = predicted
     measured = statistics.fmean(exposed_comm_ms(t) for t in steps) if steps else None
     predicted_ms = round(prediction.step_ms, 3)  # the error is of the numbers the SUMMARY shows
     return {
@@ -205,9 +204,10 @@ def prediction_line(prediction, calibration: dict) -> str:
     comm = (f" + the link {prediction.exposed_comm_ms - prediction.waiting_ms:.1f} not hidden (of "
             f"{prediction.comm_ms:.1f} at {link['rate_bps'] / 1e6:.1f} Mbit/s, {link['stack_us'] / 1e3:.2f} ms a hop)"
             ) if link else ""
+    micro = f"{calibration['accum']} micro-step{'s' if calibration['accum'] > 1 else ''}"
     return (f"step model: predicted {prediction.step_ms:.1f} ms a step = compute {prediction.compute_ms:.1f} "
-            f"({calibration['accum']} micro-step{'s' if calibration['accum'] > 1 else ''}) + waiting for the slowest rank {prediction.waiting_ms:.1f}"
-            f"{comm} + optimizer {prediction.optimizer_ms:.1f}")
+            f"({micro}) + waiting for the slowest rank {prediction.waiting_ms:.1f}{comm} + optimizer "
+            f"{prediction.optimizer_ms:.1f}")
 
 
 def checked_line(summary: dict) -> str | None:

@@ -59,17 +59,17 @@ def main(argv=None):
         run, as_built = setup(args, run_dir, metrics)
         schedule = schedule_for(run)  # epochs or global batches; may resume from a checkpoint
         # The step model's prediction of every step, from a calibration before the first (trainer/calibrate.py)
-        predicted = predict_run(run, schedule, as_built)
+        prediction, calibration = predict_run(run, schedule, as_built)
         del as_built  # fsdp's unsharded copy
-        print0(f"{run.tag} {prediction_line(predicted[0], predicted[1])}")
+        print0(f"{run.tag} {prediction_line(prediction, calibration)}")
 
         # Every rank leaves a barrier at almost the same moment, which makes it the mark that lines up
         # the ranks' clocks in the metrics; the end of the run has its twin, in compute_cleanup.
         log_clock(run, "start")
-        metrics.log(kind="prediction", rank=run.c.rank, **predicted[0].record())  # labctl trace shows it per rank
+        metrics.log(kind="prediction", rank=run.c.rank, **prediction.record())  # labctl trace shows it per rank
         with run.prof:
             result = train(run, schedule)
-        return finish(run, result, predicted)
+        return finish(run, result, prediction, calibration)
 
 
 def setup(args, run_dir, metrics):
@@ -172,9 +172,9 @@ def comm_times(timer, calls, backward_end):
     return collectives.span(calls, backward_end)
 
 
-def finish(run, result, predicted):
+def finish(run, result, prediction, calibration):
     """The SUMMARY line (rank 0) and a clean exit. Collectives: every rank must get here.
-    `predicted`: the step model's (Prediction, calibration) from before the first step."""
+    `prediction` and `calibration`: the step model's, from before the first step."""
     c = run.c
     total_samples = int(all_reduce_sum(result.samples, c.device))
     checksum = param_checksum(run.workload.model)
@@ -214,7 +214,7 @@ def finish(run, result, predicted):
         "samples_per_s": round(total_samples / result.elapsed_s, 1),
         "samples": total_samples,
         **perf,
-        **step_model_fields(predicted, perf.get("step_ms"), steady(result.timings)),
+        **step_model_fields(prediction, calibration, perf.get("step_ms"), steady(result.timings)),
         "run_dir": str(run.run_dir),
     }
     for line in (straggler_line(summary), checked_line(summary)):

@@ -142,10 +142,9 @@ def strategy_step(payload_bytes: float, n: int, link: Link, efficiency: float, s
             sum(k * collective_time_s(payload_bytes, n, link, efficiency, op, backend) for op, k in sent))
 
 
-def step_report(query: CostQuery, n: int, links: list[Link]) -> list[dict]:
-    """One row per link: what one gradient synchronisation costs over n ranks, and against the compute;
-    with a strategy, what its optimizer step sends (STRATEGY_COLLECTIVES) and what a rank holds.
-    `query.ranks`, `.links` and `.delay` are resolved already: `n` and `links`."""
+def check_query(query: CostQuery, n: int) -> None:
+    """A ConfigError (exit 2) for what `labctl cost` cannot price: each option's allowed values, and
+    with a strategy, ranks a node that make whole nodes (2 or more for hsdp). `n`: the ranks resolved."""
     params, dtype, compute_s, grad_accum = query.params, query.dtype, query.compute_s, query.grad_accum
     efficiency, collective, strategy = query.efficiency, query.collective, query.strategy
     if not params > 0:
@@ -168,6 +167,21 @@ def step_report(query: CostQuery, n: int, links: list[Link]) -> list[dict]:
     if strategy is not None and collective != "allreduce":
         raise ConfigError("--collective", collective, "prices one collective, and --strategy a whole step's",
                           hint=f"drop --collective: --strategy {strategy} sends {strategy_text(strategy)}")
+    per_node = query.nproc_per_node
+    if strategy is not None and (per_node < 1 or n % per_node):
+        raise ConfigError("--nproc-per-node", per_node, f"must divide the {n} ranks into whole nodes")
+    if strategy == "hsdp" and per_node < 2:
+        raise ConfigError("--nproc-per-node", per_node, "must be 2 or more for hsdp, which shards within a node",
+                          hint="labctl cost --strategy hsdp --nodes 16 --nproc-per-node 8")
+
+
+def step_report(query: CostQuery, n: int, links: list[Link]) -> list[dict]:
+    """One row per link: what one gradient synchronisation costs over n ranks, and against the compute;
+    with a strategy, what its optimizer step sends (STRATEGY_COLLECTIVES) and what a rank holds.
+    `query.ranks`, `.links` and `.delay` are resolved already: `n` and `links`."""
+    check_query(query, n)
+    params, dtype, compute_s, grad_accum = query.params, query.dtype, query.compute_s, query.grad_accum
+    efficiency, collective, strategy = query.efficiency, query.collective, query.strategy
     payload = params * DTYPE_BYTES[dtype]
     rows = []
     for link in links:
@@ -196,15 +210,10 @@ def node_step(query: CostQuery, payload: float, n: int, link: Link) -> tuple[flo
     run through each node's ranks in turn, so one rank a node sends across: a node sends a rank's
     bytes. hsdp's collectives inside a node stay there; between nodes each of its P ranks all-reduces
     its shard (S/P) with its peers on the other n/P nodes, all P through the node's link."""
-    per_node = query.nproc_per_node
-    if per_node < 1 or n % per_node:
-        raise ConfigError("--nproc-per-node", per_node, f"must divide the {n} ranks into whole nodes")
+    per_node = query.nproc_per_node  # check_query has seen that it makes whole nodes
     if query.strategy != "hsdp":
         sent, comm_s = strategy_step(payload, n, link, query.efficiency, query.strategy, query.grad_accum, query.backend)
         return sent, sent, comm_s
-    if per_node < 2:
-        raise ConfigError("--nproc-per-node", per_node, "must be 2 or more for hsdp, which shards within a node",
-                          hint="labctl cost --strategy hsdp --nodes 16 --nproc-per-node 8")
     nodes, shard = n // per_node, payload / per_node
     sent = bytes_per_rank(shard, nodes, "allreduce", query.backend)
     cost = op_cost("all_reduce", nodes, query.backend)

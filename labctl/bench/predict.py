@@ -109,12 +109,17 @@ def error_stats(rows: list[PredictRow]) -> dict:
             "p90_abs_error": round(percentile(errors, 90), 4), "max_abs_error": round(max(errors), 4)}
 
 
+def stats_line(stats: dict) -> str:
+    """The error's statistics in words, under the table (predict.md, and what the command prints)."""
+    return (f"{stats['rows']} cases: median absolute error {stats['median_abs_error']:.1%}, 90th percentile "
+            f"{stats['p90_abs_error']:.1%}, largest {stats['max_abs_error']:.1%}")
+
+
 def markdown(rows: list[PredictRow], stats: dict, title: str) -> str:
     lines = [f"# {title}", "", "| case | world | predicted (ms) | measured (ms) | error |", "| --- | ---: | ---: | ---: | ---: |"]
     lines += [f"| {r.case} | {r.world_size} | {r.predicted_step_ms:.1f} | {r.measured_step_ms:.1f} | {r.error:+.1%} |"
               for r in rows]
-    lines += ["", f"{stats['rows']} cases: median absolute error {stats['median_abs_error']:.1%}, 90th percentile "
-                  f"{stats['p90_abs_error']:.1%}, largest {stats['max_abs_error']:.1%}", ""]
+    lines += ["", stats_line(stats), ""]
     return "\n".join(lines)
 
 

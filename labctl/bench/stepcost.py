@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from labctl.bench.cost import DTYPE_BYTES, CostQuery, CostReport, Link, report_of, resolve, step_report
+from labctl.bench.cost import DTYPE_BYTES, CostQuery, CostReport, Link, check_query, report_of, resolve
 from labctl.session import LabSession
 from labctl.errors import ConfigError
 from trainer import stepmodel
@@ -78,15 +78,15 @@ def buckets(payload: float, cap_mb: float) -> tuple[int, ...]:
 def estimate_step(query: CostQuery, step: StepQuery, lab: LabSession | None = None) -> CostReport:
     """`labctl cost --step`: `query` resolved and checked as `labctl cost` does, a predicted step a link."""
     n, links = resolve(query, lab)
-    step_report(query, n, links)  # checks the query
-    return report_of(query, n, step_rows(query.params, query.dtype, n, links, query, step), step=True)
+    check_query(query, n)
+    return report_of(query, n, step_rows(query, n, links, step), step=True)
 
 
-def step_rows(params: float, dtype: str, n: int, links: list[Link], query, step: StepQuery) -> list[dict]:
-    """One predicted step per link: its terms in seconds. `query` is `labctl cost`'s CostQuery (its
-    strategy, backend, accumulation, efficiency and ranks per node)."""
-    compute_s, source = micro_step_s(params, step)
-    payload = params * DTYPE_BYTES[dtype]
+def step_rows(query: CostQuery, n: int, links: list[Link], step: StepQuery) -> list[dict]:
+    """One predicted step per link over n ranks: its terms in seconds. `query` is `labctl cost`'s
+    (the parameters and their dtype, the strategy, backend, accumulation, efficiency, ranks a node)."""
+    compute_s, source = micro_step_s(query.params, step)
+    payload = query.params * DTYPE_BYTES[query.dtype]
     compute = stepmodel.Compute(compute_s * (1 - BACKWARD_SHARE) * 1e3, compute_s * BACKWARD_SHARE * 1e3,
                                 step.optimizer_s * 1e3)
     # fsdp's units: the model as one block whose gathers and scatter the step model counts

@@ -62,8 +62,8 @@ def cost(params, dtype, ranks, links, delay, compute_s, collective, strategy, np
 
     count = benches.parse_params(params)
     step_query = benches.step_query(step, compute_s, flops, tokens, optimizer_s, bucket_cap_mb)
-    query = benches.CostQuery(count, dtype, ranks, links, None if step else compute_s, grad_accum, efficiency, collective,
-                              delay, strategy, backend, nproc_per_node)
+    query = benches.CostQuery(count, dtype, ranks, links, compute_s, grad_accum, efficiency, collective, delay,
+                              strategy, backend, nproc_per_node)
     session = invocation().lab(lab)
     report = benches.estimate_step(query, step_query, session) if step_query else benches.estimate(query, lab=session)
     render_bench.print_cost(report, as_json)

@@ -6,6 +6,7 @@ from __future__ import annotations
 from rich.markup import escape
 from rich.table import Table
 
+from labctl.bench.predict import stats_line
 from labctl.bench.scaling import markdown
 from labctl.cli.render import emit_json, seconds_text
 from labctl.core.ui import console, err_console, info
@@ -76,9 +77,7 @@ def print_predict(result, as_json: bool) -> None:
         table.add_row(escape(r.case), str(r.world_size), f"{r.predicted_step_ms:.1f}", f"{r.measured_step_ms:.1f}",
                       f"{r.error:+.1%}")
     console.print(table)
-    s = result.stats
-    info(f"{s['rows']} cases: median absolute error {s['median_abs_error']:.1%}, 90th percentile "
-         f"{s['p90_abs_error']:.1%}, largest {s['max_abs_error']:.1%}")
+    info(stats_line(result.stats))
 
 
 def print_up_timings(results, repeats: int, as_json: bool) -> None:
