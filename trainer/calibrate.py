@@ -6,10 +6,11 @@ shards are not touched; the gradients are dropped after): the step's micro-steps
 backward, a tiny all-reduce at which every rank waits for the slowest, and Adam's step over copies
 of what this rank holds (all the parameters under ddp, its shard under zero and fsdp). As many as
 fill CALIBRATION_BUDGET_MS at the warm-up's pace, CALIBRATION_WARMUP first. Each rank also reads
-its node's CPU quota (cgroup) and Linux traffic control (`tc -j qdisc show`: a tbf's rate and
-burst, netem's delay; ifb devices shape what the node receives).
+its node's CPU quota (cgroup) and Linux traffic control (trainer/tclinks.py: a tbf's rate and
+burst, netem's delay, ifb devices for what the node receives, htb classes for links to groups).
 
-Then, together, the link (fit_link): the ring's slowest hop between nodes sets the rate, at the
+Then, together, the link (fit_link): the ring's slowest hop between nodes, the ways the run's
+rings turn (gloo's all-reduce sends to rank r-1), sets the rate, at the
 payload a shaped rate carries (stepmodel.PAYLOAD_EFFICIENCY); where no hop between nodes is shaped,
 a RATE_PROBE_BYTES all-reduce measures it. The stack's latency per hop comes from a PROBE_BYTES
 all-reduce, timed PROBE_ITERS times. None of these runs inside a step: the steps' records, their
@@ -18,12 +19,10 @@ collectives and the link counters see nothing of them.
 
 from __future__ import annotations
 
-import json
 import math
 import os
 import socket
 import statistics
-import subprocess
 import time
 
 import torch
@@ -31,6 +30,7 @@ import torch
 from trainer import stepmodel
 from trainer.dist import all_gather, barrier, is_group
 from trainer.ring import ring_cost
+from trainer.tclinks import read_shaping, ring_hops, ring_steps
 
 CALIBRATION_REPS, CALIBRATION_WARMUP = 6, 2  # the first micro-steps run slower (allocator, caches)
 # Steps timed: enough to fill this many ms (ranks sharing cores wait for each other unevenly from
@@ -154,51 +154,6 @@ def held_parameters(model, optimizer):
     return [p for group in inner.param_groups for p in group["params"]] if inner else list(model.parameters())
 
 
-def read_shaping(run=subprocess.run) -> dict:
-    """{"egress": {...}, "ingress": {...}} of this node: the slowest tbf's rate_bps and burst_bytes and
-    netem's delay_s on its interfaces (ifb devices: ingress); {} where tc is missing or says nothing."""
-    try:
-        out = run(["tc", "-j", "qdisc", "show"], capture_output=True, text=True, timeout=5)
-        qdiscs = json.loads(out.stdout or "[]")
-    except (OSError, subprocess.SubprocessError, ValueError):
-        return {}
-    return parse_qdiscs(qdiscs)
-
-
-def parse_qdiscs(qdiscs: list[dict]) -> dict:
-    """read_shaping's answer from tc's JSON (a list of qdiscs, each with "dev", "kind", "options")."""
-    shaping = {}
-    for q in qdiscs:
-        dev, options = q.get("dev", ""), q.get("options") or {}
-        if dev == "lo":
-            continue
-        side = shaping.setdefault("ingress" if dev.startswith("ifb") else "egress", {})
-        if q.get("kind") == "tbf" and options.get("rate"):
-            rate_bps = float(options["rate"]) * 8  # tc's JSON gives bytes a second
-            if rate_bps < side.get("rate_bps", float("inf")):
-                side.update(rate_bps=rate_bps, burst_bytes=float(options.get("burst", 0)))
-        elif q.get("kind") == "netem":
-            delay = options.get("delay") or {}
-            side["delay_s"] = side.get("delay_s", 0.0) + float(delay.get("delay", 0) if isinstance(delay, dict) else 0)
-    return {side: values for side, values in shaping.items() if values}
-
-
-def ring_hops(hosts: list[str], shaping: dict[str, dict]) -> list[dict]:
-    """The ring's hops between nodes (rank r -> r+1): each hop's rate, burst and delay from the
-    sender's egress and the receiver's ingress shaping (rate None: neither is shaped)."""
-    hops = []
-    for r, host in enumerate(hosts):
-        peer = hosts[(r + 1) % len(hosts)]
-        if peer == host:
-            continue
-        out, into = shaping.get(host, {}).get("egress", {}), shaping.get(peer, {}).get("ingress", {})
-        sides = [s for s in (out, into) if s.get("rate_bps")]
-        slowest = min(sides, key=lambda s: s["rate_bps"]) if sides else {}
-        hops.append({"rate_bps": slowest.get("rate_bps"), "burst_bytes": slowest.get("burst_bytes", 0.0),
-                     "delay_s": out.get("delay_s", 0.0) + into.get("delay_s", 0.0)})
-    return hops
-
-
 def probe_s(nbytes: int, iters: int, device) -> float:
     """The median seconds of an all-reduce of `nbytes`, after one to warm up."""
     t = torch.zeros(max(1, nbytes // 4), dtype=torch.float32, device=device)
@@ -211,10 +166,12 @@ def probe_s(nbytes: int, iters: int, device) -> float:
     return median_ms(once, iters, warmup=1) / 1e3
 
 
-def fit_link(hosts: list[str], shaping: dict[str, dict], backend: str, device) -> tuple[stepmodel.Link, dict]:
-    """The ring's link (stepmodel.Link) and how it was found. Collective: every rank calls it."""
+def fit_link(everyone: list[dict], steps: tuple[int, ...], backend: str, device) -> tuple[stepmodel.Link, dict]:
+    """The ring's link (stepmodel.Link) and how it was found, from every rank's node (gather_ranks)
+    and the ways its rings turn (tclinks.ring_steps). Collective: every rank calls it."""
+    hosts = [m["host"] for m in everyone]
     n = len(hosts)
-    hops = ring_hops(hosts, shaping)
+    hops = ring_hops(hosts, {m["host"]: m["shaping"] for m in everyone}, {m["host"]: m["ip"] for m in everyone}, steps)
     shaped = [h for h in hops if h["rate_bps"]]
     delay_s = max((h["delay_s"] for h in hops), default=0.0)
     small_s = probe_s(PROBE_BYTES, PROBE_ITERS, device)
@@ -242,11 +199,19 @@ def fsdp_units(module) -> tuple[int, ...]:
     return (*blocks, size(module.parameters()) - sum(blocks))
 
 
+def address() -> str:
+    """This node's address, as its peers reach it (links to groups of nodes are keyed by it); "" if unknown."""
+    try:
+        return socket.gethostbyname(socket.gethostname())
+    except OSError:
+        return ""
+
+
 def gather_ranks(measured: dict) -> list[dict]:
     """Every rank's calibration with its node's (host, CPU quota, ranks, shaping), each rank's
     micro-step as the run will see it: its node's quota applied (sustained). Collective."""
-    node = {"host": socket.gethostname(), "quota": cpu_quota(), "local_ranks": int(os.environ.get("LOCAL_WORLD_SIZE", 1)),
-            "shaping": read_shaping() if is_group() else {}}
+    node = {"host": socket.gethostname(), "ip": address(), "quota": cpu_quota(),
+            "local_ranks": int(os.environ.get("LOCAL_WORLD_SIZE", 1)), "shaping": read_shaping() if is_group() else {}}
     everyone = all_gather({**measured, **node})
     for m in everyone:
         m["slowdown"] = sustained(m)
@@ -270,8 +235,8 @@ def predict_run(run, schedule, module) -> tuple[stepmodel.Prediction, dict]:
     for p in module.parameters():
         p.grad = None  # the calibration's gradients, which the run never sees
     everyone = gather_ranks(measured)
-    link, found = (fit_link([m["host"] for m in everyone], {m["host"]: m["shaping"] for m in everyone},
-                            c.backend, c.device) if c.world_size > 1 else (None, {}))
+    link, found = (fit_link(everyone, ring_steps(args.strategy, c.backend), c.backend, c.device)
+                   if c.world_size > 1 else (None, {}))
     slowest = max(range(len(everyone)), key=lambda r: everyone[r]["forward"] + everyone[r]["backward"])
     mine = everyone[run.c.rank]  # each rank predicts its own steps; rank 0's are the SUMMARY's
     # Its calibration steps less their optimizer and the tiny all-reduce's own latency: the compute

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import os
 import warnings
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, Callable, Literal, Mapping
 
@@ -35,9 +36,10 @@ from labctl.lab.lockfile import Lock, read_lab_lock
 from labctl.lab.owner import owner_of
 from labctl.lab.packages import LOCK_FILE
 from labctl.lab.up import UpPlan
-from labctl.net.apply import apply_shape, clear_shape, read_link, read_links
+from labctl.net.apply import apply_routes, apply_shape, clear_shape, node_addresses, plan_routes, read_link, read_links
+from labctl.net.routes import build_node, routes_of
 from labctl.net.faults import inject
-from labctl.net.tc import LinkState, Shape, build_plan, describe, parse_shape
+from labctl.net.tc import LinkState, Shape, ShapePlan, build_plan, check_to, describe, parse_shape
 from labctl.run.launch import Elastic, job_args, parse_nnodes
 from labctl.run.plan import Launcher, RunOptions, RunPlan
 from labctl.run.result import RunResult
@@ -253,23 +255,63 @@ class Lab(LabSession):
 
     def shape(self, bw: str | Shape | None = None, delay: str | None = None, jitter: str | None = None,
               loss: str | None = None, ingress: bool = False, nodes: list[str] | None = None, *,
-              duration: str | int | None = None) -> dict[str, LinkState]:
+              duration: str | int | None = None, to: list[str] | None = None) -> dict[str, LinkState]:
         """Shape the links of `nodes` (default all): any of rate, delay, jitter, loss; the links read
-        back. `duration` ('30s', '2m', seconds): undone then (a later shape or clear cancels that)."""
+        back. `duration` ('30s', '2m', seconds): undone then (a later shape or clear cancels that).
+        `to` (node names): only what `nodes` (default every other node) send to those, as racks
+        joined by a slower spine; the rest of each link stays as it was."""
         wanted = bw.validate() if isinstance(bw, Shape) else parse_shape(bw, delay, jitter, loss, ingress)
+        if to:
+            check_to(False, wanted.ingress, None if duration is None else str(duration))
+            sources, dsts = self.groups(nodes, to)
+            apply_routes(self.client, self.name, sources, dsts, wanted, self.config.iface)
+            return self.links(sources)
         duration_s = parse_duration_s(duration) if duration is not None else None
         return self._apply_shape(self.targets(nodes), wanted, duration_s)
 
+    def groups(self, nodes: list[str] | tuple[str, ...] | None, to: list[str] | tuple[str, ...]) -> tuple[list[str], list[str]]:
+        """(senders, receivers) of links between groups: `nodes` (default every node not in `to`) and `to`,
+        running nodes that are not in both."""
+        dsts = self.targets(to)
+        sources = self.targets(nodes) if nodes else [n for n in self.node_names() if n not in dsts]
+        both = [n for n in sources if n in dsts]
+        if both or not sources:
+            raise LabError(f"--node and --to must be two groups of nodes: {', '.join(both) or 'no node'} "
+                           f"{'is in both' if both else 'is left to send'}",
+                           hint="labctl shape --node node0,node1 --to node2,node3 --bw 100mbit")
+        return sources, dsts
+
     def shape_plan(self, wanted: Shape | None, duration: str | int | None = None):
         """The tc commands `shape` (or, for None, `clear_shape`) runs in each node's namespace, and with
-        `duration` the undo run then: a tc.ShapePlan."""
+        `duration` the undo run then: a tc.ShapePlan, for nodes without links to groups of nodes."""
         return build_plan(wanted, self.config.iface, None if duration is None else parse_duration_s(duration))
+
+    def shape_plans(self, wanted: Shape | None, duration: str | int | None = None, nodes: list[str] | None = None,
+                    to: list[str] | None = None) -> dict[str, ShapePlan]:
+        """`shape --dry-run`: each node's tc.ShapePlan, made from its link as the kernel reports it now
+        (its links to groups of nodes are kept, or with `to` changed)."""
+        if to:
+            sources, dsts = self.groups(nodes, to)
+            links = self.links(sources)
+            plans = plan_routes(links, node_addresses(self.client, self.name), dsts, wanted, self.config.iface)
+            return {node: ShapePlan(commands) for node, commands in plans.items()}
+        names = self.targets(nodes)
+        plan = self.shape_plan(wanted, duration)
+        if wanted is None:
+            return {node: plan for node in names}
+        kept = {node: routes_of(state) for node, state in self.links(names).items()}
+        return {node: replace(plan, commands=build_node(wanted, kept[node], self.config.iface)) for node in names}
 
     def _apply_shape(self, names: list[str], wanted: Shape, duration_s: int | None = None) -> dict[str, LinkState]:
         apply_shape(self.client, self.name, names, wanted, self.config.iface, duration_s)
         return self.links(names)
 
-    def clear_shape(self, nodes: list[str] | None = None) -> dict[str, LinkState]:
+    def clear_shape(self, nodes: list[str] | None = None, to: list[str] | None = None) -> dict[str, LinkState]:
+        """Unshape `nodes` (default all) entirely; with `to`, only their links to those nodes."""
+        if to:
+            sources, dsts = self.groups(nodes, to)
+            apply_routes(self.client, self.name, sources, dsts, None, self.config.iface)
+            return self.links(sources)
         names = self.targets(nodes)
         clear_shape(self.client, self.name, names, self.config.iface)
         return self.links(names)
@@ -278,6 +320,10 @@ class Lab(LabSession):
         """Each node's link as the kernel reports it now (tc, read back; not a cache)."""
         names = list(nodes) if nodes is not None else self.node_names()
         return read_links(self.client, self.name, names, self.config.iface) if names else {}
+
+    def addresses(self) -> dict[str, str]:
+        """Node name -> its address on the lab's network (links to groups name their nodes by it)."""
+        return node_addresses(self.client, self.name)
 
     def fault(self, kind: Fault, node: str) -> str:
         """Inject a fault into a node; a sentence saying what happened."""

@@ -36,6 +36,7 @@ from labctl.engine.docker import exec_in
 from labctl.engine.labels import container_name
 from labctl.errors import ConfigError, LabError, StateError
 from labctl.net import apply as netshape
+from labctl.net.routes import RING_STEP, ring_hops
 from labctl.run.plan import RunOptions, RunPlan
 from labctl.session import LabSession
 from labctl.spec.units import format_rate
@@ -228,11 +229,11 @@ def measure(session: LabSession, sizes: list[int], iters: int, efficiency: float
     names = [n.name for n in nodes]
     node_env = session.node_env(names)
     links = netshape.read_links(session.client, session.name, names, session.config.iface)
-    bottleneck = netshape.slowest_link(links)
-    slowest, link_bps = bottleneck or (names[0], None)
-    delay_s = max((state.delay_us or 0 for state in links.values()), default=0) / 1e6
-    neighbour = names[(names.index(slowest) + 1) % len(names)]
     ip_of = {n.name: n.ip for n in nodes}
+    steps = tuple({RING_STEP.get(op, -1) for op in ops or ["all_reduce"]})  # which way each op's ring turns
+    bottleneck = netshape.slowest_link(links, ip_of, steps)  # the rings' slowest hop, links between groups too
+    slowest, neighbour, link_bps = bottleneck or (names[0], names[steps[0] % len(names)], None)
+    delay_s = max((hop.delay_us for step in steps for hop in ring_hops(links, ip_of, step)), default=0) / 1e6
     report(f"measuring the wire {slowest} -> {neighbour} with iperf3 ({IPERF_SECONDS} s)")
     wire_bps = measure_wire(session.client, session.name, slowest, neighbour, ip_of[neighbour])
     plan = sweep_plan(session, node_env, sizes, iters, env, ops=ops)
@@ -245,7 +246,7 @@ def measure(session: LabSession, sizes: list[int], iters: int, efficiency: float
     rows = build_rows(asked, len(names), model_link(link_bps, wire_bps, delay_s), wire_bps, efficiency, calibrated)
     (plan.run_dir / f"bench-{name}.json").write_text(json.dumps([r.as_dict() for r in rows]))
     measured = f"{rows[0].backend} ({rows[0].device} tensors)" if rows else "?"
-    title = (f"{name} on {measured}, {len(names)} nodes, link {_link_text(link_bps, slowest)}, "
+    title = (f"{name} on {measured}, {len(names)} nodes, link {_link_text(link_bps, slowest, neighbour)}, "
              f"iperf3 wire {wire_bps / 1e6:.0f} Mbit/s; model: ring at {efficiency:.0%} of "
              f"{'the link' if link_bps else 'the wire'}, {(DEFAULT_ALPHA_S + delay_s) * 1e6:.0f} us a hop"
              + (f"; calibrated: the wire, a step {delay_s * 1e3:g} ms + max(stack {calibrated.base_s * 1e6:.0f} us, "
@@ -264,8 +265,8 @@ def measure_collectives(session: LabSession, ops: list[str], sizes: list[int], i
     return measure(session, sizes, iters, efficiency, report, plot_path, env, ops=list(ops))
 
 
-def _link_text(link_bps: int | None, slowest: str) -> str:
-    return f"shaped {format_rate(link_bps)} (slowest node {slowest})" if link_bps else "unshaped"
+def _link_text(link_bps: int | None, sender: str, receiver: str) -> str:
+    return f"shaped {format_rate(link_bps)} (slowest hop {sender} -> {receiver})" if link_bps else "unshaped"
 
 
 def plot(rows: list[AllreduceRow], path: Path, link_bps: float | None, wire_bps: float | None, n: int, title: str) -> None:

@@ -267,12 +267,13 @@ def lab_link(session: LabSession) -> tuple[tuple[str, int] | None, int | None]:
     """((rate as tc writes it, rate) of the running lab's slowest shaped link, or None when no link is
     shaped; the lab's world size). (None, None) when the lab is not up or no engine answers."""
     try:
-        nodes = session.node_names()
+        running = session.running()
     except LabError:
         return None, None
-    world = len(nodes) * session.config.nproc_per_node
-    bottleneck = netshape.slowest_link(netshape.read_links(session.client, session.name, nodes, session.config.iface))
-    return ((format_rate(bottleneck[1]), bottleneck[1]) if bottleneck else None), world
+    nodes, world = [n.name for n in running], len(running) * session.config.nproc_per_node
+    links = netshape.read_links(session.client, session.name, nodes, session.config.iface)
+    bottleneck = netshape.slowest_link(links, {n.name: n.ip for n in running})
+    return ((format_rate(bottleneck[2]), bottleneck[2]) if bottleneck else None), world
 
 
 def rank_count(given: str | None, lab_world: int | None) -> int:

@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import math
 import statistics
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Callable
@@ -43,16 +44,18 @@ class Case:
     args: tuple[str, ...] = ()  # the trainer's flags beyond the workload's
     nproc_per_node: int = 1
     slow_cpus: float | None = None  # the last of its nodes limited to this many CPUs: a straggler
+    spine: str | None = None  # its nodes in two halves joined by this rate both ways (`shape --to`)
 
     @property
     def name(self) -> str:
         parts = [f"{self.nodes} nodes", self.bw or "unshaped", *([f"{self.nproc_per_node}/node"] if self.nproc_per_node > 1 else []),
-                 *([f"straggler {self.slow_cpus:g} CPU"] if self.slow_cpus else []), " ".join(self.args)]
+                 *([f"straggler {self.slow_cpus:g} CPU"] if self.slow_cpus else []),
+                 *([f"2 groups joined by {self.spine}"] if self.spine else []), " ".join(self.args)]
         return ", ".join(p for p in parts if p)
 
 
 def grid(max_nodes: int) -> list[Case]:
-    """The default grid, each case on no more nodes than the lab has (29 on 8 nodes, 24 on 4, 12 on 2)."""
+    """The default grid, each case on no more nodes than the lab has (32 on 8 nodes, 26 on 4, 12 on 2)."""
     cases = [Case(n, bw) for n in (2, 4, 8) for bw in (None, "1gbit", "100mbit")]
     cases += [Case(n, bw, ("--global-batch", str(4 * 8 * n))) for n in (2, 8) for bw in ("1gbit", "100mbit")]
     cases += [Case(n, bw, (*LARGER, "--bucket-cap-mb", cap)) for n in (2, 4) for bw in ("1gbit", "100mbit")
@@ -60,6 +63,7 @@ def grid(max_nodes: int) -> list[Case]:
     cases += [Case(n, bw, nproc_per_node=2) for n in (2, 4) for bw in ("1gbit", "100mbit")]
     cases += [Case(n, "1gbit", slow_cpus=0.5) for n in (2, 4)]
     cases += [Case(4, "1gbit", ("--strategy", strategy)) for strategy in ("zero", "fsdp")]
+    cases += [Case(n, "1gbit", args, spine="100mbit") for n, args in ((4, ()), (4, LARGER), (8, ()))]
     return [c for c in cases if c.nodes <= max_nodes]
 
 
@@ -175,7 +179,7 @@ def measure(session: LabSession, steps: int = 20, repeats: int = 1, *, out_dir: 
     cases = grid(len(names))
     if len(cases) < 2:
         raise StateError(f"lab {session.name} has {len(names)} node; the grid's cases need 2 or more",
-                         hint=f"labctl up --lab {session.name} --nodes 8 (all 29 cases; 2 nodes run 12 of them)")
+                         hint=f"labctl up --lab {session.name} --nodes 8 (all 32 cases; 2 nodes run 12 of them)")
     node_env = session.node_env(names)
     runs: dict[Case, list[dict]] = {c: [] for c in cases}
     iface = session.config.iface
@@ -216,6 +220,9 @@ def run_case(session: LabSession, case: Case, names: list[str], node_env: dict, 
     last node's CPUs for the run only."""
     config = Config(case.name, "lab", case.nodes, case.nproc_per_node, case.bw)
     args = ["--workload", "gpt", "--steps", str(steps), *case.args]
+    if case.spine:
+        with spine(session, names[:case.nodes], Shape(parse_rate(case.spine, "--to"))):
+            return run_lab(session, config, args, node_env)
     if not case.slow_cpus:
         return run_lab(session, config, args, node_env)
     node = names[case.nodes - 1]
@@ -225,3 +232,18 @@ def run_case(session: LabSession, case: Case, names: list[str], node_env: dict, 
         return run_lab(session, config, args, node_env)
     finally:
         lab_docker.apply_node_cpus(session.client, session.name, node, before)
+
+
+@contextmanager
+def spine(session: LabSession, nodes: list[str], shape: Shape):
+    """`nodes` in two halves, what each sends to the other through `shape` (`labctl shape --to`, both
+    ways), for the block only."""
+    first, second = nodes[:len(nodes) // 2], nodes[len(nodes) // 2:]
+    client, lab, iface = session.client, session.name, session.config.iface
+    try:
+        for senders, receivers in ((first, second), (second, first)):
+            netshape.apply_routes(client, lab, senders, receivers, shape, iface)
+        yield
+    finally:
+        for senders, receivers in ((first, second), (second, first)):
+            netshape.apply_routes(client, lab, senders, receivers, None, iface)

@@ -186,7 +186,8 @@ def lab_for(session: LabSession, nodes_list: str | Sequence[int] | None) -> tupl
                           f"asks for {max(counts)} nodes but lab {session.name} has {len(nodes)}",
                           hint=f"labctl up --lab {session.name} --nodes {max(counts)}, or a shorter list")
     names = [n.name for n in nodes]
-    if netshape.slowest_link(netshape.read_links(session.client, session.name, names, session.config.iface)):
+    links = netshape.read_links(session.client, session.name, names, session.config.iface)
+    if any(state.rate_bps or state.routes for state in links.values()):
         raise StateError(f"lab {session.name} has shaped links; the unshaped rows need them clear",
                          hint=f"labctl shape --lab {session.name} --clear (bench scaling shapes and clears links itself)")
     return names, counts, leading_gpu_nodes(nodes)

@@ -259,7 +259,7 @@ def bench_predict_cmd(lab, steps, repeats, out_dir, as_json) -> None:
 
     Runs the trainer (gpt) on the lab's first 2, 4 and 8 nodes, unshaped and at 1gbit and 100mbit,
     with accumulation, buckets of 1 and 25 MiB, 2 ranks a node, a straggler and the sharded
-    strategies (the cases the lab has nodes for: 12 on 2 nodes, 24 on 4, all 29 on 8), and prints each
+    strategies (the cases the lab has nodes for: 12 on 2 nodes, 26 on 4, all 32 on 8), and prints each
     run's predicted and measured step, and the median and 90th percentile of the absolute error.
     The lab's links must be unshaped: the bench shapes and clears them itself.
     """

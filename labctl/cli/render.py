@@ -44,24 +44,27 @@ def nodes_table(lab: str, nodes, title: str | None = None, links: dict | None = 
     columns = ("node", "IP", "torch", "state") + (("GPU",) if gpus else ()) + (("packages",) if packages else ())
     for column in columns + (("link",) if links else ()):
         table.add_column(column)
+    names = {n.ip: n.name for n in nodes}  # links to groups of nodes name them
     for node in nodes:
         colour = "green" if node.state == "running" else "red"
         cells = [node.name, node.ip, node.torch, f"[{colour}]{node.state}[/{colour}]"] + ([node.gpus or "-"] if gpus else [])
         cells += [node.packages or "-"] if packages else []
         if links:
-            cells.append(describe(links[node.name]) if node.name in links else "-")
+            cells.append(describe(links[node.name], names) if node.name in links else "-")
         table.add_row(*cells)
     return table
 
 
 def status_json(lab: str, nodes, links: dict | None = None) -> dict:
-    rows = []
+    rows, names = [], {n.ip: n.name for n in nodes}
     for n in nodes:
         row = {"name": n.name, "ip": n.ip, "torch": n.torch, "state": n.state, "packages": n.packages or None}
         if n.gpus:
             row["gpus"] = [int(i) for i in n.gpus.split(",")]
         if links is not None and n.name in links:
-            row["link"] = describe(links[n.name])
+            row["link"] = describe(links[n.name], names)
+            if links[n.name].routes:
+                row["links_to"] = [route_json(route, names) for route in links[n.name].routes]
         rows.append(row)
     return {"lab": lab, "nodes": rows}
 
@@ -87,34 +90,44 @@ def print_up_plan(plan, directory) -> None:
         console.print(f"# --- {directory / name}\n{text}", markup=False)
 
 
-def links_table(links: dict, title: str) -> Table:
+def links_table(links: dict, title: str, names: dict | None = None) -> Table:
     table = Table(title=title, title_justify="left")
     table.add_column("node")
     table.add_column("link (read back from the kernel)")
     for node, state in links.items():
-        table.add_row(node, describe(state))
+        table.add_row(node, describe(state, names))
     return table
 
 
-def link_json(node: str, state) -> dict:
+def _values(state) -> dict:
+    return {"rate_bps": state.rate_bps, "delay_us": state.delay_us, "jitter_us": state.jitter_us,
+            "loss_pct": state.loss_pct}
+
+
+def route_json(route, names: dict | None = None) -> dict:
+    """A link to some nodes: their names (where known) and addresses, and what it applies."""
+    return {"nodes": [(names or {}).get(d, d) for d in route.dsts], "ips": list(route.dsts), **_values(route.state)}
+
+
+def link_json(node: str, state, names: dict | None = None) -> dict:
     inbound = state.inbound
-    return {"node": node, "shaping": describe(state), "rate_bps": state.rate_bps, "delay_us": state.delay_us,
-            "jitter_us": state.jitter_us, "loss_pct": state.loss_pct, "ingress": state.ingress,
-            "ingress_shaping": None if inbound is None else {"rate_bps": inbound.rate_bps, "delay_us": inbound.delay_us,
-                                                              "jitter_us": inbound.jitter_us, "loss_pct": inbound.loss_pct}}
+    return {"node": node, "shaping": describe(state, names), **_values(state), "ingress": state.ingress,
+            "ingress_shaping": None if inbound is None else _values(inbound),
+            "links_to": [route_json(route, names) for route in state.routes]}
 
 
-def print_links(lab: str, links: dict, as_json: bool = False, until: str | None = None) -> None:
+def print_links(lab: str, links: dict, as_json: bool = False, until: str | None = None, names: dict | None = None) -> None:
+    """Each node's link as read back; `names` (address -> node) names the nodes of links to groups."""
     if as_json:
-        emit_json([link_json(node, state) for node, state in links.items()])
+        emit_json([link_json(node, state, names) for node, state in links.items()])
     else:
-        console.print(links_table(links, f"lab {lab}: links" + (f" (for {until}, then unshaped)" if until else "")))
+        console.print(links_table(links, f"lab {lab}: links" + (f" (for {until}, then unshaped)" if until else ""), names))
 
 
-def print_tc_plan(nodes: list[str], plan) -> None:
-    """`shape --dry-run`: the script each node's helper container would run (a tc.ShapePlan), and the
-    one a helper left running would run after --duration."""
-    for node in nodes:
+def print_tc_plan(plans: dict) -> None:
+    """`shape --dry-run`: the script each node's helper container would run (node -> tc.ShapePlan),
+    and the one a helper left running would run after --duration."""
+    for node, plan in plans.items():
         click.echo(f"# {node} (helper container in its network namespace, NET_ADMIN)")
         click.echo(helper_script(plan.commands), nl=False)
         if plan.undo:

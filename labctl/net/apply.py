@@ -18,16 +18,16 @@ import shlex
 from concurrent.futures import ThreadPoolExecutor
 from typing import Callable
 
-from labctl.engine.docker import exec_in
-from labctl.engine.labels import LABEL_LAB, container_name
+from labctl.engine.docker import exec_in, lab_containers
+from labctl.engine.labels import LABEL_LAB, LABEL_NODE, container_name, network_name
 from labctl.errors import StateError
 from labctl.net.neighbors import build_neighbors
+from labctl.net.routes import build_node, is_routed, merge_routes, parse_routed_link, ring_hops, routes_of, shape_of
 from labctl.net.tc import (
     NETEM_MISSING_MESSAGE,
     Command,
     LinkState,
     Shape,
-    build_apply,
     build_clear,
     build_netem_probe,
     build_undo,
@@ -126,12 +126,14 @@ def schedule_undo(client, lab: str, nodes: list[str], image: str, iface: str, du
 
 def apply_shape(client, lab: str, nodes: list[str], shape: Shape, iface: str, duration_s: int | None = None) -> None:
     """Shape every node in `nodes`, or none: on any failure the nodes are cleared again. With
-    `duration_s`, the shape is undone that long after (see the module's docstring)."""
+    `duration_s`, the shape is undone that long after (see the module's docstring). A node's links
+    to groups of nodes (`shape --to`) stay as they were."""
     if shape.needs_netem:
         check_netem(client, lab, nodes[0])  # a kernel-wide fact: one probe answers for all nodes
     image = node_image(client, lab, nodes[0])
     cancel_undos(client, lab, nodes)
-    results = run_on_nodes(client, lab, nodes, lambda _node: build_apply(shape, iface), image)
+    kept = {node: routes_of(state) for node, state in read_links(client, lab, nodes, iface).items()}
+    results = run_on_nodes(client, lab, nodes, lambda node: build_node(shape, kept[node], iface), image)
     failed = [(node, output) for node, code, output in results if code != 0]
     if failed:
         clear_shape(client, lab, nodes, iface)
@@ -146,6 +148,43 @@ def apply_shape(client, lab: str, nodes: list[str], shape: Shape, iface: str, du
             clear_shape(client, lab, nodes, iface)
             raise StateError(f"could not start the helper that undoes the shape after {duration_s}s, so every node "
                              f"was cleared again (unshaped): {exc}") from None
+
+
+def plan_routes(links: dict[str, LinkState], addresses: dict[str, str], to: list[str],
+                shape: Shape | None, iface: str) -> dict[str, list[Command]]:
+    """The commands that give each node in `links` (as read back) `shape` toward the nodes `to` (None:
+    clear those links), the rest of its link as it was. `addresses`: node name -> IP."""
+    dsts = tuple(addresses[node] for node in to)
+    return {node: build_node(shape_of(state), merge_routes(routes_of(state), dsts, shape), iface)
+            for node, state in links.items()}
+
+
+def apply_routes(client, lab: str, nodes: list[str], to: list[str], shape: Shape | None, iface: str) -> None:
+    """Shape what each of `nodes` sends to the nodes `to` (None: clear those links), every node or
+    none: on a failure, each is put back as it was."""
+    if shape is not None and shape.needs_netem:
+        check_netem(client, lab, nodes[0])
+    before = read_links(client, lab, nodes, iface)
+    plans = plan_routes(before, node_addresses(client, lab), to, shape, iface)
+    results = run_on_nodes(client, lab, nodes, plans.__getitem__)
+    failed = [(node, output) for node, code, output in results if code != 0]
+    if failed:
+        run_on_nodes(client, lab, nodes, lambda node: build_node(shape_of(before[node]), routes_of(before[node]), iface))
+        node, output = failed[0]
+        raise StateError(f"shaping {node}'s link to {', '.join(to)} failed, so every node was put back as it was: "
+                         f"{output.strip()}")
+
+
+def node_addresses(client, lab: str) -> dict[str, str]:
+    """node name -> its IPv4 address on the lab's network, as the engine lists them (one call)."""
+    net = network_name(lab)
+    addresses = {}
+    for container in lab_containers(client, lab):
+        node = (container.get("Labels") or {}).get(LABEL_NODE)
+        ip = (((container.get("NetworkSettings") or {}).get("Networks") or {}).get(net) or {}).get("IPAddress")
+        if node and ip:
+            addresses[node] = ip
+    return addresses
 
 
 def settle_neighbors(client, lab: str, addresses: dict[str, str], iface: str) -> None:
@@ -171,6 +210,10 @@ def read_link(client, lab: str, node: str, iface: str, ifb: str = "ifb0") -> Lin
     container = container_name(lab, node)
     _, qdiscs = exec_in(client, container, ["tc", "qdisc", "show", "dev", iface])
     ingress = exec_in(client, container, ["tc", "qdisc", "show", "dev", ifb])[1] if " ingress " in qdiscs else ""
+    if is_routed(qdiscs):
+        classes = exec_in(client, container, ["tc", "class", "show", "dev", iface])[1]
+        filters = exec_in(client, container, ["tc", "filter", "show", "dev", iface])[1]
+        return parse_routed_link(qdiscs, classes, filters, ingress)
     return parse_link_state(qdiscs, ingress)
 
 
@@ -179,10 +222,14 @@ def read_links(client, lab: str, nodes: list[str], iface: str) -> dict[str, Link
         return dict(zip(nodes, pool.map(lambda node: read_link(client, lab, node, iface), nodes)))
 
 
-def slowest_link(links: dict[str, LinkState]) -> tuple[str, int] | None:
-    """(node, rate) of the slowest shaped link, which sets a ring's pace; None if none is shaped."""
-    shaped = [(state.rate_bps, node) for node, state in links.items() if state.rate_bps]
+def slowest_link(links: dict[str, LinkState], addresses: dict[str, str] | None = None,
+                 steps: tuple[int, ...] = (-1,)) -> tuple[str, str, int] | None:
+    """(sender, receiver, rate) of the slowest shaped hop of the rings that turn `steps` (routes.RING_STEP:
+    -1 for gloo's all-reduce), the nodes in the order of `links`: it sets a ring's pace; None if no
+    hop is shaped. Without `addresses` (name -> IP), links to groups of nodes are not seen."""
+    shaped = [(hop.rate_bps, hop.sender, hop.receiver) for step in steps for hop in ring_hops(links, addresses or {}, step)
+              if hop.rate_bps]
     if not shaped:
         return None
-    rate_bps, node = min(shaped)
-    return node, rate_bps
+    rate_bps, sender, receiver = min(shaped)
+    return sender, receiver, rate_bps

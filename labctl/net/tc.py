@@ -16,6 +16,7 @@ from __future__ import annotations
 import math
 import re
 from dataclasses import dataclass, field
+from typing import Mapping
 
 from labctl.errors import ConfigError, LabError
 from labctl.spec.units import (
@@ -115,27 +116,34 @@ def _egress(shape: Shape, dev: str) -> list[Command]:
                              format_rate(shape.rate_bps), "burst", str(burst_bytes(shape.rate_bps)), "latency", TBF_LATENCY))
     if shape.needs_netem:
         where = ["parent", "1:1"] if shape.rate_bps is not None else ["root"]
-        netem = ["tc", "qdisc", "add", "dev", dev, *where, "handle", "10:", "netem", "limit", str(netem_limit(shape))]
-        if shape.delay_us:
-            netem += ["delay", f"{shape.delay_us}us"] + ([f"{shape.jitter_us}us"] if shape.jitter_us else [])
-        if shape.loss_pct:
-            netem += ["loss", _percent(shape.loss_pct)]
-        commands.append(_cmd(*netem))
+        commands.append(_cmd("tc", "qdisc", "add", "dev", dev, *where, "handle", "10:", *netem_args(shape)))
     return commands
+
+
+def netem_args(shape: Shape) -> list[str]:
+    """netem and its options, as `tc qdisc add ... handle H:` takes them."""
+    netem = ["netem", "limit", str(netem_limit(shape))]
+    if shape.delay_us:
+        netem += ["delay", f"{shape.delay_us}us"] + ([f"{shape.jitter_us}us"] if shape.jitter_us else [])
+    if shape.loss_pct:
+        netem += ["loss", _percent(shape.loss_pct)]
+    return netem
 
 
 def build_apply(shape: Shape, iface: str = "eth0", ifb: str = "ifb0") -> list[Command]:
     """Clear first (so applying twice replaces, never stacks), then shape egress, then ingress."""
-    commands = build_clear(iface, ifb) + _egress(shape, iface)
-    if shape.ingress:
-        commands += [
-            _cmd("ip", "link", "add", ifb, "type", "ifb"),
-            _cmd("ip", "link", "set", ifb, "up"),
-            _cmd("tc", "qdisc", "add", "dev", iface, "handle", "ffff:", "ingress"),
-            _cmd("tc", "filter", "add", "dev", iface, "parent", "ffff:", "protocol", "all", "u32", "match", "u32", "0", "0",
-                 "action", "mirred", "egress", "redirect", "dev", ifb),
-        ] + _egress(shape, ifb)
-    return commands
+    return build_clear(iface, ifb) + _egress(shape, iface) + (build_ingress(shape, iface, ifb) if shape.ingress else [])
+
+
+def build_ingress(shape: Shape, iface: str = "eth0", ifb: str = "ifb0") -> list[Command]:
+    """What arrives on `iface`, redirected to `ifb` and shaped on its egress."""
+    return [
+        _cmd("ip", "link", "add", ifb, "type", "ifb"),
+        _cmd("ip", "link", "set", ifb, "up"),
+        _cmd("tc", "qdisc", "add", "dev", iface, "handle", "ffff:", "ingress"),
+        _cmd("tc", "filter", "add", "dev", iface, "parent", "ffff:", "protocol", "all", "u32", "match", "u32", "0", "0",
+             "action", "mirred", "egress", "redirect", "dev", ifb),
+    ] + _egress(shape, ifb)
 
 
 def build_undo(seconds: int, iface: str = "eth0", ifb: str = "ifb0") -> list[Command]:
@@ -199,10 +207,19 @@ class LinkState:
     loss_pct: float | None = None
     ingress: bool = False  # the ingress is redirected to an ifb device that shapes it
     inbound: LinkState | None = None
+    routes: tuple[RouteState, ...] = ()  # links of their own to some destinations (labctl.net.routes)
 
     @property
     def values(self) -> tuple:
         return self.rate_bps, self.delay_us or 0, self.jitter_us or 0, self.loss_pct or 0.0
+
+
+@dataclass(frozen=True)
+class RouteState:
+    """A link to some destinations, read back: what the node sends to `dsts` (IPv4 addresses) meets `state`."""
+
+    dsts: tuple[str, ...]
+    state: LinkState
 
 
 def _time_us(number: str, unit: str) -> int:
@@ -252,9 +269,16 @@ def _describe_one(state: LinkState) -> list[str]:
     return parts
 
 
-def describe(state: LinkState) -> str:
+def describe(state: LinkState, names: Mapping[str, str] | None = None) -> str:
     """A table cell: 'unshaped', '100mbit', '100mbit in+out +10ms±2ms 1% loss', '+10ms 1% loss'; an
-    ingress that differs from the egress is named apart: '100mbit (in: 50mbit +5ms)'."""
+    ingress that differs from the egress is named apart: '100mbit (in: 50mbit +5ms)'; links to some
+    destinations follow, each named by `names` (address -> node) where it knows them:
+    '1gbit; to node2,node3: 100mbit +5ms'."""
+    routes = [f"to {','.join((names or {}).get(d, d) for d in r.dsts)}: {_describe_whole(r.state)}" for r in state.routes]
+    return "; ".join([_describe_whole(state), *routes])
+
+
+def _describe_whole(state: LinkState) -> str:
     if state.kind == "none" and not state.ingress:
         return "unshaped"
     parts = _describe_one(state) or ["unshaped"]
@@ -281,7 +305,8 @@ def parse_shape_request(bw: str | None, delay: str | None = None, jitter: str | 
                         ingress: bool = False, *, clear: bool = False, show: bool = False,
                         duration: str | None = None) -> Shape | None:
     """`labctl shape`'s flags: exactly one of a shape (any of --bw, --delay, --jitter, --loss),
-    --clear and --show; the shape, else None. --ingress and --duration go with a shape."""
+    --clear and --show; the shape, else None. --ingress and --duration go with a shape (check_to
+    says what goes with --to)."""
     given = [flag for flag, value in (("--bw", bw), ("--delay", delay), ("--jitter", jitter), ("--loss", loss))
              if value is not None]
     modes = ([f"a shape ({', '.join(given)})"] if given else []) + [flag for flag, on in (("--clear", clear),
@@ -298,3 +323,15 @@ def parse_shape_request(bw: str | None, delay: str | None = None, jitter: str | 
     if duration is not None:
         parse_duration_s(duration)
     return parse_shape(bw, delay, jitter, loss, ingress) if given else None
+
+
+def check_to(show: bool, ingress: bool, duration: str | None) -> None:
+    """--to goes with a shape or --clear, and with neither --ingress nor --duration."""
+    if show:
+        raise LabError("--show lists every link, those between groups too: drop --to", hint="labctl shape --show")
+    if ingress:
+        raise LabError("--to shapes what the --node nodes send to the --to nodes, so --ingress has no place beside it",
+                       hint="shape the way back too: labctl shape --node node2,node3 --to node0,node1 --bw 100mbit")
+    if duration is not None:
+        raise LabError(f"--duration {duration} goes with a shape of whole links, not with --to: links between groups "
+                       "stay until cleared", hint="labctl shape --node node0,node1 --to node2,node3 --clear")

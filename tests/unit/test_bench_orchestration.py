@@ -148,15 +148,15 @@ def test_allreduce_measures_the_slowest_links_wire_then_sweeps(tmp_path, events,
     lab = FakeLab(tmp_path, events, answer=answer)
     messages = []
     result = allreduce.measure(lab, [1024, 2048], 3, 0.85, lambda m: messages.append(m) or events.append(m))
-    assert wires == [("node1", "node2", "10.9.0.12")]
+    assert wires == [("node1", "node0", "10.9.0.10")]  # gloo's all-reduce ring: rank r sends to r-1
     sweep = f"allreduce sweep on 3 nodes, 2 sizes x 3 iterations, up to 101 where they take under 0.5 s (logs: {result.run_dir})"
-    assert messages == ["measuring the wire node1 -> node2 with iperf3 (3 s)", sweep]
+    assert messages == ["measuring the wire node1 -> node0 with iperf3 (3 s)", sweep]
     assert events.index(sweep) < next(i for i, e in enumerate(events) if e[0] == "run")  # the logs named first
     assert events[-1] == ("run", ("node0", "node1", "node2"),
                           ["trainer.bench_allreduce", "--sizes", "1024,2048", "--iters", "3",
                            "--probe-size", "1024", "--probe-iters", str(allreduce.PROBE_ITERS),
                            "--max-iters", "101", "--budget-s", "0.5"])
-    assert result.title == ("allreduce on gloo (cpu tensors), 3 nodes, link shaped 50mbit (slowest node node1), iperf3 wire 45 Mbit/s; "
+    assert result.title == ("allreduce on gloo (cpu tensors), 3 nodes, link shaped 50mbit (slowest hop node1 -> node0), iperf3 wire 45 Mbit/s; "
                             "model: ring at 85% of the link, 50 us a hop; calibrated: the wire, a step 0 ms + max(stack 39 us, transfer)")
     written = json.loads((result.run_dir / "bench-allreduce.json").read_text())
     assert written == [r.as_dict() for r in result.rows] and [r["size"] for r in written] == [1024, 2048]

@@ -14,6 +14,7 @@ def test_the_grid_covers_what_the_issue_asks_and_fits_the_lab():
     assert any("--global-batch" in c.args for c in cases)  # accumulation 4
     assert any(c.nproc_per_node == 2 for c in cases) and any(c.slow_cpus for c in cases)
     assert {"zero", "fsdp"} <= {c.args[-1] for c in cases if "--strategy" in c.args}
+    assert [c.nodes for c in cases if c.spine] == [4, 4, 8]  # two groups joined by a slower link
     assert all(c.nodes <= 4 for c in grid(5)) and grid(1) == []
     assert len({c.name for c in cases}) == len(cases)  # every case says what it is
 

@@ -3,7 +3,7 @@
 import pytest
 
 from trainer import stepmodel
-from trainer.calibrate import parse_qdiscs, ring_hops
+from trainer.tclinks import parse_qdiscs, ring_hops
 from trainer.stepmodel import Compute, Job, Link, ddp_buckets, predict
 
 MB = 1 << 20

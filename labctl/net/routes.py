@@ -1,0 +1,210 @@
+"""Links between groups of nodes (`labctl shape --node A,B --to C,D`): per-destination classes on one
+qdisc at the root of each sending node's interface. Pure: builds argv lists and parses tc's text;
+apply.py runs them.
+
+A node with such links carries an htb at its root (https://man7.org/linux/man-pages/man8/tc-htb.8.html):
+
+    htb 1: [default 1]
+      class 1:1   the rest of the node's link, as `shape` without --to left it (its rate, or
+                  UNSHAPED_LINE_BPS when it had only netem), netem 10: under it. No `default`
+                  when the rest is unshaped: htb sends what no filter claims straight out.
+      class 1:2…  one per group of destinations with its own link, netem 20:, 30:… under each
+      u32 filters `match ip dst ADDR/32`, one per destination, each to its class
+
+Each class is a rate of its own (rate = ceil, no parent to borrow from): what node0 sends to node2
+no longer shares a bucket with what it sends to node1, as a node's two NIC ports would not. So one
+class per sending node models each node's uplink to the other group, not one trunk they all share
+(that needs a router between the groups). Filters match IPv4 destinations: the lab's bridge network.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, replace
+
+from labctl.net.tc import (
+    UNSHAPED_LINE_BPS,
+    Command,
+    LinkState,
+    RouteState,
+    Shape,
+    build_apply,
+    build_clear,
+    build_ingress,
+    burst_bytes,
+    netem_args,
+    parse_link_state,
+)
+from labctl.spec.units import format_rate
+
+REST_CLASS = "1:1"
+HTB_R2Q = 10  # htb's default; the quantum is set per class so it never warns that one is "big"
+_CLASS_RE = re.compile(r"^class htb (\S+) .*?\brate (\d+(?:\.\d+)?)([KMG]?bit)\b", re.IGNORECASE)
+_PARENT_RE = re.compile(r"\bparent (\S+)")
+_FLOWID_RE = re.compile(r"\bflowid (\S+)")
+_MATCH_RE = re.compile(r"\bmatch ([0-9a-f]{8})/ffffffff at 16\b")
+_RATE_UNITS = {"bit": 1, "kbit": 10**3, "mbit": 10**6, "gbit": 10**9}
+
+
+@dataclass(frozen=True)
+class Route:
+    """A link to some destinations: what this node sends to `dsts` (IPv4 addresses) goes through `shape`."""
+
+    dsts: tuple[str, ...]
+    shape: Shape
+
+
+def _cmd(*argv: str) -> Command:
+    return Command(tuple(argv))
+
+
+def class_id(index: int) -> str:
+    """The class of the index-th route (1:2, 1:3, …; tc reads the minor in hex)."""
+    return f"1:{index + 2:x}"
+
+
+def _htb_class(dev: str, classid: str, rate_bps: int) -> Command:
+    burst = str(burst_bytes(rate_bps))  # the same bucket tbf gets: a burst of 1 ms, and at least 128 KiB
+    quantum = str(min(200_000, max(1514, rate_bps // 8 // HTB_R2Q)))
+    return _cmd("tc", "class", "add", "dev", dev, "parent", "1:", "classid", classid, "htb", "rate",
+                format_rate(rate_bps), "ceil", format_rate(rate_bps), "burst", burst, "cburst", burst, "quantum", quantum)
+
+
+def _netem(dev: str, classid: str, shape: Shape) -> list[Command]:
+    if not shape.needs_netem:
+        return []
+    handle = f"{int(classid.split(':')[1], 16) * 16:x}:"  # 1:1 -> 10:, 1:2 -> 20:, 1:a -> a0:
+    return [_cmd("tc", "qdisc", "add", "dev", dev, "parent", classid, "handle", handle, *netem_args(shape))]
+
+
+def build_routed_egress(rest: Shape | None, routes: list[Route], dev: str = "eth0") -> list[Command]:
+    """The htb that gives each route its own class (the module's docstring); `rest` is what every
+    other destination gets (None: unshaped). Run after the root qdisc was deleted."""
+    commands = [_cmd("tc", "qdisc", "add", "dev", dev, "root", "handle", "1:", "htb", "r2q", str(HTB_R2Q),
+                     *(["default", "1"] if rest else []))]
+    if rest:
+        commands += [_htb_class(dev, REST_CLASS, rest.rate_bps or UNSHAPED_LINE_BPS), *_netem(dev, REST_CLASS, rest)]
+    for index, route in enumerate(routes):
+        classid = class_id(index)
+        commands += [_htb_class(dev, classid, route.shape.rate_bps or UNSHAPED_LINE_BPS), *_netem(dev, classid, route.shape)]
+        commands += [_cmd("tc", "filter", "add", "dev", dev, "parent", "1:", "protocol", "ip", "prio", "1", "u32",
+                          "match", "ip", "dst", f"{dst}/32", "flowid", classid) for dst in route.dsts]
+    return commands
+
+
+def build_node(rest: Shape | None, routes: list[Route], iface: str = "eth0", ifb: str = "ifb0") -> list[Command]:
+    """A node's whole link, cleared first: `rest` (None: unshaped) for every destination but the
+    routes', which get their own classes; without routes, tc.build_apply's tbf and netem."""
+    if not routes:
+        return build_apply(rest, iface, ifb) if rest else build_clear(iface, ifb)
+    ingress = build_ingress(rest, iface, ifb) if rest and rest.ingress else []
+    return build_clear(iface, ifb) + build_routed_egress(rest, routes, iface) + ingress
+
+
+def merge_routes(routes: list[Route], dsts: tuple[str, ...], shape: Shape | None) -> list[Route]:
+    """`routes` with `dsts` taken out of every one (a route left with none is dropped) and, unless
+    `shape` is None (a clear), one route for `dsts` added: the newer request wins."""
+    kept = [replace(r, dsts=tuple(d for d in r.dsts if d not in dsts)) for r in routes]
+    kept = [r for r in kept if r.dsts]
+    return kept + ([Route(tuple(dsts), shape)] if shape is not None else [])
+
+
+def shape_of(state: LinkState) -> Shape | None:
+    """A link read back as the Shape that makes it again (None: unshaped), so a node's other links
+    survive a change to one of them."""
+    if state.rate_bps is None and not (state.delay_us or state.loss_pct):
+        return None
+    return Shape(state.rate_bps, state.delay_us or 0, state.jitter_us or 0, state.loss_pct or 0.0, state.ingress)
+
+
+def routes_of(state: LinkState) -> list[Route]:
+    return [Route(r.dsts, shape_of(r.state) or Shape(UNSHAPED_LINE_BPS)) for r in state.routes]
+
+
+@dataclass(frozen=True)
+class Hop:
+    """One hop of a ring: what `sender` sends to `receiver` meets `rate_bps` (None: unshaped) and `delay_us`."""
+
+    sender: str
+    receiver: str
+    rate_bps: int | None
+    delay_us: int
+
+
+def hop_link(out: LinkState, into: LinkState, receiver_ip: str | None) -> tuple[int | None, int]:
+    """(rate, delay) of what a node with egress `out` sends to one with ingress `into` at `receiver_ip`:
+    its route to that address where it has one, else the rest of its link; the slower of that and
+    the receiver's shaped ingress."""
+    link = next((r.state for r in out.routes if receiver_ip in r.dsts), out)
+    inbound = into.inbound if into.ingress and into.inbound is not None else None
+    rates = [rate for rate in (link.rate_bps, inbound.rate_bps if inbound else None) if rate]
+    return (min(rates) if rates else None), (link.delay_us or 0) + ((inbound.delay_us or 0) if inbound else 0)
+
+
+# Which way gloo's rings turn (gloo/allreduce.cc, gloo/allgather.cc): all-reduce sends to rank r-1 and
+# receives from r+1; all-gather sends to r+1. Measured on a 4-node lab: node1 -> node0 at 100mbit
+# slowed a 16 MiB all-reduce to 2.1 s, node0 -> node1 left it at 39 ms (docs/explanation/cost-model.md).
+RING_STEP = {"all_reduce": -1, "reduce_scatter": -1, "all_gather": 1}
+
+
+def ring_hops(links: dict[str, LinkState], addresses: dict[str, str], step: int = -1) -> list[Hop]:
+    """The ring's hops, the nodes in the order of `links` (node-rank order): each node sends to the
+    one `step` away (RING_STEP: -1 for gloo's all-reduce), priced by hop_link. `addresses`: node
+    name -> IP."""
+    names = list(links)
+    if len(names) < 2:
+        return []
+    hops = []
+    for i, sender in enumerate(names):
+        receiver = names[(i + step) % len(names)]
+        rate, delay = hop_link(links[sender], links[receiver], addresses.get(receiver))
+        hops.append(Hop(sender, receiver, rate, delay))
+    return hops
+
+
+# ------------------------------------------------------------------------------- reading back
+
+def is_routed(qdisc_text: str) -> bool:
+    return any(line.startswith("qdisc htb 1: root") for line in qdisc_text.splitlines())
+
+
+def _ip(hex_value: str) -> str:
+    return ".".join(str(int(hex_value[i:i + 2], 16)) for i in (0, 2, 4, 6))
+
+
+def _filters(filter_text: str) -> dict[str, list[str]]:
+    """class id -> the destinations its u32 filters send there, from `tc filter show dev IF`."""
+    by_class, flowid = {}, None
+    for line in filter_text.splitlines():
+        if (found := _FLOWID_RE.search(line)):
+            flowid = found.group(1)
+        elif flowid and (match := _MATCH_RE.search(line)):
+            by_class.setdefault(flowid, []).append(_ip(match.group(1)))
+            flowid = None
+    return by_class
+
+
+def parse_routed_link(qdisc_text: str, class_text: str, filter_text: str, ingress_text: str = "") -> LinkState:
+    """A node's link under build_routed_egress's htb, from `tc qdisc show`, `tc class show` and `tc filter
+    show` of its interface (tc prints no JSON for htb's classes): the rest of the link (class 1:1,
+    when it is the default) and each route, with the netem under each class."""
+    rates = {m.group(1): round(float(m.group(2)) * _RATE_UNITS[m.group(3).lower()])
+             for m in map(_CLASS_RE.match, class_text.splitlines()) if m}
+    netem_by_class = {}
+    for line in qdisc_text.splitlines():
+        if line.startswith("qdisc netem") and (parent := _PARENT_RE.search(line)):
+            netem_by_class[parent.group(1)] = line
+    ingress_lines = "\n".join(line for line in qdisc_text.splitlines() if line.startswith("qdisc ingress"))
+
+    def state_of(classid: str, extra: str = "") -> LinkState:
+        netem = netem_by_class.get(classid, "")
+        base = parse_link_state("\n".join(filter(None, (netem, extra))), ingress_text if extra else "")
+        rate = rates.get(classid)
+        rate = None if rate == UNSHAPED_LINE_BPS else rate  # only netem on that link
+        kind = "+".join(filter(None, ("htb" if rate else "", "netem" if netem else ""))) or "none"
+        return replace(base, kind=kind, rate_bps=rate)
+
+    has_default = bool(re.search(r"\bdefault (0x)?1\b", qdisc_text))
+    rest = state_of(REST_CLASS, ingress_lines) if has_default else parse_link_state(ingress_lines, ingress_text)
+    routes = tuple(RouteState(tuple(dsts), state_of(classid)) for classid, dsts in sorted(_filters(filter_text).items(), key=lambda item: int(item[0].split(':')[1], 16)))
+    return replace(rest, routes=routes)
