@@ -184,10 +184,13 @@ def fit_link(everyone: list[dict], steps: tuple[int, ...], backend: str, device)
         rate_bps = cost.wire * RATE_PROBE_BYTES * 8 / max(big_s - cost.hops * delay_s, 1e-6)
         burst, source = 0.0, f"a {RATE_PROBE_BYTES >> 20} MiB all-reduce"
     stack_s = max(0.0, small_s - cost.hops * delay_s - cost.wire * PROBE_BYTES * 8 / rate_bps) / cost.hops
-    link = stepmodel.Link(rate_bps, stack_s, delay_s, burst)
+    # links between groups: some hops are faster than the slowest (stepmodel.sent_while_waiting_ms)
+    uneven = bool(shaped) and any(not h["rate_bps"] or h["rate_bps"] > 1.01 * slowest["rate_bps"] for h in hops)
+    link = stepmodel.Link(rate_bps, stack_s, delay_s, burst, uneven)
     return link, {"rate_from": source, "rate_bps": round(rate_bps), "stack_us": round(stack_s * 1e6, 1),
                   "probe_us": round(small_s * 1e6, 1),
-                  "delay_us": round(delay_s * 1e6, 1), "burst_bytes": burst, "hops_between_nodes": len(hops)}
+                  "delay_us": round(delay_s * 1e6, 1), "burst_bytes": burst, "hops_between_nodes": len(hops),
+                  "uneven": uneven}
 
 
 def fsdp_units(module) -> tuple[int, ...]:

@@ -133,3 +133,17 @@ def test_a_quota_slows_a_rank_by_its_cpu_time_over_what_it_may_use():
     # two ranks on a node of 4 CPUs: the quota never bites
     assert sustained({"forward": 4.0, "backward": 6.0, "cpu": 10.0, "local_ranks": 2, "quota": 4.0}) == 1.0
     assert sustained({"forward": 4.0, "backward": 6.0, "cpu": 10.0, "local_ranks": 1, "quota": None}) == 1.0
+
+
+def test_a_ring_with_faster_hops_sends_its_first_chunk_while_waiting():
+    """Links between groups: a rank ready early sends 1/n of the first bucket over the slow hop
+    before the last rank is ready; with every hop as slow, nothing is gained."""
+    job = Job(world=4, buckets=(400_000,), param_bytes=400_000)
+    compute = Compute(10.0, 10.0, 0.0, lockstep_ms=40.0)  # 20 ms of waiting for the slowest rank
+    even, uneven = Link(rate_bps=1e8), Link(rate_bps=1e8, uneven=True)
+    chunk_ms = 100_000 * 8 / 1e8 * 1e3  # 8 ms
+    assert predict(job, compute, even).sent_while_waiting_ms == 0.0
+    assert predict(job, compute, uneven).sent_while_waiting_ms == pytest.approx(chunk_ms)
+    assert predict(job, compute, even).step_ms - predict(job, compute, uneven).step_ms == pytest.approx(chunk_ms)
+    no_wait = Compute(10.0, 10.0, 0.0)  # a rank waits for nobody: nothing is sent while waiting
+    assert predict(job, no_wait, uneven).sent_while_waiting_ms == 0.0
