@@ -258,8 +258,9 @@ def bench_predict_cmd(lab, steps, repeats, out_dir, as_json) -> None:
     """The step model against the steps it predicts, over a grid of configurations.
 
     Runs the trainer (gpt) on the lab's first 2, 4 and 8 nodes, unshaped and at 1gbit and 100mbit,
-    with accumulation, buckets of 1 and 25 MiB, 2 ranks a node, a straggler and the sharded
-    strategies (the cases the lab has nodes for: 12 on 2 nodes, 26 on 4, all 32 on 8), and prints each
+    with accumulation, buckets of 1 and 25 MiB, 2 ranks a node, a straggler, the sharded strategies
+    and two groups of nodes joined by 100mbit (the cases the lab has nodes for: 12 on 2 nodes, 26 on
+    4, all 32 on 8), and prints each
     run's predicted and measured step, and the median and 90th percentile of the absolute error.
     The lab's links must be unshaped: the bench shapes and clears them itself.
     """
