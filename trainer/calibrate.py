@@ -184,13 +184,14 @@ def fit_link(everyone: list[dict], steps: tuple[int, ...], backend: str, device)
         rate_bps = cost.wire * RATE_PROBE_BYTES * 8 / max(big_s - cost.hops * delay_s, 1e-6)
         burst, source = 0.0, f"a {RATE_PROBE_BYTES >> 20} MiB all-reduce"
     stack_s = max(0.0, small_s - cost.hops * delay_s - cost.wire * PROBE_BYTES * 8 / rate_bps) / cost.hops
-    # links between groups: some hops are faster than the slowest (stepmodel.sent_while_waiting_ms)
-    uneven = bool(shaped) and any(not h["rate_bps"] or h["rate_bps"] > 1.01 * slowest["rate_bps"] for h in hops)
-    link = stepmodel.Link(rate_bps, stack_s, delay_s, burst, uneven)
+    # each rank whose own hop is as slow as the slowest: ranks sharing a node have none between nodes
+    # (stepmodel.sent_while_waiting_ms; gloo's all-reduce ring alone: its ddp and zero)
+    slow = tuple(sorted({h["sender"] for h in shaped if h["rate_bps"] <= 1.01 * slowest["rate_bps"]})) if shaped else ()
+    link = stepmodel.Link(rate_bps, stack_s, delay_s, burst, slow if len(steps) == 1 else (), steps[0])
     return link, {"rate_from": source, "rate_bps": round(rate_bps), "stack_us": round(stack_s * 1e6, 1),
                   "probe_us": round(small_s * 1e6, 1),
                   "delay_us": round(delay_s * 1e6, 1), "burst_bytes": burst, "hops_between_nodes": len(hops),
-                  "uneven": uneven}
+                  "slow_senders": list(link.slow_senders)}
 
 
 def fsdp_units(module) -> tuple[int, ...]:

@@ -51,7 +51,11 @@ class Link:
     stack_s: float = 0.0  # waking processes, syscalls: per hop, hidden behind a long enough transfer
     delay_s: float = 0.0  # netem's delay per hop: never hidden
     burst_bytes: float = 0.0  # tbf's bucket at the slowest hop; 0 where nothing is shaped
-    uneven: bool = False  # some hops between nodes are faster than the slowest (links between groups)
+    # The ranks whose hop of the ring runs at the slowest rate, and which way the ring turns (-1:
+    # rank r sends to r-1): where some hops are faster (links between groups), ranks send early
+    # (sent_while_waiting_ms). Empty: not known, nothing is credited.
+    slow_senders: tuple[int, ...] = ()
+    ring_step: int = -1
 
     def op_s(self, op: str, nbytes: float, n: int, backend: str, credit_bytes: float = 0.0) -> float:
         """One collective of `nbytes` over n ranks, with `credit_bytes` of burst banked on the link."""
@@ -167,16 +171,24 @@ def predict(job: Job, compute: Compute, link: Link | None) -> Prediction:
 
 
 def sent_while_waiting_ms(first_bucket: float, n: int, link: Link, up_to_ms: float) -> float:
-    """The link's time paid while the step waits for the slowest rank, at most `up_to_ms`. Where the
-    ring's slowest hops leave from some nodes only (links between groups: link.uneven), a rank that
-    is ready before the last one sends its first chunk over such a hop (1/n of the first bucket)
-    at once: TCP takes it into the receiver's socket buffer before the receiver asks for it. Where
-    every hop is as slow, the last rank ready has its own chunk to send over one after the wait, so
-    nothing is gained. Measured: 4 nodes in two groups joined by 100mbit ran 9 to 12 ms a step
-    faster than compute plus the all-reduce, one chunk being 9.1 ms (docs/explanation/cost-model.md)."""
-    if not link.uneven or n < 2:
+    """The link's time paid while the step waits for the slowest rank, at most `up_to_ms`.
+
+    TCP lets a rank send into its peer's socket buffer before the peer asks for the data, so a ring
+    rank that is ready early sends its first chunks (1/n of the first bucket each) at once. Its k-th
+    send needs what the ranks k steps up the ring (the way data comes from) sent before, so a
+    sender on a slow hop gets k chunks ahead of the last rank to be ready, where k is how far up
+    the ring that rank sits; none if the last rank is itself a slow hop's sender. The ring ends
+    when its slowest hops do, so it gains the least of them. Which rank is last changes from step
+    to step on shared cores: the credit is the mean over every rank being last. Where every hop is
+    as slow, the last rank is always a slow hop's sender, and nothing is gained. Measured on two
+    groups joined by 100mbit (docs/explanation/cost-model.md): 4 nodes, one slow hop, 12 to 14 ms a
+    step (this gives 11.5); 3 nodes, two slow hops, about nothing (this gives 2.8)."""
+    slow = set(link.slow_senders)
+    if not slow or n < 2 or up_to_ms <= 0:
         return 0.0
-    return max(0.0, min(up_to_ms, first_bucket / n * 8 / link.rate_bps * 1e3))
+    chunk_ms = first_bucket / n * 8 / link.rate_bps * 1e3
+    ahead = [min((((last - s) * -link.ring_step) % n) for s in slow) for last in range(n)]
+    return sum(min(up_to_ms, k * chunk_ms) for k in ahead) / n
 
 
 # ProcessGroupGloo's worker threads (its Options' default: two per device, one device on the lab): the

@@ -135,15 +135,20 @@ def test_a_quota_slows_a_rank_by_its_cpu_time_over_what_it_may_use():
     assert sustained({"forward": 4.0, "backward": 6.0, "cpu": 10.0, "local_ranks": 1, "quota": None}) == 1.0
 
 
-def test_a_ring_with_faster_hops_sends_its_first_chunk_while_waiting():
-    """Links between groups: a rank ready early sends 1/n of the first bucket over the slow hop
-    before the last rank is ready; with every hop as slow, nothing is gained."""
+def test_a_ring_with_faster_hops_sends_chunks_while_waiting_for_the_last_rank():
+    """Links between groups: a slow hop's sender gets as many chunks ahead of the last rank to be
+    ready as that rank sits steps up the ring, the least over the slow hops, averaged over which
+    rank is last; with every hop as slow, nothing is gained."""
     job = Job(world=4, buckets=(400_000,), param_bytes=400_000)
     compute = Compute(10.0, 10.0, 0.0, lockstep_ms=40.0)  # 20 ms of waiting for the slowest rank
-    even, uneven = Link(rate_bps=1e8), Link(rate_bps=1e8, uneven=True)
     chunk_ms = 100_000 * 8 / 1e8 * 1e3  # 8 ms
-    assert predict(job, compute, even).sent_while_waiting_ms == 0.0
-    assert predict(job, compute, uneven).sent_while_waiting_ms == pytest.approx(chunk_ms)
-    assert predict(job, compute, even).step_ms - predict(job, compute, uneven).step_ms == pytest.approx(chunk_ms)
-    no_wait = Compute(10.0, 10.0, 0.0)  # a rank waits for nobody: nothing is sent while waiting
-    assert predict(job, no_wait, uneven).sent_while_waiting_ms == 0.0
+    one_slow = Link(rate_bps=1e8, slow_senders=(0,))  # rank 0 -> rank 3 only: 0, 1, 2, 3 chunks ahead
+    assert predict(job, compute, one_slow).sent_while_waiting_ms == pytest.approx((0 + 8 + 16 + 20) / 4)  # capped at the wait
+    two_slow = Link(rate_bps=1e8, slow_senders=(0, 2))  # the last rank 1 or 3: one chunk ahead; 0 or 2: none
+    assert predict(job, compute, two_slow).sent_while_waiting_ms == pytest.approx(chunk_ms / 2)
+    every, unknown = Link(rate_bps=1e8, slow_senders=(0, 1, 2, 3)), Link(rate_bps=1e8)
+    assert predict(job, compute, every).sent_while_waiting_ms == 0.0 == predict(job, compute, unknown).sent_while_waiting_ms
+    assert predict(job, compute, unknown).step_ms - predict(job, compute, two_slow).step_ms == pytest.approx(chunk_ms / 2)
+    forward = Link(rate_bps=1e8, slow_senders=(0,), ring_step=1)  # a ring turning the other way: 0, 3, 2, 1 ahead
+    assert predict(job, compute, forward).sent_while_waiting_ms == pytest.approx((0 + 20 + 16 + 8) / 4)
+    assert predict(job, Compute(10.0, 10.0, 0.0), one_slow).sent_while_waiting_ms == 0.0  # nobody to wait for
