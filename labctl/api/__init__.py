@@ -37,8 +37,8 @@ from labctl.lab.owner import owner_of
 from labctl.lab.packages import LOCK_FILE
 from labctl.lab.up import UpPlan
 from labctl.net.apply import apply_routes, apply_shape, clear_shape, node_addresses, plan_routes, read_link, read_links
-from labctl.net.routes import build_node, routes_of
 from labctl.net.faults import inject
+from labctl.net.routes import build_node, routes_of
 from labctl.net.tc import LinkState, Shape, ShapePlan, build_plan, check_to, describe, parse_shape
 from labctl.run.launch import Elastic, job_args, parse_nnodes
 from labctl.run.plan import Launcher, RunOptions, RunPlan
