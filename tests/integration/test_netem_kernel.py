@@ -33,6 +33,10 @@ the guest's own cost, which rides on every shaped round trip too):
   payloads). The count lost must lie in the 99.9% two-sided binomial interval for p = 1% (for
   12,500: 90 to 163, 0.72% to 1.30%); measured 109 to 132 (0.87% to 1.06%).
   A netem that dropped nothing fails; one that dropped 2% does too.
+- links between groups (`labctl shape --to`): each node's link to the other alone, at 1gbit with
+  10 ms of netem under its htb class, the rest of the link unshaped: the same 20 ms round trip and
+  bounds as the delay above, so the u32 filter on the peer's address sends the traffic through
+  the class and its netem; and tc's class and filter lines read back as that route.
 - rate 100 Mbit/s + 5 ms: iperf3 TCP A -> B for 5 s. TCP's goodput on a 100 Mbit/s wire is at
   most 100 * 1448/1514 = 95.6 Mbit/s (headers); measured 95.11 to 95.21. We allow 92% to 105% of
   that (88 to 100.4). Unshaped, the same VM moves 2.24 to 2.25 Gbit/s; we require over 5 times the
@@ -52,6 +56,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "netem"))
 
 import netem_vm  # noqa: E402
 
+from labctl.net.routes import parse_routed_link  # noqa: E402
 from labctl.net.tc import netem_missing, parse_link_state  # noqa: E402
 
 TIMER_SLACK_MS = 0.5
@@ -114,6 +119,14 @@ def test_labctl_reads_back_what_it_applied(vm_run):
     run, _ = vm_run
     for c in netem_vm.CASES:
         state = parse_link_state(run.block(c.name, "qdisc-A").text, run.block(c.name, "qdisc-A-ifb").text)
+        if c.route is not None:
+            routed = parse_routed_link(run.block(c.name, "qdisc-A").text, run.block(c.name, "class-A").text,
+                                       run.block(c.name, "filter-A").text)
+            assert routed.kind == "none" and len(routed.routes) == 1, (c.name, routed)  # the rest unshaped
+            route = routed.routes[0]
+            assert route.dsts == (netem_vm.ADDRESSES["B"],), (c.name, route)
+            assert (route.state.rate_bps, route.state.delay_us) == (c.route.rate_bps, c.route.delay_us), (c.name, route)
+            continue
         if c.shape is None:
             assert state.kind == "none", (c.name, state)
             continue

@@ -20,7 +20,7 @@ die() { printf '[netem-vm] error: %s\n' "$*" >&2; exit 1; }
 
 # Loaded at boot (the lab's host always has them); sch_netem is kept apart and loaded by the guest
 # only after the first probe, so that the VM is first a kernel without netem, then one with it.
-BOOT_MODULES="veth ifb sch_tbf sch_ingress cls_u32 act_mirred"
+BOOT_MODULES="veth ifb sch_tbf sch_htb sch_ingress cls_u32 act_mirred"
 LATE_MODULES="sch_netem"
 
 for tool in apt-cache apt-get dpkg-deb cpio gzip busybox dash tc ip iperf3 ldd; do
@@ -52,7 +52,17 @@ module_file() {  # the module's file in an extracted package, any compression
     -print -quit
 }
 
-if [ ! -s "$kdir/vmlinuz" ] || [ ! -s "$kdir/modules/.complete" ]; then
+# Unpacked again when a module this script now asks for is not among those unpacked before.
+missing_module() {
+  local name
+  for name in $BOOT_MODULES $LATE_MODULES; do
+    grep -q " $name " "$kdir/modules/.complete" 2>/dev/null || return 0
+  done
+  return 1
+}
+
+if [ ! -s "$kdir/vmlinuz" ] || [ ! -s "$kdir/modules/.complete" ] || missing_module; then
+  rm -f "$kdir/modules/.depends"
   work=$(mktemp -d "$cache/.download.XXXXXX")
   trap 'rm -rf "$work"' EXIT
   log "downloading $package (about 70 MB, once per kernel version)"

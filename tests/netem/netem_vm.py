@@ -48,6 +48,7 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
 from labctl.net.apply import helper_script  # noqa: E402
+from labctl.net.routes import Route, build_node  # noqa: E402
 from labctl.net.tc import Shape, build_apply, build_clear, build_netem_probe  # noqa: E402
 
 IFACE = "eth0"  # labctl's default interface, and the veth ends' name in the VM
@@ -75,6 +76,7 @@ class Case:
     measure: tuple[str, ...]
     shaped: str = "AB"
     rtt_ms: float | None = None  # the round trip netem should add: test_netem_kernel checks every case that has one
+    route: Shape | None = None  # instead of `shape`: each node's link to the other only (`labctl shape --to`)
 
 
 # Every case shapes both ends (as labctl shapes every node): a delay D on each end's egress adds 2*D
@@ -91,7 +93,10 @@ CASES: tuple[Case, ...] = (
     Case("loss", Shape(loss_pct=1.0), ("udp", "5", "2M", "100")),                        # 2,500 datagrams/s
     Case("tcp-base", None, ("tcp", "3")),
     Case("rate", Shape(rate_bps=100_000_000, delay_us=5_000), ("tcp", "5")),
+    # links between groups: netem under an htb class that a u32 filter on the peer's address feeds
+    Case("route-delay", None, PING, rtt_ms=20.0, route=Shape(rate_bps=GBIT, delay_us=10_000)),
 )
+ADDRESSES = {"A": "10.0.0.1", "B": "10.0.0.2"}  # guest/run.sh gives the namespaces these
 
 
 # ------------------------------------------------------------------------------- preparing
@@ -122,6 +127,16 @@ def prepare(root: Path | None = None) -> Vm:
     return Vm(Path(values["KERNEL"]), Path(values["BASE_INITRD"]), values["VERSION"])
 
 
+def node_commands(case: Case, node: str) -> list:
+    """What labctl runs in `node`'s namespace for `case`: its shape, its route to the other node, or a clear."""
+    if case.route and node in case.shaped:
+        peer = ADDRESSES["B" if node == "A" else "A"]
+        return build_node(None, [Route((peer,), case.route)], IFACE, IFB)
+    if case.shape and node in case.shaped:
+        return build_apply(case.shape, IFACE, IFB)
+    return build_clear(IFACE, IFB)
+
+
 def render_plan(plan: Path, cases: tuple[Case, ...] = CASES) -> None:
     """/plan: labctl's probe and, per case and node, labctl's apply (or clear) script."""
     plan.mkdir(parents=True)
@@ -131,9 +146,7 @@ def render_plan(plan: Path, cases: tuple[Case, ...] = CASES) -> None:
         if not re.fullmatch(r"[a-z0-9-]+", case.name):
             raise ValueError(f"case name {case.name!r}: use [a-z0-9-]")
         for node in "AB":
-            commands = build_apply(case.shape, IFACE, IFB) if case.shape and node in case.shaped \
-                else build_clear(IFACE, IFB)
-            (plan / f"{case.name}.{node}.sh").write_text(helper_script(commands))
+            (plan / f"{case.name}.{node}.sh").write_text(helper_script(node_commands(case, node)))
         lines.append(" ".join((case.name, *case.measure)))
     (plan / "cases").write_text("\n".join(lines) + "\n")
 

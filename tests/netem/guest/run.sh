@@ -85,6 +85,8 @@ while read -r name what args; do
   block "$name" shape-B in_ns B sh "$PLAN/$name.B.sh" || continue
   block "$name" qdisc-A in_ns A tc qdisc show dev eth0
   block "$name" qdisc-A-ifb in_ns A sh -c 'tc qdisc show dev ifb0 2>/dev/null || true'
+  block "$name" class-A in_ns A tc class show dev eth0
+  block "$name" filter-A in_ns A tc filter show dev eth0
   # shellcheck disable=SC2086 # the case's arguments, one word each
   measure "$name" "$what" $args
 done < "$PLAN/cases"
