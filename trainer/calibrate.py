@@ -65,6 +65,40 @@ def micro_step(module, workload, x, y):
     return run
 
 
+def fsdp_hooks_ms(module, micro_of, reps: int = CALIBRATION_REPS) -> float:
+    """What FSDP2 adds to a micro-step without its collectives: the micro-step (micro_of(module),
+    forward and backward) of a copy of `module` sharded as the run shards it but over a mesh of
+    this rank alone, less the same micro-step on `module` unwrapped, medians of `reps` each. FSDP2
+    still runs its hooks around every unit and DTensor's dispatch there; its gathers and scatters
+    have nobody to wait for. Collective: every rank makes every rank's one-rank group."""
+    import copy
+
+    from torch.distributed.device_mesh import DeviceMesh
+    from torch.distributed.fsdp import fully_shard
+
+    rank, world = torch.distributed.get_rank(), torch.distributed.get_world_size()
+    groups = [torch.distributed.new_group([r]) for r in range(world)]
+    solo = copy.deepcopy(module)
+    device = next(module.parameters()).device
+    mesh = DeviceMesh.from_group(groups[rank], device.type)
+    for block in getattr(solo, "blocks", ()):
+        fully_shard(block, mesh=mesh)
+    fully_shard(solo, mesh=mesh)
+
+    def timed(model) -> float:
+        step = micro_of(model)
+        barrier()  # every rank at once, sharing the cores as the steps will
+        wrapped_ms = median_ms(step, reps, warmup=CALIBRATION_WARMUP)
+        for p in model.parameters():
+            p.grad = None
+        return wrapped_ms
+
+    bare, sharded = timed(module), timed(solo)
+    for group in groups:
+        torch.distributed.destroy_process_group(group)
+    return max(0.0, sharded - bare)
+
+
 def measure_steps(micro, accum: int, optimizer_step, sync, reps=CALIBRATION_REPS,
                   warmup: int = CALIBRATION_WARMUP) -> dict:
     """Steps without their payload, as the run will take them: `accum` micro() (forward and
@@ -248,8 +282,10 @@ def predict_run(run, schedule, module) -> tuple[stepmodel.Prediction, dict]:
     lockstep_ms = max(mine["step"] - mine["optimizer"] - found.get("probe_us", 0.0) / 1e3, 0.0)
     # a straggler held back by its quota: its sustained micro-steps, where longer than the lockstep's
     lockstep_ms = max(lockstep_ms, accum * (everyone[slowest]["forward"] + everyone[slowest]["backward"]))
+    hooks_ms = (fsdp_hooks_ms(module, lambda m: micro_step(m, run.workload, x.to(c.device), y.to(c.device)))
+                if args.strategy in ("fsdp", "hsdp") and is_group() else 0.0)
     compute = stepmodel.Compute(everyone[slowest]["forward"], everyone[slowest]["backward"], mine["optimizer"],
-                                accum * (mine["forward"] + mine["backward"]), lockstep_ms)
+                                accum * (mine["forward"] + mine["backward"]), lockstep_ms, hooks_ms)
     grads = [p.numel() * p.element_size() for p in reversed(list(module.parameters())) if p.requires_grad]
     squeeze = 2 if args.comm_hook in ("fp16", "bf16") else 1  # compression halves what is sent
     job = stepmodel.Job(world=c.world_size, strategy=args.strategy, backend=c.backend, accum=accum,
@@ -258,5 +294,5 @@ def predict_run(run, schedule, module) -> tuple[stepmodel.Prediction, dict]:
                         local_world=int(os.environ.get("LOCAL_WORLD_SIZE", 1)))
     return stepmodel.predict(job, compute, link), {
         "link": found, "forward_ms": round(compute.forward_ms, 3), "backward_ms": round(compute.backward_ms, 3),
-        "lockstep_ms": round(lockstep_ms, 3), "slowest_rank": slowest,
+        "lockstep_ms": round(lockstep_ms, 3), "fsdp_hooks_ms": round(hooks_ms, 3), "slowest_rank": slowest,
         "quota_slowdown": round(everyone[slowest]["slowdown"], 3), "buckets": list(job.buckets), "accum": accum}

@@ -202,9 +202,11 @@ def prediction_line(prediction, calibration: dict) -> str:
     """The step model's prediction in words, printed before step 1."""
     link = calibration.get("link") or {}
     early = f", {prediction.sent_while_waiting_ms:.1f} of it sent while waiting" if prediction.sent_while_waiting_ms else ""
-    comm = (f" + the link {prediction.exposed_comm_ms - prediction.waiting_ms:.1f} not hidden (of "
-            f"{prediction.comm_ms:.1f} at {link['rate_bps'] / 1e6:.1f} Mbit/s, {link['stack_us'] / 1e3:.2f} ms a hop{early})"
+    hooks = prediction.terms.get("fsdp_hooks_ms", 0.0)
+    comm = (f" + the link {prediction.exposed_comm_ms - prediction.waiting_ms - hooks:.1f} not hidden (of "
+            f"{prediction.comm_ms - hooks:.1f} at {link['rate_bps'] / 1e6:.1f} Mbit/s, {link['stack_us'] / 1e3:.2f} ms a hop{early})"
             ) if link else ""
+    comm += f" + FSDP2's own work {hooks:.1f}" if hooks else ""
     micro = f"{calibration['accum']} micro-step{'s' if calibration['accum'] > 1 else ''}"
     return (f"step model: predicted {prediction.step_ms:.1f} ms a step = compute {prediction.compute_ms:.1f} "
             f"({micro}) + waiting for the slowest rank {prediction.waiting_ms:.1f}{comm} + optimizer "

@@ -9,7 +9,8 @@ the inputs) and `labctl cost --step` answers what-if questions for fabrics the l
                                               ring sent while waiting (sent_while_waiting_ms)
          + optimizer                          Adam over what this rank holds
          + the strategy's collectives outside backward (zero's broadcasts of the updated shards;
-           fsdp's all-gathers before each micro-step's forward and backward, and its reduce-scatter)
+           fsdp's all-gathers before each micro-step's forward and backward, and its reduce-scatter),
+           and for fsdp FSDP2's own work around each unit (Compute.wrapper_ms)
 
 DDP hands its gradient buckets to the all-reduce from inside the last micro-step's backward, in the
 order backward produces them, about the reverse of the parameters' order. Bucket k is ready when
@@ -82,6 +83,9 @@ class Compute:
     # All of a step's micro-steps until the slowest rank's last gradient, as measured in lockstep
     # (ranks sharing cores, each step waiting for the slowest); None: own_ms
     lockstep_ms: float | None = None
+    # fsdp and hsdp: what FSDP2 itself adds to a micro-step (its hooks around each unit, DTensor's
+    # dispatch), its collectives apart
+    wrapper_ms: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -164,6 +168,8 @@ def predict(job: Job, compute: Compute, link: Link | None) -> Prediction:
             terms["broadcast_ms"] = zero_broadcast_ms(job, link)
     else:  # fsdp, hsdp: the collectives wait for each other and for the compute (gloo on CPU)
         terms = sharded_terms(job, link)
+        if compute.wrapper_ms:
+            terms["fsdp_hooks_ms"] = job.accum * compute.wrapper_ms
         comm_ms, exposed, early = 0.0, 0.0, 0.0
     outside = sum(terms.values())
     return Prediction(compute_ms + exposed + compute.optimizer_ms + outside, own, waiting, compute.optimizer_ms,

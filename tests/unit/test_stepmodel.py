@@ -152,3 +152,15 @@ def test_a_ring_with_faster_hops_sends_chunks_while_waiting_for_the_last_rank():
     forward = Link(rate_bps=1e8, slow_senders=(0,), ring_step=1)  # a ring turning the other way: 0, 3, 2, 1 ahead
     assert predict(job, compute, forward).sent_while_waiting_ms == pytest.approx((0 + 20 + 16 + 8) / 4)
     assert predict(job, Compute(10.0, 10.0, 0.0), one_slow).sent_while_waiting_ms == 0.0  # nobody to wait for
+
+
+def test_fsdp_pays_its_own_hooks_each_micro_step():
+    """FSDP2's work around each unit, calibrated on a one-rank mesh, is a term of its own, paid each micro-step."""
+    job = Job(world=4, strategy="fsdp", accum=2, param_bytes=400_000, units=(100_000, 100_000, 200_000))
+    link = Link(rate_bps=1e9)
+    bare = predict(job, Compute(5.0, 5.0, 1.0), link)
+    hooked = predict(job, Compute(5.0, 5.0, 1.0, wrapper_ms=20.0), link)
+    assert hooked.terms["fsdp_hooks_ms"] == 40.0 and "fsdp_hooks_ms" not in bare.terms
+    assert hooked.step_ms - bare.step_ms == pytest.approx(40.0)
+    ddp = predict(Job(world=4, buckets=(400_000,)), Compute(5.0, 5.0, 1.0, wrapper_ms=20.0), link)
+    assert "fsdp_hooks_ms" not in ddp.terms  # ddp's hooks are in the bare compute's measure, nothing FSDP adds
