@@ -66,11 +66,13 @@ def micro_step(module, workload, x, y):
 
 
 def fsdp_hooks_ms(module, micro_of, reps: int = CALIBRATION_REPS) -> float:
-    """What FSDP2 adds to a micro-step without its collectives: the micro-step (micro_of(module),
-    forward and backward) of a copy of `module` sharded as the run shards it but over a mesh of
-    this rank alone, less the same micro-step on `module` unwrapped, medians of `reps` each. FSDP2
-    still runs its hooks around every unit and DTensor's dispatch there; its gathers and scatters
-    have nobody to wait for. Collective: every rank makes every rank's one-rank group."""
+    """The CPU time FSDP2 adds to a micro-step, its collectives apart: the micro-step (micro_of(model),
+    forward and backward) of a copy of `module` sharded as the run shards it but over a mesh of this
+    rank alone, less the same micro-step on `module` unwrapped, medians of `reps` each. FSDP2 still
+    runs its hooks around every unit and DTensor's dispatch there; its gathers and scatters have
+    nobody to wait for. CPU time, not wall time: ranks that share cores leave this measure at
+    different moments, and their wall times moved by 10 to 37 ms from run to run; the caller scales
+    it as the ranks share the cores. Collective: every rank makes every rank's one-rank group."""
     import copy
 
     from torch.distributed.device_mesh import DeviceMesh
@@ -79,21 +81,27 @@ def fsdp_hooks_ms(module, micro_of, reps: int = CALIBRATION_REPS) -> float:
     rank, world = torch.distributed.get_rank(), torch.distributed.get_world_size()
     groups = [torch.distributed.new_group([r]) for r in range(world)]
     solo = copy.deepcopy(module)
-    device = next(module.parameters()).device
-    mesh = DeviceMesh.from_group(groups[rank], device.type)
+    mesh = DeviceMesh.from_group(groups[rank], next(module.parameters()).device.type)
     for block in getattr(solo, "blocks", ()):
         fully_shard(block, mesh=mesh)
     fully_shard(solo, mesh=mesh)
 
-    def timed(model) -> float:
+    def cpu_ms(model) -> float:
         step = micro_of(model)
-        barrier()  # every rank at once, sharing the cores as the steps will
-        wrapped_ms = median_ms(step, reps, warmup=CALIBRATION_WARMUP)
+
+        def once():
+            t0 = time.process_time()
+            step()
+            return time.process_time() - t0
+
+        for _ in range(CALIBRATION_WARMUP):
+            once()
+        spent = statistics.median(once() for _ in range(reps)) * 1e3
         for p in model.parameters():
             p.grad = None
-        return wrapped_ms
+        return spent
 
-    bare, sharded = timed(module), timed(solo)
+    bare, sharded = cpu_ms(module), cpu_ms(solo)
     for group in groups:
         torch.distributed.destroy_process_group(group)
     return max(0.0, sharded - bare)
@@ -284,6 +292,7 @@ def predict_run(run, schedule, module) -> tuple[stepmodel.Prediction, dict]:
     lockstep_ms = max(lockstep_ms, accum * (everyone[slowest]["forward"] + everyone[slowest]["backward"]))
     hooks_ms = (fsdp_hooks_ms(module, lambda m: micro_step(m, run.workload, x.to(c.device), y.to(c.device)))
                 if args.strategy in ("fsdp", "hsdp") and is_group() else 0.0)
+    hooks_ms *= max(1.0, lockstep_ms / max(accum * mine["cpu"], 1e-6))  # CPU time, as the ranks share the cores
     compute = stepmodel.Compute(everyone[slowest]["forward"], everyone[slowest]["backward"], mine["optimizer"],
                                 accum * (mine["forward"] + mine["backward"]), lockstep_ms, hooks_ms)
     grads = [p.numel() * p.element_size() for p in reversed(list(module.parameters())) if p.requires_grad]
