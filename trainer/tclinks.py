@@ -94,8 +94,7 @@ def parse_qdiscs(qdiscs: list[dict], classes: dict[str, dict] | None = None,
         elif q.get("kind") == "htb" and str(options.get("default", "")) in ("0x1", "1") and REST_CLASS in classes.get(dev, {}):
             _slower(side, classes[dev][REST_CLASS]["rate_bps"], classes[dev][REST_CLASS]["burst_bytes"])
         elif q.get("kind") == "netem":
-            delay = options.get("delay") or {}
-            side["delay_s"] = side.get("delay_s", 0.0) + float(delay.get("delay", 0) if isinstance(delay, dict) else 0)
+            side["delay_s"] = side.get("delay_s", 0.0) + _delay(q)
     for dev, by_ip in routed.items():
         for ip, classid in by_ip.items():
             route = dict(classes[dev].get(classid, {}))

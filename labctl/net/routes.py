@@ -36,14 +36,13 @@ from labctl.net.tc import (
     parse_link_state,
 )
 from labctl.spec.units import format_rate
+from trainer.tclinks import parse_classes  # the trainer reads the same classes for its step model
 
 REST_CLASS = "1:1"
 HTB_R2Q = 10  # htb's default; the quantum is set per class so it never warns that one is "big"
-_CLASS_RE = re.compile(r"^class htb (\S+) .*?\brate (\d+(?:\.\d+)?)([KMG]?bit)\b", re.IGNORECASE)
 _PARENT_RE = re.compile(r"\bparent (\S+)")
 _FLOWID_RE = re.compile(r"\bflowid (\S+)")
 _MATCH_RE = re.compile(r"\bmatch ([0-9a-f]{8})/ffffffff at 16\b")
-_RATE_UNITS = {"bit": 1, "kbit": 10**3, "mbit": 10**6, "gbit": 10**9}
 
 
 @dataclass(frozen=True)
@@ -188,8 +187,7 @@ def parse_routed_link(qdisc_text: str, class_text: str, filter_text: str, ingres
     """A node's link under build_routed_egress's htb, from `tc qdisc show`, `tc class show` and `tc filter
     show` of its interface (tc prints no JSON for htb's classes): the rest of the link (class 1:1,
     when it is the default) and each route, with the netem under each class."""
-    rates = {m.group(1): round(float(m.group(2)) * _RATE_UNITS[m.group(3).lower()])
-             for m in map(_CLASS_RE.match, class_text.splitlines()) if m}
+    rates = {classid: round(values["rate_bps"]) for classid, values in parse_classes(class_text).items()}
     netem_by_class = {}
     for line in qdisc_text.splitlines():
         if line.startswith("qdisc netem") and (parent := _PARENT_RE.search(line)):
