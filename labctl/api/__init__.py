@@ -29,6 +29,7 @@ from labctl.errors import LabError
 from labctl.hosts.inventory import load_inventory
 from labctl.hosts.labnodes import INVENTORY_FILE
 from labctl.hosts.machines import Hosts, SyncResult
+from labctl.k8s.jobs import Kubernetes
 from labctl.lab.garbage import ImageVerdict, LabVerdict, collect_garbage, collect_package_images
 from labctl.lab.lifecycle import apply_down, lab_dir, lab_resources
 from labctl.lab.listing import LabListing, list_labs
@@ -140,6 +141,11 @@ class Lab(LabSession):
     def slurm(self) -> Slurm:
         """The lab's Slurm cluster (`scheduler='slurm'`): run, submit, status, cancel, export (labctl.slurm.jobs)."""
         return Slurm(self)
+
+    @property
+    def k8s(self) -> Kubernetes:
+        """The lab and Kubernetes: export its job as a TrainJob or JobSet, run such a manifest (labctl.k8s.jobs)."""
+        return Kubernetes(self)
 
     # ------------------------------------------------------------------------------ lifecycle
 

@@ -68,7 +68,7 @@ COMMAND_MODULES = {
     "build": "lab", "up": "lab", "gc": "lab", "status": "lab", "down": "lab", "env": "lab", "logs": "lab", "exec": "lab",
     "ls": "lab", "run": "run",
     "shape": "net", "slow": "net", "fault": "net", "doctor": "diagnose", "scenario": "diagnose",
-    "hosts": "hosts", "cost": "bench", "bench": "bench", "slurm": "slurm", "trace": "trace",
+    "hosts": "hosts", "cost": "bench", "bench": "bench", "slurm": "slurm", "trace": "trace", "k8s": "k8s",
 }
 
 

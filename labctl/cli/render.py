@@ -346,3 +346,15 @@ def print_scenario(outcome, title: str) -> None:
         + ("[green]OK[/green]" if outcome.ok else "[bold red]FAILED[/bold red] (no symptom, no fix, or over the bound)"),
     ])
     console.print(Panel(body, title=f"{outcome.name}: {title}", title_align="left"), markup=True)
+
+
+def print_pod_run(pods, address) -> None:
+    """`k8s run`: what the lab takes from the manifest and what it cannot honour, on stderr before the
+    run; with `address` (--dry-run), on stdout as comments, then each node's command."""
+    if address is None:
+        for line in pods.lines:
+            info(escape(line))
+        return
+    for line in pods.lines:
+        console.print(f"# {line}", markup=False, soft_wrap=True)
+    print_launches(pods.plan, address)

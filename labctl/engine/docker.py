@@ -237,3 +237,29 @@ def follow_container_logs(client, lab: str, nodes: list[str], tail: int | None =
         *complete, partial[node] = (partial[node] + chunk).split(b"\n")
         if complete:
             yield node, b"".join(line + b"\n" for line in complete).decode(errors="replace")
+
+
+def node_limits(client, lab: str, node: str) -> tuple[int, int, int]:
+    """The node's (NanoCpus, Memory, MemorySwap) as the engine has them now (0: none)."""
+    config = client.api.inspect_container(container_name(lab, node))["HostConfig"]
+    return config.get("NanoCpus") or 0, config.get("Memory") or 0, config.get("MemorySwap") or 0
+
+
+def apply_node_limits(client, lab: str, node: str, cpus: float | None, memory: int | None,
+                      before: tuple[int, int, int]) -> None:
+    """A running node's CPU limit and memory limit (bytes) changed in place (`docker update`), those
+    given and only those; swap keeps the room over memory it had in `before` (node_limits)."""
+    nano, mem, swap = before
+    args = ["--cpus", f"{cpus:g}"] if cpus is not None else []
+    if memory is not None:
+        args += ["--memory", str(memory), "--memory-swap", str(memory + swap - mem if swap > 0 and mem > 0 else -1)]
+    if args:
+        run(["docker", "update", *args, container_name(lab, node)], timeout_s=60)
+
+
+def limits_back(client, before: tuple[int, int, int]) -> tuple[float, int]:
+    """(CPUs, memory bytes) that put a node back as `before` had it: "no limit" as all of the engine's
+    CPUs or memory, since the engine ignores 0 once a limit is set."""
+    engine = engine_mod.inspect_engine(client)
+    nano, mem, _swap = before
+    return (nano / 1e9 if nano else engine.cpus), (mem or engine.memory_bytes)

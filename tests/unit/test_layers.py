@@ -21,7 +21,7 @@ LAYERS = [
     ("hosts",),
     ("diagnose",),
     ("trace",),  # `labctl trace`: a run's ranks on one time axis (diagnose and bench draw with it)
-    ("slurm",),
+    ("slurm", "k8s"),  # the lab as a Slurm cluster; the lab and Kubernetes
     ("session",),  # a lab and its runs: above lab and run, which know nothing of each other
     ("run",),
     ("net",),
@@ -33,7 +33,7 @@ LAYERS = [
     ("labctl",),  # the package itself: __version__
 ]
 RANK = {unit: i for i, row in enumerate(LAYERS) for unit in row}
-HEAVY = {"docker", "rich", "yaml", "torch", "matplotlib", "numpy", "packaging"}  # deferred to where they are used
+HEAVY = {"docker", "rich", "yaml", "torch", "matplotlib", "numpy", "packaging", "jsonschema"}  # deferred to where they are used
 # `labctl` runs labctl.cli.app:main, which loads each command's module when that command runs; the
 # package's own `from labctl.cli import main` (every command loaded) must not defeat that.
 LAZY_BY_DESIGN = {("labctl.cli", "__getattr__")}

@@ -1,0 +1,183 @@
+"""The lab and Kubernetes (side effects): `labctl k8s export` writes the lab's job as a TrainJob or
+a JobSet; `labctl k8s run FILE` runs such a manifest on the lab's nodes as Kubernetes would run it.
+
+A run is a RunPlan like `labctl run`'s, executed and judged the same way (the root cause, its node,
+the exit status, the SUMMARY): only each node's process differs. Each node runs the pod's command
+and args with the pod's environment (the manifest's `env`; for a TrainJob, the torch runtime's
+PET_* first), under `env -u` for the lab's own rendezvous variables (its env file's MASTER_ADDR,
+NODE_RANK, PET_RDZV_*...), which no pod has. The manifest's CPU and memory limits are the nodes'
+for the run, and the nodes get their own back after it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from labctl.core.outfile import write_text
+from labctl.engine.docker import apply_node_limits, check_cpu_limits, limits_back, node_limits
+from labctl.engine.labels import container_name
+from labctl.errors import ConfigError, StateError
+from labctl.k8s.export import KINDS, ExportJob, default_name, manifest_name, render_manifest
+from labctl.k8s.manifest import ManifestError, PodJob, load_manifest
+from labctl.k8s.pods import describe, pod_argv, pod_env, read_job
+from labctl.net.apply import node_addresses
+from labctl.run.launch import PG_TIMEOUT_VAR, Launch, run_env, threads_per_process
+from labctl.run.plan import RunPlan, new_run
+from labctl.run.result import RunResult
+from labctl.session import LabSession
+from labctl.spec.labspec import CPU_KERNEL_ENV
+from labctl.spec.parsers import parse_memory
+
+TORCH_LABEL = "io.ddplab.torch-version"  # the node image's (Dockerfile)
+PG_TIMEOUT_S = 30.0  # as `labctl run`: a lost peer fails the run in 30 s, not torch's 10 minutes
+
+
+@dataclass(frozen=True)
+class PodRun:
+    """A manifest ready to run: the job as read, the lab's plan of it, and what `--dry-run` says."""
+
+    job: PodJob
+    plan: RunPlan
+    lines: list[str]
+
+
+def gib_quantity(docker_memory: str | None) -> str | None:
+    """A Docker size (4g, 512m) as a Kubernetes quantity (4Gi, 512Mi)."""
+    if not docker_memory:
+        return None
+    size = parse_memory(docker_memory)
+    for unit, scale in (("Gi", 2**30), ("Mi", 2**20), ("Ki", 2**10)):
+        if size % scale == 0:
+            return f"{size // scale}{unit}"
+    return str(size)
+
+
+class Kubernetes:
+    """The lab's side of `labctl k8s`: export its job, run a manifest on it."""
+
+    def __init__(self, session: LabSession):
+        self.session = session
+
+    def lab_image(self) -> tuple[str, str]:
+        """(the image the lab's nodes run, its torch release): the running lab's, else what `up` would run."""
+        config = self.session.config
+        try:
+            nodes = self.session.status()
+        except StateError:  # no engine: `k8s export` needs none
+            nodes = []
+        if not nodes:
+            return config.image_tag, config.torch_version
+        api = self.session.client.api
+        image = api.inspect_container(container_name(self.session.name, nodes[0].name))["Config"]["Image"]
+        labels = api.inspect_image(image)["Config"].get("Labels") or {}
+        return image, labels.get(TORCH_LABEL) or nodes[0].torch.split("+")[0]
+
+    def _nodes(self) -> int:
+        try:
+            return len(self.session.status()) or self.session.config.nodes
+        except StateError:
+            return self.session.config.nodes
+
+    def export_job(self, args: list[str], *, nodes: int | None = None, nproc_per_node: int | None = None,
+                   image: str | None = None, name: str | None = None, env: dict[str, str] | None = None) -> ExportJob:
+        """The job `labctl run -- ARGS` runs on the lab, as a manifest states it."""
+        config = self.session.config
+        lab_image, torch = self.lab_image()
+        if name is not None and manifest_name(name) != name:
+            raise ConfigError("--name", name, "must be a DNS label of at most 40 characters: lower-case letters, "
+                              "digits and -, a letter first", hint=f"--name {manifest_name(name)}")
+        shaped = (f"every link at {config.bw}",) if config.bw else ()
+        return ExportJob(name=name or default_name(self.session.name, args), args=tuple(args),
+                         image=image or lab_image, nodes=nodes or self._nodes(),
+                         nproc_per_node=nproc_per_node or config.nproc_per_node,
+                         env={**CPU_KERNEL_ENV[config.cpu_kernels], **(env or {})}, cpus=config.cpus,
+                         memory=gib_quantity(config.memory), gpus=config.gpus_per_node if config.gpus else 0,
+                         torch_version=torch, lab=self.session.name, lab_image=lab_image,
+                         workspace=str(self.session.workspace), shaped=shaped)
+
+    def export(self, kind: str, job: ExportJob, out: str | Path) -> Path:
+        """Write the manifest of `job` (kind trainjob or jobset) to `out` (`-`: standard output)."""
+        if kind not in KINDS:
+            raise ConfigError("--kind", kind, f"must be one of {', '.join(KINDS)}")
+        write_text(out, render_manifest(kind, job, str(out)))
+        return Path(out)
+
+    # ------------------------------------------------------------------------------------------ run
+
+    def read(self, path: str | Path) -> PodJob:
+        """The manifest at `path`, checked and read as the lab runs it."""
+        path = Path(path)
+        try:
+            text = path.read_text()
+        except (OSError, UnicodeDecodeError) as exc:
+            raise ConfigError("FILE", str(path), f"cannot be read: {getattr(exc, 'strerror', None) or exc}",
+                              hint="the path of a TrainJob or JobSet manifest (`labctl k8s export` writes one)") from None
+        return read_job(load_manifest(text, str(path)), str(path), self.session.config.master_port)
+
+    def check(self, job: PodJob, ignore_image: bool) -> list[str]:
+        """Refuse what the lab cannot be (fewer nodes, no GPUs, another torch); the lines it adds to the plan."""
+        names = self.session.node_names()
+        if job.nodes > len(names):
+            raise StateError(f"{job.source}: the {job.kind} asks for {job.nodes} nodes and lab {self.session.name} "
+                             f"has {len(names)}", hint=f"labctl up --lab {self.session.name} --nodes {job.nodes}")
+        if job.gpus and not self.session.config.gpus:
+            raise StateError(f"{job.source}: asks for {job.gpus} GPU(s) per node and lab {self.session.name} has "
+                             "none", hint="labctl up --gpus all (on a machine with NVIDIA GPUs), or drop nvidia.com/gpu")
+        if job.cpus is not None:
+            check_cpu_limits(self.session.client, {f"{job.source}: cpu": job.cpus})
+        image, torch = self.lab_image()
+        if job.image == image:
+            return [f"image: the lab's own ({image})"]
+        where = "spec.trainer.image" if job.kind == "TrainJob" else "containers[0].image"
+        if job.image_torch and job.image_torch != torch and not ignore_image:
+            raise ManifestError(job.source, where, f"{job.image} has torch {job.image_torch}, and the lab's nodes run "
+                                f"torch {torch}: a run would not be the job's", hint="--ignore-image runs it on the "
+                                f"lab's torch anyway; `labctl up --torch-version {job.image_torch}` makes a lab of its")
+        said = f"torch {job.image_torch}" if job.image_torch else "torch not said (no annotation, no version in the tag)"
+        return [f"image: {job.image} ({said}) runs as the lab's own, {image} (torch {torch})"]
+
+    def plan(self, path: str | Path, *, ignore_image: bool = False, timeout_s: float | None = None) -> PodRun:
+        """The lab's run of the manifest at `path`: nothing starts."""
+        job = self.read(path)
+        lines = [*describe(job), *self.check(job, ignore_image)]
+        names = self.session.node_names()[: job.nodes]
+        node_env = self.session.node_env(names)
+        found = node_addresses(self.session.client, self.session.name)
+        addresses = [found[name] for name in names]
+        run_id, run_dir = new_run(self.session.directory)
+        common = {**run_env(run_id, run_dir), PG_TIMEOUT_VAR: f"{PG_TIMEOUT_S:g}"}
+        nproc = int(job.nproc_per_node) if job.nproc_per_node.isdigit() else 1
+        common["OMP_NUM_THREADS"] = str(threads_per_process(self.session.cpus, job.nodes * nproc, 1))
+        launches = []
+        for index, name in enumerate(names):
+            env = pod_env(job, index, addresses)
+            unset = [arg for key in node_env[name] if key not in env for arg in ("-u", key)
+                     if key.startswith("PET_") or key in LAB_IDENTITY]
+            launches.append(Launch(name, name, ["env", *unset, *pod_argv(job, env, addresses)], {**common, **env}))
+        timeout = timeout_s if timeout_s is not None else job.timeout_s
+        plan = RunPlan(run_id, run_dir, node_env, launches, store=False, timeout_s=timeout,
+                       launcher=job.kind, why=f"each node runs pod i's command, as Kubernetes would start {job.name}")
+        return PodRun(job, plan, lines)
+
+    def run(self, pods: PodRun, *, echo: bool | str = True, check: bool = True) -> RunResult:
+        """Run the plan with the manifest's limits on its nodes, then give the nodes their own back."""
+        client, lab, job = self.session.client, self.session.name, pods.job
+        before = {name: node_limits(client, lab, name) for name in pods.plan.nodes}
+        changed = {name: (job.cpus if job.cpus is not None and round(job.cpus * 1e9) != old[0] else None,
+                          job.memory_bytes if job.memory_bytes is not None and job.memory_bytes != old[1] else None)
+                   for name, old in before.items()}
+        try:
+            for name, (cpus, memory) in changed.items():
+                apply_node_limits(client, lab, name, cpus, memory, before[name])
+            return self.session.execute(pods.plan, echo=echo, check=check)
+        finally:
+            for name, (cpus, memory) in changed.items():
+                if cpus is not None or memory is not None:
+                    old_cpus, old_memory = limits_back(client, before[name])
+                    apply_node_limits(client, lab, name, old_cpus if cpus is not None else None,
+                                      old_memory if memory is not None else None, before[name])
+
+
+# The lab's identity in each node's env file, which no pod has (PET_* is left out as a prefix).
+LAB_IDENTITY = ("MASTER_ADDR", "MASTER_PORT", "NNODES", "NODE_RANK", "NPROC_PER_NODE", "WORLD_SIZE")
