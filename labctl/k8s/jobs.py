@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from labctl.core.outfile import write_text
-from labctl.engine.docker import apply_node_limits, check_cpu_limits, limits_back, node_limits
+from labctl.engine.docker import apply_node_limits, engine_cpus, limits_back, node_limits
 from labctl.engine.labels import container_name
 from labctl.errors import ConfigError, StateError
 from labctl.k8s.export import KINDS, ExportJob, default_name, manifest_name, render_manifest
@@ -124,18 +124,22 @@ class Kubernetes:
         if job.gpus and not self.session.config.gpus:
             raise StateError(f"{job.source}: asks for {job.gpus} GPU(s) per node and lab {self.session.name} has "
                              "none", hint="labctl up --gpus all (on a machine with NVIDIA GPUs), or drop nvidia.com/gpu")
-        if job.cpus is not None:
-            check_cpu_limits(self.session.client, {f"{job.source}: cpu": job.cpus})
+        cpus = engine_cpus(self.session.client)
+        if job.cpus is not None and job.cpus > cpus:
+            raise ManifestError(job.source, job.cpu_at, f"{job.cpus:g} CPUs per node, and this "
+                                f"machine has {cpus}: a node cannot have more than the machine",
+                                hint=f"at most {cpus} (the lab's nodes share this machine's CPUs; `k8s export` "
+                                     "writes the lab's own limits)")
         image, torch = self.lab_image()
         if job.image == image:
-            return [f"image: the lab's own ({image})"]
+            return [f"runs on: the lab's own image ({image})"]
         where = "spec.trainer.image" if job.kind == "TrainJob" else "containers[0].image"
         if job.image_torch and job.image_torch != torch and not ignore_image:
             raise ManifestError(job.source, where, f"{job.image} has torch {job.image_torch}, and the lab's nodes run "
                                 f"torch {torch}: a run would not be the job's", hint="--ignore-image runs it on the "
                                 f"lab's torch anyway; `labctl up --torch-version {job.image_torch}` makes a lab of its")
         said = f"torch {job.image_torch}" if job.image_torch else "torch not said (no annotation, no version in the tag)"
-        return [f"image: {job.image} ({said}) runs as the lab's own, {image} (torch {torch})"]
+        return [f"runs on: the lab's own image, {image} (torch {torch}), in place of {job.image} ({said})"]
 
     def plan(self, path: str | Path, *, ignore_image: bool = False, timeout_s: float | None = None) -> PodRun:
         """The lab's run of the manifest at `path`: nothing starts."""

@@ -67,6 +67,7 @@ class PodJob:
     gpus: int = 0
     timeout_s: float | None = None
     master_port: int = MASTER_PORT
+    cpu_at: str = ""  # the field the CPU limit came from, for errors naming it
     unhonoured: tuple[str, ...] = field(default=())
     notes: tuple[str, ...] = field(default=())
 

@@ -44,6 +44,11 @@ def _cpus_asked(res: dict) -> float | None:
     return quantity(raw) if raw is not None else None
 
 
+def cpu_field(res: dict, where: str) -> str:
+    """The path of the CPU limit the lab applies: the limit's, else the request's."""
+    return f"{where}.{'limits' if 'cpu' in (res.get('limits') or {}) else 'requests'}.cpu"
+
+
 def read_trainjob(doc: dict, source: str, master_port: int) -> PodJob:
     spec, name = doc["spec"], doc["metadata"]["name"]
     ref = spec["runtimeRef"]
@@ -80,7 +85,7 @@ def read_trainjob(doc: dict, source: str, master_port: int) -> PodJob:
     return PodJob("TrainJob", name, source, nodes, nproc, tuple(trainer["command"]), tuple(trainer.get("args", ())),
                   tuple(runtime + env), image, image_torch(image, doc["metadata"].get("annotations") or {}),
                   tuple(f"{name}-{NODE}-0-{i}.{name}" for i in range(nodes)), cpus, memory, gpus,
-                  spec.get("activeDeadlineSeconds"), master_port, tuple(unhonoured), tuple(notes))
+                  spec.get("activeDeadlineSeconds"), master_port, cpu_field(res, where), tuple(unhonoured), tuple(notes))
 
 
 def read_jobset(doc: dict, source: str, master_port: int) -> PodJob:
@@ -107,6 +112,9 @@ def read_jobset(doc: dict, source: str, master_port: int) -> PodJob:
     unhonoured = [f"{base}.template.spec.{key}" for key in POD_UNHONOURED if key in pod]
     unhonoured += [f"{base}.template.spec.containers[{i}] {c['name']}: a second container (the lab runs the first)"
                    for i, c in enumerate(pod["containers"][1:], 1)]
+    if pods.get("backoffLimit", 6) or (spec.get("failurePolicy") or {}).get("maxRestarts"):
+        unhonoured.append("restarts (backoffLimit, failurePolicy.maxRestarts): a failed pod ends the run, as with "
+                          "backoffLimit: 0")
     if pods.get("completionMode", "Indexed") != "Indexed":
         unhonoured.append(f"{base}.completionMode NonIndexed: the pods get no completion index")
     cpus, memory, gpus, notes = read_limits(container.get("resources") or {}, source, f"{where}.resources")
@@ -116,7 +124,8 @@ def read_jobset(doc: dict, source: str, master_port: int) -> PodJob:
     return PodJob("JobSet", name, source, nodes, "", tuple(container["command"]), tuple(container.get("args", ())),
                   tuple(env), image, image_torch(image, doc["metadata"].get("annotations") or {}),
                   tuple(f"{name}-{job['name']}-0-{i}.{subdomain}" for i in range(nodes)), cpus, memory, gpus,
-                  pods.get("activeDeadlineSeconds"), master_port, tuple(unhonoured), tuple(notes))
+                  pods.get("activeDeadlineSeconds"), master_port,
+                  cpu_field(container.get("resources") or {}, f"{where}.resources"), tuple(unhonoured), tuple(notes))
 
 
 def expand(text: str, env: dict[str, str]) -> str:
