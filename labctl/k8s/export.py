@@ -150,7 +150,9 @@ def header(kind: str, job: ExportJob, out: str) -> list[str]:
         f"`labctl k8s run {file}` runs this file on the lab.",
         "",
         "On your cluster:",
-        f"  1. push the lab's node image: docker tag {job.lab_image} {registry} && docker push {registry}",
+        "  1. push the lab's node image where the cluster pulls images from:",
+        f"       docker tag {job.lab_image} {registry}",
+        f"       docker push {registry}",
         *(["     and set image below to it (`labctl k8s export --image REGISTRY/NAME:TAG` writes it);"]
           if registry != job.image else []),
         f"  2. kubectl apply -f {file}",

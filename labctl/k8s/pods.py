@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import math
 import re
+import shlex
 
 from labctl.k8s.export import NODE, RUNTIME
 from labctl.k8s.manifest import (
@@ -158,12 +159,18 @@ def pod_argv(job: PodJob, env: dict[str, str], addresses: list[str]) -> list[str
     return [expand(to_addresses(part, job, addresses), env) for part in (*job.command, *job.args)]
 
 
+def shown_command(job: PodJob) -> str:
+    """The pod's command line as a person reads it: an inline script as its line count."""
+    return shlex.join(part if "\n" not in part else f"<a script of {part.count(chr(10)) + 1} lines>"
+                      for part in (*job.command, *job.args))
+
+
 def describe(job: PodJob) -> list[str]:
     """What the lab takes from the manifest, as `k8s run --dry-run` shows it."""
     limits = [f"{job.cpus:g} CPUs" if job.cpus is not None else "", f"{job.memory_bytes / 2**30:.3g} GiB memory"
               if job.memory_bytes else "", f"{job.gpus} GPU(s)" if job.gpus else ""]
     lines = [f"{job.kind} {job.name} from {job.source}: {job.nodes} pod(s) on nodes 0..{job.nodes - 1}",
-             f"command: {' '.join((*job.command, *job.args))}",
+             f"command: {shown_command(job)}",
              f"image: {job.image}" + (f" (torch {job.image_torch})" if job.image_torch else ""),
              "limits per node: " + (", ".join(part for part in limits if part) or "none")]
     if job.kind == "TrainJob":
