@@ -65,3 +65,25 @@ def test_a_failing_pod_ends_the_run_as_labctl_run_does(lab3, tmp_path):
                                                         "import os, sys; sys.exit(3 if os.environ['PET_NODE_RANK'] == '1' else 0)"]}}}))
     result = labctl("k8s", "run", "--lab", name, str(path))
     assert result.returncode == 3 and "node1" in result.stderr
+
+
+def test_what_the_lab_cannot_be_is_refused_before_anything_starts(lab3, tmp_path):
+    name, _ = lab3
+
+    def manifest(**trainer) -> str:
+        path = tmp_path / "job.yaml"
+        path.write_text(yaml.safe_dump({
+            "apiVersion": "trainer.kubeflow.org/v1alpha1", "kind": "TrainJob", "metadata": {"name": "refused"},
+            "spec": {"runtimeRef": {"name": "torch-distributed"},
+                     "trainer": {"numNodes": 2, "command": ["torchrun", "train.py"], **trainer}}}))
+        return str(path)
+
+    other_torch = labctl("k8s", "run", "--lab", name, manifest(image="pytorch/pytorch:2.7.1-cuda12.8-cudnn9-runtime"))
+    assert other_torch.returncode == 2 and "job.yaml: spec.trainer.image" in other_torch.stderr
+    assert "torch 2.7.1" in other_torch.stderr and "--ignore-image" in other_torch.stderr
+    too_many = labctl("k8s", "run", "--lab", name, manifest(numNodes=4))
+    assert too_many.returncode == 1 and f"labctl up --lab {name} --nodes 4" in too_many.stderr
+    no_gpus = labctl("k8s", "run", "--lab", name, manifest(resourcesPerNode={"limits": {"nvidia.com/gpu": 1}}))
+    assert no_gpus.returncode == 1 and "GPU" in no_gpus.stderr
+    unsaid = labctl("k8s", "run", "--lab", name, "--dry-run", manifest(image="registry.example.com/me/train:v3"))
+    assert unsaid.returncode == 0 and "torch not said" in unsaid.stdout

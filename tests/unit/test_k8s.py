@@ -15,7 +15,7 @@ from test_render import check_golden
 
 from labctl.cli import main
 from labctl.k8s.export import ExportJob, build_manifest, default_name, manifest_name, render_manifest
-from labctl.k8s.manifest import INDEX, ManifestError, load_manifest, quantity
+from labctl.k8s.manifest import INDEX, ManifestError, image_torch, load_manifest, quantity
 from labctl.k8s.pods import describe, expand, pod_argv, pod_env, read_job
 from labctl.k8s.schema import schema_errors
 
@@ -173,6 +173,23 @@ def test_what_the_lab_cannot_honour_is_listed_not_dropped():
     assert any(line.startswith("not honoured: spec.runtimePatches") for line in lines)
     assert any("TOKEN: valueFrom secretKeyRef" in line for line in lines)
     assert any("spec.suspend" in line for line in lines)
+
+
+def test_a_jobsets_volumes_and_node_selector_are_listed_as_not_honoured():
+    doc = build_manifest("jobset", JOB)
+    pod = doc["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["spec"]
+    pod.update(volumes=[{"name": "data", "emptyDir": {}}], nodeSelector={"gpu": "h100"})
+    lines = describe(read(doc))
+    assert any(line.endswith("template.spec.volumes") for line in lines)
+    assert any(line.endswith("template.spec.nodeSelector") for line in lines)
+
+
+@pytest.mark.parametrize("image, annotations, torch", [
+    ("pytorch/pytorch:2.7.1-cuda12.8-cudnn9-runtime", {}, "2.7.1"), ("ddplab-node:torch2.13.0-cpu", {}, "2.13.0"),
+    ("registry.example.com/me/train:v3", {}, ""),
+    ("registry.example.com/me/train:v3", {"ddplab.io/torch-version": "2.13.0"}, "2.13.0")])
+def test_the_torch_a_manifest_says_its_image_has(image, annotations, torch):
+    assert image_torch(image, annotations) == torch
 
 
 @pytest.mark.parametrize("text, value", [("2", 2), (2, 2), ("500m", 0.5), ("4Gi", 4 * 2**30), ("1e3", 1000),
