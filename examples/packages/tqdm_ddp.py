@@ -11,6 +11,7 @@ imported; rank 0 then prints `SUMMARY {"world_size", "tqdm": [each rank's versio
 
 import argparse
 import json
+import os
 import sys
 
 import torch
@@ -43,6 +44,12 @@ def main():
         print("SUMMARY " + json.dumps({"world_size": world, "tqdm": versions, "same_tqdm": len(set(versions)) == 1}),
               flush=True)
     dist.destroy_process_group()
+    # Python's own exit can abort (SIGABRT) while a gloo thread still frees the last collective's
+    # tensors, a few runs in a hundred on a busy machine (pytorch/pytorch#179291): everything is
+    # written, so the process ends here, as `python -m trainer` does.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 if __name__ == "__main__":

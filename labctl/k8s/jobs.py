@@ -54,7 +54,10 @@ def gib_quantity(docker_memory: str | None) -> str | None:
 
 
 class Kubernetes:
-    """The lab's side of `labctl k8s`: export its job, run a manifest on it."""
+    """A lab and Kubernetes (`Lab.k8s`), as `labctl k8s` uses it: `export_job` and `export` write the
+    lab's job as a TrainJob or a JobSet; `plan` reads a manifest as the lab will run it (checked
+    against the API and against the lab, nothing started) and `run` runs that plan, returning the
+    RunResult `Lab.run` would (RunFailed, with it, when a pod fails and `check` is on)."""
 
     def __init__(self, session: LabSession):
         self.session = session
@@ -115,7 +118,7 @@ class Kubernetes:
                               hint="the path of a TrainJob or JobSet manifest (`labctl k8s export` writes one)") from None
         return read_job(load_manifest(text, str(path)), str(path), self.session.config.master_port)
 
-    def check(self, job: PodJob, ignore_image: bool) -> list[str]:
+    def _check(self, job: PodJob, ignore_image: bool) -> list[str]:
         """Refuse what the lab cannot be (fewer nodes, no GPUs, another torch); the lines it adds to the plan."""
         names = self.session.node_names()
         if job.nodes > len(names):
@@ -133,9 +136,8 @@ class Kubernetes:
         image, torch = self.lab_image()
         if job.image == image:
             return [f"runs on: the lab's own image ({image})"]
-        where = "spec.trainer.image" if job.kind == "TrainJob" else "containers[0].image"
         if job.image_torch and job.image_torch != torch and not ignore_image:
-            raise ManifestError(job.source, where, f"{job.image} has torch {job.image_torch}, and the lab's nodes run "
+            raise ManifestError(job.source, job.image_at, f"{job.image} has torch {job.image_torch}, and the lab's nodes run "
                                 f"torch {torch}: a run would not be the job's", hint="--ignore-image runs it on the "
                                 f"lab's torch anyway; `labctl up --torch-version {job.image_torch}` makes a lab of its")
         said = f"torch {job.image_torch}" if job.image_torch else "torch not said (no annotation, no version in the tag)"
@@ -144,7 +146,7 @@ class Kubernetes:
     def plan(self, path: str | Path, *, ignore_image: bool = False, timeout_s: float | None = None) -> PodRun:
         """The lab's run of the manifest at `path`: nothing starts."""
         job = self.read(path)
-        lines = [*describe(job), *self.check(job, ignore_image)]
+        lines = [*describe(job), *self._check(job, ignore_image)]
         names = self.session.node_names()[: job.nodes]
         node_env = self.session.node_env(names)
         found = node_addresses(self.session.client, self.session.name)

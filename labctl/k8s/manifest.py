@@ -68,6 +68,7 @@ class PodJob:
     timeout_s: float | None = None
     master_port: int = MASTER_PORT
     cpu_at: str = ""  # the field the CPU limit came from, for errors naming it
+    image_at: str = "spec.trainer.image"  # the image's field
     unhonoured: tuple[str, ...] = field(default=())
     notes: tuple[str, ...] = field(default=())
 

@@ -86,7 +86,7 @@ def read_trainjob(doc: dict, source: str, master_port: int) -> PodJob:
     return PodJob("TrainJob", name, source, nodes, nproc, tuple(trainer["command"]), tuple(trainer.get("args", ())),
                   tuple(runtime + env), image, image_torch(image, doc["metadata"].get("annotations") or {}),
                   tuple(f"{name}-{NODE}-0-{i}.{name}" for i in range(nodes)), cpus, memory, gpus,
-                  spec.get("activeDeadlineSeconds"), master_port, cpu_field(res, where), tuple(unhonoured), tuple(notes))
+                  spec.get("activeDeadlineSeconds"), master_port, cpu_field(res, where), "spec.trainer.image", tuple(unhonoured), tuple(notes))
 
 
 def read_jobset(doc: dict, source: str, master_port: int) -> PodJob:
@@ -126,7 +126,7 @@ def read_jobset(doc: dict, source: str, master_port: int) -> PodJob:
                   tuple(env), image, image_torch(image, doc["metadata"].get("annotations") or {}),
                   tuple(f"{name}-{job['name']}-0-{i}.{subdomain}" for i in range(nodes)), cpus, memory, gpus,
                   pods.get("activeDeadlineSeconds"), master_port,
-                  cpu_field(container.get("resources") or {}, f"{where}.resources"), tuple(unhonoured), tuple(notes))
+                  cpu_field(container.get("resources") or {}, f"{where}.resources"), f"{where}.image", tuple(unhonoured), tuple(notes))
 
 
 def expand(text: str, env: dict[str, str]) -> str:
