@@ -8,7 +8,7 @@ import click
 
 from labctl.api import bench as benches
 from labctl.cli.app import CONTEXT, invocation, main
-from labctl.cli.options import lab_option, nccl_debug_option, package_options
+from labctl.cli.options import FilePath, lab_option, nccl_debug_option, package_options
 from labctl.core.outfile import is_stdout
 from labctl.core.ui import info
 from labctl.spec.labspec import parse_cpu_limit, parse_nodes_list
@@ -144,7 +144,7 @@ def sweep_options(json_help: str, plot_lines: str):
         click.option("--efficiency", type=click.FloatRange(0.01, 1.0), default=0.85, show_default=True,
                      help="Efficiency the cost model assumes."),
         click.option("--json", "as_json", is_flag=True, help=json_help),
-        click.option("--plot", "plot_path", type=click.Path(dir_okay=False, path_type=Path),
+        click.option("--plot", "plot_path", type=FilePath(dir_okay=False, path_type=Path),
                      help=f"Write a PNG of busbw against size{plot_lines}; - for standard output (the table then "
                           "goes to stderr)."),
     ]
@@ -225,7 +225,7 @@ def bench_collectives_cmd(lab, ops, sizes, iters, efficiency, as_json, plot_path
 @click.option("--efficiency", type=click.FloatRange(0.01, 1.0), default=0.85, show_default=True,
               help="Efficiency the cost model assumes.")
 @click.option("--no-host", is_flag=True, help="Leave out the rows that run on the host.")
-@click.option("--out", "out_dir", type=click.Path(file_okay=False, path_type=Path),
+@click.option("--out", "out_dir", type=FilePath(file_okay=False, path_type=Path),
               help="Where to write scaling.md, scaling.json and the plots [default: .lab/<lab>/bench-scaling].")
 @click.option("--json", "as_json", is_flag=True,
               help='Print {"rows": [{"name", "nodes", "nproc_per_node", "bw", "tokens_per_s", ...}]}.')
@@ -251,7 +251,7 @@ def bench_scaling_cmd(lab, workload, nodes_list, rates, delay, nproc, steps, mic
 @click.option("--steps", type=click.IntRange(3, 10_000), default=30, show_default=True, help="Optimizer steps per run.")
 @click.option("--repeats", type=click.IntRange(1, 20), default=1, show_default=True,
               help="Runs of each case, in rounds; its row is their median prediction against their median step.")
-@click.option("--out", "out_dir", type=click.Path(file_okay=False, path_type=Path),
+@click.option("--out", "out_dir", type=FilePath(file_okay=False, path_type=Path),
               help="Where to write predict.md, predict.json and predict.png [default: .lab/<lab>/bench-predict].")
 @click.option("--json", "as_json", is_flag=True, help="Print the rows and the error's statistics as JSON.")
 def bench_predict_cmd(lab, steps, repeats, out_dir, as_json) -> None:
@@ -280,7 +280,7 @@ def bench_predict_cmd(lab, steps, repeats, out_dir, as_json) -> None:
 @click.option("--steps", type=click.IntRange(3, 10_000), default=30, show_default=True, help="Optimizer steps per run.")
 @click.option("--repeats", type=click.IntRange(1, 20), default=2, show_default=True,
               help="Alternated runs of each split; the median is reported.")
-@click.option("--out", "out_dir", type=click.Path(file_okay=False, path_type=Path),
+@click.option("--out", "out_dir", type=FilePath(file_okay=False, path_type=Path),
               help="Where to write straggler-timeline.png [default: .lab/<lab>/bench-straggler].")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
 def bench_straggler_cmd(lab, node, cpus, workload, micro_batch, steps, repeats, out_dir, as_json) -> None:

@@ -8,7 +8,7 @@ import click
 
 from labctl.api.inputs import build_user_env, job_args
 from labctl.cli.app import CONTEXT, invocation, main
-from labctl.cli.options import SCRIPT_CONTEXT, dry_run_option, env_options, json_option, lab_option, nproc_option, script_argument
+from labctl.cli.options import FilePath, SCRIPT_CONTEXT, dry_run_option, env_options, json_option, lab_option, nproc_option, script_argument
 from labctl.core.outfile import is_stdout
 from labctl.core.ui import info
 from labctl.spec.labspec import check_nproc
@@ -41,7 +41,7 @@ def k8s() -> None:
                                                            "name, which a cluster cannot pull].")
 @click.option("--name", metavar="NAME", help="metadata.name [default: LAB-SCRIPT, e.g. ddplab-trainer].")
 @env_options
-@click.option("-o", "--out", "out", type=click.Path(dir_okay=False, path_type=Path), default=None,
+@click.option("-o", "--out", "out", type=FilePath(dir_okay=False, path_type=Path), default=None,
               help="Where to write it; - for standard output [default: trainjob.yaml or jobset.yaml].")
 @script_argument
 def k8s_export(lab, kind, nodes, nproc_per_node, image, name, env_pairs, env_files, out, script) -> None:
@@ -64,7 +64,7 @@ def k8s_export(lab, kind, nodes, nproc_per_node, image, name, env_pairs, env_fil
 
 @k8s.command("run", context_settings=CONTEXT)
 @lab_option
-@click.argument("manifest", metavar="FILE", type=click.Path(path_type=Path))
+@click.argument("manifest", metavar="FILE", type=FilePath(path_type=Path))
 @click.option("--ignore-image", is_flag=True, help="Run it even where the manifest's image has another torch than the "
                                                    "lab's (the lab's image runs either way).")
 @click.option("--timeout-s", type=click.FloatRange(min=1), default=None, metavar="S",

@@ -16,6 +16,7 @@ from labctl import api
 from labctl.api import images
 from labctl.cli.app import CONTEXT, invocation, main
 from labctl.cli.options import (
+    FilePath,
     SCRIPT_CONTEXT,
     dry_run_option,
     json_option,
@@ -225,7 +226,7 @@ def down(lab, volumes, dry_run) -> None:
 @nproc_option("Processes per machine [default 1].")
 @torchrun_option("--master-port", metavar="PORT", help="Rendezvous port on the first host [default 29500].")
 @torchrun_option("--rdzv-id", default="ddplab", show_default=True, metavar="ID", help="Rendezvous id, the same on every host.")
-@click.option("--out", "out_dir", type=click.Path(path_type=Path), default=Path(".lab/hosts"), show_default=True,
+@click.option("--out", "out_dir", type=FilePath(path_type=Path), default=Path(".lab/hosts"), show_default=True,
               help="Directory for the env files.")
 def env(hosts, iface, nproc_per_node, master_port, rdzv_id, out_dir) -> None:
     """Write the same per-node env files for real machines, and print the command for each.

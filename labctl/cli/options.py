@@ -15,6 +15,17 @@ from labctl.spec.labspec import SETTINGS, LabSpec
 SCRIPT_CONTEXT = {**CONTEXT, "ignore_unknown_options": True, "allow_interspersed_args": False}
 
 
+class FilePath(click.Path):
+    """click.Path, with a name no file system can hold (a lone surrogate, from undecodable bytes in
+    argv) a usage error like any other bad path, where click's own os.stat raises UnicodeEncodeError."""
+
+    def convert(self, value, param, ctx):
+        try:
+            return super().convert(value, param, ctx)
+        except UnicodeEncodeError:
+            self.fail(f"{value!r} cannot be a file name on this system", param, ctx)
+
+
 class TorchrunSpelling(click.Option):
     """An option torchrun has too, taking torchrun's underscore spelling (--nproc_per_node) beside
     labctl's (--nproc-per-node), as torchrun itself does; --help shows labctl's alone."""

@@ -10,7 +10,7 @@ import click
 
 from labctl.api.inputs import job_args
 from labctl.cli.app import CONTEXT, invocation, main
-from labctl.cli.options import SCRIPT_CONTEXT, json_option, lab_option, script_argument
+from labctl.cli.options import FilePath, SCRIPT_CONTEXT, json_option, lab_option, script_argument
 from labctl.core.outfile import is_stdout
 from labctl.core.ui import info
 
@@ -136,7 +136,7 @@ def slurm_cancel(lab, job) -> None:
 @job_options
 @click.option("--partition", metavar="NAME", help="Your cluster's partition (#SBATCH --partition).")
 @click.option("--account", metavar="NAME", help="Your cluster's account (#SBATCH --account).")
-@click.option("-o", "--out", "out", type=click.Path(dir_okay=False, path_type=Path), default=Path("job.sbatch"),
+@click.option("-o", "--out", "out", type=FilePath(dir_okay=False, path_type=Path), default=Path("job.sbatch"),
               show_default=True, help="Where to write the script; - for standard output.")
 @script_argument
 def slurm_export(lab, nodes, nproc_per_node, time_limit, nnodes, max_restarts, partition, account, out, script) -> None:

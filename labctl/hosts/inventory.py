@@ -329,8 +329,8 @@ def load_inventory(path: Path, given: bool = True) -> Inventory:
         kind = LabError if given else StateError
         raise kind(f"no inventory at {path}", hint="write one (see `labctl hosts --help`), or `labctl up --ssh` "
                    "writes .lab/<lab>/hosts.toml for the lab's nodes") from None
-    except (OSError, UnicodeDecodeError) as exc:  # a folder, no permission, a name too long, not text
-        raise LabError(f"cannot read the inventory {path}: {exc.strerror if isinstance(exc, OSError) else exc}",
+    except (OSError, UnicodeError) as exc:  # a folder, no permission, a name too long, not text, no file name
+        raise LabError(f"cannot read the inventory {str(path)!r}: {exc.strerror if isinstance(exc, OSError) else exc}",
                        hint="--inventory takes the path of a TOML file") from None
     inventory = parse_inventory(text, path)
     for index, host in enumerate(inventory.hosts):

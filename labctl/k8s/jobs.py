@@ -103,7 +103,11 @@ class Kubernetes:
         """Write the manifest of `job` (kind trainjob or jobset) to `out` (`-`: standard output)."""
         if kind not in KINDS:
             raise ConfigError("--kind", kind, f"must be one of {', '.join(KINDS)}")
-        write_text(out, render_manifest(kind, job, str(out)))
+        try:
+            write_text(out, render_manifest(kind, job, str(out)))
+        except OSError as exc:
+            raise ConfigError("--out", str(out), f"must be a file that can be written ({exc.strerror})",
+                              hint=f"labctl k8s export -o {kind}.yaml -- -m trainer, or -o - for standard output") from None
         return Path(out)
 
     # ------------------------------------------------------------------------------------------ run
@@ -113,7 +117,7 @@ class Kubernetes:
         path = Path(path)
         try:
             text = path.read_text()
-        except (OSError, UnicodeDecodeError) as exc:
+        except (OSError, UnicodeError) as exc:  # no such file, a folder, not text, a name no file can have
             raise ConfigError("FILE", str(path), f"cannot be read: {getattr(exc, 'strerror', None) or exc}",
                               hint="the path of a TrainJob or JobSet manifest (`labctl k8s export` writes one)") from None
         return read_job(load_manifest(text, str(path)), str(path), self.session.config.master_port)

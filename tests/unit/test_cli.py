@@ -29,6 +29,10 @@ def invoke(*args):
     (["up", "--master-port", "22"], "from 1024 to 65535"),
     (["up", "--lab", "Bad Name"], "lowercase"),
     (["build", "--torch-version", "two"], "release such as"),
+    # a name no file system can hold (a lone surrogate from undecodable argv bytes): a usage error, not a traceback
+    (["hosts", "check", "--inventory", "\udd00"], "cannot read the inventory"),
+    (["slurm", "export", "-o", "\udd00", "--", "-m", "trainer"], "cannot be a file name on this system"),
+    (["k8s", "run", "\udd00"], "cannot be a file name on this system"),
     (["build", "--json"], "--json goes with --print-hash"),
     (["build", "--print-hash", "--force"], "builds nothing"),
     (["build", "--print-hash", "--mismatch-image"], "builds nothing"),
