@@ -163,6 +163,8 @@ def header(kind: str, job: ExportJob, out: str) -> list[str]:
         f"  - the workspace: every lab node sees {job.workspace or 'your project'} at the same path; a pod sees",
         "    only its image. Put your code into the image (FROM it, COPY your project) or onto a volume.",
         "    (`-m trainer` is in the image, /opt/ddplab/trainer.)",
+        "  - the shared volume: /shared is one folder on every lab node; pods share none unless you give",
+        "    them one (a ReadWriteMany PersistentVolumeClaim, mounted through the runtime's patches).",
         "  - shaped links: pods talk over the cluster's network as it is"
         + (f"; the lab's: {'; '.join(job.shaped)}." if job.shaped else "."),
         *(["  - the lab's CPU kernels (ATEN_CPU_CAPABILITY and the rest in env below) come along: the loss",
