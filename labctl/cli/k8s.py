@@ -8,7 +8,16 @@ import click
 
 from labctl.api.inputs import build_user_env, job_args
 from labctl.cli.app import CONTEXT, invocation, main
-from labctl.cli.options import FilePath, SCRIPT_CONTEXT, dry_run_option, env_options, json_option, lab_option, nproc_option, script_argument
+from labctl.cli.options import (
+    SCRIPT_CONTEXT,
+    FilePath,
+    dry_run_option,
+    env_options,
+    json_option,
+    lab_option,
+    nproc_option,
+    script_argument,
+)
 from labctl.core.outfile import is_stdout
 from labctl.core.ui import info
 from labctl.spec.labspec import check_nproc

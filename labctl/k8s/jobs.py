@@ -141,9 +141,11 @@ class Kubernetes:
         if job.image == image:
             return [f"runs on: the lab's own image ({image})"]
         if job.image_torch and job.image_torch != torch and not ignore_image:
-            raise ManifestError(job.source, job.image_at, f"{job.image} has torch {job.image_torch}, and the lab's nodes run "
-                                f"torch {torch}: a run would not be the job's", hint="--ignore-image runs it on the "
-                                f"lab's torch anyway; `labctl up --torch-version {job.image_torch}` makes a lab of its")
+            raise ManifestError(job.source, job.image_at,
+                                f"{job.image} has torch {job.image_torch}, and the lab's nodes run torch {torch}: a "
+                                "run would not be the job's",
+                                hint=f"--ignore-image runs it on the lab's torch anyway; `labctl up --torch-version "
+                                     f"{job.image_torch}` makes a lab of its")
         said = f"torch {job.image_torch}" if job.image_torch else "torch not said (no annotation, no version in the tag)"
         return [f"runs on: the lab's own image, {image} (torch {torch}), in place of {job.image} ({said})"]
 

@@ -103,7 +103,8 @@ def load_manifest(text: str, source: str) -> dict:
     if errors:
         where, problem = errors[0]
         more = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
-        raise ManifestError(source, where, problem + more, hint=f"the {kind} fields the lab reads, and their types: the Kubernetes "
+        raise ManifestError(source, where, problem + more,
+                            hint=f"the {kind} fields the lab reads, and their types: the Kubernetes "
                             f"how-to (docs/how-to/kubernetes.md); `labctl k8s export` writes a valid {kind}")
     return doc
 

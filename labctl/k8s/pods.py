@@ -83,10 +83,13 @@ def read_trainjob(doc: dict, source: str, master_port: int) -> PodJob:
     image = trainer.get("image") or RUNTIME_IMAGE
     if not trainer.get("image"):
         notes.append(f"spec.trainer.image unset: the runtime's, {RUNTIME_IMAGE}")
-    return PodJob("TrainJob", name, source, nodes, nproc, tuple(trainer["command"]), tuple(trainer.get("args", ())),
-                  tuple(runtime + env), image, image_torch(image, doc["metadata"].get("annotations") or {}),
-                  tuple(f"{name}-{NODE}-0-{i}.{name}" for i in range(nodes)), cpus, memory, gpus,
-                  spec.get("activeDeadlineSeconds"), master_port, cpu_field(res, where), "spec.trainer.image", tuple(unhonoured), tuple(notes))
+    return PodJob(kind="TrainJob", name=name, source=source, nodes=nodes, nproc_per_node=nproc,
+                  command=tuple(trainer["command"]), args=tuple(trainer.get("args", ())), env=tuple(runtime + env),
+                  image=image, image_torch=image_torch(image, doc["metadata"].get("annotations") or {}),
+                  pod_names=tuple(f"{name}-{NODE}-0-{i}.{name}" for i in range(nodes)), cpus=cpus,
+                  memory_bytes=memory, gpus=gpus, timeout_s=spec.get("activeDeadlineSeconds"), master_port=master_port,
+                  cpu_at=cpu_field(res, where), image_at="spec.trainer.image", unhonoured=tuple(unhonoured),
+                  notes=tuple(notes))
 
 
 def read_jobset(doc: dict, source: str, master_port: int) -> PodJob:
@@ -122,11 +125,13 @@ def read_jobset(doc: dict, source: str, master_port: int) -> PodJob:
     env = env_entries(container.get("env"), source, f"{where}.env", unhonoured)
     subdomain = (spec.get("network") or {}).get("subdomain") or name
     image = container.get("image", "")
-    return PodJob("JobSet", name, source, nodes, "", tuple(container["command"]), tuple(container.get("args", ())),
-                  tuple(env), image, image_torch(image, doc["metadata"].get("annotations") or {}),
-                  tuple(f"{name}-{job['name']}-0-{i}.{subdomain}" for i in range(nodes)), cpus, memory, gpus,
-                  pods.get("activeDeadlineSeconds"), master_port,
-                  cpu_field(container.get("resources") or {}, f"{where}.resources"), f"{where}.image", tuple(unhonoured), tuple(notes))
+    return PodJob(kind="JobSet", name=name, source=source, nodes=nodes, nproc_per_node="",
+                  command=tuple(container["command"]), args=tuple(container.get("args", ())), env=tuple(env),
+                  image=image, image_torch=image_torch(image, doc["metadata"].get("annotations") or {}),
+                  pod_names=tuple(f"{name}-{job['name']}-0-{i}.{subdomain}" for i in range(nodes)), cpus=cpus,
+                  memory_bytes=memory, gpus=gpus, timeout_s=pods.get("activeDeadlineSeconds"), master_port=master_port,
+                  cpu_at=cpu_field(container.get("resources") or {}, f"{where}.resources"), image_at=f"{where}.image",
+                  unhonoured=tuple(unhonoured), notes=tuple(notes))
 
 
 def expand(text: str, env: dict[str, str]) -> str:

@@ -58,11 +58,11 @@ def test_a_handwritten_kubeflow_style_trainjob_runs_with_world_size_2(lab3, dock
 def test_a_failing_pod_ends_the_run_as_labctl_run_does(lab3, tmp_path):
     name, _ = lab3
     path = tmp_path / "fails.yaml"
+    exit_3_on_rank_1 = "import os, sys; sys.exit(3 if os.environ['PET_NODE_RANK'] == '1' else 0)"
     path.write_text(yaml.safe_dump({
         "apiVersion": "trainer.kubeflow.org/v1alpha1", "kind": "TrainJob", "metadata": {"name": "fails"},
         "spec": {"runtimeRef": {"name": "torch-distributed"},
-                 "trainer": {"numNodes": 2, "command": ["python", "-c",
-                                                        "import os, sys; sys.exit(3 if os.environ['PET_NODE_RANK'] == '1' else 0)"]}}}))
+                 "trainer": {"numNodes": 2, "command": ["python", "-c", exit_3_on_rank_1]}}}))
     result = labctl("k8s", "run", "--lab", name, str(path))
     assert result.returncode == 3 and "node1" in result.stderr
 

@@ -57,7 +57,8 @@ def test_the_jobset_names_its_first_pod_and_takes_the_rank_from_the_completion_i
     container = pods["template"]["spec"]["containers"][0]
     env = {var["name"]: var.get("value", var.get("valueFrom")) for var in container["env"]}
     assert env["MASTER_ADDR"] == "demo-trainer-node-0-0.demo-trainer"
-    assert env["NODE_RANK"] == {"fieldRef": {"fieldPath": "metadata.annotations['batch.kubernetes.io/job-completion-index']"}}
+    index = "metadata.annotations['batch.kubernetes.io/job-completion-index']"
+    assert env["NODE_RANK"] == {"fieldRef": {"fieldPath": index}}
     assert container["args"][:3] == ["--nnodes=3", "--nproc-per-node=1", "--node-rank=$(NODE_RANK)"]
 
 
