@@ -97,6 +97,13 @@ def first_symptom(pattern: str, outcomes) -> str:
     return ""
 
 
+def symptom_remains(scenario: Scenario, broken: str, fixed: str) -> bool:
+    """Whether the fixed run still shows the problem: its symptom line at all, or as the scenario judges it."""
+    if not fixed:
+        return False
+    return scenario.still_there(broken, fixed) if scenario.still_there else True
+
+
 def run_scenario(client, config, workspace, scenario: Scenario, report) -> ScenarioOutcome:
     """The whole story on a throwaway lab (config.lab), which is removed whatever happens."""
     timeline, kept = "", None
@@ -140,7 +147,8 @@ def run_scenario(client, config, workspace, scenario: Scenario, report) -> Scena
                                               max(10.0, scenario.bound_s - (t1 - started))), echo=False, check=False)
         fixed_s = time.monotonic() - t1
         # fixed means it succeeded, and where it succeeds either way, that the symptom is gone
-        fixed_ok = fixed.ok and not (scenario.fixed_without_symptom and first_symptom(scenario.symptom, fixed.outcomes))
+        fixed_ok = fixed.ok and not (scenario.fixed_without_symptom
+                                     and symptom_remains(scenario, symptom, first_symptom(scenario.symptom, fixed.outcomes)))
     finally:
         lab_mod.apply_down(client, config.lab, volumes=True)
         remove_lab_folder(lab_mod.lab_dir(workspace, config.lab), keep=kept)

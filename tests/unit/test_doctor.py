@@ -156,3 +156,17 @@ def test_world_size_is_the_sum_of_every_nodes_processes():
         e["WORLD_SIZE"] = "4"
     [bad] = [f for f in check_env(mixed) if not f.ok]
     assert "WORLD_SIZE=4 but the nodes' NPROC_PER_NODE add up to 2 + 1 = 3" in bad.message
+
+
+def test_a_straggler_fixed_is_one_the_others_no_longer_wait_for():
+    from labctl.api.scenarios import SCENARIOS, symptom_remains
+
+    straggler = SCENARIOS["straggler"]
+    broken = ("straggler: rank 1 on node1 computes 1.7x the median rank's time per step; the others waited 2.31 s for "
+              "it over 11 steps")
+    noise = "straggler: rank 0 on node0 computes 1.2x the median rank's time per step; the others waited 0.21 s for it over 11 steps"
+    still = "straggler: rank 1 on node1 computes 1.5x the median rank's time per step; the others waited 1.10 s for it over 11 steps"
+    assert not symptom_remains(straggler, broken, "")
+    assert not symptom_remains(straggler, broken, noise)  # two busy nodes differ, but nobody waits any more
+    assert symptom_remains(straggler, broken, still)
+    assert symptom_remains(SCENARIOS["package-drift"], "package drift: x", "package drift: x")  # any line counts there
