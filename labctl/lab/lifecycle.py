@@ -270,6 +270,13 @@ def apply_down(client, lab: str, volumes: bool = False) -> dict[str, int]:
             return 1
         except docker.errors.NotFound:
             return 0
+        except docker.errors.APIError as exc:
+            # Another process (a concurrent `down` or `gc` of the same lab) is removing it already: wait
+            # for that to end, as if this call had removed it, rather than fail on the engine's 409.
+            if exc.status_code != 409 or "already in progress" not in str(exc) or not isinstance(resource, dict):
+                raise
+            _wait_gone(client, resource["Id"])
+            return 0
 
     if kill_orphaned_compose(lab):
         time.sleep(0.5)  # let the engine finish the create calls already in flight
@@ -282,6 +289,19 @@ def apply_down(client, lab: str, volumes: bool = False) -> dict[str, int]:
     if volumes:
         removed_volumes = sum(remove(v) for v in lab_volumes(client, lab))
     return {"containers": removed_containers, "networks": removed_networks, "volumes": removed_volumes}
+
+
+def _wait_gone(client, container_id: str, wait_s: float = 30.0) -> None:
+    """Until the engine no longer knows the container (another process is removing it)."""
+    import docker.errors
+
+    deadline = time.monotonic() + wait_s
+    while time.monotonic() < deadline:
+        try:
+            client.api.inspect_container(container_id)
+        except docker.errors.NotFound:
+            return
+        time.sleep(0.2)
 
 
 def _remove_network(network, lab: str, removed: list[str], wait_s: float = 10.0) -> int:
