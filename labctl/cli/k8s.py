@@ -6,7 +6,7 @@ from pathlib import Path
 
 import click
 
-from labctl.api.inputs import build_user_env, job_args
+from labctl.api.inputs import MANIFEST_KINDS, build_user_env, job_args
 from labctl.cli.app import CONTEXT, invocation, main
 from labctl.cli.options import (
     SCRIPT_CONTEXT,
@@ -21,8 +21,6 @@ from labctl.cli.options import (
 from labctl.core.outfile import is_stdout
 from labctl.core.ui import info
 from labctl.spec.labspec import check_nproc
-
-KINDS = ("trainjob", "jobset")
 
 
 @main.group(context_settings=CONTEXT)
@@ -41,7 +39,7 @@ def k8s() -> None:
 
 @k8s.command("export", context_settings=SCRIPT_CONTEXT)
 @lab_option
-@click.option("--kind", type=click.Choice(KINDS, case_sensitive=False), default="trainjob", show_default=True,
+@click.option("--kind", type=click.Choice(MANIFEST_KINDS, case_sensitive=False), default="trainjob", show_default=True,
               help="trainjob: Kubeflow Trainer's TrainJob on its torch-distributed runtime; jobset: a JobSet of "
                    "indexed pods running torchrun.")
 @click.option("-N", "--nodes", type=click.IntRange(1, 64), metavar="N", help="Nodes [default: the lab's].")

@@ -177,14 +177,15 @@ def node_cpus_limit(client, lab: str, node: str, cpus: int | None = None) -> flo
     return nano / 1e9 if nano and nano < (cpus or engine_cpus(client)) * 1e9 else None
 
 
-def apply_node_cpus(client, lab: str, node: str, cpus: float | None) -> float | None:
-    """Change a running node's CPU limit in place (no restart): a straggler on demand.
+def apply_node_cpus(client, lab: str, node: str, cpus: float | None, purpose: str = "") -> float | None:
+    """Change a running node's CPU limit in place (no restart): a straggler on demand, or a manifest's
+    limit for a `k8s run` (`purpose` says which, where an engine refuses CPU limits).
 
     None lifts the limit. `docker update --cpus 0` is ignored by the engine once a limit is set,
     so "no limit" is written as all of the engine's CPUs, which is the same thing.
     """
     engine = engine_mod.inspect_engine(client)
-    refused = engine_mod.cpu_limits_refusal(engine, f"slowing {node} down") if cpus is not None else None
+    refused = engine_mod.cpu_limits_refusal(engine, purpose or f"slowing {node} down") if cpus is not None else None
     if refused:
         raise refused
     value = cpus if cpus is not None else engine.cpus
@@ -245,21 +246,11 @@ def node_limits(client, lab: str, node: str) -> tuple[int, int, int]:
     return config.get("NanoCpus") or 0, config.get("Memory") or 0, config.get("MemorySwap") or 0
 
 
-def apply_node_limits(client, lab: str, node: str, cpus: float | None, memory: int | None,
-                      before: tuple[int, int, int]) -> None:
-    """A running node's CPU limit and memory limit (bytes) changed in place (`docker update`), those
-    given and only those; swap keeps the room over memory it had in `before` (node_limits)."""
-    nano, mem, swap = before
-    args = ["--cpus", f"{cpus:g}"] if cpus is not None else []
-    if memory is not None:
-        args += ["--memory", str(memory), "--memory-swap", str(memory + swap - mem if swap > 0 and mem > 0 else -1)]
-    if args:
-        run(["docker", "update", *args, container_name(lab, node)], timeout_s=60)
-
-
-def limits_back(client, before: tuple[int, int, int]) -> tuple[float, int]:
-    """(CPUs, memory bytes) that put a node back as `before` had it: "no limit" as all of the engine's
-    CPUs or memory, since the engine ignores 0 once a limit is set."""
-    engine = engine_mod.inspect_engine(client)
-    nano, mem, _swap = before
-    return (nano / 1e9 if nano else engine.cpus), (mem or engine.memory_bytes)
+def apply_node_memory(client, lab: str, node: str, memory: int | None, before: tuple[int, int, int]) -> None:
+    """A running node's memory limit (bytes) changed in place (`docker update`); swap keeps the room over
+    memory it had in `before` (node_limits). None puts back no limit, written as all of the engine's
+    memory: the engine ignores 0 once a limit is set (as apply_node_cpus does for CPUs)."""
+    _nano, mem, swap = before
+    memory = memory if memory is not None else engine_mod.inspect_engine(client).memory_bytes
+    run(["docker", "update", "--memory", str(memory), "--memory-swap",
+         str(memory + swap - mem if swap > 0 and mem > 0 else -1), container_name(lab, node)], timeout_s=60)

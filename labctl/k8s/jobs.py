@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from labctl.core.outfile import write_text
-from labctl.engine.docker import apply_node_limits, engine_cpus, limits_back, node_limits
+from labctl.engine.docker import apply_node_cpus, apply_node_memory, engine_cpus, node_limits
 from labctl.engine.labels import container_name
 from labctl.errors import ConfigError, StateError
 from labctl.k8s.export import KINDS, ExportJob, default_name, manifest_name, render_manifest
@@ -62,13 +62,18 @@ class Kubernetes:
     def __init__(self, session: LabSession):
         self.session = session
 
-    def lab_image(self) -> tuple[str, str]:
-        """(the image the lab's nodes run, its torch release): the running lab's, else what `up` would run."""
-        config = self.session.config
+    def _running(self) -> list:
+        """The lab's nodes as the engine has them; none where there is no engine (`k8s export` needs none)."""
         try:
-            nodes = self.session.status()
-        except StateError:  # no engine: `k8s export` needs none
-            nodes = []
+            return self.session.status()
+        except StateError:
+            return []
+
+    def lab_image(self, nodes: list | None = None) -> tuple[str, str]:
+        """(the image the lab's nodes run, its torch release): the running lab's, else what `up` would run.
+        `nodes`: the lab's, where the caller has read them already."""
+        config = self.session.config
+        nodes = self._running() if nodes is None else nodes
         if not nodes:
             return config.image_tag, config.torch_version
         api = self.session.client.api
@@ -76,23 +81,17 @@ class Kubernetes:
         labels = api.inspect_image(image)["Config"].get("Labels") or {}
         return image, labels.get(TORCH_LABEL) or nodes[0].torch.split("+")[0]
 
-    def _nodes(self) -> int:
-        try:
-            return len(self.session.status()) or self.session.config.nodes
-        except StateError:
-            return self.session.config.nodes
-
     def export_job(self, args: list[str], *, nodes: int | None = None, nproc_per_node: int | None = None,
                    image: str | None = None, name: str | None = None, env: dict[str, str] | None = None) -> ExportJob:
         """The job `labctl run -- ARGS` runs on the lab, as a manifest states it."""
-        config = self.session.config
-        lab_image, torch = self.lab_image()
+        config, running = self.session.config, self._running()
+        lab_image, torch = self.lab_image(running)
         if name is not None and manifest_name(name) != name:
             raise ConfigError("--name", name, "must be a DNS label of at most 40 characters: lower-case letters, "
                               "digits and -, a letter first", hint=f"--name {manifest_name(name)}")
         shaped = (f"every link at {config.bw}",) if config.bw else ()
         return ExportJob(name=name or default_name(self.session.name, args), args=tuple(args),
-                         image=image or lab_image, nodes=nodes or self._nodes(),
+                         image=image or lab_image, nodes=nodes or len(running) or config.nodes,
                          nproc_per_node=nproc_per_node or config.nproc_per_node,
                          env={**CPU_KERNEL_ENV[config.cpu_kernels], **(env or {})}, cpus=config.cpus,
                          memory=gib_quantity(config.memory), gpus=config.gpus_per_node if config.gpus else 0,
@@ -122,9 +121,9 @@ class Kubernetes:
                               hint="the path of a TrainJob or JobSet manifest (`labctl k8s export` writes one)") from None
         return read_job(load_manifest(text, str(path)), str(path), self.session.config.master_port)
 
-    def _check(self, job: PodJob, ignore_image: bool) -> list[str]:
-        """Refuse what the lab cannot be (fewer nodes, no GPUs, another torch); the lines it adds to the plan."""
-        names = self.session.node_names()
+    def _check(self, job: PodJob, names: list[str], ignore_image: bool) -> list[str]:
+        """Refuse what the lab cannot be (fewer nodes than `names`, no GPUs, another torch); the lines it adds
+        to the plan."""
         if job.nodes > len(names):
             raise StateError(f"{job.source}: the {job.kind} asks for {job.nodes} nodes and lab {self.session.name} "
                              f"has {len(names)}", hint=f"labctl up --lab {self.session.name} --nodes {job.nodes}")
@@ -152,8 +151,9 @@ class Kubernetes:
     def plan(self, path: str | Path, *, ignore_image: bool = False, timeout_s: float | None = None) -> PodRun:
         """The lab's run of the manifest at `path`: nothing starts."""
         job = self.read(path)
-        lines = [*describe(job), *self._check(job, ignore_image)]
-        names = self.session.node_names()[: job.nodes]
+        names = self.session.node_names()
+        lines = [*describe(job), *self._check(job, names, ignore_image)]
+        names = names[: job.nodes]
         node_env = self.session.node_env(names)
         found = node_addresses(self.session.client, self.session.name)
         addresses = [found[name] for name in names]
@@ -176,20 +176,22 @@ class Kubernetes:
         """Run the plan with the manifest's limits on its nodes, then give the nodes their own back."""
         client, lab, job = self.session.client, self.session.name, pods.job
         before = {name: node_limits(client, lab, name) for name in pods.plan.nodes}
-        changed = {name: (job.cpus if job.cpus is not None and round(job.cpus * 1e9) != old[0] else None,
-                          job.memory_bytes if job.memory_bytes is not None and job.memory_bytes != old[1] else None)
-                   for name, old in before.items()}
+        cpus = {name: old[0] for name, old in before.items()
+                if job.cpus is not None and round(job.cpus * 1e9) != old[0]}  # node -> its NanoCpus
+        memory = {name: old[1] for name, old in before.items()
+                  if job.memory_bytes is not None and job.memory_bytes != old[1]}  # node -> its Memory
+        purpose = f"{job.source}'s CPU limit"
         try:
-            for name, (cpus, memory) in changed.items():
-                apply_node_limits(client, lab, name, cpus, memory, before[name])
+            for name in cpus:
+                apply_node_cpus(client, lab, name, job.cpus, purpose)
+            for name in memory:
+                apply_node_memory(client, lab, name, job.memory_bytes, before[name])
             return self.session.execute(pods.plan, echo=echo, check=check)
         finally:
-            for name, (cpus, memory) in changed.items():
-                if cpus is not None or memory is not None:
-                    old_cpus, old_memory = limits_back(client, before[name])
-                    apply_node_limits(client, lab, name, old_cpus if cpus is not None else None,
-                                      old_memory if memory is not None else None, before[name])
-
+            for name, nano in cpus.items():
+                apply_node_cpus(client, lab, name, nano / 1e9 or None, purpose)
+            for name, mem in memory.items():
+                apply_node_memory(client, lab, name, mem or None, before[name])
 
 # The lab's identity in each node's env file, which no pod has (PET_* is left out as a prefix).
 LAB_IDENTITY = ("MASTER_ADDR", "MASTER_PORT", "NNODES", "NODE_RANK", "NPROC_PER_NODE", "WORLD_SIZE")
