@@ -5,8 +5,9 @@ A run is a RunPlan like `labctl run`'s, executed and judged the same way (the ro
 the exit status, the SUMMARY): only each node's process differs. Each node runs the pod's command
 and args with the pod's environment (the manifest's `env`; for a TrainJob, the torch runtime's
 PET_* first), under `env -u` for the lab's own rendezvous variables (its env file's MASTER_ADDR,
-NODE_RANK, PET_RDZV_*...), which no pod has. The manifest's CPU and memory limits are the nodes'
-for the run, and the nodes get their own back after it.
+NODE_RANK, PET_RDZV_*...), which no pod has; a `python` or `torchrun` command is forked by the
+node's fork server, as `labctl run` starts its processes (labctl.k8s.pods.warm). The manifest's
+CPU and memory limits are the nodes' for the run, and the nodes get their own back after it.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from labctl.engine.labels import container_name
 from labctl.errors import ConfigError, StateError
 from labctl.k8s.export import KINDS, ExportJob, default_name, manifest_name, render_manifest
 from labctl.k8s.manifest import ManifestError, PodJob, load_manifest
-from labctl.k8s.pods import describe, pod_argv, pod_env, read_job
+from labctl.k8s.pods import describe, pod_argv, pod_env, read_job, warm
 from labctl.net.apply import node_addresses
 from labctl.run.launch import PG_TIMEOUT_VAR, Launch, run_env, threads_per_process
 from labctl.run.plan import RunPlan, new_run
@@ -166,7 +167,7 @@ class Kubernetes:
             env = pod_env(job, index, addresses)
             unset = [arg for key in node_env[name] if key not in env for arg in ("-u", key)
                      if key.startswith("PET_") or key in LAB_IDENTITY]
-            launches.append(Launch(name, name, ["env", *unset, *pod_argv(job, env, addresses)], {**common, **env}))
+            launches.append(Launch(name, name, ["env", *unset, *warm(pod_argv(job, env, addresses))], {**common, **env}))
         timeout = timeout_s if timeout_s is not None else job.timeout_s
         plan = RunPlan(run_id, run_dir, node_env, launches, store=False, timeout_s=timeout,
                        launcher=job.kind, why=f"each node runs pod i's command, as Kubernetes would start {job.name}")

@@ -22,6 +22,7 @@ from labctl.k8s.manifest import (
     quantity,
     read_limits,
 )
+from labctl.run.launch import TORCHRUN_MODULE, warm_argv
 
 # TrainJob fields the lab does not act on, and what they would do on a cluster.
 TRAINJOB_UNHONOURED = {
@@ -162,6 +163,21 @@ def pod_env(job: PodJob, index: int, addresses: list[str]) -> dict[str, str]:
 def pod_argv(job: PodJob, env: dict[str, str], addresses: list[str]) -> list[str]:
     """The pod's command and args, as Kubernetes expands them from its environment."""
     return [expand(to_addresses(part, job, addresses), env) for part in (*job.command, *job.args)]
+
+
+def warm(argv: list[str]) -> list[str]:
+    """A pod's command as the lab starts it, forked by the node's fork server as `labctl run` forks its
+    processes (started cold, as written, where a node has none): `python SCRIPT ARGS` and `python -m
+    MODULE ARGS` as a warm worker; `torchrun ARGS` as a warm agent (`-m torch.distributed.run`, what the
+    command runs), whose workers start as ARGS say. Anything else (another program, a python option
+    first, a python named by its path) as it is."""
+    if len(argv) >= 2 and argv[0] in ("python", "python3"):
+        first = argv[1]
+        if not first.startswith("-") or (first == "-m" and len(argv) > 2 and not argv[2].startswith("-")):
+            return warm_argv(argv[1:])
+    if argv and argv[0] == "torchrun":
+        return warm_argv(["-m", TORCHRUN_MODULE, *argv[1:]])
+    return argv
 
 
 def shown_command(job: PodJob) -> str:

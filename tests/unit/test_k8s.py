@@ -16,7 +16,8 @@ from test_render import check_golden
 from labctl.cli import main
 from labctl.k8s.export import ExportJob, build_manifest, default_name, manifest_name, render_manifest
 from labctl.k8s.manifest import INDEX, ManifestError, image_torch, load_manifest, quantity
-from labctl.k8s.pods import describe, expand, pod_argv, pod_env, read_job
+from labctl.k8s.pods import describe, expand, pod_argv, pod_env, read_job, warm
+from labctl.run.launch import FORK_SOCKET, TORCHRUN_MODULE, Launch
 from labctl.k8s.schema import schema_errors
 
 JOB = ExportJob(name="demo-trainer", args=("-m", "trainer", "--epochs", "1"), image="ddplab-node:torch2.13.0-cpu",
@@ -163,6 +164,26 @@ def test_kubernetes_expansion_and_pod_names():
     container["env"].append({"name": "BOTH", "value": "$(MASTER_ADDR)/$(PEER)"})
     env = pod_env(read(doc), 0, ADDRESSES)
     assert env["PEER"] == "172.28.5.12:80" and env["BOTH"] == "172.28.5.10/172.28.5.12:80"
+
+
+@pytest.mark.parametrize("argv, forked", [
+    (["python", "train.py", "--steps", "5"], ["train.py", "--steps", "5"]),
+    (["python3", "-m", "trainer", "--epochs", "1"], ["-m", "trainer", "--epochs", "1"]),
+    (["torchrun", "--nnodes=2", "train.py"], ["-m", TORCHRUN_MODULE, "--nnodes=2", "train.py"]),
+    (["python", "-u", "train.py"], None),  # a python option first: as written
+    (["python", "-m"], None),
+    (["/usr/bin/python3", "train.py"], None),  # another python than the lab's
+    (["bash", "-c", "python train.py"], None),
+    (["python"], None),
+])
+def test_python_and_torchrun_pods_are_forked_by_the_nodes_fork_server(argv, forked):
+    out = warm(argv)
+    if forked is None:
+        assert out == argv
+    else:
+        assert out[:2] == ["python", "-c"] and out[3:5] == ["request", FORK_SOCKET]
+        assert out[out.index("--") + 1:] == forked
+        assert Launch("node0", "node0", ["env", *out]).torchrun == (argv[0] == "torchrun")
 
 
 def test_what_the_lab_cannot_honour_is_listed_not_dropped():
