@@ -17,8 +17,8 @@ from labctl.cli import main
 from labctl.k8s.export import ExportJob, build_manifest, default_name, manifest_name, render_manifest
 from labctl.k8s.manifest import INDEX, ManifestError, image_torch, load_manifest, quantity
 from labctl.k8s.pods import describe, expand, pod_argv, pod_env, read_job, warm
-from labctl.run.launch import FORK_SOCKET, TORCHRUN_MODULE, Launch
 from labctl.k8s.schema import schema_errors
+from labctl.run.launch import FORK_SOCKET, TORCHRUN_MODULE, Launch
 
 JOB = ExportJob(name="demo-trainer", args=("-m", "trainer", "--epochs", "1"), image="ddplab-node:torch2.13.0-cpu",
                 nodes=3, env={"ATEN_CPU_CAPABILITY": "avx2"}, memory="4Gi", torch_version="2.13.0", lab="demo",
