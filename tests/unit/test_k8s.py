@@ -18,7 +18,7 @@ from labctl.k8s.export import ExportJob, build_manifest, default_name, manifest_
 from labctl.k8s.manifest import INDEX, ManifestError, image_torch, load_manifest, quantity
 from labctl.k8s.pods import describe, expand, pod_argv, pod_env, read_job, warm
 from labctl.k8s.schema import schema_errors
-from labctl.run.launch import FORK_SOCKET, TORCHRUN_MODULE, Launch
+from labctl.run.launch import TORCHRUN_MODULE, Launch, warm_argv
 
 JOB = ExportJob(name="demo-trainer", args=("-m", "trainer", "--epochs", "1"), image="ddplab-node:torch2.13.0-cpu",
                 nodes=3, env={"ATEN_CPU_CAPABILITY": "avx2"}, memory="4Gi", torch_version="2.13.0", lab="demo",
@@ -181,8 +181,7 @@ def test_python_and_torchrun_pods_are_forked_by_the_nodes_fork_server(argv, fork
     if forked is None:
         assert out == argv
     else:
-        assert out[:2] == ["python", "-c"] and out[3:5] == ["request", FORK_SOCKET]
-        assert out[out.index("--") + 1:] == forked
+        assert out == warm_argv(forked)
         assert Launch("node0", "node0", ["env", *out]).torchrun == (argv[0] == "torchrun")
 
 
