@@ -10,7 +10,9 @@ import pytest
 
 from conftest import drop_lab, labctl, lab_resources, module_lab, new_lab_name
 
-pytestmark = pytest.mark.alone  # it measures round trips against the shaped delay
+# Not `alone`: nothing here times the links. It reads the shaping back from the kernel, waits out
+# --duration (its sleeps overlap the other workers' tests), and on a netem kernel asks only that a
+# delayed all-reduce take at least its 2 hops x 5 ms, which a second test's load cannot undercut.
 
 UNDO_ROLE = "io.ddplab.role=shape-undo"
 
