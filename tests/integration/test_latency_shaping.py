@@ -26,6 +26,13 @@ def pending_undos(client, lab: str) -> list[dict]:
     return client.api.containers(all=True, filters={"label": [f"io.ddplab.lab={lab}", UNDO_ROLE]})
 
 
+def wait_for(done, timeout_s: float = 20) -> None:
+    """Asks done() once a second until it holds or timeout_s has passed; the caller asserts after."""
+    deadline = time.monotonic() + timeout_s
+    while not done() and time.monotonic() < deadline:
+        time.sleep(1)
+
+
 @pytest.fixture(scope="module")
 def lab(docker_client, node_image):
     yield from module_lab(2)
@@ -71,9 +78,7 @@ def test_duration_undoes_the_shape_after_labctl_returned(lab, docker_client):
     labctl("shape", "--lab", lab, "--bw", "100mbit", "--ingress", "--duration", "3s", check=True)
     assert set(links(lab).values()) == {"100mbit in+out"}
     assert len(pending_undos(docker_client, lab)) == 2
-    deadline = time.monotonic() + 20
-    while set(links(lab).values()) != {"unshaped"} and time.monotonic() < deadline:
-        time.sleep(1)
+    wait_for(lambda: set(links(lab).values()) == {"unshaped"})
     assert set(links(lab).values()) == {"unshaped"}
     assert pending_undos(docker_client, lab) == []  # each helper removed itself
 
@@ -82,9 +87,7 @@ def test_a_later_shape_cancels_the_pending_undo(lab, docker_client):
     labctl("shape", "--lab", lab, "--bw", "100mbit", "--duration", "3s", check=True)
     labctl("shape", "--lab", lab, "--node", "node1", "--bw", "50mbit", check=True)
     assert [c["Labels"]["io.ddplab.target"] for c in pending_undos(docker_client, lab)] == ["node0"]
-    deadline = time.monotonic() + 20  # node0's undo fires after 3 s; node1's was the one cancelled
-    while links(lab)["node0"] != "unshaped" and time.monotonic() < deadline:
-        time.sleep(1)
+    wait_for(lambda: links(lab)["node0"] == "unshaped")  # its undo fires after 3 s; node1's was cancelled
     assert links(lab) == {"node0": "unshaped", "node1": "50mbit"}
     labctl("shape", "--lab", lab, "--bw", "100mbit", "--duration", "60s", check=True)
     labctl("shape", "--lab", lab, "--clear", check=True)
