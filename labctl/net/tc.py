@@ -32,7 +32,14 @@ NETEM_MISSING_MESSAGE = (
     "nothing was changed. Rate shaping (--bw, with --ingress) works without it."
 )
 PROBE_DEV = "ddplab-probe"
-TBF_LATENCY = "100ms"  # how long a packet may wait in the bucket before tbf drops it
+# How long a packet may wait for tokens before tbf drops it: the queue holds 2 ms of the rate (plus the
+# bucket), about what a switch port buffers. It was 100 ms, 12.5 MB at 1gbit: TCP filled it, and every
+# small message on the link (gloo's notices that a receive is posted, a barrier) waited behind up to
+# 100 ms of bulk data. gloo's all-gather waits on such notices between its steps: at 1gbit, from 4 to
+# 16 MiB, it took 3.8 to 6.8 ms more than its bytes at the wire's rate; with 2 ms, 1.8 to 4.4 ms, and
+# iperf3 still gets 956 Mbit/s through (docs/explanation/cost-model.md). A netem child (--delay,
+# --loss) queues in netem instead (netem_limit), which this does not change.
+TBF_LATENCY = "2ms"
 NETEM_DEFAULT_LIMIT = 1000  # packets: netem's own default (tc-netem(8), `limit`)
 UNSHAPED_LINE_BPS = 10 * 10**9  # what a veth pair carries, roughly, when no tbf paces it
 MTU_BYTES = 1500
