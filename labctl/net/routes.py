@@ -6,9 +6,10 @@ A node with such links carries an htb at its root (https://man7.org/linux/man-pa
 
     htb 1: [default 1]
       class 1:1   the rest of the node's link, as `shape` without --to left it (its rate, or
-                  UNSHAPED_LINE_BPS when it had only netem), netem 10: under it. No `default`
-                  when the rest is unshaped: htb sends what no filter claims straight out.
-      class 1:2…  one per group of destinations with its own link, netem 20:, 30:… under each
+                  UNSHAPED_LINE_BPS when it had only netem), its queue 10: under it (netem, or a
+                  bfifo of tbf's depth). No `default` when the rest is unshaped: htb sends what no
+                  filter claims straight out.
+      class 1:2…  one per group of destinations with its own link, its queue 20:, 30:… under each
       u32 filters `match ip dst ADDR/32`, one per destination, each to its class
 
 Each class is a rate of its own (rate = ceil, no parent to borrow from): what node0 sends to node2
@@ -34,6 +35,7 @@ from labctl.net.tc import (
     burst_bytes,
     netem_args,
     parse_link_state,
+    queue_bytes,
 )
 from labctl.spec.units import format_rate
 from trainer.tclinks import parse_classes  # the trainer reads the same classes for its step model
@@ -69,11 +71,13 @@ def _htb_class(dev: str, classid: str, rate_bps: int) -> Command:
                 format_rate(rate_bps), "ceil", format_rate(rate_bps), "burst", burst, "cburst", burst, "quantum", quantum)
 
 
-def _netem(dev: str, classid: str, shape: Shape) -> list[Command]:
-    if not shape.needs_netem:
-        return []
+def _leaf(dev: str, classid: str, shape: Shape, rate_bps: int) -> list[Command]:
+    """The class's queue: netem where the shape has a delay or loss, else a bfifo as deep as tbf's
+    queue at the class's rate (tc.queue_bytes; htb's default, a pfifo of the interface's 1000
+    packets, would hold 120 ms and more of a 100mbit class)."""
     handle = f"{int(classid.split(':')[1], 16) * 16:x}:"  # 1:1 -> 10:, 1:2 -> 20:, 1:a -> a0:
-    return [_cmd("tc", "qdisc", "add", "dev", dev, "parent", classid, "handle", handle, *netem_args(shape))]
+    leaf = netem_args(shape) if shape.needs_netem else ["bfifo", "limit", str(queue_bytes(rate_bps))]
+    return [_cmd("tc", "qdisc", "add", "dev", dev, "parent", classid, "handle", handle, *leaf)]
 
 
 def build_routed_egress(rest: Shape | None, routes: list[Route], dev: str = "eth0") -> list[Command]:
@@ -82,10 +86,11 @@ def build_routed_egress(rest: Shape | None, routes: list[Route], dev: str = "eth
     commands = [_cmd("tc", "qdisc", "add", "dev", dev, "root", "handle", "1:", "htb", "r2q", str(HTB_R2Q),
                      *(["default", "1"] if rest else []))]
     if rest:
-        commands += [_htb_class(dev, REST_CLASS, rest.rate_bps or UNSHAPED_LINE_BPS), *_netem(dev, REST_CLASS, rest)]
+        rate = rest.rate_bps or UNSHAPED_LINE_BPS
+        commands += [_htb_class(dev, REST_CLASS, rate), *_leaf(dev, REST_CLASS, rest, rate)]
     for index, route in enumerate(routes):
-        classid = class_id(index)
-        commands += [_htb_class(dev, classid, route.shape.rate_bps or UNSHAPED_LINE_BPS), *_netem(dev, classid, route.shape)]
+        classid, rate = class_id(index), route.shape.rate_bps or UNSHAPED_LINE_BPS
+        commands += [_htb_class(dev, classid, rate), *_leaf(dev, classid, route.shape, rate)]
         commands += [_cmd("tc", "filter", "add", "dev", dev, "parent", "1:", "protocol", "ip", "prio", "1", "u32",
                           "match", "ip", "dst", f"{dst}/32", "flowid", classid) for dst in route.dsts]
     return commands

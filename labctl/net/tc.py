@@ -38,8 +38,10 @@ PROBE_DEV = "ddplab-probe"
 # 100 ms of bulk data. gloo's all-gather waits on such notices between its steps: at 1gbit, from 4 to
 # 16 MiB, it took 3.8 to 6.8 ms more than its bytes at the wire's rate; with 2 ms, 1.8 to 4.4 ms, and
 # iperf3 still gets 956 Mbit/s through (docs/explanation/cost-model.md). A netem child (--delay,
-# --loss) queues in netem instead (netem_limit), which this does not change.
-TBF_LATENCY = "2ms"
+# --loss) queues in netem instead (netem_limit), which this does not change. A link to a group of
+# nodes (`shape --to`, labctl.net.routes) queues the same, in a bfifo under its class (queue_bytes).
+QUEUE_MS = 2
+TBF_LATENCY = f"{QUEUE_MS}ms"
 NETEM_DEFAULT_LIMIT = 1000  # packets: netem's own default (tc-netem(8), `limit`)
 UNSHAPED_LINE_BPS = 10 * 10**9  # what a veth pair carries, roughly, when no tbf paces it
 MTU_BYTES = 1500
@@ -89,6 +91,12 @@ def burst_bytes(rate_bps: int) -> int:
     alone and as a ring of three). A bucket is traffic that passes unshaped after every pause,
     so it is kept small: with 1 MB at 1gbit, a 1 MiB allreduce ran 8% faster than the link allows."""
     return max(131072, rate_bps // 8 // 1000)
+
+
+def queue_bytes(rate_bps: int) -> int:
+    """What a shaped link holds beyond what its tokens allow: QUEUE_MS of the rate, and the bucket, as
+    tbf computes its limit from `latency` (tc-tbf(8): limit = rate x latency + burst)."""
+    return rate_bps * QUEUE_MS // 8 // 1000 + burst_bytes(rate_bps)
 
 
 def build_clear(iface: str, ifb: str = "ifb0") -> list[Command]:
