@@ -12,6 +12,7 @@ import re
 import shutil
 import subprocess
 import sys
+import time
 import uuid
 from pathlib import Path
 
@@ -165,6 +166,17 @@ def lab_resources(client, lab: str) -> dict[str, list[str]]:
         "networks": sorted(n.name for n in client.networks.list(filters=selector)),
         "volumes": sorted(v.name for v in client.volumes.list(filters=selector)),
     }
+
+
+def wait_for(done, timeout_s: float = 20, interval_s: float = 1.0) -> bool:
+    """Asks done() every interval_s until it holds or timeout_s has passed: whether it held at last
+    (the caller asserts on that, or on the state itself for a message that shows it)."""
+    deadline = time.monotonic() + timeout_s
+    while not done():
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(interval_s)
+    return True
 
 
 def new_lab_name() -> str:

@@ -24,6 +24,7 @@ from conftest import (
     permanent_peers,
     still_running,
     summary_of,
+    wait_for,
 )
 
 
@@ -105,10 +106,8 @@ def test_master_port_in_use_is_refused(lab3, docker_client):
     holder = ("import socket,time; s=socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1); "
               "s.bind(('0.0.0.0', 29500)); s.listen(); time.sleep(60)")
     node0.exec_run(["python", "-c", holder], detach=True)
-    deadline = time.monotonic() + 10
-    while b":29500" not in node0.exec_run(["ss", "-Hltn"]).output:
-        assert time.monotonic() < deadline, "the port holder did not start"
-        time.sleep(0.1)
+    assert wait_for(lambda: b":29500" in node0.exec_run(["ss", "-Hltn"]).output, 10, 0.1), \
+        "the port holder did not start"
     try:
         result = labctl("run", "--lab", name, "--", "-m", "trainer")
         assert result.returncode == 1  # the lab's state, not the command

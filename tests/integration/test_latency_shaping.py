@@ -4,11 +4,10 @@ sch_netem is missing, asking for a delay must fail with the netem message, exit 
 from __future__ import annotations
 
 import json
-import time
 
 import pytest
 
-from conftest import drop_lab, labctl, lab_resources, module_lab, new_lab_name
+from conftest import drop_lab, labctl, lab_resources, module_lab, new_lab_name, wait_for
 
 # Not `alone`: nothing here times the links. It reads the shaping back from the kernel, waits out
 # --duration (its sleeps overlap the other workers' tests), and on a netem kernel asks only that a
@@ -24,13 +23,6 @@ def links(lab: str) -> dict[str, str]:
 
 def pending_undos(client, lab: str) -> list[dict]:
     return client.api.containers(all=True, filters={"label": [f"io.ddplab.lab={lab}", UNDO_ROLE]})
-
-
-def wait_for(done, timeout_s: float = 20) -> None:
-    """Asks done() once a second until it holds or timeout_s has passed; the caller asserts after."""
-    deadline = time.monotonic() + timeout_s
-    while not done() and time.monotonic() < deadline:
-        time.sleep(1)
 
 
 @pytest.fixture(scope="module")

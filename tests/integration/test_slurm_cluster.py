@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import PS, REPO, drop_lab, lab_resources, labctl, new_lab_name, still_running
+from conftest import PS, REPO, drop_lab, lab_resources, labctl, new_lab_name, still_running, wait_for
 
 TRAIN = ["-m", "trainer", "--workload", "gpt", "--steps", "50"]
 
@@ -89,10 +89,8 @@ def test_a_jobs_ranks_import_the_labs_packages(lab):
 def test_a_cancelled_job_leaves_nothing_running(lab):
     submitted = slurm("submit", "--lab", lab, "--json", "--", "tests/integration/scripts/fail_how.py", "hang", "0")
     job = json.loads(submitted.stdout)["job_id"]
-    deadline = time.monotonic() + 60
-    while json.loads(slurm("status", "--lab", lab, job, "--json").stdout)["JobState"] != "RUNNING":
-        assert time.monotonic() < deadline, "the job never ran"
-        time.sleep(0.5)
+    assert wait_for(lambda: json.loads(slurm("status", "--lab", lab, job, "--json").stdout)["JobState"] == "RUNNING",
+                    60, 0.5), "the job never ran"
     cancelled = slurm("cancel", "--lab", lab, job)
     assert cancelled.returncode == 0 and "CANCELLED" in cancelled.stderr, cancelled.stderr
     for node in ("node0", "node1", "node2"):
