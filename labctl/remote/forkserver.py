@@ -8,7 +8,9 @@ serve imports it once (the PRELOAD modules: labctl.run.warm.PRELOAD), prints `RE
 preloaded=A,B missing=C|-`, and then forks each request's worker: copy-on-write pages, no import.
 The LATER modules it imports once it is idle (no request waiting, no worker running), one at a time:
 what only some scripts need (torch._dynamo, for an optimizer) does not hold up the first run, which
-imports it itself if it must, and the runs after it find it imported.
+imports it itself if it must, and the runs after it find it imported. The first of them waits until
+LATER_AFTER_S after READY, and again after the first worker has ended: a run that comes at once after
+`up` is forked before it and ends (labctl gathering its outcome) with the cores to itself.
 WORKER_TEXT is worker.py's text: the child runs a script with it, as `python -c WORKER_TEXT SCRIPT`
 would, once CHILD_TEXT (forkchild.py) has given it the request's world. One request at a time in
 one loop: no threads.
@@ -42,6 +44,7 @@ import select
 import signal
 import socket
 import sys
+import time
 
 READY = "DDPLAB_FORKSERVER_READY"
 ABSENT = "DDPLAB_FORKSERVER_ABSENT"  # request: no server answers at SOCKET_PATH
@@ -55,6 +58,7 @@ IMPORTED_LATER = "imported %s while idle"  # its log line for each LATER module:
 SOCKET_PATH = "/tmp/ddplab/fork.sock"  # in a node
 REGISTRY = "workers"  # next to the socket: /tmp/ddplab/workers = stop.py's REGISTRY_DIR
 FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+LATER_AFTER_S = 1.0  # see above: the first LATER import waits this long after READY and after the first run
 
 
 def ignored_signals():
@@ -189,6 +193,7 @@ class Server:
         self.listen()
         self.preloaded, self.missing = self.preload(preload)
         self.later = [name for name in later if name not in sys.modules]
+        self.later_at, self.rearm, self.forked = 0.0, True, False  # later_wait's
         torch = sys.modules.get("torch")  # its thread count, as at import with no *_NUM_THREADS: no kernel
         self.start["torch_threads"] = torch.get_num_threads() if torch else None
         freeze()
@@ -254,12 +259,13 @@ class Server:
         signal.set_wakeup_fd(wake_w, warn_on_full_buffer=False)  # SIGCHLD wakes the select
         signal.signal(signal.SIGCHLD, lambda sig, frame: None)
         self.own_fds = [wake_r, wake_w]
+        self.later_at = time.monotonic() + LATER_AFTER_S
         print("%s pid=%d threads=%d preloaded=%s missing=%s" % (
             READY, os.getpid(), threads(), ",".join(self.preloaded) or "-", ",".join(self.missing) or "-"), flush=True)
         while True:
             self.reap()
             conns = [c for c in self.workers.values() if c is not None]
-            idle = 0 if self.later and not self.workers else None  # a later module to import when idle
+            idle = self.later_wait()
             readable = select.select([self.listener, wake_r] + conns, [], [], idle)[0]
             if not readable and self.later:
                 self.import_later()
@@ -273,6 +279,15 @@ class Server:
                     self.workers[pid] = None
             if self.listener in readable:
                 self.accept()
+
+    def later_wait(self):
+        """Seconds to wait for a request before the next LATER import; None: none to import now."""
+        if not self.later or self.workers:
+            return None
+        now = time.monotonic()
+        if self.rearm and self.forked:  # idle for the first time since a worker: it waits again
+            self.later_at, self.rearm = max(self.later_at, now + LATER_AFTER_S), False
+        return max(0.0, self.later_at - now)
 
     def reap(self):
         """Every ended worker: its group killed (what it left running), its registry entry removed, its
@@ -336,6 +351,7 @@ class Server:
         pid = os.fork()
         if pid == 0:
             self.child(conn, req, fds)
+        self.forked = True
         return pid
 
     def refusal(self, req, fds):

@@ -6,6 +6,8 @@ costs the seconds. Then, once it is idle (LATER), torch._dynamo, which torch.opt
 script makes its first optimizer: about as long again as torch itself, 1.4 to 1.8 s in a node here,
 and a no-op or a script without an optimizer never needs it. So the first run after `up` waits only
 for torch (and imports torch._dynamo itself if it must), and the runs after it find both imported.
+That import waits a second after READY and again after the first run's worker has ended
+(forkserver.LATER_AFTER_S), so that it does not take the cores from the end of that run.
 Nothing of the workspace (the trainer package included) is preloaded: a script and the modules it
 imports are read afresh by every run, so a file edited between two runs is never run stale.
 The server does not hold up `up`: it binds its socket first and imports while requests wait in its
