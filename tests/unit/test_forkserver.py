@@ -397,3 +397,31 @@ def test_up_names_the_later_modules_after_the_preload_and_a_preloaded_one_is_not
     assert (served["preload"], served["later"]) == ([*PRELOAD, "lightning"], list(LATER))
     argv = server_argv(("torch._dynamo",))
     assert argv[argv.index(CHILD) + 1:] == [*PRELOAD, "torch._dynamo", "--"]
+
+
+def test_the_first_later_import_waits_after_ready_and_once_more_after_the_first_worker(monkeypatch):
+    """later_wait: a LATER import waits LATER_AFTER_S after READY, and again once the first worker has
+    ended, so that a run right after `up` ends with the cores to itself; after that, idle means now."""
+    from labctl.remote import forkserver
+
+    clock = [100.0]
+    monkeypatch.setattr(forkserver.time, "monotonic", lambda: clock[0])
+    server = forkserver.Server.__new__(forkserver.Server)  # its state, without a socket or a preload
+    server.later, server.workers = ["torch._dynamo"], {}
+    server.later_at, server.rearm, server.forked = clock[0] + forkserver.LATER_AFTER_S, True, False
+    assert server.later_wait() == pytest.approx(1.0)  # just READY, nothing forked yet
+    server.workers, server.forked = {4242: None}, True  # a run came: nothing to import while it runs
+    clock[0] += 0.4
+    assert server.later_wait() is None
+    server.workers = {}  # it ended at 100.4: the wait starts again from there
+    assert server.later_wait() == pytest.approx(1.0)
+    clock[0] += 0.6
+    assert server.later_wait() == pytest.approx(0.4)
+    clock[0] += 0.5
+    assert server.later_wait() == 0.0
+    server.workers = {4343: None}  # more runs: idle at once after them, no wait again
+    clock[0] += 0.3
+    server.workers = {}
+    assert server.later_wait() == 0.0
+    server.later = []
+    assert server.later_wait() is None
