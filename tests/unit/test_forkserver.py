@@ -402,10 +402,12 @@ def test_up_names_the_later_modules_after_the_preload_and_a_preloaded_one_is_not
 def test_the_first_later_import_waits_after_ready_and_once_more_after_the_first_worker(monkeypatch):
     """later_wait: a LATER import waits LATER_AFTER_S after READY, and again once the first worker has
     ended, so that a run right after `up` ends with the cores to itself; after that, idle means now."""
+    from types import SimpleNamespace
+
     from labctl.remote import forkserver
 
     clock = [100.0]
-    monkeypatch.setattr(forkserver.time, "monotonic", lambda: clock[0])
+    monkeypatch.setattr(forkserver, "time", SimpleNamespace(monotonic=lambda: clock[0]))  # the server's clock only
     server = forkserver.Server.__new__(forkserver.Server)  # its state, without a socket or a preload
     server.later, server.workers = ["torch._dynamo"], {}
     server.later_at, server.rearm, server.forked = clock[0] + forkserver.LATER_AFTER_S, True, False
