@@ -71,13 +71,16 @@ def _htb_class(dev: str, classid: str, rate_bps: int) -> Command:
                 format_rate(rate_bps), "ceil", format_rate(rate_bps), "burst", burst, "cburst", burst, "quantum", quantum)
 
 
-def _leaf(dev: str, classid: str, shape: Shape, rate_bps: int) -> list[Command]:
-    """The class's queue: netem where the shape has a delay or loss, else a bfifo as deep as tbf's
-    queue at the class's rate (tc.queue_bytes; htb's default, a pfifo of the interface's 1000
-    packets, would hold 120 ms and more of a 100mbit class)."""
+def _shaped_class(dev: str, classid: str, shape: Shape) -> list[Command]:
+    """The class at the shape's rate (UNSHAPED_LINE_BPS where it has none) and its queue under it:
+    netem where the shape has a delay or loss, else a bfifo as deep as tbf's queue at that rate
+    (tc.queue_bytes; htb's default, a pfifo of the interface's 1000 packets, would hold 120 ms and
+    more of a 100mbit class)."""
+    rate = shape.rate_bps or UNSHAPED_LINE_BPS
     handle = f"{int(classid.split(':')[1], 16) * 16:x}:"  # 1:1 -> 10:, 1:2 -> 20:, 1:a -> a0:
-    leaf = netem_args(shape) if shape.needs_netem else ["bfifo", "limit", str(queue_bytes(rate_bps))]
-    return [_cmd("tc", "qdisc", "add", "dev", dev, "parent", classid, "handle", handle, *leaf)]
+    leaf = netem_args(shape) if shape.needs_netem else ["bfifo", "limit", str(queue_bytes(rate))]
+    return [_htb_class(dev, classid, rate),
+            _cmd("tc", "qdisc", "add", "dev", dev, "parent", classid, "handle", handle, *leaf)]
 
 
 def build_routed_egress(rest: Shape | None, routes: list[Route], dev: str = "eth0") -> list[Command]:
@@ -86,11 +89,10 @@ def build_routed_egress(rest: Shape | None, routes: list[Route], dev: str = "eth
     commands = [_cmd("tc", "qdisc", "add", "dev", dev, "root", "handle", "1:", "htb", "r2q", str(HTB_R2Q),
                      *(["default", "1"] if rest else []))]
     if rest:
-        rate = rest.rate_bps or UNSHAPED_LINE_BPS
-        commands += [_htb_class(dev, REST_CLASS, rate), *_leaf(dev, REST_CLASS, rest, rate)]
+        commands += _shaped_class(dev, REST_CLASS, rest)
     for index, route in enumerate(routes):
-        classid, rate = class_id(index), route.shape.rate_bps or UNSHAPED_LINE_BPS
-        commands += [_htb_class(dev, classid, rate), *_leaf(dev, classid, route.shape, rate)]
+        classid = class_id(index)
+        commands += _shaped_class(dev, classid, route.shape)
         commands += [_cmd("tc", "filter", "add", "dev", dev, "parent", "1:", "protocol", "ip", "prio", "1", "u32",
                           "match", "ip", "dst", f"{dst}/32", "flowid", classid) for dst in route.dsts]
     return commands
