@@ -244,7 +244,6 @@ class Server:
 
     def import_later(self):
         """The next LATER module, imported as the preload's were, and frozen with them."""
-        import time
         name, started = self.later.pop(0), time.monotonic()
         done, _ = self.preload([name])
         if done:
