@@ -42,6 +42,14 @@ PROBE_DEV = "ddplab-probe"
 # nodes (`shape --to`, labctl.net.routes) queues the same, in a bfifo under its class (queue_bytes).
 QUEUE_MS = 2
 TBF_LATENCY = f"{QUEUE_MS}ms"
+# Under a tbf without netem, packets shorter than this (their IP length) leave before the bulk queued
+# ahead of them: TCP's ACKs, gloo's notices that a receive is posted, a barrier's few bytes. A Linux
+# host's default qdisc, fq_codel, does that for every sparse flow; this kernel has no fq_codel, sfq or
+# prio (only tbf, htb and fifos), so an htb under tbf with two classes, the first for short packets,
+# does it (small_first). gloo's ring all-gather waits on those notices between steps: at 1gbit, with
+# calls back to back, a 2 MiB one took 12.8 ms behind one queue, 11.9 to 12.0 ms with this
+# (docs/explanation/cost-model.md: a shaped link's queue).
+SHORT_PACKET_BYTES = 128
 NETEM_DEFAULT_LIMIT = 1000  # packets: netem's own default (tc-netem(8), `limit`)
 UNSHAPED_LINE_BPS = 10 * 10**9  # what a veth pair carries, roughly, when no tbf paces it
 MTU_BYTES = 1500
@@ -123,12 +131,31 @@ def _percent(value: float) -> str:
     return f"{value:.6f}".rstrip("0").rstrip(".") + "%"  # never 1e-05%, which tc would refuse
 
 
+def small_first(dev: str, rate_bps: int) -> list[Command]:
+    """tbf's child (handle 20:): an htb that never limits (UNSHAPED_LINE_BPS a class) with two
+    classes, short packets (SHORT_PACKET_BYTES, matched on the IPv4 header's length) in 20:1, served
+    first, everything else in 20:2 (the default); each holds tbf's own queue (queue_bytes) in a bfifo."""
+    unlimited, burst = format_rate(UNSHAPED_LINE_BPS), str(burst_bytes(UNSHAPED_LINE_BPS))
+    commands = [_cmd("tc", "qdisc", "add", "dev", dev, "parent", "1:1", "handle", "20:", "htb", "default", "2")]
+    for minor, prio in (("1", "0"), ("2", "1")):
+        commands += [_cmd("tc", "class", "add", "dev", dev, "parent", "20:", "classid", f"20:{minor}", "htb", "rate",
+                          unlimited, "burst", burst, "cburst", burst, "quantum", "200000", "prio", prio),
+                     _cmd("tc", "qdisc", "add", "dev", dev, "parent", f"20:{minor}", "handle", f"2{minor}:", "bfifo",
+                          "limit", str(queue_bytes(rate_bps)))]
+    mask = f"0x{0xFFFF & ~(SHORT_PACKET_BYTES - 1):04x}"  # the length's bits at and above SHORT_PACKET_BYTES
+    return commands + [_cmd("tc", "filter", "add", "dev", dev, "parent", "20:", "protocol", "ip", "prio", "1", "u32",
+                            "match", "u16", "0", mask, "at", "2", "flowid", "20:1")]
+
+
 def _egress(shape: Shape, dev: str) -> list[Command]:
-    """tbf at the root with netem as its child (handle 10:); without a rate, netem at the root."""
+    """tbf at the root with netem as its child (handle 10:), or without netem small_first's htb;
+    without a rate, netem at the root."""
     commands = []
     if shape.rate_bps is not None:
         commands.append(_cmd("tc", "qdisc", "add", "dev", dev, "root", "handle", "1:", "tbf", "rate",
                              format_rate(shape.rate_bps), "burst", str(burst_bytes(shape.rate_bps)), "latency", TBF_LATENCY))
+        if not shape.needs_netem:
+            commands += small_first(dev, shape.rate_bps)
     if shape.needs_netem:
         where = ["parent", "1:1"] if shape.rate_bps is not None else ["root"]
         commands.append(_cmd("tc", "qdisc", "add", "dev", dev, *where, "handle", "10:", *netem_args(shape)))
@@ -253,6 +280,8 @@ def parse_link_state(qdisc_text: str, ingress_text: str = "") -> LinkState:
         kind, rest = match.group(1), match.group(3)
         if kind == "ingress":
             ingress = True
+        elif kind == "htb" and " parent 1:1 " in f" {rest} ":
+            continue  # tbf's child that sends short packets first (small_first): not a shaper
         elif kind in ("tbf", "htb"):
             kinds.append(kind)
             rate = _RATE_RE.search(rest)

@@ -34,7 +34,8 @@ def test_routed_egress_golden(name, rest, routes):
 
 def test_no_routes_is_the_plain_link():
     assert build_node(None, []) == build_node(None, [])[:3]  # a clear
-    assert [c.argv[5] for c in build_node(Shape(10**8), []) if c.argv[:3] == ("tc", "qdisc", "add")] == ["root"]
+    added = [c.argv[5:7] for c in build_node(Shape(10**8), []) if c.argv[:3] == ("tc", "qdisc", "add")]
+    assert added == [("root", "handle"), ("parent", "1:1"), ("parent", "20:1"), ("parent", "20:2")]  # tbf, small_first's
     assert "tbf" in as_text(build_node(Shape(10**8), []))
 
 

@@ -147,11 +147,16 @@ TBF = "qdisc tbf 1: root refcnt 2 rate 100Mbit burst 131062b lat 100ms \n"
 INGRESS = "qdisc ingress ffff: parent ffff:fff1 ---------------- \n"
 NETEM = "qdisc netem 10: parent 1:1 limit 1000 delay 10ms  2ms loss 1%\n"
 ROOT_NETEM = "qdisc netem 10: root refcnt 2 limit 10000 delay 10ms  2ms loss 1%\n"
+# tbf's child that sends short packets first (tc.small_first), as a node printed it (iproute2 6.1, 2026-11-29)
+SMALL_FIRST = ("qdisc bfifo 21: parent 20:1 limit 381072b\n"
+               "qdisc htb 20: parent 1:1 r2q 10 default 0x2 direct_packets_stat 0 direct_qlen 1000\n"
+               "qdisc bfifo 22: parent 20:2 limit 381072b\n")
 
 
 @pytest.mark.parametrize("qdiscs, ifb, expected, text", [
     ("qdisc noqueue 0: root refcnt 2 \n", "", LinkState(kind="none"), "unshaped"),
     (TBF, "", LinkState(kind="tbf", rate_bps=10**8), "100mbit"),
+    (TBF + SMALL_FIRST, "", LinkState(kind="tbf", rate_bps=10**8), "100mbit"),
     (TBF.replace("100Mbit", "1Gbit") + INGRESS, TBF.replace("100Mbit", "1Gbit"),
      LinkState(kind="tbf", rate_bps=10**9, ingress=True, inbound=LinkState(kind="tbf", rate_bps=10**9)), "1gbit in+out"),
     (TBF + NETEM, "", LinkState(kind="tbf+netem", rate_bps=10**8, delay_us=10_000, jitter_us=2_000, loss_pct=1.0),

@@ -1,5 +1,7 @@
 """The step model's arithmetic (trainer/stepmodel.py) and the calibration's pure parts (trainer/calibrate.py)."""
 
+import json
+
 import pytest
 
 from trainer import stepmodel
@@ -93,6 +95,18 @@ def test_tc_json_gives_the_slowest_tbf_each_way_and_netem_delay():
     assert shaping["egress"] == {"rate_bps": 100e6, "burst_bytes": 131_062, "delay_s": 0.005}
     assert shaping["ingress"]["rate_bps"] == 1e9
     assert parse_qdiscs([{"kind": "fq_codel", "dev": "eth0", "options": {}}]) == {}
+
+
+def test_the_htb_under_tbf_that_sends_short_packets_first_is_no_shaper_of_its_own():
+    # `tc -j qdisc show` in a node after `labctl shape --bw 1gbit` (iproute2 6.1, 2026-11-29)
+    qdiscs = json.loads(
+        '[{"kind":"noqueue","handle":"0:","dev":"lo","root":true,"refcnt":2,"options":{}},'
+        '{"kind":"tbf","handle":"1:","dev":"eth0","root":true,"refcnt":3,"options":{"rate":125000000,"burst":131000,"lat":2000}},'
+        '{"kind":"bfifo","handle":"21:","dev":"eth0","parent":"20:1","options":{"limit":381072}},'
+        '{"kind":"htb","handle":"20:","dev":"eth0","parent":"1:1","options":{"r2q":10,"default":"0x2",'
+        '"direct_packets_stat":0,"direct_qlen":1000}},'
+        '{"kind":"bfifo","handle":"22:","dev":"eth0","parent":"20:2","options":{"limit":381072}}]')
+    assert parse_qdiscs(qdiscs) == {"egress": {"rate_bps": 1e9, "burst_bytes": 131000}}
 
 
 def test_the_ring_hops_between_nodes_take_the_slower_of_sender_and_receiver():
