@@ -8,19 +8,24 @@
 For each op and message size S (bytes of float32, as nccl-tests counts them: the tensor for
 all_reduce and broadcast, the whole gathered output for all_gather, the whole input for
 reduce_scatter and all_to_all; rounded down to a multiple of 4 x world size for the three that
-split it): a few warm-up calls, then `--iters` timed ones, and with `--max-iters K --budget-s T`
-more while the timed ones together took less than T seconds, up to K: a small message's time is
+split it): a few warm-up calls, then `--iters` timed samples, and with `--max-iters K --budget-s T`
+more while the samples together took less than T seconds, up to K: a small message's time is
 mostly the machine's noise (1 to 11 ms for the same 1 KiB allreduce on two shared cores), so it gets
 as many samples as the probe's, while a large one keeps `--iters`. Every rank stops after the same
-iteration, since each decides from the times reduced to their maximum. Each iteration is timed on
-every rank between a barrier and the collective's completion; the iteration's time is the maximum
-over ranks (the collective is done when the slowest rank is), and the size's time is the median
-over iterations. Rank 0 prints one JSON line per op and size, `COLLECTIVE {...}` (`ALLREDUCE` from
-trainer.bench_allreduce), with the op, the backend and the device measured, and writes them all to
-`<run_dir>/collectives.json` (allreduce.json).
+sample, since each decides from the times reduced to their maximum. Each sample is timed on every
+rank from a barrier to the completion of its calls; the sample's time is the maximum over ranks
+(the collective is done when the slowest rank is) over its calls, and the size's time is the median
+over samples. A sample is one call, or with `--fill-ms F` as many calls back to back as fill F ms
+at the pace of the last warm-up call (at most MAX_CALLS), as nccl-tests times its iterations in one
+loop: a call then starts as the one before it ends, not on a link idle since the barrier, whose
+shaper (tbf) has refilled its bucket and lets the call's first 128 KiB through unpaced
+(docs/explanation/cost-model.md). Rank 0 prints one JSON line per op and size, `COLLECTIVE {...}`
+(`ALLREDUCE` from trainer.bench_allreduce), with the op, the backend and the device measured, and
+writes them all to `<run_dir>/collectives.json` (allreduce.json).
 
 `--probe-size B --probe-iters K` first times a latency probe: an all_reduce of B bytes, K times
-(small-message latency is the noisiest number here, so it gets more iterations than the sweep).
+(small-message latency is the noisiest number here, so it gets more iterations than the sweep;
+with --fill-ms, K calls in samples of calls back to back).
 It comes first in the file with `"probe": true`; `labctl bench` takes the calibrated model's base
 latency from it, and being first it also opens the connections. `--copy-probe` adds probe rows of
 op "copy", one per size: every rank at once copying the message into a fresh tensor, the local
@@ -38,9 +43,11 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import statistics
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -52,6 +59,7 @@ from trainer.dist import compute_cleanup, compute_init, get_dist_info, println
 
 OPS = ("all_reduce", "all_gather", "reduce_scatter", "broadcast", "all_to_all")
 SPLIT = ("all_gather", "reduce_scatter", "all_to_all")  # the message is cut into world-size chunks
+MAX_CALLS = 100  # calls a sample times back to back, at most (--fill-ms)
 
 
 def parse_args(argv=None, ops_flag=True, prog="python -m trainer.bench_collectives"):
@@ -65,6 +73,8 @@ def parse_args(argv=None, ops_flag=True, prog="python -m trainer.bench_collectiv
                    help="timed iterations at most, while within --budget-s (default 0: exactly --iters)")
     p.add_argument("--budget-s", type=float, default=0.0,
                    help="seconds of timed iterations per size before stopping at --iters (default 0)")
+    p.add_argument("--fill-ms", type=float, default=0.0,
+                   help="time calls back to back, as many a sample as fill this many ms (default 0: one call a sample)")
     p.add_argument("--probe-size", type=int, default=1024, help="bytes of the latency probe (default 1024)")
     p.add_argument("--probe-iters", type=int, default=0, help="timed iterations of the latency probe (default 0: none)")
     p.add_argument("--copy-probe", action="store_true",
@@ -84,16 +94,26 @@ def parse_args(argv=None, ops_flag=True, prog="python -m trainer.bench_collectiv
         p.error(f"--sizes must be integers (bytes), got {args.sizes!r}")
     if not args.sizes or any(s < 4 or s % 4 for s in args.sizes):
         p.error("--sizes must be positive multiples of 4 bytes (float32 elements)")
-    if args.iters < 1 or args.warmup < 0 or args.probe_iters < 0 or args.max_iters < 0 or args.budget_s < 0:
-        p.error("--iters must be >= 1, --warmup, --probe-iters, --max-iters and --budget-s >= 0")
+    if args.iters < 1 or min(args.warmup, args.probe_iters, args.max_iters, args.budget_s, args.fill_ms) < 0:
+        p.error("--iters must be >= 1, --warmup, --probe-iters, --max-iters, --budget-s and --fill-ms >= 0")
+    if args.fill_ms and not args.warmup:
+        p.error("--fill-ms needs --warmup >= 1: the warm-up call's time says how many calls fill a sample")
     if args.probe_size < 4 or args.probe_size % 4:
         p.error("--probe-size must be a positive multiple of 4 bytes (float32 elements)")
     return args
 
 
 def more(times: list[float], iters: int, max_iters: int, budget_s: float) -> bool:
-    """Time another iteration: fewer than `iters` so far, or fewer than `max_iters` within `budget_s`."""
+    """Time another sample: fewer than `iters` so far, or fewer than `max_iters` within `budget_s`
+    (`times`: the samples' own durations)."""
     return len(times) < iters or (len(times) < max_iters and sum(times) < budget_s)
+
+
+def calls_per_sample(warm_s: float, fill_s: float) -> int:
+    """The calls a sample times back to back: as many as fill `fill_s` at `warm_s` a call, 1 to MAX_CALLS."""
+    if fill_s <= 0:
+        return 1
+    return max(1, min(MAX_CALLS, math.ceil(fill_s / max(warm_s, 1e-9))))
 
 
 def message_size(op: str, size_bytes: int, world_size: int) -> int:
@@ -124,25 +144,56 @@ def collective(op: str, size_bytes: int, world_size: int, device: torch.device):
     return lambda: dist.all_to_all_single(out, full)
 
 
-def time_size(run_once, iters: int, warmup: int, device: torch.device, max_iters: int = 0,
-              budget_s: float = 0.0) -> list[float]:
-    """Per-iteration times of run_once() in seconds, each the maximum over ranks (so all ranks agree on `more`)."""
+def slowest_rank(seconds: float, device: torch.device) -> float:
+    """`seconds` reduced to their maximum over ranks (on nccl the tensor must be on the GPU)."""
+    value = torch.tensor([seconds], dtype=torch.float64, device=device)
+    dist.all_reduce(value, op=dist.ReduceOp.MAX)
+    return value.item()
+
+
+@dataclass(frozen=True)
+class Sampling:
+    """How a size is timed: `warmup` calls, then `iters` samples and more up to `max_iters` while
+    within `budget_s` (more()), each sample as many calls back to back as fill `fill_s`
+    (calls_per_sample); with `iters_count_calls` (the latency probe), `iters` counts calls, not
+    samples, so the probe times as many calls back to back as one at a time."""
+
+    iters: int
+    warmup: int
+    max_iters: int = 0
+    budget_s: float = 0.0
+    fill_s: float = 0.0
+    iters_count_calls: bool = False
+
+
+def time_size(run_once, device: torch.device, sampling: Sampling) -> list[float]:
+    """Per-call times of run_once() in seconds, a sample's calls averaged, each the maximum over
+    ranks (so all ranks agree on `more`)."""
     cuda = device.type == "cuda"
-    for _ in range(warmup):
-        run_once()
-    times: list[float] = []
-    while more(times, iters, max_iters, budget_s):
-        dist.barrier()
-        if cuda:  # nothing of the warm-up or the barrier still queued on the GPU when the clock starts
+
+    def sync():  # NCCL's collectives return once queued: wait for the kernels themselves
+        if cuda:
             torch.cuda.synchronize(device)
+
+    warm_s = 0.0
+    for _ in range(sampling.warmup):
         started = time.perf_counter()
         run_once()
-        if cuda:  # NCCL's collectives return once queued: wait for the kernel itself
-            torch.cuda.synchronize(device)
-        # The reduction of the times is a collective too: on nccl its tensor must be on the GPU.
-        elapsed = torch.tensor([time.perf_counter() - started], dtype=torch.float64, device=device)
-        dist.all_reduce(elapsed, op=dist.ReduceOp.MAX)
-        times.append(elapsed.item())
+        sync()
+        warm_s = time.perf_counter() - started
+    calls = calls_per_sample(slowest_rank(warm_s, device), sampling.fill_s) if sampling.fill_s > 0 else 1
+    iters = max(1, math.ceil(sampling.iters / calls)) if sampling.iters_count_calls else sampling.iters
+    times: list[float] = []
+    spent: list[float] = []
+    while more(spent, iters, sampling.max_iters, sampling.budget_s):
+        dist.barrier()
+        sync()  # nothing of the warm-up or the barrier still queued on the GPU when the clock starts
+        started = time.perf_counter()
+        for _ in range(calls):
+            run_once()
+        sync()
+        spent.append(slowest_rank(time.perf_counter() - started, device))
+        times.append(spent[-1] / calls)
     return times
 
 
@@ -163,8 +214,9 @@ def main(argv=None, one_op: bool = False):
     sweep = [(op, size, args.iters, False) for op in args.ops for size in args.sizes]
     for op, asked, iters, is_probe in probe + sweep:
         size = message_size(op, asked, world_size)
-        times = time_size(collective(op, size, world_size, device), iters, args.warmup, device,
-                          0 if is_probe else args.max_iters, args.budget_s)
+        sampling = Sampling(iters, args.warmup, 0 if is_probe else args.max_iters, args.budget_s, args.fill_ms / 1e3,
+                            iters_count_calls=is_probe and op != "copy")
+        times = time_size(collective(op, size, world_size, device), device, sampling)
         row = {"op": op, "size": size, "count": size // 4, "type": "float", "world_size": world_size,
                "backend": c.backend, "device": device.type,
                "time_us": statistics.median(times) * 1e6, "times_us": [t * 1e6 for t in times]}

@@ -51,6 +51,12 @@ PROBE_ITERS = 101  # its timed iterations (the sweep's --iters is for the sizes 
 # 1.27 ms; with 101 in 0.5 s, 0.83 and 0.84 ms in two runs side by side, and 0.86 to 1.04 ms over
 # six sweeps a day later (docs/explanation/cost-model.md: The calibrated model).
 SMALL_BUDGET_S = 0.5
+# Calls are timed back to back, as many a sample as fill FILL_MS (the trainer's --fill-ms), as
+# nccl-tests times its iterations in one loop. One call a sample started each on a link idle since
+# the barrier, and tbf's full 128 KiB bucket let its first bytes through unpaced: at 1gbit a 1 MiB
+# all-gather read 0.87 and 0.88 of the calibrated model, back to back 0.99 and 0.99, side by side
+# (docs/explanation/cost-model.md: a shaped link's queue).
+FILL_MS = 30
 
 
 @dataclass(frozen=True)
@@ -179,7 +185,8 @@ def sweep_plan(session: LabSession, node_env: dict, sizes: list[int], iters: int
     module = ["trainer.bench_collectives", "--ops", ",".join(ops), "--copy-probe"] if ops else ["trainer.bench_allreduce"]
     args = ["-m", *module, "--sizes", ",".join(map(str, sizes)), "--iters", str(iters),
             "--probe-size", str(PROBE_SIZE), "--probe-iters", str(probe_iters),
-            "--max-iters", str(max(iters, PROBE_ITERS)), "--budget-s", str(SMALL_BUDGET_S)]
+            "--max-iters", str(max(iters, PROBE_ITERS)), "--budget-s", str(SMALL_BUDGET_S),
+            "--fill-ms", str(FILL_MS)]
     return session.plan_run(args, options=RunOptions(nproc_per_node=1, env=env), node_env=node_env)
 
 

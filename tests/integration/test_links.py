@@ -100,15 +100,18 @@ def connect_rtt_ms(client, lab: str) -> float:
 
 def test_all_gather_and_reduce_scatter_run_as_the_calibrated_model_says_gloo_runs_them(lab):
     """gloo's all-gather is a ring, its reduce-scatter an all-reduce of the whole input (cost.op_cost):
-    at 100mbit both land on the calibrated model, and the reduce-scatter takes an all-reduce's time."""
-    labctl("shape", "--lab", lab, "--bw", "100mbit", check=True)
+    at 1gbit both land on the calibrated model, and the reduce-scatter takes an all-reduce's time.
+    1gbit is where the link's own ways show (at 100mbit a millisecond is lost in 58): a call starting
+    on tbf's full bucket put the 1 MiB all-gather at 0.90 to 0.94, one queue for the ring's bulk and
+    its notices put the 2 MiB one at 1.07 to 1.11 (docs/explanation/cost-model.md)."""
+    labctl("shape", "--lab", lab, "--bw", "1gbit", check=True)
     result = labctl("bench", "collectives", "--lab", lab, "--ops", "all_gather,reduce_scatter", "--sizes", "1M,4M",
                     "--iters", "3", "--json", check=True, timeout=600)
     rows = json.loads(result.stdout)
     assert [(r["op"], r["size"]) for r in rows] == [("all_gather", 1048572), ("all_gather", 4194300),
                                                     ("reduce_scatter", 1048572), ("reduce_scatter", 4194300)]
-    for row in rows:
-        assert 0.9 <= row["meas_over_calibrated"] <= 1.1, row  # the cost model page's goal is 0.95-1.05
+    for row in rows:  # the goal, 0.95 to 1.05, is the bench's to measure; this leaves room for a busy runner
+        assert 0.93 <= row["meas_over_calibrated"] <= 1.07, row
     gather, scatter = rows[1], rows[3]
     # nccl-tests' busbw factor is (n-1)/n for both; gloo's reduce-scatter moves twice the bytes for it
-    assert within(gather["busbw_gbs"], 0.0125) and within(scatter["busbw_gbs"], 0.0125 / 2), (gather, scatter)
+    assert within(gather["busbw_gbs"], 0.125) and within(scatter["busbw_gbs"], 0.125 / 2), (gather, scatter)

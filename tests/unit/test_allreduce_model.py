@@ -48,6 +48,19 @@ def test_small_sizes_get_more_iterations_within_the_budget_and_large_ones_keep_i
     assert not more([0.001] * 5, 5, 0, 0.25)  # no --max-iters: exactly --iters, as before
 
 
+def test_calls_are_timed_back_to_back_as_many_as_fill_the_sample():
+    from trainer.bench_collectives import MAX_CALLS, calls_per_sample, parse_args
+
+    assert calls_per_sample(0.0117, 0.030) == 3  # a 1 MiB all-reduce at 1gbit: 3 calls fill 30 ms
+    assert calls_per_sample(0.187, 0.030) == 1  # a 16 MiB one is a sample by itself
+    assert calls_per_sample(1e-5, 0.030) == MAX_CALLS and calls_per_sample(0.0, 0.030) == MAX_CALLS
+    assert calls_per_sample(0.001, 0.0) == 1  # no --fill-ms: one call a sample, as before
+    assert parse_args(["--sizes", "1024", "--fill-ms", "30"]).fill_ms == 30.0
+    for bad in (["--fill-ms", "-1"], ["--fill-ms", "30", "--warmup", "0"]):  # the warm-up call sets the pace
+        with pytest.raises(SystemExit):
+            parse_args(["--sizes", "1024", *bad])
+
+
 def test_allreduce_plot_draws_both_models_into_a_png(tmp_path):
     pytest.importorskip("matplotlib", reason="the [plot] extra is not installed")
     timings = [{"size": s, "count": s // 4, "time_us": t} for s, t in ((65536, 4641.5), (1 << 20, 11194.9))]

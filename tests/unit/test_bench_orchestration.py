@@ -155,7 +155,7 @@ def test_allreduce_measures_the_slowest_links_wire_then_sweeps(tmp_path, events,
     assert events[-1] == ("run", ("node0", "node1", "node2"),
                           ["trainer.bench_allreduce", "--sizes", "1024,2048", "--iters", "3",
                            "--probe-size", "1024", "--probe-iters", str(allreduce.PROBE_ITERS),
-                           "--max-iters", "101", "--budget-s", "0.5"])
+                           "--max-iters", "101", "--budget-s", "0.5", "--fill-ms", "30"])
     assert result.title == ("allreduce on gloo (cpu tensors), 3 nodes, link shaped 50mbit (slowest hop node1 -> node0), iperf3 wire 45 Mbit/s; "
                             "model: ring at 85% of the link, 50 us a hop; calibrated: the wire, a step 0 ms + max(stack 39 us, transfer)")
     written = json.loads((result.run_dir / "bench-allreduce.json").read_text())
