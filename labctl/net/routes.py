@@ -100,7 +100,8 @@ def build_routed_egress(rest: Shape | None, routes: list[Route], dev: str = "eth
 
 def build_node(rest: Shape | None, routes: list[Route], iface: str = "eth0", ifb: str = "ifb0") -> list[Command]:
     """A node's whole link, cleared first: `rest` (None: unshaped) for every destination but the
-    routes', which get their own classes; without routes, tc.build_apply's tbf and netem."""
+    routes', which get their own classes; without routes, tc.build_apply's tbf (over netem, or
+    tc.small_first's htb) or netem alone."""
     if not routes:
         return build_apply(rest, iface, ifb) if rest else build_clear(iface, ifb)
     ingress = build_ingress(rest, iface, ifb) if rest and rest.ingress else []

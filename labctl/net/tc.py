@@ -2,11 +2,12 @@
 and parses text; apply.py runs them.
 
 Egress: a tbf at the root shapes the rate (https://man7.org/linux/man-pages/man8/tc-tbf.8.html);
-delay, jitter and loss hang under it as a netem child (https://man7.org/linux/man-pages/man8/tc-netem.8.html).
-Without a rate, netem itself is the root qdisc. Jitter is netem's default distribution, uniform
-(each packet's delay drawn from delay ± jitter; packets overtaken by a less delayed one arrive
-reordered): no `distribution normal`, whose table file not every image ships and which a
-training link's tail does not follow any better.
+delay, jitter and loss hang under it as a netem child
+(https://man7.org/linux/man-pages/man8/tc-netem.8.html), and without them an htb child sends short
+packets first (small_first). Without a rate, netem itself is the root qdisc. Jitter is netem's
+default distribution, uniform (each packet's delay drawn from delay ± jitter; packets overtaken by a
+less delayed one arrive reordered): no `distribution normal`, whose table file not every image
+ships and which a training link's tail does not follow any better.
 Ingress: the interface's ingress traffic is redirected to an ifb device and shaped on its egress,
 the only way to shape what arrives (tc can police ingress but not queue it).
 """
