@@ -31,17 +31,16 @@ from labctl.net.tc import (
     Shape,
     build_apply,
     build_clear,
+    HTB_R2Q,
     build_ingress,
-    burst_bytes,
+    htb_class,
     netem_args,
     parse_link_state,
     queue_bytes,
 )
-from labctl.spec.units import format_rate
 from trainer.tclinks import parse_classes  # the trainer reads the same classes for its step model
 
 REST_CLASS = "1:1"
-HTB_R2Q = 10  # htb's default; the quantum is set per class so it never warns that one is "big"
 _PARENT_RE = re.compile(r"\bparent (\S+)")
 _FLOWID_RE = re.compile(r"\bflowid (\S+)")
 _MATCH_RE = re.compile(r"\bmatch ([0-9a-f]{8})/ffffffff at 16\b")
@@ -64,13 +63,6 @@ def class_id(index: int) -> str:
     return f"1:{index + 2:x}"
 
 
-def _htb_class(dev: str, classid: str, rate_bps: int) -> Command:
-    burst = str(burst_bytes(rate_bps))  # the same bucket tbf gets: a burst of 1 ms, and at least 128 KiB
-    quantum = str(min(200_000, max(1514, rate_bps // 8 // HTB_R2Q)))
-    return _cmd("tc", "class", "add", "dev", dev, "parent", "1:", "classid", classid, "htb", "rate",
-                format_rate(rate_bps), "ceil", format_rate(rate_bps), "burst", burst, "cburst", burst, "quantum", quantum)
-
-
 def _shaped_class(dev: str, classid: str, shape: Shape) -> list[Command]:
     """The class at the shape's rate (UNSHAPED_LINE_BPS where it has none) and its queue under it:
     netem where the shape has a delay or loss, else a bfifo as deep as tbf's queue at that rate
@@ -79,7 +71,7 @@ def _shaped_class(dev: str, classid: str, shape: Shape) -> list[Command]:
     rate = shape.rate_bps or UNSHAPED_LINE_BPS
     handle = f"{int(classid.split(':')[1], 16) * 16:x}:"  # 1:1 -> 10:, 1:2 -> 20:, 1:a -> a0:
     leaf = netem_args(shape) if shape.needs_netem else ["bfifo", "limit", str(queue_bytes(rate))]
-    return [_htb_class(dev, classid, rate),
+    return [htb_class(dev, "1:", classid, rate),
             _cmd("tc", "qdisc", "add", "dev", dev, "parent", classid, "handle", handle, *leaf)]
 
 

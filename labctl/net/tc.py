@@ -51,6 +51,7 @@ TBF_LATENCY = f"{QUEUE_MS}ms"
 # calls back to back, a 2 MiB one took 12.8 ms behind one queue, 11.9 to 12.0 ms with this
 # (docs/explanation/cost-model.md: a shaped link's queue).
 SHORT_PACKET_BYTES = 128
+HTB_R2Q = 10  # htb's default; htb_class sets each class's quantum so that it never warns one is "big"
 NETEM_DEFAULT_LIMIT = 1000  # packets: netem's own default (tc-netem(8), `limit`)
 UNSHAPED_LINE_BPS = 10 * 10**9  # what a veth pair carries, roughly, when no tbf paces it
 MTU_BYTES = 1500
@@ -132,15 +133,23 @@ def _percent(value: float) -> str:
     return f"{value:.6f}".rstrip("0").rstrip(".") + "%"  # never 1e-05%, which tc would refuse
 
 
+def htb_class(dev: str, parent: str, classid: str, rate_bps: int, prio: str | None = None) -> Command:
+    """An htb class of its own rate (ceil the same: nothing to borrow), with tbf's bucket at that rate
+    (burst_bytes) and a quantum htb does not warn of; `prio` orders classes (0 first)."""
+    burst = str(burst_bytes(rate_bps))
+    quantum = str(min(200_000, max(1514, rate_bps // 8 // HTB_R2Q)))
+    return _cmd("tc", "class", "add", "dev", dev, "parent", parent, "classid", classid, "htb", "rate",
+                format_rate(rate_bps), "ceil", format_rate(rate_bps), "burst", burst, "cburst", burst, "quantum", quantum,
+                *(["prio", prio] if prio is not None else []))
+
+
 def small_first(dev: str, rate_bps: int) -> list[Command]:
     """tbf's child (handle 20:): an htb that never limits (UNSHAPED_LINE_BPS a class) with two
     classes, short packets (SHORT_PACKET_BYTES, matched on the IPv4 header's length) in 20:1, served
     first, everything else in 20:2 (the default); each holds tbf's own queue (queue_bytes) in a bfifo."""
-    unlimited, burst = format_rate(UNSHAPED_LINE_BPS), str(burst_bytes(UNSHAPED_LINE_BPS))
     commands = [_cmd("tc", "qdisc", "add", "dev", dev, "parent", "1:1", "handle", "20:", "htb", "default", "2")]
     for minor, prio in (("1", "0"), ("2", "1")):
-        commands += [_cmd("tc", "class", "add", "dev", dev, "parent", "20:", "classid", f"20:{minor}", "htb", "rate",
-                          unlimited, "burst", burst, "cburst", burst, "quantum", "200000", "prio", prio),
+        commands += [htb_class(dev, "20:", f"20:{minor}", UNSHAPED_LINE_BPS, prio),
                      _cmd("tc", "qdisc", "add", "dev", dev, "parent", f"20:{minor}", "handle", f"2{minor}:", "bfifo",
                           "limit", str(queue_bytes(rate_bps)))]
     mask = f"0x{0xFFFF & ~(SHORT_PACKET_BYTES - 1):04x}"  # the length's bits at and above SHORT_PACKET_BYTES
