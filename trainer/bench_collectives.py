@@ -181,10 +181,9 @@ def time_size(run_once, device: torch.device, sampling: Sampling) -> list[float]
         run_once()
         sync()
         warm_s = time.perf_counter() - started
-    calls = calls_per_sample(slowest_rank(warm_s, device), sampling.fill_s) if sampling.fill_s > 0 else 1
+    calls = calls_per_sample(slowest_rank(warm_s, device), sampling.fill_s) if sampling.fill_s > 0 else 1  # no reduction unasked
     iters = max(1, math.ceil(sampling.iters / calls)) if sampling.iters_count_calls else sampling.iters
-    times: list[float] = []
-    spent: list[float] = []
+    spent: list[float] = []  # each sample's own duration
     while more(spent, iters, sampling.max_iters, sampling.budget_s):
         dist.barrier()
         sync()  # nothing of the warm-up or the barrier still queued on the GPU when the clock starts
@@ -193,8 +192,7 @@ def time_size(run_once, device: torch.device, sampling: Sampling) -> list[float]
             run_once()
         sync()
         spent.append(slowest_rank(time.perf_counter() - started, device))
-        times.append(spent[-1] / calls)
-    return times
+    return [s / calls for s in spent]
 
 
 def main(argv=None, one_op: bool = False):
