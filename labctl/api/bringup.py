@@ -139,7 +139,8 @@ def write_lab_lock(directory: Path, plan: UpPlan) -> None:
 
 def start_warm(session: LabSession, config: LabSpec, engine, names: list[str], report: Report) -> None:
     """Each node's fork server, where the `warm` setting and the engine's memory allow (labctl.run.warm),
-    importing the lab's --preload modules too: those given now, else those it was given before."""
+    importing the lab's --preload modules too: those given now, else those it was given before; and, once
+    idle, torch._dynamo unless the lab's idle imports are off."""
     start, note = plan_servers(config.warm, len(names), engine.memory_bytes)
     if note:
         report(note)
@@ -148,7 +149,7 @@ def start_warm(session: LabSession, config: LabSpec, engine, names: list[str], r
         return
     given = config.preload if config.sources.get("preload", "default") != "default" else None
     preload = kept_preload(session.directory / PRELOAD_FILE, given)
-    for node, why in start_servers(session.nodes(), names, preload).items():
+    for node, why in start_servers(session.nodes(), names, preload, config.idle_imports == "on").items():
         report(f"{node}: no fork server ({why}); its runs start cold")
 
 

@@ -172,7 +172,9 @@ def measure(client, workspace: Path, nodes: int = 3, rounds: int = 5, torchx: st
     import too), time every way `rounds` times, alternating, and remove the lab."""
     if torchx and not shutil.which(torchx):
         raise StateError(f"no torchx command at {torchx}", hint="pip install torchx, then --torchx $(which torchx)")
-    up = [sys.executable, "-m", "labctl", "up", "--lab", BENCH_LAB, "--nodes", str(nodes), "--json", *(up_args or []),
+    # --idle-imports on whatever the environment says: the bench times a lab as `up` leaves it by default
+    up = [sys.executable, "-m", "labctl", "up", "--lab", BENCH_LAB, "--nodes", str(nodes), "--json",
+          "--idle-imports", "on", *(up_args or []),
           *(a for module in preload for a in ("--preload", module))]
     later = later_modules(preload)
     apply_down(client, BENCH_LAB, volumes=True)

@@ -23,11 +23,13 @@ DEFAULT_RUN_TIMEOUT_S = 300.0  # every run through the fixture's lab; a hang fai
 NoEngine = Literal["fail", "skip"]
 MARKER = "ddplab"
 MARKER_DOC = ("ddplab(nodes=3, nproc_per_node=1, bw=None, delay=None, node_cpus=None, requirements=None, "
-              "with_packages=(), preload=(), fresh=False): the lab the ddp_lab fixture hands this test; requirements "
-              "(a file) and with_packages give its nodes your project's packages, as `labctl up --requirements/--with`; "
+              "with_packages=(), preload=(), idle_imports=None, fresh=False): the lab the ddp_lab fixture hands this "
+              "test; requirements (a file) and with_packages give its nodes your project's packages, as `labctl up "
+              "--requirements/--with`; idle_imports='off' spares its fork servers torch._dynamo (`up --idle-imports`); "
               "bw and delay (either, or both) shape its links for this test alone, fresh=True gives it a lab no other "
               "test has used")
-MARKER_KEYS = ("nodes", "nproc_per_node", "bw", "delay", "node_cpus", "requirements", "with_packages", "preload", "fresh")
+MARKER_KEYS = ("nodes", "nproc_per_node", "bw", "delay", "node_cpus", "requirements", "with_packages", "preload",
+               "idle_imports", "fresh")
 LAB_PREFIX = "pt"  # pt-<session8>-<worker>-<n>: a pytest session's labs, told apart at a glance in `labctl ls`
 
 
@@ -65,7 +67,7 @@ class LabRequest:
         """Labs with the same key are interchangeable between tests: what is fixed at `up`. The
         links are not part of it (set per test), nor `fresh` (a fresh lab is never pooled)."""
         return (self.lab.nodes, self.lab.nproc_per_node, self.lab.node_cpus, self.lab.image, self.lab.requirements,
-                self.lab.with_packages, self.lab.preload)
+                self.lab.with_packages, self.lab.preload, self.lab.idle_imports)
 
     @property
     def shaped(self) -> bool:
@@ -189,10 +191,22 @@ def lab_request(marks: list[tuple[tuple, Mapping[str, Any]]], settings: Settings
         parse_shape(None if bw is None else str(bw), None if delay is None else str(delay))
     given = {"nodes": nodes, "nproc_per_node": nproc, "node_cpus": dict(_node_cpus(merged.get("node_cpus"), nodes)),
              "image": settings.image, "requirements": _path(merged.get("requirements"), root or workspace),
-             "with_packages": _listed(merged.get("with_packages")), "preload": _listed(merged.get("preload"))}
+             "with_packages": _listed(merged.get("with_packages")), "preload": _listed(merged.get("preload")),
+             "idle_imports": _idle_imports(merged.get("idle_imports"))}
     lab = load_config(workspace, environ, {key: value for key, value in given.items() if value})
     return LabRequest(lab=lab, bw=None if bw is None else str(bw), delay=None if delay is None else str(delay),
                       fresh=_flag(merged.get("fresh", False), f"{MARKER}(fresh=)") or settings.fresh)
+
+
+def _idle_imports(raw: Any) -> str | None:
+    """A marker's idle_imports: 'on' or 'off' (True and False too), checked by `up`'s own parser."""
+    if raw is None:
+        return None
+    value = {True: "on", False: "off"}.get(raw, raw) if isinstance(raw, bool) else str(raw)
+    try:
+        return SETTINGS["idle_imports"][1](value)
+    except ValueError as exc:
+        raise ConfigError(f"{MARKER}(idle_imports=)", raw, str(exc)) from None
 
 
 def _path(raw: Any, root: Path) -> str | None:

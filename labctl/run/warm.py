@@ -8,6 +8,10 @@ and a no-op or a script without an optimizer never needs it. So the first run af
 for torch (and imports torch._dynamo itself if it must), and the runs after it find both imported.
 That import waits a second after READY and again after the first run's worker has ended
 (forkserver.LATER_AFTER_S), so that it does not take the cores from the end of that run.
+It pays for itself from a lab's third run that makes an optimizer on: a lab that runs one or two
+such jobs (a CI job's lab) spends more on it than its runs save, so `up --idle-imports off`
+(the lab's `idle_imports` setting, the pytest marker's too) leaves it out, and a run that needs
+torch._dynamo then imports it in its workers, as a cold run would.
 Nothing of the workspace (the trainer package included) is preloaded: a script and the modules it
 imports are read afresh by every run, so a file edited between two runs is never run stale.
 The server does not hold up `up`: it binds its socket first and imports while requests wait in its
@@ -54,18 +58,19 @@ def gib(size: int) -> str:
     return f"{size / 1024**3:.1f} GiB"
 
 
-def server_argv(preload: tuple[str, ...] = ()) -> list[str]:
+def server_argv(preload: tuple[str, ...] = (), idle_imports: bool = True) -> list[str]:
     """The command that starts a node's fork server in the background, importing PRELOAD and `preload`
-    (the user's modules, `up --preload`) at once and LATER when idle: a no-op where one of the same
-    command line runs."""
+    (the user's modules, `up --preload`) at once and LATER when idle (unless `idle_imports` is off): a
+    no-op where one of the same command line runs."""
     modules = [*PRELOAD, *(m for m in preload if m not in PRELOAD)]
     return ["sh", "-c", START_SCRIPT, FORKSERVER_SCRIPT, FORK_SOCKET, WORKER_SCRIPT, FORKCHILD_SCRIPT, *modules,
-            "--", *later_modules(preload)]
+            "--", *later_modules(preload, idle_imports)]
 
 
-def later_modules(preload: tuple[str, ...] = ()) -> list[str]:
-    """What a server started with `preload` (`up --preload`) imports once idle: LATER, less those."""
-    return [m for m in LATER if m not in preload]
+def later_modules(preload: tuple[str, ...] = (), idle_imports: bool = True) -> list[str]:
+    """What a server started with `preload` (`up --preload`) imports once idle: LATER, less those;
+    nothing where the lab's idle imports are off."""
+    return [m for m in LATER if m not in preload] if idle_imports else []
 
 
 STOP = "pkill -f 'serve /tmp/ddplab/fork-[0-9a-f]+[.]sock' || true"
@@ -77,12 +82,12 @@ def stop_servers(nodes, names: list[str]) -> None:
         list(pool.map(lambda node: nodes.run(node, ["sh", "-c", STOP]), names))
 
 
-def start_servers(nodes, names: list[str], preload: tuple[str, ...] = ()) -> dict[str, str]:
-    """Start the fork server on every node of `names` (a run.executor.Nodes), importing `preload` too;
-    what failed, by node."""
+def start_servers(nodes, names: list[str], preload: tuple[str, ...] = (), idle_imports: bool = True) -> dict[str, str]:
+    """Start the fork server on every node of `names` (a run.executor.Nodes), importing `preload` too
+    (and LATER once idle, unless `idle_imports` is off); what failed, by node."""
     def start(node: str) -> tuple[str, str]:
         try:
-            code, output = nodes.run(node, server_argv(preload))
+            code, output = nodes.run(node, server_argv(preload, idle_imports))
         except Exception as exc:  # noqa: BLE001 - a node that cannot start one runs its workers cold
             return node, str(exc)
         return node, "" if code == 0 else output.strip() or f"exit status {code}"

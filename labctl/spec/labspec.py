@@ -102,6 +102,11 @@ class LabSpec:
     warm: str = "auto"
     """Each node's fork server (the warm path: runs start in a second): 'on', 'off', or 'auto', on while the servers
     (about 230 MB each, torch imported) take at most 40% of the engine's memory (labctl.run.warm)."""
+    idle_imports: str = "on"
+    """What each fork server imports once it is idle, after its preload: 'on' imports torch._dynamo, which a
+    script's first optimizer (and torch.compile) needs, so the runs after the first find it imported; 'off' for a
+    lab whose runs are few or make no optimizer (a CI lab that runs one job): each node saves 1.4 to 2.4
+    CPU-seconds, and a run that needs the module imports it itself (labctl.run.warm)."""
     scheduler: str = "none"
     """'slurm': the nodes are also a Slurm cluster (node0 runs slurmctld, every node slurmd and munged, as root
     in the node; `labctl slurm`); 'none': a plain lab."""
@@ -207,6 +212,7 @@ SETTINGS: dict[str, tuple[str, Callable[[str], Any]]] = {
                                          "must be a congestion control such as cubic, bbr or reno, or 'host'")),
     "cpu_kernels": ("DDPLAB_CPU_KERNELS", choice("avx2", "native")),
     "warm": ("DDPLAB_WARM", choice("auto", "on", "off")),
+    "idle_imports": ("DDPLAB_IDLE_IMPORTS", choice("on", "off")),
     "scheduler": ("DDPLAB_SCHEDULER", choice("none", "slurm")),
     "torch_index_url": ("DDPLAB_TORCH_INDEX_URL", matching(re.compile(r"^(https?|file)://\S+$"), "must be an http(s):// or file:// URL")),
     "debian_mirror": ("DDPLAB_DEBIAN_MIRROR", matching(re.compile(r"^((https?|file)://\S+)?$"), "must be an http(s):// URL or empty")),

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from labctl.diagnose.packages import check_packages
+from labctl.errors import ConfigError
 from labctl.hosts.packages import with_pythonpath
 from labctl.lab.garbage import plan_images
 from labctl.lab.gpus import GpuPlan, NodeGpus
@@ -163,3 +164,17 @@ def test_the_marker_gives_a_lab_its_packages_and_labs_differ_by_them():
     assert "packages /nonexistent-workspace/req.txt" in request(requirements="req.txt").describe()
     with pytest.raises(Exception, match="with"):
         request(with_packages=["foo=="])
+
+
+def test_the_marker_turns_the_idle_imports_off_and_labs_differ_by_them():
+    def request(**kwargs):
+        return lab_request([((), kwargs)], Settings(), Path("/nonexistent-workspace"), {})
+
+    assert request().lab.idle_imports == "on"
+    assert request(idle_imports="off").lab.idle_imports == request(idle_imports=False).lab.idle_imports == "off"
+    assert request(idle_imports="off").key != request().key  # a lab of one is never handed to a test of the other
+    assert request(idle_imports="ON").key == request().key
+    with pytest.raises(ConfigError, match=r"ddplab\(idle_imports=\)='maybe': must be one of on, off"):
+        request(idle_imports="maybe")
+    env = lab_request([((), {})], Settings(), Path("/nonexistent-workspace"), {"DDPLAB_IDLE_IMPORTS": "off"})
+    assert env.lab.idle_imports == "off"  # the environment's setting, as `labctl up` reads it
