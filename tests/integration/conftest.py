@@ -101,11 +101,19 @@ def copy_workspace(root: Path) -> Path:
     return root
 
 
+# The labs of one test (the lab_name fixture's): they run a job or two, so `up` starts their fork
+# servers with idle imports off (`up --idle-imports off`, labctl.run.warm): torch._dynamo would be
+# imported once idle, 1.4 to 2.4 CPU-seconds a node, for runs that never come.
+ONE_TEST_LABS: set[str] = set()
+
+
 def labctl(*args: str, timeout: float = 300, check: bool | None = None, env: dict | None = None,
            cwd: Path = REPO) -> subprocess.CompletedProcess:
     """Run the real CLI in a subprocess, as a user would."""
+    lab = args[args.index("--lab") + 1] if "--lab" in args[:-1] else None
+    lean = {"DDPLAB_IDLE_IMPORTS": "off"} if lab in ONE_TEST_LABS else {}
     result = subprocess.run([sys.executable, "-m", "labctl", *args], cwd=cwd, capture_output=True, text=True,
-                            timeout=timeout, env={**os.environ, "COLUMNS": "200", **(env or {})})
+                            timeout=timeout, env={**os.environ, "COLUMNS": "200", **lean, **(env or {})})
     if check is True:
         assert result.returncode == 0, f"labctl {' '.join(args)} -> {result.returncode}\n{result.stdout}\n{result.stderr}"
     return result
@@ -200,17 +208,160 @@ def drop_lab(name: str) -> None:
 
 @pytest.fixture
 def lab_name(docker_client, node_image):
-    """A unique lab name, torn down (volumes too) whatever the test did."""
+    """A unique lab name, torn down (volumes too) whatever the test did: a lab of one test, whose
+    fork servers `labctl()` starts with idle imports off (ONE_TEST_LABS)."""
     name = new_lab_name()
+    ONE_TEST_LABS.add(name)
     yield name
     drop_lab(name)
+    ONE_TEST_LABS.discard(name)
+
+
+class SharedLabs:
+    """The plain labs of one pytest process (an xdist worker, or the `alone` run), one per node count,
+    shared by the modules that ask for one: brought up when the first module does, reset and checked
+    before each later one, removed when the session ends. kind's e2e suite keeps one cluster a job and
+    sigs.k8s.io/e2e-framework one a package, for the same reason: a bring-up is the dearest thing a lab
+    test does (Compose, a fork server importing torch in every node, the teardown).
+
+    A module sees such a lab as a fresh one would be: every node running with its CPU limit, links
+    unshaped, no process but the node's own and its fork server, no helper container (a pending
+    `shape --duration` undo), and `status` reading what `up` reported. The reset makes it so and
+    checks it; a lab the reset cannot bring back is removed and a new one brought up."""
+
+    def __init__(self, client):
+        self.client = client
+        self.labs: dict[int, tuple[str, dict, dict]] = {}  # nodes -> (name, up's status, CPU limit by node)
+        self.bring_ups = self.served = self.resets = 0
+        self.replaced: list[str] = []  # why a lab the reset could not bring back was replaced
+
+    def lab(self, nodes: int) -> tuple[str, dict]:
+        self.served += 1
+        if nodes in self.labs:
+            name, status, cpus = self.labs[nodes]
+            self.resets += 1
+            wrong = self.reset(name, status, cpus)
+            if wrong is None:
+                return name, status
+            self.replaced.append(f"{name}: {wrong}")
+            print(f"shared lab {name}: {wrong}; a new one is brought up", file=sys.stderr)
+            drop_lab(name)
+        name = new_lab_name()
+        self.bring_ups += 1
+        status = json.loads(labctl("up", "--lab", name, "--nodes", str(nodes), "--json", check=True).stdout)
+        self.labs[nodes] = (name, status, self.cpu_limits(name, status))
+        return name, status
+
+    def cpu_limits(self, lab: str, status: dict) -> dict[str, float | None]:
+        from labctl.engine.docker import node_cpus_limit
+
+        return {n["name"]: node_cpus_limit(self.client, lab, n["name"]) for n in status["nodes"]}
+
+    def reset(self, lab: str, status: dict, cpus: dict[str, float | None]) -> str | None:
+        """Clear what a module may have left (a paused or stopped node, a fork server gone, processes,
+        CPU limits, links), then check that the lab is as `up` left it: what is still wrong, or None."""
+        from labctl.engine.docker import apply_node_cpus
+
+        for node in status["nodes"]:
+            container = self.client.containers.get(f"{lab}-{node['name']}")
+            if container.status == "paused":
+                container.unpause()
+        if not self.running(lab, status) or not all(self.server(lab, n["name"]) for n in status["nodes"]):
+            labctl("up", "--lab", lab, check=True)  # `up` starts a stopped node and a missing fork server
+        for node in status["nodes"]:
+            container = self.client.containers.get(f"{lab}-{node['name']}")
+            if self.strays(container):
+                container.exec_run(["kill", "-9", *self.strays(container)])
+        for node, limit in self.cpu_limits(lab, status).items():
+            if limit != cpus[node]:
+                apply_node_cpus(self.client, lab, node, cpus[node])
+        labctl("shape", "--lab", lab, "--clear")
+        return self.wrong(lab, status, cpus)
+
+    def wrong(self, lab: str, status: dict, cpus: dict[str, float | None]) -> str | None:
+        again = json.loads(labctl("status", "--lab", lab, "--json", check=True).stdout)
+        links = [n.pop("link") for n in again["nodes"]]
+        if links != ["unshaped"] * len(links):
+            return f"links still shaped after --clear: {links}"
+        if again != status:
+            return f"status {again} is not what up reported: {status}"
+        if self.cpu_limits(lab, status) != cpus:
+            return f"CPU limits {self.cpu_limits(lab, status)}, not {cpus}"
+        helpers = set(lab_resources(self.client, lab)["containers"]) - {f"{lab}-{n['name']}" for n in status["nodes"]}
+        if helpers:
+            return f"helper containers still there: {sorted(helpers)}"
+        for node in status["nodes"]:
+            container = self.client.containers.get(f"{lab}-{node['name']}")
+            if self.strays(container):
+                return f"{node['name']} still runs {self.strays(container)}"
+            if not self.server(lab, node["name"]):
+                return f"{node['name']} has no fork server"
+        return None
+
+    def running(self, lab: str, status: dict) -> bool:
+        states = {c["Names"][0].lstrip("/"): c["State"] for c in
+                  self.client.api.containers(all=True, filters={"label": f"{LABEL}={lab}"})}
+        return all(states.get(f"{lab}-{n['name']}") == "running" for n in status["nodes"])
+
+    @staticmethod
+    def processes(container) -> list[tuple[str, str, str]]:
+        """(pid, ppid, args) of every process in the node but the `ps` that lists them."""
+        rows = [tuple(line.split(None, 2)) for line in container.exec_run(PS).output.decode().splitlines()]
+        return [row for row in rows if len(row) == 3 and row[2] != " ".join(PS)]
+
+    def strays(self, container) -> list[str]:
+        """The pids of a node's processes other than its own (docker-init, its entry point's sleep) and
+        its fork server: a run's leftovers, or anything a test started there. A worker the server
+        forked shares its command line; its parent is the server."""
+        rows = self.processes(container)
+        marked = {pid for pid, _, args in rows if FORK_SERVER in args}
+        own = {pid for pid, ppid, args in rows if pid == "1" or (ppid == "1" and args == "sleep infinity")
+               or (pid in marked and ppid not in marked)}
+        return [pid for pid, _, _ in rows if pid not in own]
+
+    def server(self, lab: str, node: str) -> bool:
+        rows = self.processes(self.client.containers.get(f"{lab}-{node}"))
+        marked = {pid for pid, _, args in rows if FORK_SERVER in args}
+        return any(pid in marked and ppid not in marked for pid, ppid, _ in rows)
+
+    def close(self) -> None:
+        for name, _, _ in self.labs.values():
+            drop_lab(name)
+
+
+    def line(self) -> str:
+        replaced = f"; replaced {len(self.replaced)}: {'; '.join(self.replaced)}" if self.replaced else ""
+        return (f"shared labs: {self.bring_ups} brought up for {self.served} modules, "
+                f"{self.resets - len(self.replaced)} of {self.resets} resets checked clean{replaced}")
+
+
+SHARED_LINES: list[str] = []  # this process's SharedLabs line, for the terminal summary (xdist: the controller's)
+
+
+@pytest.fixture(scope="session")
+def shared_labs(request, docker_client, node_image):
+    labs = SharedLabs(docker_client)
+    yield labs
+    labs.close()
+    if hasattr(request.config, "workeroutput"):  # an xdist worker: tests/conftest.py prints it on the controller
+        request.config.workeroutput.setdefault("summary_lines", []).append(labs.line())
+    else:
+        SHARED_LINES.append(labs.line())
+
+
+def pytest_terminal_summary(terminalreporter):
+    for line in SHARED_LINES:
+        terminalreporter.write_line(line)
 
 
 @pytest.fixture(scope="module")
-def lab3(docker_client, node_image):
-    """A 3-node lab shared by the tests of one module."""
-    name = new_lab_name()
-    result = labctl("up", "--lab", name, "--nodes", "3", "--json", check=True)
-    status = json.loads(result.stdout)
-    yield name, status
-    drop_lab(name)
+def lab3(shared_labs):
+    """A plain 3-node lab for the tests of one module, as `up` leaves it: this process's shared one,
+    reset and checked (SharedLabs). A module that changes a lab for good (faults, `down`) takes its own."""
+    return shared_labs.lab(3)
+
+
+@pytest.fixture(scope="module")
+def lab2(shared_labs):
+    """A plain 2-node lab, shared as lab3 is."""
+    return shared_labs.lab(2)[0]

@@ -8,17 +8,12 @@ import subprocess
 import sys
 
 import pytest
-from conftest import REPO, labctl, module_lab, summary_of
+from conftest import REPO, labctl, summary_of
 
 from labctl.spec.labspec import LabSpec
 
 ARGS = ["-m", "trainer", "--global-batch", "32", "--micro-batch", "8", "--steps", "20", "--no-metrics"]
 
-
-
-@pytest.fixture(scope="module")
-def lab2(docker_client, node_image):
-    yield from module_lab(2)
 
 
 @pytest.fixture(scope="module")

@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from conftest import drop_lab, labctl, lab_resources, module_lab, new_lab_name, wait_for
+from conftest import drop_lab, labctl, lab_resources, new_lab_name, wait_for
 
 # Not `alone`: nothing here times the links. It reads the shaping back from the kernel, waits out
 # --duration (its sleeps overlap the other workers' tests), and on a netem kernel asks only that a
@@ -26,8 +26,8 @@ def pending_undos(client, lab: str) -> list[dict]:
 
 
 @pytest.fixture(scope="module")
-def lab(docker_client, node_image):
-    yield from module_lab(2)
+def lab(lab2):
+    return lab2
 
 
 def test_delay_alone_applies_where_netem_exists_and_changes_nothing_where_not(lab):

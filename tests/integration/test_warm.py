@@ -9,18 +9,13 @@ import time
 
 import pytest
 
-from conftest import REPO, labctl, module_lab, summary_of
+from conftest import REPO, labctl, summary_of
 from labctl.api import Lab
 
 # Different by nature between two runs, or between the store torchrun's rank-0 agent hosts and the
 # run's own store that the warm path's workers join (see labctl.run.launch.worker_env).
 PER_RUN = {"DDPLAB_RUN_ID", "DDPLAB_RUN_DIR", "PET_RDZV_ID", "TORCHELASTIC_RUN_ID", "TORCHELASTIC_ERROR_FILE",
            "MASTER_ADDR", "MASTER_PORT"}
-
-
-@pytest.fixture(scope="module")
-def lab2(docker_client, node_image):
-    yield from module_lab(2)
 
 
 def dumps(lab: str, launcher: str) -> dict[str, dict]:
