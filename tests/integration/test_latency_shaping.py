@@ -66,20 +66,26 @@ def test_dry_run_prints_the_netem_program_without_needing_netem(lab):
     assert set(links(lab).values()) == {"unshaped"}
 
 
+# The --duration of the two tests below: long enough that the next labctl call still finds the
+# shape in place on a loaded machine. At 3 s, a `shape --show` right after `shape` (1.5 to 2 s each
+# with three test processes on two cores, 2026-12-01) found it undone already, and both failed.
+DURATION_S = 10
+
+
 def test_duration_undoes_the_shape_after_labctl_returned(lab, docker_client):
-    labctl("shape", "--lab", lab, "--bw", "100mbit", "--ingress", "--duration", "3s", check=True)
+    labctl("shape", "--lab", lab, "--bw", "100mbit", "--ingress", "--duration", f"{DURATION_S}s", check=True)
     assert set(links(lab).values()) == {"100mbit in+out"}
     assert len(pending_undos(docker_client, lab)) == 2
-    wait_for(lambda: set(links(lab).values()) == {"unshaped"})
+    wait_for(lambda: set(links(lab).values()) == {"unshaped"}, DURATION_S + 20)
     assert set(links(lab).values()) == {"unshaped"}
     assert pending_undos(docker_client, lab) == []  # each helper removed itself
 
 
 def test_a_later_shape_cancels_the_pending_undo(lab, docker_client):
-    labctl("shape", "--lab", lab, "--bw", "100mbit", "--duration", "3s", check=True)
+    labctl("shape", "--lab", lab, "--bw", "100mbit", "--duration", f"{DURATION_S}s", check=True)
     labctl("shape", "--lab", lab, "--node", "node1", "--bw", "50mbit", check=True)
     assert [c["Labels"]["io.ddplab.target"] for c in pending_undos(docker_client, lab)] == ["node0"]
-    wait_for(lambda: links(lab)["node0"] == "unshaped")  # its undo fires after 3 s; node1's was cancelled
+    wait_for(lambda: links(lab)["node0"] == "unshaped", DURATION_S + 20)  # its undo fires; node1's was cancelled
     assert links(lab) == {"node0": "unshaped", "node1": "50mbit"}
     labctl("shape", "--lab", lab, "--bw", "100mbit", "--duration", "60s", check=True)
     labctl("shape", "--lab", lab, "--clear", check=True)
