@@ -4,6 +4,7 @@ design docs (docs/explanation/design.md) is this table; this test keeps it true.
 """
 
 import ast
+import functools
 import sys
 from collections import defaultdict
 from pathlib import Path
@@ -49,15 +50,28 @@ def unit(module: str) -> str:
     return parts[1] if len(parts) > 1 else "labctl"
 
 
+@functools.cache  # parsed once a process (about a second), not once a test: the tests only read the trees
 def modules() -> dict[str, ast.Module]:
     return {module_name(p): ast.parse(p.read_text(), str(p)) for p in sorted(ROOT.rglob("*.py"))}
+
+
+def nodes_in_functions(tree: ast.Module) -> set[int]:
+    """The ids of the nodes inside a function (a nested one's too), in one walk of the tree: walking
+    every function's subtree again took most of this module's time."""
+    inside, todo = set(), [(tree, False)]
+    while todo:
+        node, within = todo.pop()
+        if within:
+            inside.add(id(node))
+        within = within or isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
+        todo.extend((child, within) for child in ast.iter_child_nodes(node))
+    return inside
 
 
 def imports(name: str, tree: ast.Module, known: set[str]) -> list[tuple[str, int, bool]]:
     """(imported labctl module, line, inside a function) for every import statement of the module."""
     package = name if (ROOT.parent / name.replace(".", "/") / "__init__.py").exists() else name.rpartition(".")[0]
-    in_function = {id(node) for fn in ast.walk(tree) if isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef))
-                   for node in ast.walk(fn)}
+    in_function = nodes_in_functions(tree)
     found = []
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
@@ -181,10 +195,10 @@ def test_importing_labctl_stays_light(module):
 def test_no_two_public_classes_share_a_name():
     """One name, one thing: a reader who meets `Verdict` or `Row` knows which one it is."""
     where: dict[str, list[str]] = defaultdict(list)
-    for path in sorted(ROOT.rglob("*.py")):
-        for node in ast.parse(path.read_text()).body:
+    for module, tree in modules().items():
+        for node in tree.body:
             if isinstance(node, ast.ClassDef) and not node.name.startswith("_"):
-                where[node.name].append(module_name(path))
+                where[node.name].append(module)
     shared = {name: modules for name, modules in where.items() if len(modules) > 1}
     assert not shared, shared
 
@@ -204,13 +218,13 @@ def test_functions_read_at_a_glance():
     """No function of labctl over 50 lines or over 8 parameters, but click's command functions (each
     parses, calls and renders) and the public run methods above."""
     long = []
-    for path in sorted(ROOT.rglob("*.py")):
-        for node in ast.walk(ast.parse(path.read_text())):
+    for module, tree in modules().items():
+        for node in ast.walk(tree):
             if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
                 continue
             command = any(isinstance(d, ast.Call) and getattr(d.func, "attr", "") in ("command", "group")
                           for d in node.decorator_list)
-            name = f"{module_name(path)}.{node.name}"
+            name = f"{module}.{node.name}"
             if not command and node.end_lineno - node.lineno + 1 > 50:
                 long.append(f"{name}: {node.end_lineno - node.lineno + 1} lines")
             if not command and parameter_count(node) > 8 and name not in MANY_KEYWORDS_BY_DESIGN:
