@@ -17,7 +17,7 @@ TORCH_INDEX_URL ?= https://download.pytorch.org/whl/cpu
 NODES ?= 3
 PYTEST_ARGS ?=
 
-.PHONY: demo test unit integration docs docs-serve venv host-torch tools test-engines netem-vm engine image image-cuda image-mismatch down clean
+.PHONY: demo test unit host integration docs docs-serve venv host-torch tools test-engines netem-vm engine image image-cuda image-mismatch down clean
 
 demo: image
 	$(LABCTL) up --nodes $(NODES)
@@ -28,10 +28,11 @@ demo: image
 # modules first, in the order tests/integration/conftest.py gives them, which --no-loadscope-reorder
 # keeps), INTEGRATION_WORKERS at a time; then, one at a time, those marked `alone`, which measure
 # links, round trips and CPU shares that a second test would skew. They leave the cores idle about
-# 45% of the time, so `make test` runs the unit tests (two processes, pytest-xdist) beside them at
-# idle CPU priority (tests/idle.sh: a cgroup with cpu.idle, which ranks below the nodes' containers
-# too), their output kept in .lab/unit-tests.log and printed after. Each step runs whatever the ones
-# before gave; make fails if any did (5, "no tests selected" by a PYTEST_ARGS filter, is not a failure).
+# 45% of the time, so `make test` runs the unit and host tests (tests/unit, tests/host: two processes,
+# pytest-xdist) beside them at idle CPU priority (tests/idle.sh: a cgroup with cpu.idle, which ranks
+# below the nodes' containers too), their output kept in .lab/unit-tests.log and printed after.
+# Each step runs whatever the ones before gave; make fails if any did (5, "no tests selected" by a
+# PYTEST_ARGS filter, is not a failure).
 #
 # Three workers on two cores: a lab test waits as well as computes (containers starting, timeouts,
 # shaped links), and a third worker fills those waits: alternated on one tree here, three took 12 min
@@ -61,14 +62,20 @@ test: docs netem-vm engine tools test-engines
 	@$(TRACK_STATUS); \
 	$(RUN_SIDE_BY_SIDE); \
 	mkdir -p $(dir $(UNIT_LOG)); \
-	sh tests/idle.sh $(PYTEST) tests/unit -n 2 $(PYTEST_ARGS) >$(UNIT_LOG) 2>&1 & unit=$$!; \
+	sh tests/idle.sh $(PYTEST) tests/unit tests/host -n 2 $(PYTEST_ARGS) >$(UNIT_LOG) 2>&1 & unit=$$!; \
 	$(RUN_ALONE); \
 	wait $$unit || passed_or_empty $$?; \
-	echo "--- the unit tests, run beside the alone ones at idle priority ($(UNIT_LOG)):"; cat $(UNIT_LOG); \
+	echo "--- the unit and host tests, run beside the alone ones at idle priority ($(UNIT_LOG)):"; cat $(UNIT_LOG); \
 	exit $$status
 
+# The unit tests, in this process or in short ones of their own: the quick check of a change.
 unit: venv host-torch tools
 	$(PYTEST) tests/unit $(PYTEST_ARGS)
+
+# The host tests: real processes and real torch.distributed on this machine (torchrun, the fork
+# server's workers, other Pythons, real pip, pytest sessions), no Docker.
+host: venv host-torch
+	$(PYTEST) tests/host $(PYTEST_ARGS)
 
 integration: netem-vm engine tools test-engines
 	+@$(SETUP_IMAGES_AND_HOST_TORCH)

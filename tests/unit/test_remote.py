@@ -4,6 +4,8 @@ local processes, files and sockets. No Docker.
 
 Some go through `LocalHost`, an SSHHosts whose "ssh" is a local `sh -c`: the very command line
 labctl sends a host (quoting, cd, env, the Python it names), run by a real shell here.
+
+The run's store, which needs torch (seconds to import), listens in tests/host/test_remote.py.
 """
 
 import ast
@@ -296,34 +298,6 @@ def test_the_executor_refuses_a_taken_rendezvous_port(host, held_port):
     executor.check_master_port(host, {"node0": {"MASTER_PORT": str(free_port())}})
     with pytest.raises(LabError, match=f"MASTER_PORT {held_port} is already in use on node0 \\(Address already in use\\)"):
         executor.check_master_port(host, {"node0": {"MASTER_PORT": str(held_port)}})
-
-
-# -------------------------------------------------------------------------------------- store
-
-
-def test_the_store_says_when_it_listens_and_when_it_cannot(held_port):
-    """Both at once: each imports torch, which takes seconds."""
-    port = free_port()
-    stores = [subprocess.Popen([sys.executable, "-c", launch.STORE_SCRIPT, str(p)], stdout=subprocess.PIPE,
-                               stderr=subprocess.PIPE, text=True) for p in (port, held_port)]
-    lines = [[], []]
-    readers = [threading.Thread(target=lambda i=i: lines[i].append(stores[i].stdout.readline()), daemon=True)
-               for i in range(2)]
-    try:
-        for reader in readers:
-            reader.start()
-        for reader in readers:
-            reader.join(60)
-        assert lines[0] == [f"{launch.STORE_READY} {port}\n"], stores[0].stderr
-        with socket.create_connection(("127.0.0.1", port), timeout=5):
-            pass
-        assert alive(stores[0])  # it stays up for the run
-        assert lines[1][0].startswith(f"{launch.STORE_FAILED} ") and len(lines[1][0].splitlines()) == 1
-        assert stores[1].wait(timeout=TIMEOUT_S) == 3
-    finally:
-        for store in stores:
-            store.kill()
-            store.wait()
 
 
 # -------------------------------------------------------------------------------------- crash

@@ -1,4 +1,4 @@
-"""Unit tests for the DDP trainer: flags, data, a single-process run, torchrun x2."""
+"""Unit tests for the DDP trainer: flags, data, a single-process run (torchrun x2: tests/host/test_trainer.py)."""
 
 import json
 import re
@@ -8,7 +8,7 @@ import torch
 
 from trainer.data import make_dataset
 from trainer.train import main, parse_args
-from hostrun import LAUNCH_VARS, torchrun
+from hostrun import LAUNCH_VARS
 
 SMALL = ["--samples", "512", "--features", "8", "--classes", "3", "--hidden", "16",
          "--batch-size", "32", "--lr", "0.01"]
@@ -139,41 +139,6 @@ def test_unwritable_run_dir_names_the_path(tmp_path, no_launcher_env):
     with pytest.raises(SystemExit) as exc:
         main(SMALL + ["--run-dir", str(blocker / "sub")])
     assert str(blocker / "sub") in str(exc.value.code)
-
-
-# (d) torchrun, two processes --------------------------------------------------------
-
-def test_torchrun_two_processes(tmp_path, tmp_path_factory):
-    proc = torchrun(tmp_path_factory.mktemp("torchrun"), "-m", "trainer", "--epochs", "2", "--run-dir", tmp_path,
-                    "--timeout-s", "60", timeout=120)
-    output = proc.stdout + proc.stderr
-    assert proc.returncode == 0, output
-    assert "Traceback" not in output
-
-    for rank in (0, 1):
-        for epoch in (1, 2):
-            pattern = rf"^\[rank {rank}/2 \S+\] epoch {epoch}/2 loss \d+\.\d{{4}}$"
-            assert len(re.findall(pattern, proc.stdout, re.M)) == 1, output
-
-    summary_lines = [line for line in proc.stdout.splitlines() if line.startswith("SUMMARY ")]
-    assert len(summary_lines) == 1, output
-    summary = json.loads(summary_lines[0][len("SUMMARY "):])
-    assert summary["world_size"] == 2
-    assert summary["replicas_consistent"] is True
-    assert summary["backend"] == "gloo"
-    assert summary["steps"] == 2 * (4096 // 2 // 64)
-    # two ranks on this machine, nothing shaped: the link's rate from a probe, its latency from another
-    link = summary["step_model"]["calibration"]["link"]
-    assert link["rate_from"].endswith("all-reduce") and link["rate_bps"] > 0 and link["probe_us"] > 0
-    assert summary["predicted_step_ms"] > summary["step_model"]["compute_ms"] > 0
-
-    files = sorted(p.name for p in tmp_path.iterdir())
-    assert files == ["metrics-rank0.jsonl", "metrics-rank1.jsonl"]
-    for rank in (0, 1):
-        records = read_jsonl(tmp_path / f"metrics-rank{rank}.jsonl")
-        assert [(r["kind"], r["rank"], r.get("epoch"), r.get("event")) for r in records] == [
-            ("clock", rank, None, "start"), ("prediction", rank, None, None), ("epoch", rank, 1, None),
-            ("epoch", rank, 2, None), ("clock", rank, None, "end")]
 
 
 # --- DDP levers: hooks wired on a real (world size 1, gloo) process group, in this process -----

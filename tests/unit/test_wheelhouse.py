@@ -1,12 +1,9 @@
-"""The wheelhouse is filled for the node's Python and platform, whatever Python runs labctl."""
+"""The wheelhouse is filled for the node's Python and platform, whatever Python runs labctl. The real
+pip of every Python at hand, given these arguments, runs in tests/host/test_wheelhouse.py."""
 
 from __future__ import annotations
 
 import json
-import os
-import shutil
-import subprocess
-import sys
 import zipfile
 from dataclasses import asdict
 from pathlib import Path
@@ -25,7 +22,6 @@ from labctl.lab.wheelhouse import (
     pip_download_argv,
     prune_wheelhouse,
     read_wheel,
-    resolve_wheelhouse,
     stamped_wheels,
     target_from_probe,
     wheel_closure,
@@ -152,41 +148,6 @@ def test_read_wheel_takes_name_version_and_requirements_from_the_file(tmp_path):
     assert read_wheel(path) == Wheel(path.name, "demo-pkg", "1.2", ("numpy>=1", "x; python_version < '3.12'"))
 
 
-def interpreters() -> list[str]:
-    """This Python, and the other CPythons pyenv has (CI machines have 3.10, 3.12 and 3.13)."""
-    found = [sys.executable]
-    if shutil.which("pyenv"):
-        versions = subprocess.run(["pyenv", "versions", "--bare"], capture_output=True, text=True).stdout.split()
-        for version in versions:
-            prefix = subprocess.run(["pyenv", "prefix", version], capture_output=True, text=True).stdout.strip()
-            major_minor = ".".join(version.split(".")[:2])
-            python = Path(prefix) / "bin" / f"python{major_minor}"
-            if major_minor in ("3.10", "3.12", "3.13") and python.exists():
-                found.append(str(python))
-    return found
-
-
-@pytest.mark.parametrize("python", interpreters())
-def test_each_hosts_real_pip_picks_the_nodes_wheel(python, tmp_path):
-    """pip itself, under every Python at hand, given our argv: the cp311 manylinux wheel for an
-    x86_64 node, the aarch64 one for an arm engine, never the host's own."""
-    index = tmp_path / "index"
-    index.mkdir()
-    for tag in ("cp311-cp311-manylinux_2_28_x86_64", "cp311-cp311-manylinux_2_28_aarch64",
-                "cp312-cp312-manylinux_2_28_x86_64", "cp313-cp313-manylinux_2_28_x86_64",
-                "cp313-cp313-macosx_11_0_arm64", "cp311-cp311-manylinux_2_39_x86_64"):
-        make_wheel(index, f"demo-1.0-{tag}.whl", [])
-    for target, expected in ((NODE, "demo-1.0-cp311-cp311-manylinux_2_28_x86_64.whl"),
-                             (ARM_NODE, "demo-1.0-cp311-cp311-manylinux_2_28_aarch64.whl")):
-        out = tmp_path / f"out-{target.machine}"
-        argv = pip_download_argv(python, target, out, ["demo==1.0"], no_deps=True, no_index=True)
-        argv.insert(argv.index("--find-links"), "--isolated")  # nothing from this machine's pip config
-        argv += ["--find-links", str(index)]
-        result = subprocess.run(argv, capture_output=True, text=True, timeout=120)
-        assert result.returncode == 0, result.stderr
-        assert sorted(p.name for p in out.iterdir()) == [expected]
-
-
 def test_a_wheelhouse_with_cuda_packages_is_refused_for_the_cpu_image(tmp_path):
     """The node image is the CPU build: a torch that brought nvidia-* wheels came from the wrong index."""
     import json
@@ -252,43 +213,3 @@ def test_an_old_stamp_whose_wheels_are_gone_fetches_them_again_and_nothing_is_pr
     (tmp_path / "stray-1.0-py3-none-any.whl").write_bytes(b"x")
     (tmp_path / STAMP).unlink(missing_ok=True)
     assert prune_wheelhouse(tmp_path) == 0 and (tmp_path / "stray-1.0-py3-none-any.whl").exists()
-
-
-@pytest.fixture
-def local_index(tmp_path, monkeypatch):
-    """pip on a folder of tiny real wheels, nothing of this machine's pip configuration: `demo`
-    needs `dep` everywhere, `old` below Python 3.12 and `new` from 3.12 on."""
-    index = tmp_path / "index"
-    index.mkdir()
-    make_wheel(index, "demo-1.0-py3-none-any.whl", ["dep", "old; python_version < '3.12'",
-                                                     "new; python_version >= '3.12'"])
-    for name in ("dep", "old", "new"):
-        make_wheel(index, f"{name}-1.0-py3-none-any.whl", [])
-    monkeypatch.setenv("PIP_CONFIG_FILE", os.devnull)
-    monkeypatch.setenv("PIP_NO_INDEX", "1")
-    monkeypatch.setenv("PIP_FIND_LINKS", str(index))
-    return index
-
-
-def test_resolving_by_name_gives_what_a_fetch_gives_and_downloads_nothing(local_index, tmp_path):
-    """The CUDA image's hash is made of its wheels' names: pip's --dry-run --report tells them
-    without the GBs. For a 3.12 node from this host's 3.11 pip, the markers are the node's: `new`,
-    which pip skips by the host's, is resolved in a second round, and `old` is left out."""
-    node_312 = Target(python="3.12")
-    lines = []
-    resolved = resolve_wheelhouse(tmp_path / "resolved", ["demo"], node_312, lines.append)
-    fetched = fill_wheelhouse(tmp_path / "fetched", ["demo"], node_312, lambda _m: None)
-    assert resolved == fetched == ["demo-1.0-py3-none-any.whl", "dep-1.0-py3-none-any.whl", "new-1.0-py3-none-any.whl"]
-    assert sorted(p.name for p in (tmp_path / "resolved").iterdir()) == [STAMP]  # no wheel, no pip report
-    assert missing_wheels(tmp_path / "resolved", resolved) == resolved and "names only" in lines[0]
-    assert "pip skipped new" in lines[1]  # the second round, by the node's markers
-    assert stamped_wheels(tmp_path / "resolved", ["demo"], node_312) == resolved  # the next ask costs no pip
-
-
-def test_where_pip_cannot_resolve_by_name_the_wheels_are_fetched_and_it_says_why(local_index, tmp_path):
-    from labctl.lab.image import resolve_cuda_wheels
-
-    lines = []
-    assert resolve_cuda_wheels(tmp_path / "w", ["ddplab-no-such-package"], NODE, lines.append) == []
-    assert "could not resolve the wheels by name" in lines[-1] and "fetching them" in lines[-1]
-    assert not (tmp_path / "w" / STAMP).exists()  # so the fetch starts afresh

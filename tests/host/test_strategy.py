@@ -1,0 +1,62 @@
+"""The trainer's --strategy flag (trainer/strategy.py) under torchrun on this machine: zero's and fsdp's
+checkpoints resume, fsdp's resharded for another world size; hsdp on two torchrun agents of two
+processes each, as two nodes. What does not go with a strategy is refused in tests/unit/test_strategy.py."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from hostrun import REPO, host_env, torchrun
+
+
+def train(tmp_path, ranks, *flags):
+    """`-m trainer --workload gpt` under torchrun on this machine: its SUMMARY and its output."""
+    out = torchrun(tmp_path / "torchrun", "-m", "trainer", "--workload", "gpt", "--global-batch", "24", "--micro-batch",
+                   "4", "--run-dir", tmp_path / "run", "--data-dir", tmp_path / "data", "--no-metrics", *flags, nproc=ranks)
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-3000:]
+    line = next(line for line in out.stdout.splitlines() if "SUMMARY " in line)
+    return json.loads(line.split("SUMMARY ", 1)[1]), out.stdout
+
+
+@pytest.mark.parametrize("strategy, first, then", [("fsdp", 3, 2), ("zero", 2, 2)])
+def test_a_sharded_run_checkpoints_and_resumes_to_the_loss_of_one_that_never_stopped(tmp_path, strategy, first, then):
+    whole, _ = train(tmp_path / "whole", then, "--steps", "6", "--strategy", strategy)
+    ckpt = str(tmp_path / "ckpt")
+    # The first run checkpoints step 3 (not its last, step 4); another, on `then` ranks, goes on from there.
+    train(tmp_path / "first", first, "--steps", "4", "--ckpt-every", "3", "--ckpt-dir", ckpt, "--strategy", strategy)
+    assert sorted(p.name for p in Path(ckpt).iterdir()) == ["step-3" if strategy == "fsdp" else "step-3.pt"]
+    resumed, out = train(tmp_path / "then", then, "--steps", "6", "--ckpt-every", "10", "--ckpt-dir", ckpt,
+                         "--strategy", strategy)
+    assert "resuming from step 3" in out and resumed["resumed_from_step"] == 3
+    assert abs(resumed["final_loss"] - whole["final_loss"]) <= 1e-5 * abs(whole["final_loss"]), (resumed, whole)
+
+
+def test_hsdp_on_two_nodes_of_two_processes_shards_within_a_node_and_ends_at_ddps_loss(tmp_path):
+    """Two torchrun agents on this machine stand for two nodes of two processes each."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = host_env()
+    runs = {}
+    for strategy in ("ddp", "hsdp"):
+        agents = [subprocess.Popen(
+            [sys.executable, "-m", "torch.distributed.run", "--nnodes=2", "--nproc_per_node=2", f"--node_rank={node}",
+             "--rdzv_backend=c10d", f"--rdzv_endpoint=127.0.0.1:{port}", f"--rdzv_id={strategy}", "--log-dir",
+             str(tmp_path / f"torchrun-{strategy}-{node}"), "-m", "trainer", "--workload", "gpt", "--steps", "4",
+             "--strategy", strategy, "--run-dir", str(tmp_path / strategy), "--data-dir", str(tmp_path / "data"),
+             "--no-metrics"], cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+            for node in (0, 1)]
+        outs = [agent.communicate(timeout=300) for agent in agents]
+        assert all(a.returncode == 0 for a in agents), [o[1][-2000:] for o in outs]
+        line = next(line for out, _ in outs for line in out.splitlines() if "SUMMARY " in line)
+        runs[strategy] = json.loads(line.split("SUMMARY ", 1)[1])
+    ddp, hsdp = runs["ddp"], runs["hsdp"]
+    assert hsdp["world_size"] == 4 and hsdp["replicas_consistent"]
+    assert abs(hsdp["final_loss"] - ddp["final_loss"]) <= 1e-5 * abs(ddp["final_loss"])
+    # sharded over a node's 2 processes: about half of DDP's state; the gradient shards all-reduced across nodes
+    assert hsdp["state_bytes_per_rank"] <= ddp["state_bytes_per_rank"] / 2 + 8192
+    assert set(hsdp["collectives_per_step"]) == {"all_gather", "reduce_scatter", "all_reduce"}
