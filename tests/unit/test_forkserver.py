@@ -22,6 +22,18 @@ def test_up_names_the_later_modules_after_the_preload_and_a_preloaded_one_is_not
     assert argv[argv.index(CHILD) + 1:] == [*PRELOAD, "torch._dynamo", "--"]
 
 
+def test_a_lab_with_idle_imports_off_starts_servers_that_import_nothing_once_idle():
+    from labctl.remote.forkserver import parse
+    from labctl.run.warm import later_modules, server_argv
+
+    argv = server_argv(("lightning",), idle_imports=False)
+    assert argv[argv.index(CHILD) + 1:] == [*PRELOAD, "lightning", "--"]
+    served = parse(["serve", *argv[argv.index(CHILD) - 2:]])
+    assert (served["preload"], served["later"]) == ([*PRELOAD, "lightning"], [])
+    assert later_modules((), idle_imports=False) == [] and later_modules(()) == ["torch._dynamo"]
+    assert server_argv(idle_imports=False) != server_argv()  # another command line: `up` replaces the server
+
+
 def test_the_first_later_import_waits_after_ready_and_once_more_after_the_first_worker(monkeypatch):
     """later_wait: a LATER import waits LATER_AFTER_S after READY, and again once the first worker has
     ended, so that a run right after `up` ends with the cores to itself; after that, idle means now."""
