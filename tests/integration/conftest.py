@@ -266,12 +266,14 @@ class SharedLabs:
             container = self.client.containers.get(f"{lab}-{node['name']}")
             if container.status == "paused":
                 container.unpause()
-        if not self.running(lab, status) or not all(self.server(lab, n["name"]) for n in status["nodes"]):
+        if not self.running(lab, status) or not all(self.survey(self.client.containers.get(f"{lab}-{n['name']}"))[1]
+                                                    for n in status["nodes"]):
             labctl("up", "--lab", lab, check=True)  # `up` starts a stopped node and a missing fork server
         for node in status["nodes"]:
             container = self.client.containers.get(f"{lab}-{node['name']}")
-            if self.strays(container):
-                container.exec_run(["kill", "-9", *self.strays(container)])
+            strays, _ = self.survey(container)
+            if strays:
+                container.exec_run(["kill", "-9", *strays])
         for node, limit in self.cpu_limits(lab, status).items():
             if limit != cpus[node]:
                 apply_node_cpus(self.client, lab, node, cpus[node])
@@ -285,16 +287,17 @@ class SharedLabs:
             return f"links still shaped after --clear: {links}"
         if again != status:
             return f"status {again} is not what up reported: {status}"
-        if self.cpu_limits(lab, status) != cpus:
-            return f"CPU limits {self.cpu_limits(lab, status)}, not {cpus}"
+        limits = self.cpu_limits(lab, status)
+        if limits != cpus:
+            return f"CPU limits {limits}, not {cpus}"
         helpers = set(lab_resources(self.client, lab)["containers"]) - {f"{lab}-{n['name']}" for n in status["nodes"]}
         if helpers:
             return f"helper containers still there: {sorted(helpers)}"
         for node in status["nodes"]:
-            container = self.client.containers.get(f"{lab}-{node['name']}")
-            if self.strays(container):
-                return f"{node['name']} still runs {self.strays(container)}"
-            if not self.server(lab, node["name"]):
+            strays, served = self.survey(self.client.containers.get(f"{lab}-{node['name']}"))
+            if strays:
+                return f"{node['name']} still runs {strays}"
+            if not served:
                 return f"{node['name']} has no fork server"
         return None
 
@@ -304,25 +307,17 @@ class SharedLabs:
         return all(states.get(f"{lab}-{n['name']}") == "running" for n in status["nodes"])
 
     @staticmethod
-    def processes(container) -> list[tuple[str, str, str]]:
-        """(pid, ppid, args) of every process in the node but the `ps` that lists them."""
+    def survey(container) -> tuple[list[str], bool]:
+        """(the pids of a node's processes other than its own and its fork server, whether it has a
+        fork server). Its own: docker-init and its entry point's sleep. The strays are a run's
+        leftovers or anything a test started there; a worker the server forked shares its command
+        line, and its parent is the server."""
         rows = [tuple(line.split(None, 2)) for line in container.exec_run(PS).output.decode().splitlines()]
-        return [row for row in rows if len(row) == 3 and row[2] != " ".join(PS)]
-
-    def strays(self, container) -> list[str]:
-        """The pids of a node's processes other than its own (docker-init, its entry point's sleep) and
-        its fork server: a run's leftovers, or anything a test started there. A worker the server
-        forked shares its command line; its parent is the server."""
-        rows = self.processes(container)
+        rows = [row for row in rows if len(row) == 3 and row[2] != " ".join(PS)]  # not the ps itself
         marked = {pid for pid, _, args in rows if FORK_SERVER in args}
-        own = {pid for pid, ppid, args in rows if pid == "1" or (ppid == "1" and args == "sleep infinity")
-               or (pid in marked and ppid not in marked)}
-        return [pid for pid, _, _ in rows if pid not in own]
-
-    def server(self, lab: str, node: str) -> bool:
-        rows = self.processes(self.client.containers.get(f"{lab}-{node}"))
-        marked = {pid for pid, _, args in rows if FORK_SERVER in args}
-        return any(pid in marked and ppid not in marked for pid, ppid, _ in rows)
+        servers = {pid for pid, ppid, _ in rows if pid in marked and ppid not in marked}
+        own = {pid for pid, ppid, args in rows if pid == "1" or (ppid == "1" and args == "sleep infinity")}
+        return [pid for pid, _, _ in rows if pid not in own | servers], bool(servers)
 
     def close(self) -> None:
         for name, _, _ in self.labs.values():
