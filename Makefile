@@ -62,7 +62,7 @@ test: docs netem-vm engine tools test-engines
 	@$(TRACK_STATUS); \
 	$(RUN_SIDE_BY_SIDE); \
 	mkdir -p $(dir $(UNIT_LOG)); \
-	sh tests/idle.sh $(PYTEST) tests/unit tests/host -n 2 $(PYTEST_ARGS) >$(UNIT_LOG) 2>&1 & unit=$$!; \
+	sh tests/idle.sh $(PYTEST) tests/host tests/unit -n 2 $(PYTEST_ARGS) >$(UNIT_LOG) 2>&1 & unit=$$!; \
 	$(RUN_ALONE); \
 	wait $$unit || passed_or_empty $$?; \
 	echo "--- the unit and host tests, run beside the alone ones at idle priority ($(UNIT_LOG)):"; cat $(UNIT_LOG); \
