@@ -6,11 +6,14 @@ metrics records, both in the run folder labctl names in DDPLAB_RUN_DIR.
 
 On the host: DDPLAB_RUN_DIR=runs/mine PYTHONPATH=. torchrun --standalone --nproc_per_node=2
 examples/trace/my_ddp_script.py, then `labctl trace runs/mine`. In a lab's nodes the trainer package
-is on the path already (it is in the node image).
+is on the path already (it is in the node image). It ends with os._exit(0), as my_fsdp_script.py
+does and for the same reason (the comment at the end of its main()): under a plain torchrun, a
+script that returns instead aborts now and then as Python exits, after all its work.
 """
 
 import argparse
 import os
+import sys
 import time
 
 import torch
@@ -56,6 +59,11 @@ def main():
             prof.step()
         write_clock(metrics, rank, "end", barriers=16)  # and are checked by them
     dist.destroy_process_group()
+    # Leave without Python's teardown, where a gloo thread still letting go of DDP's last all-reduce
+    # can abort the process (pytorch/pytorch#190489). Everything is written and flushed.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 if __name__ == "__main__":

@@ -8,10 +8,16 @@ On the host: DDPLAB_RUN_DIR=runs/mine PYTHONPATH=. torchrun --standalone --nproc
 examples/trace/my_fsdp_script.py, then `labctl trace runs/mine`. The trainer package is in the node
 image; trainer.collectives wraps torch.distributed's collectives, so FSDP2's calls are recorded
 as they happen (my_ddp_script.py has the torch.profiler lines, which work here the same way).
+
+It ends with os._exit(0), not by returning (the comment at the end of main() says why). Under
+`labctl run` every script ends so anyway; under a plain torchrun, a script written without it
+aborts now and then as Python exits (SIGABRT, "terminate called without an active exception"),
+after all its work.
 """
 
 import argparse
 import os
+import sys
 import time
 
 import torch
@@ -57,6 +63,16 @@ def main():
                         collectives=records(calls, wall))
         write_clock(metrics, rank, "end", barriers=16)  # and are checked by them
     dist.destroy_process_group()
+    # Leave without Python's teardown. destroy_process_group does not stop gloo's worker threads,
+    # and the one that ran a collective drops its references to it after waking this thread: the
+    # tensors, and the autograd context every collective launched in backward keeps, Python
+    # objects that need the GIL to let go. If that thread gets its turn only once the interpreter
+    # is finalizing (a busy machine), Python 3.11 ends it with pthread_exit, whose unwind through
+    # a C++ destructor aborts the process: torch's race at exit, pytorch/pytorch#190489 and #179291.
+    # Everything is written and flushed, so nothing is lost.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 if __name__ == "__main__":

@@ -27,9 +27,10 @@ SUMMARY_PREFIX = "SUMMARY "  # the trainer's last line on rank 0: SUMMARY {...js
 KNOWN_DEATHS = (
     (re.compile(r"terminate called without an active exception"),
      "it aborted while Python was exiting, after its work: a gloo worker thread was still freeing the last "
-     "collective's tensors, which needs the interpreter that was shutting down (torch's race at exit, as in "
-     "pytorch/pytorch#179291; a few runs in a hundred on a busy machine). A script avoids it by ending, once it "
-     "has written and flushed everything and left the process group, with os._exit(0), as python -m trainer does"),
+     "collective's tensors (and the autograd context of one launched in backward), which needs the interpreter "
+     "that was shutting down (torch's race at exit, pytorch/pytorch#190489, as in #179291; a few runs in a hundred "
+     "on a busy machine). A script avoids it by ending, once it has written and flushed everything and left the "
+     "process group, with os._exit(0), as python -m trainer and examples/trace/my_fsdp_script.py do"),
 )
 
 
