@@ -185,10 +185,10 @@ def threads_per_process(cpus: int, nodes: int, nproc_per_node: int) -> int:
     return max(1, cpus // max(1, nodes * nproc_per_node))
 
 
-# Elastic runs: a lost node's heartbeat goes stale after 10 s, and once the minimum number of nodes
-# has joined a round the others get 10 s more (torch's defaults: 30 s and 30 s). Every node's agent
-# starts at once, but each imports torch first, cold: on a loaded machine one came more than 3 s
-# after the others, missed the first round, and a `--nnodes 2:3` run trained on 2 of its 3 nodes.
+# Elastic runs: a node whose keep-alive (every 2 s) is three intervals old is dropped from the
+# rendezvous, 6 s (torch: 5 s, 15 s), and once the minimum number of nodes has joined a round the
+# others get 10 s more (torch: 30 s), which the survivors of a lost node wait too. heartbeat_timeout
+# bounds one keep-alive write. The join itself is quick only with worker.py's quicken_rendezvous.
 ELASTIC_RDZV_CONF = "last_call_timeout=10,heartbeat_timeout=10,keep_alive_interval=2"
 PG_TIMEOUT_VAR = "DDPLAB_PG_TIMEOUT_S"
 
