@@ -9,7 +9,8 @@ each, and tests/unit/test_remote.py checks that they equal labctl's. The Python 
 keep their work under `if __name__ == "__main__":` (true under `python -c` too), so tests can import
 them as modules; python_target.py, run once per base image by `labctl build`, is a plain script.
 
-tests/unit/test_remote.py runs each of them here the way labctl runs them there.
+tests/unit/test_remote.py runs each of them here the way labctl runs them there (the store, which
+needs torch, in tests/host/test_remote.py).
 """
 
 from __future__ import annotations
