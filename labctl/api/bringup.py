@@ -128,8 +128,8 @@ def bring_up(session: LabSession, plan: UpPlan, report: Report, build_progress=N
 
 
 def write_lab_lock(directory: Path, plan: UpPlan) -> None:
-    """.lab/<lab>/pylock.toml: the lock every node runs, for doctor, `run --dry-run` and the next `up`;
-    removed where the lab has no packages now. The lab's own lock, kept, is left as it is."""
+    """.lab/<lab>/pylock.toml: the lock every node runs, for doctor, `run --dry-run` and the next
+    `up`; removed where the lab has no packages now. The lab's own lock, kept, is left as it is."""
     path = directory / LOCK_FILE
     if plan.lock is None:
         path.unlink(missing_ok=True)
@@ -138,9 +138,9 @@ def write_lab_lock(directory: Path, plan: UpPlan) -> None:
 
 
 def start_warm(session: LabSession, config: LabSpec, engine, names: list[str], report: Report) -> None:
-    """Each node's fork server, where the `warm` setting and the engine's memory allow (labctl.run.warm),
-    importing the lab's --preload modules too: those given now, else those it was given before; and, once
-    idle, torch._dynamo unless the lab's idle imports are off."""
+    """Each node's fork server, where the `warm` setting and the engine's memory allow
+    (labctl.run.warm), importing the lab's --preload modules too: those given now, else those it was
+    given before; and, once idle, torch._dynamo unless the lab's idle imports are off."""
     start, note = plan_servers(config.warm, len(names), engine.memory_bytes)
     if note:
         report(note)

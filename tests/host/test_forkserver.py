@@ -1,11 +1,11 @@
-"""labctl/remote/worker.py and forkserver.py, run here as a node runs them: `python -c TEXT ...` on this
-machine's Python and torch, a real server process on a socket under tmp_path, real workers.
+"""labctl/remote/worker.py and forkserver.py, run here as a node runs them: `python -c TEXT ...` on
+this machine's Python and torch, a real server process on a socket under tmp_path, real workers.
 
 What a worker sees is checked against plain `python SCRIPT` with the same environment and working
-directory, key by key. The server preloads what `up` has a node's server preload (labctl.run.warm.PRELOAD)
-once for the module (a few seconds); a few tests also need a cold `python` that imports torch (the
-reference for ATEN_CPU_CAPABILITY, MKL_CBWR and thread counts), and one runs a gloo script 50 times:
-those take seconds, the rest well under one.
+directory, key by key. The server preloads what `up` has a node's server preload
+(labctl.run.warm.PRELOAD) once for the module (a few seconds); a few tests also need a cold `python`
+that imports torch (the reference for ATEN_CPU_CAPABILITY, MKL_CBWR and thread counts), and one runs
+a gloo script 50 times: those take seconds, the rest well under one.
 """
 
 import json

@@ -120,9 +120,10 @@ def labctl(*args: str, timeout: float = 300, check: bool | None = None, env: dic
 
 
 def interruptible() -> None:
-    """preexec_fn for a labctl the test will Ctrl-C: SIGINT back to its default. A suite started in the
-    background by a non-interactive shell (`make test &`) runs with SIGINT ignored, children inherit
-    that, and Python then installs no KeyboardInterrupt handler: the SIGINT would never arrive."""
+    """preexec_fn for a labctl the test will Ctrl-C: SIGINT back to its default. A suite started in
+    the background by a non-interactive shell (`make test &`) runs with SIGINT ignored, children
+    inherit that, and Python then installs no KeyboardInterrupt handler: the SIGINT would never
+    arrive."""
     import signal
 
     signal.signal(signal.SIGINT, signal.SIG_DFL)
@@ -218,11 +219,12 @@ def lab_name(docker_client, node_image):
 
 
 class SharedLabs:
-    """The plain labs of one pytest process (an xdist worker, or the `alone` run), one per node count,
-    shared by the modules that ask for one: brought up when the first module does, reset and checked
-    before each later one, removed when the session ends. kind's e2e suite keeps one cluster a job and
-    sigs.k8s.io/e2e-framework one a package, for the same reason: a bring-up is the dearest thing a lab
-    test does (Compose, a fork server importing torch in every node, the teardown).
+    """The plain labs of one pytest process (an xdist worker, or the `alone` run), one per node
+    count, shared by the modules that ask for one: brought up when the first module does, reset and
+    checked before each later one, removed when the session ends. kind's e2e suite keeps one cluster
+    a job and sigs.k8s.io/e2e-framework one a package, for the same reason: a bring-up is the
+    dearest thing a lab test does (Compose, a fork server importing torch in every node, the
+    teardown).
 
     A module sees such a lab as a fresh one would be: every node running with its CPU limit, links
     unshaped, no process but the node's own and its fork server, no helper container (a pending
@@ -258,8 +260,9 @@ class SharedLabs:
         return {n["name"]: node_cpus_limit(self.client, lab, n["name"]) for n in status["nodes"]}
 
     def reset(self, lab: str, status: dict, cpus: dict[str, float | None]) -> str | None:
-        """Clear what a module may have left (a paused or stopped node, a fork server gone, processes,
-        CPU limits, links), then check that the lab is as `up` left it: what is still wrong, or None."""
+        """Clear what a module may have left (a paused or stopped node, a fork server gone,
+        processes, CPU limits, links), then check that the lab is as `up` left it: what is still
+        wrong, or None."""
         from labctl.engine.docker import apply_node_cpus
 
         for node in status["nodes"]:
@@ -352,7 +355,8 @@ def pytest_terminal_summary(terminalreporter):
 @pytest.fixture(scope="module")
 def lab3(shared_labs):
     """A plain 3-node lab for the tests of one module, as `up` leaves it: this process's shared one,
-    reset and checked (SharedLabs). A module that changes a lab for good (faults, `down`) takes its own."""
+    reset and checked (SharedLabs). A module that changes a lab for good (faults, `down`) takes its
+    own."""
     return shared_labs.lab(3)
 
 
