@@ -49,6 +49,7 @@ from labctl.slurm.cluster import is_slurm_lab
 
 CONNECT_S = 1.5  # how long a probe keeps trying one target (peers may still be starting to listen)
 PROBE_PORTS = (40000, 59999)  # inside Linux's default ephemeral range, 32768-60999
+PROBE_DRAWS = 3  # probe ports drawn before a bind error on one is reported (probe_reach)
 
 
 # ------------------------------------------------------------------------------ pure checks
@@ -259,8 +260,22 @@ def gather_info(nodes, names: list[str]) -> dict[str, dict]:
 
 def probe_reach(nodes, ips: dict[str, str], master: tuple[str, str, int], probe_port: int | None = None,
                 connect_s: float = CONNECT_S) -> tuple[int, dict[str, dict]]:
-    """Every node listens (node0 also on the master port) and connects to every other node."""
-    probe_port = probe_port or random.randint(*PROBE_PORTS)
+    """Every node listens (node0 also on the master port) and connects to every other node: (the
+    probe port, each node's report). A port drawn at random that some node's own process holds
+    (slurmd's just after it restarted, a run's) is doctor's collision, not the user's: the others'
+    connections to it are refused too, which would read as a firewall. So another port is drawn,
+    up to PROBE_DRAWS times; a port given is probed once."""
+    for _ in range(1 if probe_port else PROBE_DRAWS):
+        port = probe_port or random.randint(*PROBE_PORTS)
+        results = probe_once(nodes, ips, master, port, connect_s)
+        if not any(int(p) == port for r in results.values() for p in (r.get("bind_errors") or {})):
+            break
+    return port, results
+
+
+def probe_once(nodes, ips: dict[str, str], master: tuple[str, str, int], probe_port: int,
+               connect_s: float) -> dict[str, dict]:
+    """One probe_reach on `probe_port`: each node's report."""
     master_node, master_ip, master_port = master
 
     def one(node: str) -> dict:
@@ -275,7 +290,7 @@ def probe_reach(nodes, ips: dict[str, str], master: tuple[str, str, int], probe_
         return _parse_json(node, output)
 
     with ThreadPoolExecutor(max_workers=16) as pool:
-        return probe_port, dict(zip(ips, pool.map(one, list(ips))))
+        return dict(zip(ips, pool.map(one, list(ips))))
 
 
 def check_cpus(limits: dict[str, float | None]) -> list[Finding]:
