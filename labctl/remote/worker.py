@@ -37,7 +37,7 @@ sys.modules for each (python/cpython#92041), even when the events go nowhere (a 
 agent forked from the fork server (1,161 modules with torch.distributed, 1,984 once torch._dynamo
 is in) one call took 66 to 128 ms at a depth of 25, and a join loop makes several: a compare-and-set
 on the rendezvous state took 0.25 to 2.5 s where it takes 1 ms. On a loaded machine the slowest
-agent's read-to-write window outlasted the others' keep-alive writes, its every write lost the
+agent's read-to-write window outlasted the others' keep-alive writes, its writes kept losing the
 race, and it missed the round's last call: a `--nnodes 2:3` run trained on 2 nodes. The frame walk
 (fast_method_name) returns the same name.
 """
