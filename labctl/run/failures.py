@@ -357,6 +357,9 @@ def explain(verdict: RunVerdict, timeout_s: float | None = None) -> list[str]:
             lines.append(f"then labctl stopped {_names(failures)}")
         elif word:
             lines.append(f"then {_names(failures)} failed ({word})")
-        else:
-            lines += [f"then {f.who} failed too: {what_happened(f)}" for f in failures]
+        else:  # failures of their own: those that said what the root cause said, in one line
+            same = [f for f in failures if f.error and f.error == root.error and not root.lost]
+            if same:
+                lines.append(f"then {_names(same)} failed the same way")
+            lines += [f"then {f.who} failed too: {what_happened(f)}" for f in failures if f not in same]
     return lines

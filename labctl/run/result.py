@@ -18,6 +18,7 @@ from labctl.run.failures import (
     judge,
     what_happened,
 )
+from labctl.run.known import Limit, known_limit
 from labctl.run.launch import Launch
 
 RESULT_FILE = "result.json"  # in the run folder, written when the run ends (`labctl logs -f` stops there)
@@ -138,9 +139,19 @@ class RunResult:
         cause = culprit.known_cause() if culprit else None
         if cause:
             lines.append(f"why: {cause}")
+        elif limit := self.known_limit(verdict):
+            lines += limit.lines()
         where = self.logs.get(verdict.root.node) if verdict.root and not verdict.timed_out else None
         lines.append(f"logs: {_shown(where or self.run_dir)}")
         return "\n".join(lines)
+
+    def known_limit(self, verdict: RunVerdict | None = None) -> Limit | None:
+        """The known limit of the nodes' torch that the first failure met (labctl.run.known), if any."""
+        verdict = verdict or self.verdict
+        culprit = self._root_outcome(verdict)
+        if verdict.root is None or culprit is None or verdict.timed_out:
+            return None
+        return known_limit(verdict.root.error, culprit.lines)
 
     def _root_outcome(self, verdict: RunVerdict) -> Outcome | None:
         if verdict.root is None:
@@ -168,16 +179,17 @@ class RunResult:
         return {
             "ok": self.ok, "exit_status": verdict.exit_status, "run_id": self.run_dir.name, "run_dir": str(self.run_dir),
             "timed_out": self.timed_out, "interrupted": self.interrupted, "nodes": nodes,
-            "root_cause": _failure_dict(verdict.root, verdict.oom_kills) if verdict.root else None,
+            "root_cause": _failure_dict(verdict.root, verdict.oom_kills, self.known_limit(verdict)) if verdict.root else None,
             "failed_after": [_failure_dict(f) for f in verdict.after],
             "unfinished": verdict.unfinished, "summary": self.summary,
         }
 
 
-def _failure_dict(f: RankFailure, oom_kills: int | None = None) -> dict:
+def _failure_dict(f: RankFailure, oom_kills: int | None = None, limit: Limit | None = None) -> dict:
     return {"node": f.node, "rank": f.rank, "exit_status": f.exit_status, "signal": f.signal,
             "error": f.error, "what": what_happened(f, oom_kills), "lost": f.lost,
-            "time": f.time.isoformat(timespec="milliseconds") if f.time else None, "consequence": f.consequence}
+            "time": f.time.isoformat(timespec="milliseconds") if f.time else None, "consequence": f.consequence,
+            "known": limit.to_dict() if limit else None}
 
 
 def _shown(path: Path) -> str:

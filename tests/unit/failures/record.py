@@ -3,7 +3,8 @@
     .venv/bin/python tests/unit/failures/record.py LAB [CASE...]
 
 Runs tests/integration/scripts/fail_how.py on the running 3-node lab LAB in each way it can fail,
-through labctl's API with check=False, and writes each run's raw outcomes (every process's lines,
+and meets_a_limit.py where a case names it (a known limit of the nodes' torch), through labctl's
+API with check=False, and writes each run's raw outcomes (every process's lines,
 exit status, end time; the ranks still running and the OOM kills labctl's stop found) to
 tests/unit/failures/<case>.json. The tests read these back; nothing in them is written by hand.
 """
@@ -22,6 +23,7 @@ from labctl.api import Lab
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[2]
 SCRIPT = "tests/integration/scripts/fail_how.py"
+LIMIT_SCRIPT = "tests/integration/scripts/meets_a_limit.py"
 
 # case: (fail_how.py arguments, options of Lab.run, a node to `docker kill` after the group forms)
 CASES = {
@@ -34,11 +36,14 @@ CASES = {
     "static-exit3": (["exit", "2", "3"], {"launcher": "static"}, None),
     "static-raise": (["raise", "0"], {"launcher": "static"}, None),
     "static-sigkill": (["kill", "1"], {"launcher": "static"}, None),
+    "limit-gloo-no-future": ([LIMIT_SCRIPT, "gloo-no-future"], {}, None),
+    "limit-no-compiler-torchrun": ([LIMIT_SCRIPT, "no-compiler"], {"launcher": "torchrun"}, None),
 }
 
 
 def record(lab: Lab, case: str) -> dict:
     args, options, victim = CASES[case]
+    script, args = (args[0], args[1:]) if args[0].endswith(".py") else (SCRIPT, args)
     killer = None
     if victim:
         def kill_when_ready() -> None:
@@ -47,15 +52,17 @@ def record(lab: Lab, case: str) -> dict:
 
         killer = threading.Thread(target=kill_when_ready)
         killer.start()
-    result = lab.run(SCRIPT, *args, preflight=False, check=False, **options)
+    result = lab.run(script, *args, preflight=False, check=False, **options)
     if killer:
         killer.join()
     return {
-        "case": case, "argv": [SCRIPT, *args], "options": options,
+        "case": case, "argv": [script, *args], "options": options,
         "ok": result.ok, "timed_out": result.timed_out, "interrupted": result.interrupted,
         "min_nodes": result.min_nodes, "timeout_s": result.timeout_s,
         "live_ranks": result.live_ranks, "oom_kills": result.oom_kills,
-        "outcomes": [{"label": o.launch.label, "node": o.launch.node, "argv": o.launch.argv[:1],
+        # argv: enough of it to tell a torchrun agent (the `torchrun` command, or `python -m` its module)
+        "outcomes": [{"label": o.launch.label, "node": o.launch.node,
+                      "argv": ["torchrun"] if o.launch.torchrun else o.launch.argv[:1],
                       "rank": o.launch.env.get("RANK"), "exit_code": o.exit_code, "stopped": o.stopped,
                       "ended_at": o.ended_at, "lines": o.lines} for o in result.outcomes],
         "labctl_said": result.explain().splitlines(), "exit_status": result.exit_status,
