@@ -24,6 +24,7 @@ from typing import Any, Callable, Literal, Mapping
 from labctl.api.bringup import UpResult, bring_up, plan_up
 from labctl.diagnose.doctor import diagnose
 from labctl.diagnose.findings import Diagnosis
+from labctl.diagnose.ops import OpsReport, probe_ops
 from labctl.engine.docker import apply_node_cpus, check_cpu_limits, docker_client
 from labctl.errors import LabError
 from labctl.hosts.inventory import load_inventory
@@ -235,6 +236,10 @@ class Lab(LabSession):
     def doctor(self, *, cheap: bool = False) -> Diagnosis:
         """doctor's checks on the running lab (`cheap`: without the reachability probes)."""
         return diagnose(self.client, self.name, self.running(), self.subnet(), cheap=cheap, lock=self.lock())
+
+    def doctor_ops(self) -> OpsReport:
+        """What the lab's backend can do, tried on its nodes (`labctl doctor --ops`, labctl.diagnose.ops)."""
+        return probe_ops(self)
 
     def lock(self) -> tuple[str, Lock] | None:
         """(its path, the Lock) of the packages the lab's nodes run (`.lab/<lab>/pylock.toml`), or None."""

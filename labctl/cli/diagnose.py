@@ -15,12 +15,21 @@ from labctl.core.ui import info, stdout_console
 
 @main.command(context_settings=CONTEXT)
 @lab_option
-@json_option('Print {"ok", "seconds", "nodes": {...}, "findings": [...]}.')
-def doctor(lab, as_json) -> None:
+@click.option("--ops", "ops", is_flag=True,
+              help="Instead: try every c10d operation on the lab's nodes (sync, async with wait(), async with "
+                   "get_future(), each reduce op, all_reduce of each dtype) and print what the backend can do.")
+@json_option('Print {"ok", "seconds", "nodes": {...}, "findings": [...]} (with --ops: the probe\'s table).')
+def doctor(lab, ops, as_json) -> None:
     """Check the lab for what makes distributed runs hang, in seconds: versions, ranks, the
     rendezvous host, the socket interface, and reachability of the rendezvous and back-connect
     ports between every pair of nodes. Exit status 1 when something is wrong; each problem names
-    the node and the fix."""
+    the node and the fix. With --ops, instead, what the lab's backend can do, tried on its nodes in
+    a few seconds: each operation in each form, each reduce op, each dtype, with what it refused."""
+    if ops:
+        from labctl.cli.render_ops import print_ops
+
+        print_ops(invocation().lab(lab).doctor_ops(), as_json)
+        return
     from labctl.cli import render
 
     if not render.report_check(invocation().lab(lab).doctor(), as_json):

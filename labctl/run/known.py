@@ -58,8 +58,8 @@ LIMITS = (
           "reduce with ReduceOp.SUM and multiply the result by the factor, or use ReduceOp.AVG (gloo takes it) "
           "where the factor is one over the world size"),
     Limit("gloo-dtype", re.compile(r"Invalid scalar type"),
-          "gloo's collectives take no uint16, uint32, uint64 or float8 tensors (it takes bool, the signed "
-          "integers, float16, bfloat16, float32, float64 and complex)",
+          "gloo's collectives take no int16, uint16, uint32, uint64 or float8 tensors (it takes bool, uint8, "
+          "int8, int32, int64, float16, bfloat16, float32, float64 and complex; `labctl doctor --ops` lists them)",
           "gloo",
           "cast to a type gloo takes before the collective and back after (`t.to(torch.int64)`, `t.float()`)",
           context=re.compile(r"distributed_c10d|ProcessGroupGloo")),
