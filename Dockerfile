@@ -11,13 +11,17 @@ FROM ${BASE_IMAGE} AS base
 # util-linux (pkill, setsid) let labctl stop a run; openssh-server, rsync and libnss-wrapper make
 # a node an SSH host for `labctl up --ssh` (nss_wrapper gives sshd a user entry for whatever uid
 # the node runs as); slurmd, slurmctld, slurm-client and munge make the nodes a Slurm cluster for
-# `labctl up --scheduler slurm` (idle otherwise: nothing starts them). The debootstrapped base
-# already has them all.
+# `labctl up --scheduler slurm` (idle otherwise: nothing starts them); g++ and the headers of the
+# Python the venv is made from let torch.compile's CPU backend (inductor) build its C++ kernels,
+# as on any machine that develops with torch (python3-dev only where they are missing: the
+# official Python image has its own). The debootstrapped base already has them all.
 # No host key stays in the image: each node makes its own when it starts, as a machine does.
 RUN set -eu; missing=""; \
-    for package in iproute2 iperf3 procps util-linux openssh-server rsync libnss-wrapper slurmd slurmctld slurm-client munge; do \
+    for package in iproute2 iperf3 procps util-linux openssh-server rsync libnss-wrapper slurmd slurmctld slurm-client munge g++; do \
       dpkg -s "$package" >/dev/null 2>&1 || missing="$missing $package"; \
     done; \
+    python3 -c 'import os, sys, sysconfig; sys.exit(not os.path.exists(os.path.join(sysconfig.get_paths()["include"], "Python.h")))' \
+      || missing="$missing python3-dev"; \
     if [ -n "$missing" ]; then \
       apt-get update && apt-get install -y --no-install-recommends $missing && rm -rf /var/lib/apt/lists/*; \
     fi; \

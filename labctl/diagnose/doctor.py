@@ -14,6 +14,8 @@ Each check names the node, what is wrong and the fix. The checks, cheapest first
   gpus       one backend for every rank ($DDPLAB_BACKEND, else nccl where CUDA is), and on nccl a GPU
              of its own for every rank: no node with more ranks than visible GPUs, no GPU on two
              nodes (NCCL: "Duplicate GPU detected"), no CPU node (labctl/diagnose/gpus.py)
+  compiler   a C++ compiler and the Python headers on every node, which torch.compile's CPU backend
+             builds its kernels with (a warning: a run that does not compile works without them)
   iface      the configured socket interface exists on every node and carries an address on the
              lab's subnet (gloo otherwise picks another NIC, or fails to find one)
   cpus       no node has a smaller CPU allowance than the others (a straggler by configuration: a
@@ -38,6 +40,7 @@ from typing import Callable
 
 from labctl import remote
 from labctl.diagnose import slurm as slurm_checks
+from labctl.diagnose.compiler import check_compiler
 from labctl.diagnose.findings import Diagnosis, Finding
 from labctl.diagnose.gpus import check_gpus
 from labctl.diagnose.packages import check_packages
@@ -327,7 +330,8 @@ def diagnose(client, lab: str, nodes: list, subnet: str | None, cheap: bool = Fa
     info = gather_info(docker_nodes, names)
     findings = (check_engine(engine) + check_env(envs) + check_versions(info)
                 + check_packages(info, lock[1] if lock else None, *(lock[:1] if lock else ()))
-                + check_gpus(info, envs, nproc_per_node) + check_iface(info, envs, subnet) + check_cpus({n: node_cpus_limit(client, lab, n, cpus) for n in names}))
+                + check_gpus(info, envs, nproc_per_node) + check_compiler(info) + check_iface(info, envs, subnet)
+                + check_cpus({n: node_cpus_limit(client, lab, n, cpus) for n in names}))
     if not cheap:
         first = envs[names[0]]
         master_node = next((n for n in names if envs[n].get("NODE_RANK") == "0"), names[0])

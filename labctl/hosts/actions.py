@@ -34,6 +34,7 @@ from labctl.diagnose.doctor import (
     node_info,
     probe_reach,
 )
+from labctl.diagnose.compiler import HOST_FIX, check_compiler
 from labctl.diagnose.findings import Diagnosis, Finding
 from labctl.diagnose.gpus import check_gpus
 from labctl.diagnose.packages import check_packages
@@ -170,6 +171,7 @@ def host_findings(inventory: Inventory, reached: Reached, nproc_per_node: int | 
            "install the same versions on every host, or give them one lock: `labctl hosts sync --requirements FILE`")
     checked += check_packages(info, lock[1] if lock else None, lock[0] if lock else "", fix=fix)
     checked += check_gpus(with_torch, {name: envs[name] for name in with_torch})  # envs carry nproc_per_node
+    checked += check_compiler(with_torch, fix=HOST_FIX)
     if info:
         checked += check_iface(info, {name: envs[name] for name in info}, None,
                                how_to_set=lambda node: f"set iface for {node} in {inventory.path} to")

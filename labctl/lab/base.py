@@ -27,7 +27,9 @@ Report = Callable[[str], None]
 
 TARGET_CACHE = "node-python.json"  # in the cache folder: the base image's Python, by base image id
 TARGET_PROBE = Path(__file__).resolve().parents[1] / "remote" / "python_target.py"
-BASE_PACKAGES = ("python3,python3-venv,python3-pip,iproute2,iperf3,procps,util-linux,ca-certificates,"
+# g++ and python3-dev: torch.compile's CPU backend (inductor) writes C++ and builds it against the
+# Python headers, as on any machine that develops with torch (the Dockerfile says the same).
+BASE_PACKAGES = ("python3,python3-venv,python3-pip,python3-dev,g++,iproute2,iperf3,procps,util-linux,ca-certificates,"
                  "openssh-server,rsync,libnss-wrapper,slurmd,slurmctld,slurm-client,munge")
 # The local base's tag names its package list, so a base made before the list changed is not reused.
 LOCAL_BASE = f"ddplab-base:bookworm-{hashlib.sha256(BASE_PACKAGES.encode()).hexdigest()[:8]}"

@@ -43,6 +43,19 @@ class ComposePlan:
     gpus: GpuPlan | None = None  # each node's GPUs and image (labctl.lab.gpus); None: every node the CPU image
     slurm_dir: Path | None = None  # `--scheduler slurm`: the lab's slurm.conf and munge key, in the workspace
     tcp_cc: str | None = None  # every node's TCP congestion control (labctl.lab.tcp); None: the host's
+    compile_caches: Mapping[str, str] = field(default_factory=dict)  # node -> its compile cache (compile_cache_dir)
+
+
+COMPILE_CACHE_ROOT = "/shared/compile"  # on the lab's shared volume: removed with it (down/gc --volumes)
+
+
+def compile_cache_dir(image_id: str) -> str:
+    """Where the nodes of one image keep torch.compile's caches (inductor's, and Triton's on GPU
+    nodes): on the lab's shared volume, as clusters share theirs on a network file system, so N
+    ranks compile a graph once. Keyed by the image: one image is one torch release and one
+    compiler, and a lab's nodes share one engine's CPU, so only identical nodes share entries;
+    a rebuilt image starts a cache of its own."""
+    return f"{COMPILE_CACHE_ROOT}/{image_id.removeprefix('sha256:')[:12]}"
 
 
 def load_template(path: Path | None = None) -> dict[str, Any]:
@@ -82,6 +95,10 @@ def node_service(config: LabSpec, plan: ComposePlan, template: dict[str, Any], r
     node["user"] = plan.user
     node["env_file"] = [f"{name}.env"]
     node["labels"] = {**lab_labels, LABEL_NODE: name, LABEL_RANK: str(rank)}
+    if plan.compile_caches.get(name):
+        cache = plan.compile_caches[name]
+        node["environment"] = {**node["environment"], "TORCHINDUCTOR_CACHE_DIR": cache,
+                               "TRITON_CACHE_DIR": f"{cache}/triton"}
     if plan.ssh_public_key:
         node["labels"][LABEL_SSH] = "true"
         node["environment"] = {**node["environment"], SSH_KEY_VAR: plan.ssh_public_key}

@@ -196,12 +196,28 @@ def render_project(client, config: LabSpec, workspace: Path, inputs: ProjectInpu
     plan = ComposePlan(subnet=subnet, workspace=workspace, user=engine_mod.node_user(engine, invoking_user()),
                        node_cpus=node_cpus or {}, ssh_public_key=inputs.public_key, limits=engine.limits,
                        owner=inputs.owner or {}, gpus=gpus, tcp_cc=inputs.tcp_cc,
+                       compile_caches=compile_caches(client, config, gpus),
                        slurm_dir=lab_dir(workspace, config.lab) / "slurm" if config.scheduler == "slurm" else None)
     document = compose_mod.build_compose(config, plan, compose_mod.load_template())
     ips = [node_ip(subnet, i) for i in range(config.nodes)]
     extra = {name: {**config.node_env, **(gpus.env.get(name, {}) if gpus else {})} for name in config.node_names}
     env_files = build_env_files(topology_for_lab(config, ips), config.node_names, extra)
     return document, env_files, subnet
+
+
+def compile_caches(client, config: LabSpec, gpus: GpuPlan | None) -> dict[str, str]:
+    """Each node's compile cache folder, by the id of the image it runs (compose.compile_cache_dir);
+    none for a node whose image is not there yet (the rendering is checked before a build)."""
+    from docker.errors import DockerException
+
+    out = {}
+    for name in config.node_names:
+        image = gpus.node(name).image if gpus else config.image_tag
+        try:
+            out[name] = compose_mod.compile_cache_dir(client.images.get(image).id)
+        except DockerException:  # not built yet: ImageNotFound
+            continue
+    return out
 
 
 def plan_tcp(config: LabSpec, engine: Engine) -> tuple[str | None, str | None]:

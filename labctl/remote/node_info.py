@@ -4,7 +4,8 @@ Prints one line of JSON: hostname, Python, torch, CUDA and NCCL versions (null w
 distribution the node's Python sees (name and version: doctor compares them with the lab's lock),
 whether rsync is installed (`labctl hosts sync` needs it at both ends), each interface's IPv4
 addresses as ADDRESS/PREFIX, from `ip -j -4 addr` (an empty map without iproute2), the NVIDIA
-driver's version and the GPUs this node's processes can use (see gpus()). Fast: it reads torch's
+driver's version and the GPUs this node's processes can use (see gpus()), and the C++ compiler and
+Python headers torch.compile needs (see compiler()). Fast: it reads torch's
 version file instead of importing torch, which costs seconds, and asks nvidia-smi, not CUDA.
 """
 
@@ -138,6 +139,26 @@ def driver_version(found):
         return None
 
 
+def compiler():
+    """What torch.compile's CPU backend (inductor) needs to build its kernels: the C++ compiler it
+    will call ($CXX, else g++, as torch._inductor.config.cpp.cxx reads it), that compiler's
+    version, and whether this Python's headers are there (Python.h)."""
+    import sysconfig
+
+    cxx = os.environ.get("CXX") or "g++"
+    path = shutil.which(cxx)
+    version = None
+    if path:
+        try:
+            version = subprocess.run([path, "-dumpfullversion"], capture_output=True, text=True,
+                                     timeout=10).stdout.strip() or None
+        except (OSError, subprocess.SubprocessError):
+            path = None
+    include = sysconfig.get_paths().get("include") or ""
+    return {"cxx": cxx, "path": path, "version": version,
+            "python_h": os.path.exists(os.path.join(include, "Python.h"))}
+
+
 def info():
     out = {"hostname": socket.gethostname(), "python": sys.version.split()[0]}
     version = torch_versions()
@@ -148,6 +169,7 @@ def info():
     out["ifaces"] = interfaces()
     out["gpus"], out["gpu_source"] = gpus()
     out["driver"] = driver_version(out["gpus"])
+    out["compiler"] = compiler()
     return out
 
 

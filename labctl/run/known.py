@@ -76,12 +76,12 @@ LIMITS = (
           "CUDA was asked for (`.cuda()`, `device=\"cuda\"`, a `torch.cuda` call) on a node whose torch has none",
           "a CPU build of torch", DEVICE_FIX),
     Limit("no-compiler", re.compile(r"InvalidCxxCompiler|No working C\+\+ compiler found"),
-          "torch.compile's CPU backend (inductor) writes C++ and builds it, which needs a C++ compiler and the "
-          "Python headers on the node; this node has no working compiler",
+          "torch.compile's CPU backend (inductor) writes C++ and builds it with $CXX (else g++) against the "
+          "Python headers; this node has no working compiler by that name",
           "inductor on the CPU",
-          "run the model eager (`labctl run -e TORCHDYNAMO_DISABLE=1 ...`), or give the nodes an image with g++ "
-          "and the Python headers (a Dockerfile FROM the lab's image that apt-installs g++ and python3-dev, "
-          "then `labctl up --image TAG`)"),
+          "set CXX to a compiler the node has, or run the nodes on the lab's image (`labctl build` puts g++ and "
+          "python3-dev in it; an image of your own needs them too, `labctl doctor` says which node lacks them), "
+          "or run the model eager (`labctl run -e TORCHDYNAMO_DISABLE=1 ...`)"),
 )
 
 

@@ -97,6 +97,21 @@ def test_compose_structure():
     assert doc["networks"]["lab"]["name"] == "x-net" and doc["volumes"]["shared"]["name"] == "x-shared"
 
 
+def test_each_node_keeps_its_compile_cache_on_the_shared_volume_keyed_by_its_image():
+    from labctl.lab.compose import compile_cache_dir
+
+    cpu, cuda = compile_cache_dir("sha256:" + "a" * 64), compile_cache_dir("sha256:" + "b" * 64)
+    assert cpu == "/shared/compile/" + "a" * 12 and cpu != cuda
+    plan = ComposePlan(subnet="10.9.0.0/24", workspace=Path("/ws"), user="0:0",
+                       compile_caches={"node0": cpu, "node1": cuda})
+    doc = yaml.safe_load(render_compose(build_compose(LabSpec(lab="x", nodes=3), plan, load_template())))
+    env = {name: service["environment"] for name, service in doc["services"].items()}
+    assert env["node0"]["TORCHINDUCTOR_CACHE_DIR"] == cpu and env["node0"]["TRITON_CACHE_DIR"] == cpu + "/triton"
+    assert env["node1"]["TORCHINDUCTOR_CACHE_DIR"] == cuda
+    assert "TORCHINDUCTOR_CACHE_DIR" not in env["node2"]  # its image was not there to be named: inductor's default
+    assert {"type": "volume", "source": "shared", "target": "/shared"} in doc["services"]["node0"]["volumes"]
+
+
 @pytest.mark.parametrize("raw, expected", [
     ("100.64.0.1,100.64.0.2", ("100.64.0.1", "100.64.0.2")),
     (" gpu-box.lan , laptop ", ("gpu-box.lan", "laptop")),

@@ -3,7 +3,8 @@ on CPU nodes: every rank meets the same known limit of the node's torch (labctl/
 
     meets_a_limit.py NAME
 NAME: gloo-no-future, gloo-premul-sum, gloo-dtype, cuda-set-device, cuda-device-id, no-nccl,
-      no-cuda, no-compiler (the names of labctl.run.known.LIMITS)
+      no-cuda, no-compiler (the names of labctl.run.known.LIMITS; no-compiler where CXX names no
+      compiler, the lab's image having g++)
 """
 
 import os

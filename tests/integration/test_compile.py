@@ -1,0 +1,61 @@
+"""torch.compile on the lab: the node image carries a C++ compiler and the Python headers, so a
+DDP script that compiles its model runs on every node, and the nodes keep inductor's cache on the
+lab's shared volume (labctl/lab/compose.py's compile_cache_dir), so a second run reuses what the
+first compiled. doctor names a node that cannot compile."""
+
+from __future__ import annotations
+
+import random
+import re
+
+import pytest
+
+from conftest import SCRIPTS, labctl
+
+pytestmark = pytest.mark.integration
+LINE = re.compile(r"COMPILED rank=(\d+) compile_s=([\d.-]+) step_ms=([\d.]+) checksum=(\S+)")
+
+
+def compiled_run(lab: str, width: int, *options: str) -> dict[int, tuple[float, str]]:
+    """Each rank's (compile seconds, parameter checksum) from one run of compiled_ddp.py."""
+    result = labctl("run", "--lab", lab, *options, "--", str(SCRIPTS / "compiled_ddp.py"), "5", str(width),
+                    check=True, timeout=600)
+    found = {int(r): (float(c), s) for r, c, _, s in LINE.findall(result.stdout)}
+    assert sorted(found) == [0, 1, 2], result.stdout[-3000:]
+    return found
+
+
+def test_a_compiled_ddp_script_runs_on_every_node_and_the_second_run_reuses_the_shared_cache(lab3):
+    lab3, _ = lab3
+    width = random.randint(65, 4096)  # a graph no earlier run on this lab compiled: the first run is cold
+    first = compiled_run(lab3, width)
+    assert len({checksum for _, checksum in first.values()}) == 1, first  # DDP kept every rank in step
+    second = compiled_run(lab3, width)
+    for rank, (cold, _) in first.items():
+        assert second[rank][0] <= 0.3 * cold, (rank, first, second)
+    assert {s for _, s in second.values()} == {s for _, s in first.values()}, (first, second)
+    torchrun = compiled_run(lab3, width, "--launcher", "torchrun")
+    assert {s for _, s in torchrun.values()} == {s for _, s in first.values()}, (first, torchrun)
+    # The graphs and kernels are on the shared volume; the node's own /tmp keeps only the C++ headers
+    # inductor precompiles once per node (torch._inductor.codecache._HEADER_DIR, not moved by the variable).
+    shared = labctl("exec", "--lab", lab3, "node2", "--", "sh", "-c", 'ls "$TORCHINDUCTOR_CACHE_DIR"', check=True)
+    local = labctl("exec", "--lab", lab3, "node2", "--", "sh", "-c", "ls /tmp/torchinductor_* 2>/dev/null || true",
+                   check=True)
+    assert {"fxgraph", "aotautograd"} <= set(shared.stdout.split()), shared.stdout
+    assert set(local.stdout.split()) <= {"precompiled_headers"}, local.stdout
+
+
+def test_doctor_names_a_node_that_cannot_compile(lab3, docker_client):
+    lab, _ = lab3
+    ok = labctl("doctor", "--lab", lab, check=True)
+    assert re.search(r"ok +compiler +g\+\+ \S+ and the Python headers on every node", ok.stdout), ok.stdout
+    node1 = docker_client.containers.get(f"{lab}-node1")
+    moved = node1.exec_run(["mv", "/usr/bin/g++", "/usr/local/g++.away"], user="0")
+    assert moved.exit_code == 0, moved.output
+    try:
+        warned = labctl("doctor", "--lab", lab, check=True)  # a warning: runs that do not compile still work
+        assert re.search(r"WARN compiler +node1: cannot build torch.compile's kernels: no C\+\+ compiler",
+                         warned.stdout), warned.stdout
+        assert "node0: cannot build" not in warned.stdout and "node2: cannot build" not in warned.stdout
+    finally:
+        assert node1.exec_run(["mv", "/usr/local/g++.away", "/usr/bin/g++"], user="0").exit_code == 0
