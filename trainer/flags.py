@@ -85,6 +85,9 @@ def parse_args(argv=None):
              "shards the optimizer state (ZeroRedundancyOptimizer); fsdp shards parameters, gradients and "
              "optimizer state (FSDP2 fully_shard per block); hsdp shards within a node's processes and replicates "
              "across nodes (--nproc-per-node 2 or more). Same loop, same data, same loss (default ddp)")
+    add("--compile", action="store_true",
+        help="torch.compile the model before DDP wraps it, as nanoGPT does (inductor: the first step compiles, "
+             "and SUMMARY's compile_s says for how long); with --strategy ddp or zero (default off)")
     # DDP levers (no effect in a single process)
     add("--bucket-cap-mb", type=above_zero, default=25.0,
         help="DDP gradient bucket size in MiB: smaller buckets start communicating earlier (default 25)")

@@ -17,6 +17,7 @@ import copy
 import json
 import os
 import socket
+import statistics
 import time
 from contextlib import nullcontext
 from dataclasses import replace
@@ -187,6 +188,7 @@ def finish(run, result, prediction, calibration):
     perf["collectives_per_step"] = collectives.summarize_calls([calls for _, _, _, calls in gathered])
     perf["wire_tx_bytes_per_step"] = wire.per_node_per_step([(h, sent) for h, _, sent, _ in gathered],
                                                             len(result.timings) - 1)
+    compiled = compile_report(run, result.timings)
     held = all_gather(strategy.state_bytes(run.model, run.optimizer))  # each rank's, after the last step
     fullest = max(held, key=lambda h: sum(h.values()))
     summary = {
@@ -208,6 +210,7 @@ def finish(run, result, prediction, calibration):
         # final losses compare to the last digit only when these agree.
         "cpu_kernels": os.environ.get("DDPLAB_CPU_KERNELS", "native"),
         "cpu_capability": torch.backends.cpu.get_cpu_capability(),
+        **compiled,
         **result.extra,
         **run.workload.extra,
         "elapsed_s": round(result.elapsed_s, 3),
@@ -227,6 +230,22 @@ def finish(run, result, prediction, calibration):
 
 
 # --- small helpers ----------------------------------------------------------------------------------
+
+def compile_report(run, timings):
+    """--compile: each rank says how long its compilation took (the first step's time less a steady
+    step's: inductor compiles in the first call), and SUMMARY gets compile_s (the slowest rank's)
+    and compile_s_per_rank. Without --compile both are None. Collective: every rank calls it."""
+    if not run.args.compile:
+        return {"compile_s": None, "compile_s_per_rank": None}
+    mine = None
+    if len(timings) > 1:
+        mine = max(0.0, (timings[0].step_ms - statistics.median(t.step_ms for t in steady(timings))) / 1e3)
+        print(f"{run.tag} compiled in {mine:.2f} s (its first step less a steady one)", flush=True)
+    every = all_gather(mine)
+    known = [s for s in every if s is not None]
+    return {"compile_s": round(max(known), 3) if known else None,
+            "compile_s_per_rank": [None if s is None else round(s, 3) for s in every]}
+
 
 def resolve_run_dir(run_dir_arg):
     if run_dir_arg:

@@ -10,7 +10,7 @@ import re
 
 import pytest
 
-from conftest import SCRIPTS, labctl
+from conftest import SCRIPTS, labctl, summary_of
 
 pytestmark = pytest.mark.integration
 LINE = re.compile(r"COMPILED rank=(\d+) compile_s=([\d.-]+) step_ms=([\d.]+) checksum=(\S+)")
@@ -59,3 +59,16 @@ def test_doctor_names_a_node_that_cannot_compile(lab3, docker_client):
         assert "node0: cannot build" not in warned.stdout and "node2: cannot build" not in warned.stdout
     finally:
         assert node1.exec_run(["mv", "/usr/local/g++.away", "/usr/bin/g++"], user="0").exit_code == 0
+
+
+def test_the_trainers_compile_flag_compiles_on_every_rank_and_says_for_how_long(lab3):
+    lab, _ = lab3
+    result = labctl("run", "--lab", lab, "--", "-m", "trainer", "--compile", "--epochs", "1", "--samples", "768",
+                    "--hidden", str(random.randint(65, 4096)), check=True, timeout=600)
+    said = re.findall(r"\[rank (\d)/3 \S+\] compiled in ([\d.]+) s", result.stdout)
+    assert sorted(rank for rank, _ in said) == ["0", "1", "2"], result.stdout[-3000:]
+    summary = summary_of(result.stdout)
+    assert summary["replicas_consistent"] and len(summary["compile_s_per_rank"]) == 3, summary
+    assert summary["compile_s"] == max(summary["compile_s_per_rank"]) > 0, summary
+    printed = {int(rank): float(s) for rank, s in said}  # to 2 decimals; the SUMMARY's to 3
+    assert all(abs(printed[r] - s) <= 0.006 for r, s in enumerate(summary["compile_s_per_rank"])), (printed, summary)
