@@ -2,7 +2,8 @@
 synchronously, asynchronously then `wait()`, and asynchronously then `get_future().wait()`, and the
 reducing ones with every reduce op. Each cell is `ok` (it ran and gave the right values on every
 rank), `wrong` (it ran and gave other values), `n/a` (the call has no such form) or the first line
-of the error it raised; then all_reduce of each dtype. `labctl doctor --ops` runs it on the lab's nodes and prints the table.
+of the error it raised; then all_reduce of each dtype. `labctl doctor --ops` runs it on the lab's
+nodes and prints the table.
 
     torchrun --standalone --nproc-per-node 2 -m trainer.probe_ops      # rank 0 prints OPS {...}
     labctl doctor --ops

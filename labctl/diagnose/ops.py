@@ -24,8 +24,8 @@ OK, NA, WRONG = "ok", "n/a", "wrong"  # = trainer/probe_ops.py's
 # ncclRedOpCreatePreMulSum) and torch's ProcessGroupNCCL, not probed: no lab here has a GPU.
 NCCL_DIFFERS = ("nccl (GPU nodes, not probed here): its works, point-to-point included, have futures; it takes "
                 "PREMUL_SUM (NCCL 2.11 and later); its types are int8, uint8, int32, uint32, int64, uint64, "
-                "float16, float32, float64, bfloat16 and, in recent releases, float8 (torch sends bool as uint8, complex as pairs of "
-                "floats); monitored_barrier is gloo's only")
+                "float16, float32, float64, bfloat16 and, in recent releases, float8 (torch sends bool as "
+                "uint8, complex as pairs of floats); monitored_barrier is gloo's only")
 
 
 @dataclass(frozen=True)
