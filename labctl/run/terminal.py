@@ -5,7 +5,10 @@ spared what repeats or follows from the failure that matters:
 - the traceback of a rank that failed only because another did (its peer gone, a collective timed
   out, the store gone), with what follows its exception line (an error raised in a callback, such
   as DDP's all-reduce hook, goes on with blank lines and `At:` stacks), and a C++ abort's
-  `terminate called ... what(): Connection closed by peer`.
+  `terminate called ... what(): Connection closed by peer`;
+- torch's warnings that a compile-cache entry could not be used (a corrupt or foreign entry on
+  the shared cache: inductor compiles afresh and warns, traceback and all, at every entry it
+  tries): one line of labctl's per rank says so instead, the warnings go to the log.
 A rank's traceback is held back until its exception line arrives, then printed whole or dropped.
 Pure: fed lines, it returns the lines to print.
 """
@@ -23,6 +26,9 @@ from labctl.run.failures import (
 
 REPORT_RULE = re.compile(r"^=+\s*$")
 CALLBACK_STACK = "At:"  # torch's line before the Python stack of a callback that raised
+# torch's logging prefix (W, date, time, thread, file:line]) on the caches' warnings, then the message
+CACHE_WARNING = re.compile(r"^W\d{4} \S+ +\d+ torch/(_inductor/codecache|_functorch/_aot_autograd/autograd_cache)"
+                           r"\.py:\d+\] (?:\[[^\]]*\] )?(.*)$")
 MAX_HELD = 400  # lines of one traceback held back at most; a longer one is printed as it comes
 
 
@@ -35,6 +41,7 @@ class TerminalFilter:
         self.report_root_seen = False
         self.dropping = False  # in the tail of a dropped consequence's exception line
         self.dropping_rank: int | None = None  # and whose (None: no rank prefix)
+        self.cache_noted: set[int | None] = set()  # ranks told that a compile-cache entry was not used
 
     def feed(self, line: str) -> list[str]:
         rank, text = strip_rank(line)
@@ -46,6 +53,9 @@ class TerminalFilter:
             self.dropping = False
         if AGENT_FAILED.match(text):
             return []
+        cache = CACHE_WARNING.match(text)
+        if cache:
+            return self._cache_warning(rank, cache.group(2))
         held = self.held.get(rank)
         if held is not None:
             if not text.strip() or text.startswith((" ", "\t", "Traceback (most recent call last)")):
@@ -74,6 +84,14 @@ class TerminalFilter:
             self.dropping, self.dropping_rank = True, rank
             return []
         return held + [line]
+
+    def _cache_warning(self, rank: int | None, message: str) -> list[str]:
+        if rank in self.cache_noted:
+            return []
+        self.cache_noted.add(rank)
+        prefix = f"[rank{rank}]: " if rank is not None else ""
+        return [f"{prefix}labctl: an entry of the compile cache could not be used ({message.strip()}); this rank "
+                "compiles afresh (torch's warnings about it are in the node's log)"]
 
     def _in_dropped_tail(self, rank: int | None, text: str) -> bool:
         """A line of what follows a dropped consequence's exception line: a blank line (torch writes

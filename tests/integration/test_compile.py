@@ -16,10 +16,13 @@ pytestmark = pytest.mark.integration
 LINE = re.compile(r"COMPILED rank=(\d+) compile_s=([\d.-]+) step_ms=([\d.]+) checksum=(\S+)")
 
 
-def compiled_run(lab: str, width: int, *options: str) -> dict[int, tuple[float, str]]:
-    """Each rank's (compile seconds, parameter checksum) from one run of compiled_ddp.py."""
+def compiled_run(lab: str, width: int, *options: str, said: list | None = None) -> dict[int, tuple[float, str]]:
+    """Each rank's (compile seconds, parameter checksum) from one run of compiled_ddp.py (its
+    terminal output appended to `said`)."""
     result = labctl("run", "--lab", lab, *options, "--", str(SCRIPTS / "compiled_ddp.py"), "5", str(width),
                     check=True, timeout=600)
+    if said is not None:
+        said.append(result.stdout + result.stderr)
     found = {int(r): (float(c), s) for r, c, _, s in LINE.findall(result.stdout)}
     assert sorted(found) == [0, 1, 2], result.stdout[-3000:]
     return found
@@ -36,6 +39,14 @@ def test_a_compiled_ddp_script_runs_on_every_node_and_the_second_run_reuses_the_
     assert {s for _, s in second.values()} == {s for _, s in first.values()}, (first, second)
     torchrun = compiled_run(lab3, width, "--launcher", "torchrun")
     assert {s for _, s in torchrun.values()} == {s for _, s in first.values()}, (first, torchrun)
+    # A corrupt entry is never fatal: each rank compiles afresh and labctl says so once per rank.
+    labctl("exec", "--lab", lab3, "node0", "--", "sh", "-c",
+           'for f in $(find "$TORCHINDUCTOR_CACHE_DIR/fxgraph" -type f); do echo garbage > "$f"; done', check=True)
+    said: list[str] = []
+    corrupt = compiled_run(lab3, width, said=said)
+    assert {s for _, s in corrupt.values()} == {s for _, s in first.values()}, (first, corrupt)
+    assert said[0].count("an entry of the compile cache could not be used") == 3, said[0][-3000:]
+    assert "codecache.py" not in said[0], said[0][-3000:]  # torch's warnings went to the logs
     # The graphs and kernels are on the shared volume; the node's own /tmp keeps only the C++ headers
     # inductor precompiles once per node (torch._inductor.codecache._HEADER_DIR, not moved by the variable).
     shared = labctl("exec", "--lab", lab3, "node2", "--", "sh", "-c", 'ls "$TORCHINDUCTOR_CACHE_DIR"', check=True)

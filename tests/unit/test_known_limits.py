@@ -66,3 +66,18 @@ def test_ranks_that_failed_as_the_first_did_are_named_in_one_line():
     assert lines[1] in ("then rank 1 on node1 and rank 2 on node2 failed the same way",
                         "then rank 2 on node2 and rank 1 on node1 failed the same way"), lines
     assert sum("Work::getFuture" in line for line in lines) == 1, lines
+
+
+def test_a_compile_cache_entry_that_cannot_be_used_is_said_once_per_rank_not_in_torchs_warnings():
+    """Real lines of a rank whose shared cache held corrupt entries (tests/unit/failures/
+    corrupt-compile-cache-node0.log): torch warns, a traceback each time, and compiles afresh."""
+    from labctl.run.terminal import TerminalFilter
+
+    lines = (Path(__file__).parent / "failures" / "corrupt-compile-cache-node0.log").read_text().splitlines()
+    assert sum("unable to load compiled graph" in line for line in lines) == 2
+    shown = TerminalFilter()
+    printed = [out for line in lines + [line.replace("[rank0]", "[rank1]") for line in lines]
+               for out in shown.feed(line)] + shown.flush()
+    assert printed == [f"[rank{r}]: labctl: an entry of the compile cache could not be used (fx graph cache unable "
+                       "to load compiled graph); this rank compiles afresh (torch's warnings about it are in the "
+                       "node's log)" for r in (0, 1)], printed
