@@ -17,7 +17,9 @@ an all_reduce of its outcome (the worst rank's is kept), so a wrong value on one
 from __future__ import annotations
 
 import argparse
+import functools
 import json
+import operator
 import os
 from datetime import timedelta
 from pathlib import Path
@@ -48,30 +50,20 @@ def _values(rank: int, world: int, dtype=torch.float32) -> torch.Tensor:
     return torch.full((4 * world,), float(rank + 1), dtype=dtype)
 
 
+# How each reduce op folds two values (AVG and PREMUL_SUM: a sum, then scaled; see reduced)
+FOLDS = {"SUM": operator.add, "AVG": operator.add, "PREMUL_SUM": operator.add, "PRODUCT": operator.mul,
+         "MIN": min, "MAX": max, "BAND": operator.and_, "BOR": operator.or_, "BXOR": operator.xor}
+PREMUL_FACTOR = 0.5  # the factor the probe's PREMUL_SUM multiplies every input by
+
+
 def reduced(op: str, world: int) -> float:
     """What each element of a reduction of the ranks' (rank + 1)s is, under `op`."""
-    values = range(1, world + 1)
-    if op in ("SUM", "PREMUL_SUM"):
-        return sum(values) * (0.5 if op == "PREMUL_SUM" else 1)
-    if op == "AVG":
-        return sum(values) / world
-    if op == "PRODUCT":
-        product = 1
-        for v in values:
-            product *= v
-        return product
-    if op in ("MIN", "MAX", "BAND", "BOR", "BXOR"):
-        if op in ("MIN", "MAX"):
-            return (min if op == "MIN" else max)(values)
-        result = 0 if op != "BAND" else -1
-        for v in values:
-            result = result & v if op == "BAND" else result | v if op == "BOR" else result ^ v
-        return result
-    raise ValueError(op)
+    folded = functools.reduce(FOLDS[op], range(1, world + 1))
+    return folded / world if op == "AVG" else folded * PREMUL_FACTOR if op == "PREMUL_SUM" else folded
 
 
 def reduce_op(op: str):
-    return dist._make_nccl_premul_sum(0.5) if op == "PREMUL_SUM" else getattr(dist.ReduceOp, op)
+    return dist._make_nccl_premul_sum(PREMUL_FACTOR) if op == "PREMUL_SUM" else getattr(dist.ReduceOp, op)
 
 
 def reducing_cases(op: str, rank: int, world: int, device) -> dict[str, Case]:
@@ -97,6 +89,12 @@ def dtype_case(name: str, world: int, device) -> Case:
     return Case(lambda a: dist.all_reduce(t, async_op=a), lambda: bool((as_float().cpu() == expected).all()))
 
 
+def one_block_per_rank(out: torch.Tensor, world: int) -> bool:
+    """Whether `out`, cut in `world` blocks, holds rank r's value (r + 1) at the start of block r, as
+    an all-gather's or an all-to-all's output does."""
+    return bool((out.view(world, -1)[:, 0].cpu() == torch.arange(1, world + 1, dtype=torch.float32)).all())
+
+
 def plain_cases(rank: int, world: int, device) -> dict[str, Case]:
     """Every operation of the table with SUM where it reduces, each with fresh buffers."""
     peer_to, peer_from = (rank + 1) % world, (rank - 1) % world
@@ -118,11 +116,9 @@ def plain_cases(rank: int, world: int, device) -> dict[str, Case]:
 
     cases.update({
         "all_gather_into_tensor": Case(lambda a: dist.all_gather_into_tensor(gathered, x, async_op=a),
-                                       lambda: bool((gathered.view(world, -1)[:, 0].cpu() ==
-                                                     torch.arange(1, world + 1, dtype=torch.float32)).all())),
+                                       lambda: one_block_per_rank(gathered, world)),
         "all_to_all_single": Case(lambda a: dist.all_to_all_single(a2a_out, x, async_op=a),
-                                  lambda: bool((a2a_out.view(world, -1)[:, 0].cpu() ==
-                                                torch.arange(1, world + 1, dtype=torch.float32)).all())),
+                                  lambda: one_block_per_rank(a2a_out, world)),
         "broadcast": Case(lambda a: dist.broadcast(bcast, 0, async_op=a), lambda: bool((bcast == 1).all())),
         "send/recv": Case(send_recv, lambda: bool((got == peer_from + 1).all())),
         "batch_isend_irecv": Case(batch, lambda: bool((got == peer_from + 1).all()), ("async_wait", "get_future")),

@@ -29,7 +29,7 @@ SHARDED = ("fsdp", "hsdp")  # FSDP2: parameters, gradients and optimizer state i
 
 def refusal(args):
     """Why the flags do not go together with --strategy, or None: before any process group exists."""
-    if getattr(args, "compile", False) and args.strategy in SHARDED:
+    if args.compile and args.strategy in SHARDED:
         return (f"error: --compile compiles the model before DDP wraps it, and --strategy {args.strategy} shards it "
                 "with FSDP2 instead (compiling each block under fully_shard is not wired in this trainer): use "
                 "--strategy ddp or zero")
@@ -48,7 +48,7 @@ def refusal(args):
 def wrap_model(model, c, args, timer):
     """The model as the loop trains it: DDP (ddp, zero), sharded (fsdp, hsdp), or as it is in a world of one;
     with --compile, compiled first (DDP then wraps the compiled module, nanoGPT's order)."""
-    if getattr(args, "compile", False):
+    if args.compile:
         model = torch.compile(model)
     if c.world_size == 1:
         return model
