@@ -41,11 +41,17 @@ demo: image
 INTEGRATION_WORKERS ?= 3
 INTEGRATION := tests/docs tests/integration
 PYTEST := $(BIN)/python -m pytest
+# The netem VM's tests (QEMU: a host process, no container) run in `make test` beside the `alone` ones
+# at idle priority, as the unit tests do: the VM's clock counts instructions, so what they measure is
+# the same on a busy host, and its boot (about 31 CPU-seconds) leaves the part run three at a time.
+NETEM_TESTS := tests/integration/test_netem_kernel.py
 RUN_SIDE_BY_SIDE := $(PYTEST) $(INTEGRATION) -n $(INTEGRATION_WORKERS) --dist loadfile --no-loadscope-reorder \
-	-m "not alone" $(PYTEST_ARGS) || passed_or_empty $$?
-RUN_ALONE := $(PYTEST) $(INTEGRATION) -m alone $(PYTEST_ARGS) || passed_or_empty $$?
-RUN_INTEGRATION := $(RUN_SIDE_BY_SIDE); $(RUN_ALONE)
+	-m "not alone" --ignore=$(NETEM_TESTS) $(PYTEST_ARGS) || passed_or_empty $$?
+RUN_ALONE := $(PYTEST) $(INTEGRATION) -m alone --ignore=$(NETEM_TESTS) $(PYTEST_ARGS) || passed_or_empty $$?
+RUN_NETEM := $(PYTEST) $(NETEM_TESTS) $(PYTEST_ARGS) || passed_or_empty $$?
+RUN_INTEGRATION := $(RUN_SIDE_BY_SIDE); $(RUN_ALONE); $(RUN_NETEM)
 UNIT_LOG := .lab/unit-tests.log
+NETEM_LOG := .lab/netem-tests.log
 define TRACK_STATUS
 status=0; passed_or_empty() { [ "$$1" -eq 5 ] || status=$$1; }
 endef
@@ -63,8 +69,11 @@ test: docs netem-vm engine tools test-engines
 	$(RUN_SIDE_BY_SIDE); \
 	mkdir -p $(dir $(UNIT_LOG)); \
 	sh tests/idle.sh $(PYTEST) tests/host tests/unit -n 2 $(PYTEST_ARGS) >$(UNIT_LOG) 2>&1 & unit=$$!; \
+	sh tests/idle.sh $(PYTEST) $(NETEM_TESTS) $(PYTEST_ARGS) >$(NETEM_LOG) 2>&1 & netem=$$!; \
 	$(RUN_ALONE); \
+	wait $$netem || passed_or_empty $$?; \
 	wait $$unit || passed_or_empty $$?; \
+	echo "--- the netem VM's tests, run beside the alone ones at idle priority ($(NETEM_LOG)):"; cat $(NETEM_LOG); \
 	echo "--- the unit and host tests, run beside the alone ones at idle priority ($(UNIT_LOG)):"; cat $(UNIT_LOG); \
 	exit $$status
 

@@ -54,7 +54,7 @@ from labctl.net.tc import Shape, build_apply, build_clear, build_netem_probe  # 
 IFACE = "eth0"  # labctl's default interface, and the veth ends' name in the VM
 IFB = "ifb0"
 QEMU = "qemu-system-x86_64"
-QEMU_TIMEOUT_S = 240
+QEMU_TIMEOUT_S = 600  # a hang guard: `make test` runs the VM at idle priority, beside other tests (its own clock)
 # The guest's clock counts instructions (4 ns each) and skips ahead when the guest idles
 # (`-icount shift=2,sleep=off`). netem and tbf schedule against that clock, so what the guest
 # measures depends only on what it ran, not on how fast or how busy the host was: with the wall
