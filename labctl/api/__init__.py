@@ -25,7 +25,7 @@ from labctl.api.bringup import UpResult, bring_up, plan_up
 from labctl.diagnose.doctor import diagnose
 from labctl.diagnose.findings import Diagnosis
 from labctl.diagnose.ops import OpsReport, probe_ops
-from labctl.engine.docker import apply_node_cpus, check_cpu_limits, docker_client
+from labctl.engine.docker import apply_node_cpus, check_cpu_limits, clear_compile_caches, docker_client
 from labctl.errors import LabError
 from labctl.hosts.inventory import load_inventory
 from labctl.hosts.labnodes import INVENTORY_FILE
@@ -217,6 +217,13 @@ class Lab(LabSession):
         if preflight:
             self.preflight(nproc_per_node, env).raise_for_problems(f"labctl doctor --lab {self.name}")
         return self.execute(plan, echo=echo, check=check)
+
+    def clear_compile_cache(self) -> dict[str, str]:
+        """Empty torch.compile's cache on every running node without taking the lab down (`labctl run
+        --fresh-compile-cache`): the next run compiles from nothing and fills it again. node -> the
+        folder emptied on the shared volume (nodes of one image share it). Each node's precompiled
+        C++ headers, in its own /tmp, stay."""
+        return clear_compile_caches(self.client, self.name, self.node_names())
 
     def trace(self, run: str | Path | RunResult | None = None, *,
               steps: str | tuple[int | None, int | None] | None = None, base: str | Path | None = None) -> TraceReport:

@@ -305,6 +305,16 @@ def print_preflight(diagnosis, full_check: str) -> None:
     diagnosis.raise_for_problems(full_check)
 
 
+def print_cleared_caches(folders: dict[str, str]) -> None:
+    """Which compile caches `run --fresh-compile-cache` emptied, a line per folder (stderr)."""
+    by_folder: dict[str, list[str]] = {}
+    for node, folder in folders.items():
+        by_folder.setdefault(folder, []).append(node)
+    for folder, nodes in by_folder.items():
+        info(f"{', '.join(nodes)}: compile cache {folder} emptied" if folder
+             else f"{', '.join(nodes)}: no compile cache (TORCHINDUCTOR_CACHE_DIR not set)")
+
+
 def finish_run(result, as_json: bool, extra: dict | None = None) -> None:
     """After `run`/`hosts run`: with --json, the run as one document on stdout (and `extra`'s keys:
     run --trace's "trace"), and its exit status."""

@@ -33,9 +33,12 @@ from labctl.cli.options import (
 @click.option("--nnodes", metavar="MIN:MAX", help="Elastic node range, MAX = the lab's nodes: the run goes on with MIN survivors.")
 @click.option("--trace", is_flag=True, help="After a run that succeeded, `labctl trace` it: the timeline PNG, the merged "
                                             "trace and the table per rank (in --json's document as \"trace\").")
+@click.option("--fresh-compile-cache", is_flag=True,
+              help="Empty the nodes' torch.compile cache first (on the lab's shared volume): this run compiles from "
+                   "nothing and fills it again.")
 @script_argument
 def run(lab, nproc_per_node, launcher, timeout_s, pg_timeout_s, as_json, env_pairs, env_files, nccl_debug, dry_run,
-        no_preflight, max_restarts, nnodes, trace, script) -> None:
+        no_preflight, max_restarts, nnodes, trace, fresh_compile_cache, script) -> None:
     """Run TRAINING_SCRIPT [ARGS...] (or `-m module [ARGS...]`) on every node at once.
 
     The options torchrun has too take its spellings as well (--nproc_per_node, --max_restarts).
@@ -49,6 +52,7 @@ def run(lab, nproc_per_node, launcher, timeout_s, pg_timeout_s, as_json, env_pai
       labctl run --nccl-debug -- -m trainer --backend nccl
       labctl run --launcher static --env-file run.env -- my_ddp_script.py
       labctl run --trace -- -m trainer --workload gpt --steps 60
+      labctl run --fresh-compile-cache -- -m trainer --compile --workload gpt
     """
     from labctl.cli import render, render_trace
 
@@ -62,6 +66,8 @@ def run(lab, nproc_per_node, launcher, timeout_s, pg_timeout_s, as_json, env_pai
         return
     if not no_preflight:
         render.print_preflight(the_lab.preflight(nproc_per_node, env), f"labctl doctor --lab {the_lab.name}")
+    if fresh_compile_cache:
+        render.print_cleared_caches(the_lab.clear_compile_cache())
     result = the_lab.execute(plan, echo="stderr" if as_json else True, check=not as_json)
     traced = the_lab.trace(result) if trace and result.ok else None
     if traced is not None and not as_json:

@@ -254,3 +254,23 @@ def apply_node_memory(client, lab: str, node: str, memory: int | None, before: t
     memory = memory if memory is not None else engine_mod.inspect_engine(client).memory_bytes
     run(["docker", "update", "--memory", str(memory), "--memory-swap",
          str(memory + swap - mem if swap > 0 and mem > 0 else -1), container_name(lab, node)], timeout_s=60)
+
+
+# Empty the folder a node's TORCHINDUCTOR_CACHE_DIR names (compose.compile_cache_dir), as the node's
+# user, who wrote it, and say which it was: none where the variable is not set.
+CLEAR_COMPILE_CACHE = 'd="$TORCHINDUCTOR_CACHE_DIR"; [ -z "$d" ] || { rm -rf "$d" && echo "$d"; }'
+
+
+def clear_compile_caches(client, lab: str, nodes: list[str]) -> dict[str, str]:
+    """Each node's torch.compile cache emptied in place (the lab stays up): node -> the folder, on
+    the shared volume, "" for a node without one. Nodes of one image share a folder; emptying it
+    again is harmless."""
+    out = {}
+    for node in nodes:
+        done = client.containers.get(container_name(lab, node)).exec_run(["sh", "-c", CLEAR_COMPILE_CACHE])
+        if done.exit_code != 0:
+            said = done.output.decode(errors="replace").strip()
+            raise StateError(f"{node}: could not empty its compile cache: {said}",
+                             hint=f"labctl exec {node} -- ls -ld \"$TORCHINDUCTOR_CACHE_DIR\"")
+        out[node] = done.output.decode().strip()
+    return out

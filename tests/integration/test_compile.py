@@ -74,8 +74,15 @@ def test_doctor_names_a_node_that_cannot_compile(lab3, docker_client):
 
 def test_the_trainers_compile_flag_compiles_on_every_rank_and_says_for_how_long(lab3):
     lab, _ = lab3
-    result = labctl("run", "--lab", lab, "--", "-m", "trainer", "--compile", "--epochs", "1", "--samples", "768",
-                    "--hidden", str(random.randint(65, 4096)), check=True, timeout=600)
+    # --fresh-compile-cache empties the shared folder first (a file left there goes) and the run fills it again.
+    labctl("exec", "--lab", lab, "node1", "--", "sh", "-c", 'mkdir -p "$TORCHINDUCTOR_CACHE_DIR" && '
+           'touch "$TORCHINDUCTOR_CACHE_DIR/left-before"', check=True)
+    result = labctl("run", "--lab", lab, "--fresh-compile-cache", "--", "-m", "trainer", "--compile", "--epochs", "1",
+                    "--samples", "768", "--hidden", str(random.randint(65, 4096)), check=True, timeout=600)
+    assert re.search(r"node0, node1, node2: compile cache /shared/compile/[0-9a-f]{12} emptied", result.stderr), \
+        result.stderr[-2000:]
+    after = labctl("exec", "--lab", lab, "node2", "--", "sh", "-c", 'ls "$TORCHINDUCTOR_CACHE_DIR"', check=True)
+    assert "left-before" not in after.stdout.split() and "fxgraph" in after.stdout.split(), after.stdout
     said = re.findall(r"\[rank (\d)/3 \S+\] compiled in ([\d.]+) s", result.stdout)
     assert sorted(rank for rank, _ in said) == ["0", "1", "2"], result.stdout[-3000:]
     summary = summary_of(result.stdout)

@@ -158,3 +158,14 @@ def test_compose_on_an_engine_without_limits_claims_none():
     for node in doc["services"].values():
         assert not {"cpus", "mem_limit", "pids_limit"} & set(node)
         assert node["user"] == "0:0" and node["security_opt"] == ["no-new-privileges"]
+
+
+def test_a_fresh_compile_cache_is_said_once_per_folder_with_its_nodes(capsys):
+    from labctl.cli.render import print_cleared_caches
+
+    print_cleared_caches({"node0": "/shared/compile/aaa", "node1": "/shared/compile/bbb",
+                          "node2": "/shared/compile/aaa", "node3": ""})
+    said = [" ".join(line.split()) for line in capsys.readouterr().err.splitlines()]
+    assert said == ["• node0, node2: compile cache /shared/compile/aaa emptied",
+                    "• node1: compile cache /shared/compile/bbb emptied",
+                    "• node3: no compile cache (TORCHINDUCTOR_CACHE_DIR not set)"]
