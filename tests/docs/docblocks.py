@@ -62,7 +62,7 @@ from sybil.parsers.markdown.lexers import (
 )
 
 REPO = Path(__file__).resolve().parents[2]
-DOCUMENTS = ("README.md", "docs/tutorial.md")
+DOCUMENTS = ("README.md", "docs/tutorial.md", "docs/how-to/real-repository.md")
 SHELL = ("bash", "sh", "shell")
 RUNNABLE = (*SHELL, "python")
 DEFAULT_TIMEOUT_S = 240

@@ -1,6 +1,7 @@
-"""The documentation's examples, executed: every ```bash and ```python block of README.md and
-docs/tutorial.md runs against a real 3-node lab, in the order of the page, and the output each page
-shows under a block is compared with what it printed (docblocks.py has the conventions).
+"""The documentation's examples, executed: every ```bash and ```python block of README.md,
+docs/tutorial.md and docs/how-to/real-repository.md runs against a real lab, in the order of the
+page, and the output each page shows under a block is compared with what it printed (docblocks.py
+has the conventions).
 
 The library is Sybil: it lexes Markdown the way CommonMark does (fences in list items, HTML-comment
 directives, `invisible-code-block` checks), evaluates each page's examples in order in one namespace
@@ -77,9 +78,10 @@ class Tallied:
             session.config.workeroutput.setdefault("summary_lines", []).append(Tallied.line())
 
 
-# Where each page begins: the README reads as after `make demo` (a 3-node lab up), the tutorial from
-# no lab at all (its step 2 brings one up). Each page runs in a pytest of its own in `make test`.
-PAGE_START = {"README.md": ("up", "--nodes", "3"), "tutorial.md": ("down",)}
+# Where each page begins: the README reads as after `make demo` (a 3-node lab up), the tutorial and
+# "Run a real repository" from no lab at all (their first blocks bring one up). The tutorial runs in
+# the `alone` pytest of `make test`, the other two, one after the other, beside the other modules.
+PAGE_START = {"README.md": ("up", "--nodes", "3"), "tutorial.md": ("down",), "real-repository.md": ("down",)}
 
 
 @pytest.fixture(scope="module")
