@@ -267,10 +267,9 @@ def clear_compile_caches(client, lab: str, nodes: list[str]) -> dict[str, str]:
     again is harmless."""
     out = {}
     for node in nodes:
-        done = client.containers.get(container_name(lab, node)).exec_run(["sh", "-c", CLEAR_COMPILE_CACHE])
-        if done.exit_code != 0:
-            said = done.output.decode(errors="replace").strip()
-            raise StateError(f"{node}: could not empty its compile cache: {said}",
+        code, said = exec_in(client, container_name(lab, node), ["sh", "-c", CLEAR_COMPILE_CACHE])
+        if code != 0:
+            raise StateError(f"{node}: could not empty its compile cache: {said.strip()}",
                              hint=f"labctl exec {node} -- ls -ld \"$TORCHINDUCTOR_CACHE_DIR\"")
-        out[node] = done.output.decode().strip()
+        out[node] = said.strip()
     return out
