@@ -51,14 +51,14 @@ for arg in sys.argv[1:]:  # nanoGPT's configurator, without its exec: --key=valu
 
 # ---------------------------------------------------------------------------- processes and device
 ddp = int(os.environ.get("RANK", -1)) != -1
+if ddp:
+    rank, local_rank, world_size = (int(os.environ[key]) for key in ("RANK", "LOCAL_RANK", "WORLD_SIZE"))
 if ddp and cpu_patch:
-    rank, local_rank, world_size = int(os.environ["RANK"]), int(os.environ["LOCAL_RANK"]), int(os.environ["WORLD_SIZE"])
     device = f"cuda:{local_rank}" if torch.cuda.is_available() else "cpu"
     dist.init_process_group(backend="nccl" if device.startswith("cuda") else "gloo")
     if device.startswith("cuda"):
         torch.cuda.set_device(device)
 elif ddp:  # as the original has it: a GPU per rank, NCCL between them
-    rank, local_rank, world_size = int(os.environ["RANK"]), int(os.environ["LOCAL_RANK"]), int(os.environ["WORLD_SIZE"])
     dist.init_process_group(backend="nccl")
     device = f"cuda:{local_rank}"
     torch.cuda.set_device(device)
