@@ -54,6 +54,18 @@ RUN python -c "import torch, torch.distributed as dist; \
 assert torch.__version__.split('+')[0] == '${TORCH_VERSION}', torch.__version__; \
 assert dist.is_available() and dist.is_gloo_available(), 'torch without gloo'; \
 print('torch', torch.__version__, 'gloo ok')"
+# torch.compile's precompiled C++ header, made here once per image: inductor's CPU backend
+# precompiles ATen's vectorised kernel header (about 150 MB) before its first kernel, which was about
+# half of a fresh node's first compile. Every node finds this one (node-entrypoint.sh links it where
+# inductor looks, /tmp/torchinductor_<user>/precompiled_headers); its name is a hash of the compiler,
+# its flags (the CPU's vector instructions among them) and the preprocessed header, so a node on
+# another CPU misses it and makes its own, as before. The folder stays writable for that.
+RUN cd /tmp && TORCHINDUCTOR_CACHE_DIR=/tmp/inductor-build python -c "import torch; \
+torch.compile(lambda x: x.sin() + 1)(torch.ones(64))" \
+ && mv /tmp/torchinductor_*/precompiled_headers /opt/inductor-headers \
+ && ls /opt/inductor-headers/*.gch >/dev/null \
+ && chmod -R a+rX /opt/inductor-headers && chmod 1777 /opt/inductor-headers /opt/inductor-headers/locks \
+ && rm -rf /tmp/inductor-build /tmp/torchinductor_*
 # The node's own files, which change more often than torch: a stage of their own. `labctl build`
 # builds the stages above once (tagged ddplab-runtime:HASH) and puts a change to what follows on
 # that image in seconds, without the wheels, even after `build --lean` removed the packages stage.

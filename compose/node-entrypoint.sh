@@ -12,6 +12,18 @@
 # host key, made here at first start as a machine makes its own, is announced on a
 # DDPLAB_SSH_HOSTKEY line that labctl reads through the engine to write known_hosts.
 
+# The image's precompiled C++ header for torch.compile (see the Dockerfile), linked where inductor
+# looks for it: /tmp/torchinductor_<user>/precompiled_headers, <user> as Python's getpass.getuser()
+# reads it (LOGNAME, USER, LNAME, USERNAME, the passwd entry, else uid_<uid>). A node without the
+# link (an image built before it, a job's user other than the node's) makes its own, as torch does.
+link_inductor_headers() {
+  [ -d /opt/inductor-headers ] || return 0
+  name=${LOGNAME:-${USER:-${LNAME:-${USERNAME:-}}}}
+  [ -n "$name" ] || name=$(id -un 2>/dev/null) || name=uid_$(id -u)
+  mkdir -p "/tmp/torchinductor_$name" || return 0
+  [ -e "/tmp/torchinductor_$name/precompiled_headers" ] || ln -s /opt/inductor-headers "/tmp/torchinductor_$name/precompiled_headers"
+}
+
 start_sshd() {
   uid=$(id -u)
   nss=""
@@ -52,8 +64,11 @@ PrintMotd no
 MaxStartups 64:30:128
 EOF
   $nss /usr/sbin/sshd -f "$dir/sshd_config" -E "$dir/sshd.log" || return 1
+  LOGNAME=$user link_inductor_headers  # an SSH session's user is $user
   echo "DDPLAB_SSH_HOSTKEY user=$user $(cut -d' ' -f1,2 "$dir/ssh_host_ed25519_key.pub")"
 }
+
+link_inductor_headers
 
 if [ -n "${DDPLAB_SSH_AUTHORIZED_KEY:-}" ]; then
   start_sshd || { echo "DDPLAB_NOT_READY: sshd did not start: $(tail -n 3 "${dir:-/tmp}/sshd.log" 2>/dev/null)"; exit 1; }

@@ -13,29 +13,41 @@ import pytest
 from conftest import SCRIPTS, labctl, summary_of
 
 pytestmark = pytest.mark.integration
-LINE = re.compile(r"COMPILED rank=(\d+) compile_s=([\d.-]+) step_ms=([\d.]+) checksum=(\S+)")
+LINE = re.compile(r"COMPILED rank=(\d+) compile_s=([\d.-]+) step_ms=([\d.]+) checksum=(\S+) cache_hits=(\d+) "
+                  r"cache_misses=(\d+)")
 
 
 def compiled_run(lab: str, width: int, *options: str, said: list | None = None) -> dict[int, tuple[float, str]]:
     """Each rank's (compile seconds, parameter checksum) from one run of compiled_ddp.py (its
-    terminal output appended to `said`)."""
+    terminal output appended to `said`); each rank's (graphs from the cache, graphs compiled) in
+    compiled_run.cache."""
     result = labctl("run", "--lab", lab, *options, "--", str(SCRIPTS / "compiled_ddp.py"), "5", str(width),
                     check=True, timeout=600)
     if said is not None:
         said.append(result.stdout + result.stderr)
-    found = {int(r): (float(c), s) for r, c, _, s in LINE.findall(result.stdout)}
+    lines = LINE.findall(result.stdout)
+    found = {int(r): (float(c), s) for r, c, _, s, _, _ in lines}
     assert sorted(found) == [0, 1, 2], result.stdout[-3000:]
+    compiled_run.cache = {int(r): (int(hits), int(misses)) for r, _, _, _, hits, misses in lines}
     return found
 
 
 def test_a_compiled_ddp_script_runs_on_every_node_and_the_second_run_reuses_the_shared_cache(lab3):
     lab3, _ = lab3
     width = random.randint(65, 4096)  # a graph no earlier run on this lab compiled: the first run is cold
+    headers = 'ls /opt/inductor-headers/*.gch'  # the image's precompiled C++ header (the Dockerfile)
+    baked = labctl("exec", "--lab", lab3, "node2", "--", "sh", "-c", headers, check=True).stdout.split()
+    assert baked, "the image has no precompiled header for inductor"
     first = compiled_run(lab3, width)
     assert len({checksum for _, checksum in first.values()}) == 1, first  # DDP kept every rank in step
+    assert all(hits == 0 and misses > 0 for hits, misses in compiled_run.cache.values()), compiled_run.cache
     second = compiled_run(lab3, width)
+    # Every graph came from the shared cache; what is left of the compile time is dynamo's tracing and
+    # torch's checks (its source hash, the header's preprocessing), 3.5 to 4 s here against a cold
+    # 9 to 15 s with the image's precompiled header (docs/how-to/compile.md).
+    assert all(hits > 0 and misses == 0 for hits, misses in compiled_run.cache.values()), compiled_run.cache
     for rank, (cold, _) in first.items():
-        assert second[rank][0] <= 0.3 * cold, (rank, first, second)
+        assert second[rank][0] <= 0.6 * cold, (rank, first, second)
     assert {s for _, s in second.values()} == {s for _, s in first.values()}, (first, second)
     torchrun = compiled_run(lab3, width, "--launcher", "torchrun")
     assert {s for _, s in torchrun.values()} == {s for _, s in first.values()}, (first, torchrun)
@@ -47,13 +59,18 @@ def test_a_compiled_ddp_script_runs_on_every_node_and_the_second_run_reuses_the_
     assert {s for _, s in corrupt.values()} == {s for _, s in first.values()}, (first, corrupt)
     assert said[0].count("an entry of the compile cache could not be used") == 3, said[0][-3000:]
     assert "codecache.py" not in said[0], said[0][-3000:]  # torch's warnings went to the logs
-    # The graphs and kernels are on the shared volume; the node's own /tmp keeps only the C++ headers
-    # inductor precompiles once per node (torch._inductor.codecache._HEADER_DIR, not moved by the variable).
+    # The graphs and kernels are on the shared volume; the node's own /tmp keeps only the link to the
+    # image's precompiled C++ header (torch._inductor.codecache._HEADER_DIR, not moved by the variable),
+    # which served the cold compile: no rank made a header of its own.
     shared = labctl("exec", "--lab", lab3, "node2", "--", "sh", "-c", 'ls "$TORCHINDUCTOR_CACHE_DIR"', check=True)
     local = labctl("exec", "--lab", lab3, "node2", "--", "sh", "-c", "ls /tmp/torchinductor_* 2>/dev/null || true",
                    check=True)
+    link = labctl("exec", "--lab", lab3, "node2", "--", "sh", "-c", "readlink /tmp/torchinductor_*/precompiled_headers",
+                  check=True)
     assert {"fxgraph", "aotautograd"} <= set(shared.stdout.split()), shared.stdout
-    assert set(local.stdout.split()) <= {"precompiled_headers"}, local.stdout
+    assert local.stdout.split() == ["precompiled_headers"] and link.stdout.strip() == "/opt/inductor-headers", \
+        (local.stdout, link.stdout)
+    assert labctl("exec", "--lab", lab3, "node2", "--", "sh", "-c", headers, check=True).stdout.split() == baked
 
 
 def test_doctor_names_a_node_that_cannot_compile(lab3, docker_client):
