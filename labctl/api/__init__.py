@@ -221,8 +221,8 @@ class Lab(LabSession):
     def clear_compile_cache(self) -> dict[str, str]:
         """Empty torch.compile's cache on every running node without taking the lab down (`labctl run
         --fresh-compile-cache`): the next run compiles from nothing and fills it again. node -> the
-        folder emptied on the shared volume (nodes of one image share it). Each node's precompiled
-        C++ headers, in its own /tmp, stay."""
+        folder emptied on the shared volume (nodes of one image share it). The image's precompiled
+        C++ header, which every node links, stays."""
         return clear_compile_caches(self.client, self.name, self.node_names())
 
     def trace(self, run: str | Path | RunResult | None = None, *,
