@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import random
 import re
+from typing import NamedTuple
 
 import pytest
 
@@ -17,18 +18,24 @@ LINE = re.compile(r"COMPILED rank=(\d+) compile_s=([\d.-]+) step_ms=([\d.]+) che
                   r"cache_misses=(\d+)")
 
 
-def compiled_run(lab: str, width: int, *options: str, said: list | None = None) -> dict[int, tuple[float, str]]:
-    """Each rank's (compile seconds, parameter checksum) from one run of compiled_ddp.py (its
-    terminal output appended to `said`); each rank's (graphs from the cache, graphs compiled) in
-    compiled_run.cache."""
+class Rank(NamedTuple):
+    """What one rank of compiled_ddp.py printed."""
+
+    compile_s: float
+    checksum: str
+    hits: int  # graphs inductor found in the cache
+    misses: int  # graphs it compiled
+
+
+def compiled_run(lab: str, width: int, *options: str, said: list | None = None) -> dict[int, Rank]:
+    """Each rank's line from one run of compiled_ddp.py (its terminal output appended to `said`)."""
     result = labctl("run", "--lab", lab, *options, "--", str(SCRIPTS / "compiled_ddp.py"), "5", str(width),
                     check=True, timeout=600)
     if said is not None:
         said.append(result.stdout + result.stderr)
     lines = LINE.findall(result.stdout)
-    found = {int(r): (float(c), s) for r, c, _, s, _, _ in lines}
+    found = {int(r): Rank(float(c), s, int(hits), int(misses)) for r, c, _, s, hits, misses in lines}
     assert sorted(found) == [0, 1, 2], result.stdout[-3000:]
-    compiled_run.cache = {int(r): (int(hits), int(misses)) for r, _, _, _, hits, misses in lines}
     return found
 
 
@@ -39,24 +46,25 @@ def test_a_compiled_ddp_script_runs_on_every_node_and_the_second_run_reuses_the_
     baked = labctl("exec", "--lab", lab3, "node2", "--", "sh", "-c", headers, check=True).stdout.split()
     assert baked, "the image has no precompiled header for inductor"
     first = compiled_run(lab3, width)
-    assert len({checksum for _, checksum in first.values()}) == 1, first  # DDP kept every rank in step
-    assert all(hits == 0 and misses > 0 for hits, misses in compiled_run.cache.values()), compiled_run.cache
+    assert len({r.checksum for r in first.values()}) == 1, first  # DDP kept every rank in step
+    assert all(r.hits == 0 and r.misses > 0 for r in first.values()), first
     second = compiled_run(lab3, width)
     # Every graph came from the shared cache; what is left of the compile time is dynamo's tracing and
     # torch's checks (its source hash, the header's preprocessing), 3.5 to 4 s here against a cold
     # 9 to 15 s with the image's precompiled header (docs/how-to/compile.md).
-    assert all(hits > 0 and misses == 0 for hits, misses in compiled_run.cache.values()), compiled_run.cache
-    for rank, (cold, _) in first.items():
-        assert second[rank][0] <= 0.6 * cold, (rank, first, second)
-    assert {s for _, s in second.values()} == {s for _, s in first.values()}, (first, second)
+    assert all(r.hits > 0 and r.misses == 0 for r in second.values()), second
+    for rank, cold in first.items():
+        assert second[rank].compile_s <= 0.6 * cold.compile_s, (rank, first, second)
+    checksums = {r.checksum for r in first.values()}
+    assert {r.checksum for r in second.values()} == checksums, (first, second)
     torchrun = compiled_run(lab3, width, "--launcher", "torchrun")
-    assert {s for _, s in torchrun.values()} == {s for _, s in first.values()}, (first, torchrun)
+    assert {r.checksum for r in torchrun.values()} == checksums, (first, torchrun)
     # A corrupt entry is never fatal: each rank compiles afresh and labctl says so once per rank.
     labctl("exec", "--lab", lab3, "node0", "--", "sh", "-c",
            'for f in $(find "$TORCHINDUCTOR_CACHE_DIR/fxgraph" -type f); do echo garbage > "$f"; done', check=True)
     said: list[str] = []
     corrupt = compiled_run(lab3, width, said=said)
-    assert {s for _, s in corrupt.values()} == {s for _, s in first.values()}, (first, corrupt)
+    assert {r.checksum for r in corrupt.values()} == checksums, (first, corrupt)
     assert said[0].count("an entry of the compile cache could not be used") == 3, said[0][-3000:]
     assert "codecache.py" not in said[0], said[0][-3000:]  # torch's warnings went to the logs
     # The graphs and kernels are on the shared volume; the node's own /tmp keeps only the link to the
