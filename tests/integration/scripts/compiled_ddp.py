@@ -2,7 +2,7 @@
 trains the same small MLP under torch.compile for a few steps and prints one line,
 
     compiled_ddp.py [STEPS [WIDTH]]    # WIDTH: the hidden layer's (default 64): another graph
-    COMPILED rank=R compile_s=S step_ms=M checksum=C cache_hits=H cache_misses=M
+    COMPILED rank=R compile_s=S step_ms=M checksum=C cache_hits=H cache_misses=N
 
 compile_s: the first step's time less a later step's (the compilation, which happens in the first
 call), step_ms: the median of the later steps, checksum: the sum of the parameters at the end
