@@ -13,6 +13,8 @@ with NET_ADMIN, as shaping does; the node itself has no added capability.
 
 from __future__ import annotations
 
+import time
+
 from labctl import remote
 from labctl.engine.docker import exec_in
 from labctl.engine.labels import container_name, network_name
@@ -23,6 +25,12 @@ from labctl.net.neighbors import build_neighbors
 from labctl.net.tc import Command
 
 FAULTS = ("kill", "crash", "pause", "unpause", "partition", "heal")
+
+# cgroup v1's freezer gives up when a task is still FREEZING after runc's own retries (a process
+# forking or in the kernel as the freeze lands, common on a loaded machine); runc thaws the node and
+# answers "unable to freeze". Trying again is the known remedy (runc#2791, apptainer#345).
+FREEZE_TRIES = 5
+FREEZE_PAUSE_S = 0.5
 
 # SIGKILLs the training processes of a labctl run (DDPLAB_RUN_ID and LOCAL_RANK in their
 # environment), not the agent; prints how many. `python -c TEXT` in the node.
@@ -36,6 +44,24 @@ def _container(client, lab: str, node: str):
         return client.containers.get(container_name(lab, node))
     except docker.errors.NotFound:
         raise LabError(f"no node {node!r} in lab {lab}", hint="`labctl status` lists the nodes") from None
+
+
+def freeze(container, node: str, tries: int = FREEZE_TRIES, pause_s: float = FREEZE_PAUSE_S) -> None:
+    """Pause the container, trying again while the cgroup freezer is merely busy."""
+    import docker.errors
+
+    for attempt in range(1, tries + 1):
+        try:
+            container.pause()
+            return
+        except docker.errors.APIError as exc:
+            if "unable to freeze" not in str(exc):
+                raise
+            if attempt == tries:
+                raise StateError(f"{node} would not freeze: the cgroup freezer stayed busy through {tries} tries",
+                                 hint="a node forking or in heavy I/O resists the freezer; try again, "
+                                      "or pause it when it is quieter") from None
+            time.sleep(pause_s * attempt)
 
 
 def partition_commands(iface: str) -> list[Command]:
@@ -70,7 +96,7 @@ def inject(client, lab: str, node: str, fault: str, iface: str) -> str:
     if fault == "pause":
         if state["Paused"]:
             return f"{node} is already paused"
-        container.pause()
+        freeze(container, node)
         return f"{node} paused: frozen, its peers wait on it (`labctl fault unpause {node}`)"
     if state["Paused"]:
         raise StateError(f"{node} is paused, so it cannot {fault}", hint=f"labctl fault unpause {node}")
