@@ -58,14 +58,18 @@ print('torch', torch.__version__, 'gloo ok')"
 # precompiles ATen's vectorised kernel header (about 150 MB) before its first kernel, which was about
 # half of a fresh node's first compile. Every node finds this one (node-entrypoint.sh links it where
 # inductor looks, /tmp/torchinductor_<user>/precompiled_headers); its name is a hash of the compiler,
-# its flags (the CPU's vector instructions among them) and the preprocessed header, so a node on
-# another CPU misses it and makes its own, as before. The folder stays writable for that.
-RUN cd /tmp && TORCHINDUCTOR_CACHE_DIR=/tmp/inductor-build python -c "import torch; \
-torch.compile(lambda x: x.sin() + 1)(torch.ones(64))" \
+# its flags (the CPU's vector instructions among them) and the preprocessed header. Two are made:
+# one for AVX2 (ATEN_CPU_CAPABILITY=avx2, the lab's default DDPLAB_CPU_KERNELS, which inductor
+# follows: the same on every x86-64 CPU) and one for the build machine's own best (`native`); a node
+# on another CPU with `native` misses it and makes its own, as before. The folder stays writable for that.
+RUN cd /tmp && for isa in avx2 native; do \
+      env $([ "$isa" = native ] || echo ATEN_CPU_CAPABILITY=$isa) TORCHINDUCTOR_CACHE_DIR=/tmp/inductor-$isa \
+        python -c "import torch; torch.compile(lambda x: x.sin() + 1)(torch.ones(64))" || exit 1; \
+    done \
  && mv /tmp/torchinductor_*/precompiled_headers /opt/inductor-headers \
  && ls /opt/inductor-headers/*.gch >/dev/null \
  && chmod -R a+rX /opt/inductor-headers && chmod 1777 /opt/inductor-headers /opt/inductor-headers/locks \
- && rm -rf /tmp/inductor-build /tmp/torchinductor_*
+ && rm -rf /tmp/inductor-avx2 /tmp/inductor-native /tmp/torchinductor_*
 # The node's own files, which change more often than torch: a stage of their own. `labctl build`
 # builds the stages above once (tagged ddplab-runtime:HASH) and puts a change to what follows on
 # that image in seconds, without the wheels, even after `build --lean` removed the packages stage.
