@@ -105,6 +105,10 @@ def copy_workspace(root: Path) -> Path:
 # servers with idle imports off (`up --idle-imports off`, labctl.run.warm): torch._dynamo would be
 # imported once idle, 1.4 to 2.4 CPU-seconds a node, for runs that never come.
 ONE_TEST_LABS: set[str] = set()
+# `up` options for a lab on which nothing runs through the fork servers (it is only brought up,
+# grown, inspected, or its runs go over SSH): with the lab's own `--warm off`, no node imports torch
+# for runs that never come (about 1.3 CPU-seconds a node; `up` takes the setting afresh each time).
+NO_RUNS = ("--warm", "off")
 
 
 def labctl(*args: str, timeout: float = 300, check: bool | None = None, env: dict | None = None,

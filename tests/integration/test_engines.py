@@ -9,7 +9,7 @@ import os
 import subprocess
 import sys
 
-from conftest import lab_resources, labctl
+from conftest import NO_RUNS, lab_resources, labctl
 
 
 def test_labctl_follows_the_docker_context_as_the_cli_does(docker_client, tmp_path, monkeypatch):
@@ -61,7 +61,7 @@ def test_an_engine_that_cannot_see_the_workspace_is_refused_before_anything_exis
 
 
 def test_doctor_names_the_engine(lab_name):
-    labctl("up", "--lab", lab_name, "--nodes", "2", check=True)
+    labctl("up", "--lab", lab_name, "--nodes", "2", *NO_RUNS, check=True)
     report = json.loads(labctl("doctor", "--lab", lab_name, "--json", check=True).stdout)
     engine = next(f for f in report["findings"] if f["check"] == "engine")
     assert engine["ok"] and engine["message"].startswith("docker: Docker Engine ")

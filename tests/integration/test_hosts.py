@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import REPO, drop_lab, interruptible, labctl, new_lab_name, summary_of
+from conftest import NO_RUNS, REPO, drop_lab, interruptible, labctl, new_lab_name, summary_of
 from labctl.hosts.inventory import load_inventory
 
 NO_DOCKER = {"DOCKER_HOST": "unix:///nonexistent/labctl-hosts-must-not-use-docker.sock"}
@@ -59,7 +59,8 @@ def run_processes(inventory: Path, host_name: str) -> list[str]:
 
 def ssh_lab_up(nodes: int = 2) -> tuple[str, Path, dict]:
     name = new_lab_name()
-    result = labctl("up", "--lab", name, "--nodes", str(nodes), "--ssh", "--json", check=True)
+    # --warm off: `labctl hosts run` starts torchrun over SSH as on real machines, never the fork servers
+    result = labctl("up", "--lab", name, "--nodes", str(nodes), "--ssh", "--json", *NO_RUNS, check=True)
     return name, REPO / ".lab" / name / "hosts.toml", json.loads(result.stdout)
 
 

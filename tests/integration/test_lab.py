@@ -15,6 +15,7 @@ import pytest
 from labctl.lab import tcp
 
 from conftest import (
+    NO_RUNS,
     PS,
     REPO,
     SCRIPTS,
@@ -138,14 +139,15 @@ def test_ctrl_c_stops_every_node(lab3, docker_client):
 
 
 def test_grow_then_down_leaves_nothing(lab_name, docker_client):
-    labctl("up", "--lab", lab_name, "--nodes", "3", check=True)
-    grown = json.loads(labctl("up", "--lab", lab_name, "--nodes", "5", "--json", check=True).stdout)
+    # --warm off: nothing runs on it, and 5 fork servers would import torch for no run (NO_RUNS)
+    labctl("up", "--lab", lab_name, "--nodes", "3", *NO_RUNS, check=True)
+    grown = json.loads(labctl("up", "--lab", lab_name, "--nodes", "5", "--json", *NO_RUNS, check=True).stdout)
     assert [n["name"] for n in grown["nodes"]] == [f"node{i}" for i in range(5)]
     assert all(n["state"] == "running" for n in grown["nodes"])
     assert "NNODES=5" in (REPO / ".lab" / lab_name / "node0.env").read_text()
     assert all(permanent_peers(docker_client, lab_name, grown["nodes"]).values())  # old nodes know the new
     # Without --nodes, up on a running lab keeps its size.
-    kept = json.loads(labctl("up", "--lab", lab_name, "--json", check=True).stdout)
+    kept = json.loads(labctl("up", "--lab", lab_name, "--json", *NO_RUNS, check=True).stdout)
     assert len(kept["nodes"]) == 5
     labctl("down", "--lab", lab_name, check=True)
     left = lab_resources(docker_client, lab_name)
@@ -197,6 +199,6 @@ def test_slow_makes_a_straggler_in_place_and_clear_lifts_it(lab3, docker_client)
 
 
 def test_up_with_a_slow_node(lab_name, docker_client):
-    labctl("up", "--lab", lab_name, "--nodes", "2", "--node-cpus", "node1=0.5", check=True)
+    labctl("up", "--lab", lab_name, "--nodes", "2", "--node-cpus", "node1=0.5", *NO_RUNS, check=True)
     cpus = {n: docker_client.api.inspect_container(f"{lab_name}-{n}")["HostConfig"]["NanoCpus"] for n in ("node0", "node1")}
     assert cpus == {"node0": 0, "node1": 500_000_000}
