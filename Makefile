@@ -11,13 +11,16 @@ VENV := .venv
 BIN := $(VENV)/bin
 # One stamp per interpreter asked for: naming another one remakes the environment with it.
 VENV_STAMP := $(VENV)/.installed-$(subst /,_,$(PYTHON))
+# The documentation toolchain (the `docs` extra: MkDocs, its Material theme and plug-ins; about 15,000
+# files, most of them the theme's icons) only where the site is built: `make docs` and the suite.
+DOCS_STAMP := $(VENV)/.docs
 LABCTL := $(BIN)/labctl
 TORCH_VERSION ?= 2.13.0
 TORCH_INDEX_URL ?= https://download.pytorch.org/whl/cpu
 NODES ?= 3
 PYTEST_ARGS ?=
 
-.PHONY: demo test unit host integration docs docs-serve venv host-torch tools test-engines netem-vm engine image image-cuda image-mismatch down clean
+.PHONY: demo test unit host integration docs docs-serve docs-tools venv host-torch tools test-engines netem-vm engine image image-cuda image-mismatch down clean
 
 demo: image
 	$(LABCTL) up --nodes $(NODES)
@@ -86,19 +89,25 @@ unit: venv host-torch tools
 host: venv host-torch
 	$(PYTEST) tests/host $(PYTEST_ARGS)
 
-integration: netem-vm engine tools test-engines
+integration: docs-tools netem-vm engine tools test-engines
 	+@$(SETUP_IMAGES_AND_HOST_TORCH)
 	@$(TRACK_STATUS); $(RUN_INTEGRATION); exit $$status
 
 # The documentation site (mkdocs.yml, docs/): built strict into site/, so a broken link or a page
 # missing from the nav fails `make test`; it needs no network and browses from file://.
-docs: venv
+docs: docs-tools
 	NO_MKDOCS_2_WARNING=1 $(BIN)/python -m mkdocs build --strict --site-dir site
 
-docs-serve: venv
+docs-serve: docs-tools
 	NO_MKDOCS_2_WARNING=1 $(BIN)/python -m mkdocs serve
 
 venv: $(VENV_STAMP)
+
+docs-tools: $(DOCS_STAMP)
+
+$(DOCS_STAMP): $(VENV_STAMP)
+	$(BIN)/pip install -q -e ".[docs]"
+	touch $@
 
 $(VENV_STAMP): pyproject.toml
 	@py=$$(bash labctl/scripts/find-python.sh "$(PYTHON)") || exit 2; \
@@ -107,7 +116,7 @@ $(VENV_STAMP): pyproject.toml
 	  "$$py" -m venv $(VENV) && echo "$$py" > $(VENV)/.python; \
 	fi
 	$(BIN)/pip install -q --upgrade pip
-	$(BIN)/pip install -q -e ".[test,plot,docs]"
+	$(BIN)/pip install -q -e ".[test,plot]"
 	@# Bytecode up front: where PYTHONDONTWRITEBYTECODE is set (as on CI runners), every labctl
 	@# command would otherwise compile its modules again (about 25 ms of each `labctl up`).
 	$(BIN)/python -m compileall -q labctl trainer >/dev/null
