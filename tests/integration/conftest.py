@@ -1,7 +1,12 @@
 """Integration tests: a real Docker engine, real containers, real torch.distributed.
 
 A missing engine fails these tests (it never skips them): `make test` starts one first.
-Each test works on a lab of its own, with a unique name, removed in the fixture's finalizer.
+Every lab has a unique name and is removed (volumes too) when its fixture ends. A test gets one of:
+- `lab3` or `lab2`: the plain 3- or 2-node lab of its pytest process (an xdist worker, or the
+  `alone` run), shared by the modules that ask for it, reset and checked before each (SharedLabs);
+- `lab_name`: a name for a lab of its own, which the test brings up as it needs (`labctl up ...`);
+- a module's own fixture, for a lab that a module changes for good or sets up differently (Slurm,
+  SSH hosts, faults, packages, node commands, the traced straggler).
 """
 
 from __future__ import annotations
