@@ -22,8 +22,14 @@ from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.profiler import ProfilerActivity, profile, schedule
 
+from trainer.ddp import param_checksum
 from trainer.instrument import CommTimer, wall  # a DDP comm hook wrapper; the process's one clock, in unix seconds
 from trainer.metrics import open_metrics, write_clock  # metrics-rank<RANK>.jsonl; its "clock" records
+
+# Kineto, the profiler's engine, prints a line at each start and stop of a profile ("USDT: ...
+# profiler_start"), at a level above its own errors, so only its highest level leaves them out. This
+# script's own setting (setdefault: a KINETO_LOG_LEVEL of yours wins; 3 brings Kineto's errors back).
+os.environ.setdefault("KINETO_LOG_LEVEL", "6")
 
 
 def main():
@@ -41,14 +47,17 @@ def main():
     model.register_comm_hook(None, timer.wrap(default_hooks.allreduce_hook))
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
     trace = f"{run_dir}/trace-rank{rank}.json"  # the name labctl trace looks for
+    # One profile (repeat=1) of steps 3 to 5: a schedule that repeats starts the profiler again every 5
+    # steps, and each start after the first warns that the last one's events were cleared.
     with open_metrics(run_dir, rank) as metrics, profile(
-            activities=[ProfilerActivity.CPU], schedule=schedule(wait=1, warmup=1, active=3),
+            activities=[ProfilerActivity.CPU], schedule=schedule(wait=1, warmup=1, active=3, repeat=1),
             on_trace_ready=lambda p: p.export_chrome_trace(trace)) as prof:
         write_clock(metrics, rank, "start", barriers=16)  # moments every rank shares: the clocks line up by them
         for step in range(1, args.steps + 1):
             timer.reset()
             t0 = time.perf_counter()
-            model(torch.randn(64, 256)).square().mean().backward()  # DDP all-reduces inside backward
+            loss = model(torch.randn(64, 256)).square().mean()
+            loss.backward()  # DDP all-reduces inside backward
             backward_end = time.perf_counter()
             optimizer.step()
             optimizer.zero_grad()
@@ -58,6 +67,12 @@ def main():
                         comm_wait_ms=wait_ms, compute_ms=(backward_end - t0) * 1e3 - wait_ms)
             prof.step()
         write_clock(metrics, rank, "end", barriers=16)  # and are checked by them
+    checksums = [None] * dist.get_world_size()
+    dist.all_gather_object(checksums, param_checksum(model))  # sha256 of the parameters: one value if DDP held
+    if rank == 0:  # what it did, in one line: the replicas agree, or they do not
+        agree = "on every rank" if len(set(checksums)) == 1 else f"DIFFERING between ranks: {checksums}"
+        print(f"my_ddp_script: {args.steps} steps on {len(checksums)} ranks, last loss {loss.item():.6f}, "
+              f"parameters {checksums[0]} {agree}", flush=True)
     dist.destroy_process_group()
     # Leave without Python's teardown, where a gloo thread still letting go of DDP's last all-reduce
     # can abort the process (pytorch/pytorch#190489). Everything is written and flushed.
