@@ -24,9 +24,16 @@ watch is a dead man's switch. labctl holds the SSH session's stdin open for the 
 writes to it; when this reads end-of-file, labctl or the connection is gone (Ctrl-C, kill -9, a
 dropped link), and every process of the run on this host is stopped (the run id is the one in
 watch's own environment), so none is left holding the port. watch exits with the child's status
-(128+N for a signal N), as a shell would.
+(128+N for a signal N), as a shell would, and never before the stop it began has ended.
+
+watch is also the reaper of what its child leaves: torchrun's workers lead sessions of their own, so
+where torchrun dies first (its output gone with the session), they would go on under init. watch
+adopts them (PR_SET_CHILD_SUBREAPER) and, once its child has exited, stops every process of its own
+left alive: its descendants only, never a sibling rank of the same run on this host (the static
+launcher starts one watch per rank).
 """
 
+import ctypes
 import os
 import signal
 import subprocess
@@ -39,6 +46,7 @@ REPORT = "DDPLAB_STOP"  # = labctl.run.executor.STOP_REPORT
 # Where the memory cgroup counts its OOM kills: cgroup v2 (memory.events), v1 (memory.oom_control).
 OOM_COUNTERS = ("/sys/fs/cgroup/memory.events", "/sys/fs/cgroup/memory/memory.oom_control")
 REGISTRY_DIR = "/tmp/ddplab/workers"  # = forkserver.py's SOCKET_PATH's folder + REGISTRY
+PR_SET_CHILD_SUBREAPER = 36  # <linux/prctl.h>
 
 
 def environs(run_id):
@@ -143,9 +151,54 @@ def say(line):
         pass
 
 
+def adopt_orphans():
+    """Become the subreaper of this process's descendants: an orphan among them is reparented here."""
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
+    except (OSError, AttributeError):
+        pass  # no prctl: orphans go to init, as before
+
+
+def own_children():
+    """Pids of this process's live children (orphans it adopted included); the dead are reaped."""
+    while True:
+        try:
+            if os.waitpid(-1, os.WNOHANG)[0] == 0:
+                break
+        except ChildProcessError:
+            break
+    found = []
+    for entry in os.listdir("/proc"):
+        try:
+            with open("/proc/%s/stat" % entry, "rb") as f:
+                fields = f.read().rpartition(b")")[2].split()
+        except OSError:
+            continue
+        if int(fields[1]) == os.getpid() and fields[0] != b"Z":
+            found.append(int(entry))
+    return found
+
+
+def stop_children(grace_s):
+    """Stop what the child left behind: SIGTERM to each one's process group, SIGKILL after grace_s."""
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        deadline = time.monotonic() + (grace_s if sig == signal.SIGTERM else 5)
+        for pid in own_children():
+            for kill in (os.killpg, os.kill):  # a worker leads its own group; anything else, alone
+                try:
+                    kill(pid, sig)
+                    break
+                except OSError:
+                    pass
+        while own_children() and time.monotonic() < deadline:
+            time.sleep(0.1)
+
+
 def watch(grace_s, argv):
     """Run argv under the dead man's switch on stdin; the exit status to leave with."""
+    adopt_orphans()
     child = subprocess.Popen(argv, stdin=subprocess.DEVNULL)  # the session's stdin is the watchdog's alone
+    stopping, stopped = threading.Event(), threading.Event()
 
     def on_close():
         # Raw reads of fd 0: a thread blocked in sys.stdin's buffered reader holds its lock, and the
@@ -155,14 +208,19 @@ def watch(grace_s, argv):
                 pass
         except OSError:
             pass
+        stopping.set()
         if child.poll() is None:
             # Where labctl was killed, its ssh client may have died too, and the session's output with
             # it: the note then cannot be written (EPIPE), and the run must be stopped all the same.
             say("labctl: the SSH session closed; stopping this host's part of the run")
             stop_run(os.environ[RUN_ID_VAR], grace_s)
+        stopped.set()
 
     threading.Thread(target=on_close, daemon=True).start()
     code = child.wait()
+    if stopping.is_set():
+        stopped.wait()  # torchrun leaves at the SIGTERM; a worker that outlasts it gets the SIGKILL
+    stop_children(grace_s)
     return code if code >= 0 else 128 - code
 
 

@@ -250,6 +250,66 @@ def test_the_watchdog_stops_the_run_when_the_whole_session_is_gone():
         watchdog.wait()
 
 
+# A job that starts a worker in a session of its own, as torchrun does, prints the worker's pid and then
+# dies at once (torchrun killed by its lost output) or stays (torchrun leaving at the SIGTERM). The
+# worker ignores SIGTERM where asked: only the SIGKILL after the grace then stops it.
+WORKER_JOB = """import os, signal, subprocess, sys, time
+worker = subprocess.Popen([sys.executable, "-c", "import signal, time; signal.signal(signal.SIGTERM, "
+                           + ("signal.SIG_IGN" if sys.argv[2] == "stubborn" else "signal.SIG_DFL")
+                           + "); print('ready', flush=True); time.sleep(120)"],
+                          start_new_session=True, stdout=subprocess.PIPE, text=True)
+worker.stdout.readline()
+print(worker.pid, flush=True)
+if sys.argv[1] == "dies":
+    os._exit(1)
+time.sleep(120)
+"""
+
+
+def _watch_a_job_with_a_worker(*how: str) -> tuple[subprocess.Popen, int]:
+    env = {**os.environ, RUN_ID_VAR: new_run_id()}
+    watchdog = subprocess.Popen([sys.executable, "-c", launch.STOP_SCRIPT, "watch", "1", sys.executable, "-c",
+                                 WORKER_JOB, *how], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env)
+    return watchdog, int(watchdog.stdout.readline())
+
+
+def _gone(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rpartition(")")[2].split()[0] == "Z"
+    except FileNotFoundError:
+        return True
+
+
+def test_the_watchdog_stops_the_workers_its_job_leaves_when_it_dies_first():
+    """c3 of 2026-12-06: torchrun died before the watchdog read the session's end, and its worker (a
+    session of its own) lived on under init. The watchdog adopts such orphans and stops them."""
+    watchdog, worker = _watch_a_job_with_a_worker("dies", "polite")
+    try:
+        assert watchdog.wait(timeout=TIMEOUT_S) == 1  # the job's own status, still
+        assert _gone(worker)
+    finally:
+        watchdog.kill()
+        watchdog.wait()
+        if not _gone(worker):
+            os.kill(worker, signal.SIGKILL)
+
+
+def test_the_watchdog_finishes_its_stop_when_the_job_leaves_at_the_sigterm():
+    """The session closes; the job leaves at the SIGTERM, its worker does not: the watchdog must not
+    exit before the SIGKILL that the grace ends with (it once did, leaving the worker on the host)."""
+    watchdog, worker = _watch_a_job_with_a_worker("stays", "stubborn")
+    try:
+        watchdog.stdin.close()
+        assert watchdog.wait(timeout=TIMEOUT_S) == 128 + signal.SIGTERM
+        assert _gone(worker)
+    finally:
+        watchdog.kill()
+        watchdog.wait()
+        if not _gone(worker):
+            os.kill(worker, signal.SIGKILL)
+
+
 def test_the_watchdog_passes_the_jobs_exit_status_through():
     env = {**os.environ, RUN_ID_VAR: new_run_id()}
     held = subprocess.Popen([sys.executable, "-c", launch.STOP_SCRIPT, "watch", "1", sys.executable, "-c",
