@@ -46,7 +46,11 @@ PAYLOAD_EFFICIENCY = 1448 / 1514
 @dataclass(frozen=True)
 class Link:
     """The ring's link as the collectives see it: the slowest hop's payload rate, the stack's latency
-    per hop, the configured delay per hop, and the burst a shaped link lets through when idle."""
+    per hop, the configured delay per hop, and the burst a shaped link lets through when idle.
+
+    The one Link of the project: the trainer's calibration fits it (trainer/calibrate.py), and
+    `labctl cost` prices its presets (1GbE, NVLink, ...) and the links a user names with it, by the
+    formula above (`cost --step`, through predict) or the textbook one (`cost`, textbook_s)."""
 
     rate_bps: float  # payload bits per second through the slowest hop
     stack_s: float = 0.0  # waking processes, syscalls: per hop, hidden behind a long enough transfer
@@ -57,6 +61,7 @@ class Link:
     # (sent_while_waiting_ms). Empty: not known, nothing is credited.
     slow_senders: tuple[int, ...] = ()
     ring_step: int = -1
+    name: str = field(default="", compare=False)  # what a user calls it (`labctl cost`'s rows)
 
     def op_s(self, op: str, nbytes: float, n: int, backend: str, credit_bytes: float = 0.0) -> float:
         """One collective of `nbytes` over n ranks, with `credit_bytes` of burst banked on the link."""
@@ -65,6 +70,12 @@ class Link:
             return 0.0
         paced = max(0.0, cost.wire * nbytes - credit_bytes)
         return cost.hops * self.delay_s + max(cost.hops * self.stack_s, paced * 8 / self.rate_bps)
+
+    def textbook_s(self, op: str, nbytes: float, n: int, backend: str, efficiency: float = 1.0) -> float:
+        """The alpha-beta model people compute by hand: the busiest NIC's bytes at `efficiency` of the
+        rate, plus every hop's latency (stack and delay) added, none of it hidden."""
+        cost = ring_cost(op, n, backend)
+        return cost.wire * nbytes * 8 / (self.rate_bps * efficiency) + cost.hops * (self.stack_s + self.delay_s)
 
     def credit(self, idle_s: float) -> float:
         """The burst banked after the link idled `idle_s` seconds."""
@@ -118,6 +129,23 @@ class Prediction:
 
     def record(self) -> dict:
         return {k: round(v, 3) if isinstance(v, float) else v for k, v in asdict(self).items()}
+
+
+def inputs_record(job: Job, compute: Compute, link: Link | None) -> dict:
+    """What predict() was given, as JSON: a run's SUMMARY keeps it (step_model.inputs), and `labctl
+    cost --from-run` prices the same step again with it, on the run's link or on others."""
+    def plain(record: dict) -> dict:  # JSON's own types: a tuple reads back as a list
+        return {k: list(v) if isinstance(v, tuple) else v for k, v in record.items()}
+
+    return {"job": plain(asdict(job)), "compute": plain(asdict(compute)), "link": plain(asdict(link)) if link else None}
+
+
+def from_record(record: dict) -> tuple[Job, Compute, Link | None]:
+    """inputs_record's (job, compute, link) again; KeyError or TypeError where it is not one."""
+    job = {**record["job"], "buckets": tuple(record["job"]["buckets"]), "units": tuple(record["job"]["units"])}
+    link = record.get("link")
+    return (Job(**job), Compute(**record["compute"]),
+            Link(**{**link, "slow_senders": tuple(link["slow_senders"])}) if link else None)
 
 
 def ddp_buckets(grad_bytes: list[int], cap_bytes: int) -> tuple[int, ...]:

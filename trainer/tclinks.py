@@ -118,8 +118,10 @@ def ring_steps(strategy: str, backend: str) -> tuple[int, ...]:
 def ring_hops(hosts: list[str], shaping: dict[str, dict], ips: dict[str, str] | None = None,
               steps: tuple[int, ...] = (-1,)) -> list[dict]:
     """The ring's hops between nodes (rank r sends to r + step, for each of `steps`): each hop's sender
-    (r), rate, burst and delay from the sender's route to the receiver's address (`ips`: host -> address) or
-    else its egress, and the receiver's ingress (rate None: none of them is shaped)."""
+    (r) and receiver (its rank), rate, burst and delay from the sender's route to the receiver's
+    address (`ips`: host -> address) or else its egress, and the receiver's ingress (rate None: none
+    of them is shaped). The one pricing of a ring's hops: labctl reads its lab's links into the same
+    `shaping` (labctl.net.routes.shaping_of) and asks this."""
     hops = []
     for step in steps:
         for r, host in enumerate(hosts):
@@ -131,6 +133,6 @@ def ring_hops(hosts: list[str], shaping: dict[str, dict], ips: dict[str, str] | 
             into = shaping.get(peer, {}).get("ingress", {})
             sides = [s for s in (out, into) if s.get("rate_bps")]
             slowest = min(sides, key=lambda s: s["rate_bps"]) if sides else {}
-            hops.append({"sender": r, "rate_bps": slowest.get("rate_bps"), "burst_bytes": slowest.get("burst_bytes", 0.0),
+            hops.append({"sender": r, "receiver": (r + step) % len(hosts), "rate_bps": slowest.get("rate_bps"), "burst_bytes": slowest.get("burst_bytes", 0.0),
                          "delay_s": out.get("delay_s", 0.0) + into.get("delay_s", 0.0)})
     return hops

@@ -36,7 +36,7 @@ from labctl.engine.docker import exec_in
 from labctl.engine.labels import container_name
 from labctl.errors import ConfigError, LabError, StateError
 from labctl.net import apply as netshape
-from labctl.net.routes import RING_STEP, ring_hops
+from labctl.net.routes import RING_STEP, lab_ring
 from labctl.run.plan import RunOptions, RunPlan
 from labctl.session import LabSession
 from labctl.spec.units import format_rate
@@ -84,9 +84,9 @@ def model_link(shaped_rate_bps: int | None, wire_bps: float | None, delay_s: flo
     """The link the paper model assumes: the slowest shaped rate (a ring runs at its slowest hop),
     else the measured wire of an unshaped lab; per hop the typical 50 us plus the configured delay."""
     if shaped_rate_bps:
-        return Link("shaped", float(shaped_rate_bps), DEFAULT_ALPHA_S + delay_s)
+        return Link(float(shaped_rate_bps), DEFAULT_ALPHA_S, delay_s, name="shaped")
     if wire_bps:
-        return Link("wire", float(wire_bps), DEFAULT_ALPHA_S + delay_s)
+        return Link(float(wire_bps), DEFAULT_ALPHA_S, delay_s, name="wire")
     return None
 
 
@@ -109,11 +109,11 @@ class Calibration:
 
     def time_s(self, payload_bytes: float, n: int, op: str = "all_reduce", backend: str = "gloo") -> float:
         """The op's time: its algorithm's steps (op_cost's hops) each paying the delay, and the
-        longer of their stack latency and its bytes through the busiest NIC at the wire's rate; plus
-        the backend's copies in memory (op_cost's copies) at the probed copy rate, where probed."""
-        cost = op_cost(op, n, backend)
-        transfer_s = cost.wire * payload_bytes * 8 / self.wire_bps
-        return cost.hops * self.delay_s + max(cost.hops * self.base_s, transfer_s) + cost.copies * self.copy_s(payload_bytes)
+        longer of their stack latency and its bytes through the busiest NIC at the wire's rate (the
+        step model's Link.op_s, the one formula); plus the backend's copies in memory (op_cost's
+        copies) at the probed copy rate, where probed."""
+        link = Link(self.wire_bps, self.base_s, self.delay_s)
+        return link.op_s(op, payload_bytes, n, backend) + op_cost(op, n, backend).copies * self.copy_s(payload_bytes)
 
 
 def calibrate(timings: list[dict], n: int, wire_bps: float | None, delay_s: float = 0.0) -> Calibration | None:
@@ -240,7 +240,7 @@ def measure(session: LabSession, sizes: list[int], iters: int, efficiency: float
     steps = tuple({RING_STEP.get(op, -1) for op in ops or ["all_reduce"]})  # which way each op's ring turns
     bottleneck = netshape.slowest_link(links, ip_of, steps)  # the rings' slowest hop, links between groups too
     slowest, neighbour, link_bps = bottleneck or (names[0], names[steps[0] % len(names)], None)
-    delay_s = max((hop.delay_us for step in steps for hop in ring_hops(links, ip_of, step)), default=0) / 1e6
+    delay_s = max((hop.delay_us for step in steps for hop in lab_ring(links, ip_of, step)), default=0) / 1e6
     report(f"measuring the wire {slowest} -> {neighbour} with iperf3 ({IPERF_SECONDS} s)")
     wire_bps = measure_wire(session.client, session.name, slowest, neighbour, ip_of[neighbour])
     plan = sweep_plan(session, node_env, sizes, iters, env, ops=ops)

@@ -32,6 +32,7 @@ from labctl.net import apply as netshape
 from labctl.session import LabSession
 from labctl.spec.units import format_rate, parse_rate, parse_time_us
 from trainer.ring import OPS, OpCost, ring_cost  # noqa: F401 - OPS and OpCost are this module's API too
+from trainer.stepmodel import Link
 
 DTYPE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
 COLLECTIVES = ("allreduce", "reduce_scatter", "allgather")  # --collective
@@ -52,21 +53,20 @@ STRATEGY_COLLECTIVES = {
 OPTIMIZER_BYTES = {"fp32": 8, "bf16": 12, "fp16": 12}
 
 
-@dataclass(frozen=True)
-class Link:
-    name: str
-    rate_bps: float
-    alpha_s: float  # per-hop latency: typical orders of magnitude, not measurements
+def named_link(name: str, rate_bps: float, alpha_s: float) -> Link:
+    """A named link of the step model's kind (trainer/stepmodel.Link, the one Link): its rate, and its
+    stack's latency per hop (alpha: typical orders of magnitude, not measurements)."""
+    return Link(rate_bps, stack_s=alpha_s, name=name)
 
 
 # One direction's rate. NVLink 4 (H100): 900 GB/s in total, 450 GB/s each way = 3.6 Tbit/s.
 PRESETS = {
-    "1gbe": Link("1GbE", 1e9, 50e-6),
-    "2.5gbe": Link("2.5GbE", 2.5e9, 50e-6),
-    "10gbe": Link("10GbE", 10e9, 20e-6),
-    "100g-roce": Link("100G-RoCE", 100e9, 5e-6),
-    "400g-roce": Link("400G-RoCE", 400e9, 5e-6),
-    "nvlink": Link("NVLink", 3.6e12, 2e-6),
+    "1gbe": named_link("1GbE", 1e9, 50e-6),
+    "2.5gbe": named_link("2.5GbE", 2.5e9, 50e-6),
+    "10gbe": named_link("10GbE", 10e9, 20e-6),
+    "100g-roce": named_link("100G-RoCE", 100e9, 5e-6),
+    "400g-roce": named_link("400G-RoCE", 400e9, 5e-6),
+    "nvlink": named_link("NVLink", 3.6e12, 2e-6),
 }
 
 
@@ -79,7 +79,7 @@ def resolve_link(text: str, key: str = "--link") -> Link:
     except ConfigError as exc:
         raise ConfigError(key, text, f"must be a preset ({', '.join(p.name for p in PRESETS.values())}) or a rate such as 100mbit",
                           hint=exc.hint) from None
-    return Link(str(text).strip(), float(rate_bps), DEFAULT_ALPHA_S)
+    return named_link(str(text).strip(), float(rate_bps), DEFAULT_ALPHA_S)
 
 
 def _check_collective(collective: str) -> None:
@@ -114,14 +114,10 @@ def collective_time_s(payload_bytes: float, n: int, link: Link, efficiency: floa
 
 def op_time_s(payload_bytes: float, n: int, link: Link, efficiency: float = DEFAULT_EFFICIENCY,
               op: str = "all_reduce", backend: str = "nccl") -> float:
-    """The paper model of one op (OPS) over n ranks: its busiest NIC's bytes on `link`, plus its hops."""
-    cost = op_cost(op, n, backend)
-    return link_time_s(cost.wire * payload_bytes, cost.hops, link, efficiency)
-
-
-def link_time_s(wire_bytes: float, hops: int, link: Link, efficiency: float) -> float:
-    """`wire_bytes` through a NIC at `efficiency` of the link's rate, and `hops` of its latency."""
-    return wire_bytes * 8 / (link.rate_bps * efficiency) + hops * link.alpha_s
+    """The paper model of one op (OPS) over n ranks: its busiest NIC's bytes on `link`, plus its hops
+    (Link.textbook_s)."""
+    op_cost(op, n, backend)  # an op the model does not know is refused, by name
+    return link.textbook_s(op, payload_bytes, n, backend, efficiency)
 
 
 def state_bytes_per_rank(params: float, dtype: str, n: int, strategy: str) -> float:
@@ -216,8 +212,7 @@ def node_step(query: CostQuery, payload: float, n: int, link: Link) -> tuple[flo
         return sent, sent, comm_s
     nodes, shard = n // per_node, payload / per_node
     sent = bytes_per_rank(shard, nodes, "allreduce", query.backend)
-    cost = op_cost("all_reduce", nodes, query.backend)
-    return sent, sent * per_node, link_time_s(sent * per_node, cost.hops, link, query.efficiency)
+    return sent, sent * per_node, op_time_s(shard * per_node, nodes, link, query.efficiency, "all_reduce", query.backend)
 
 
 def strategy_text(strategy: str) -> str:
@@ -230,6 +225,9 @@ _PARAM_SUFFIX = {"k": 1e3, "m": 1e6, "b": 1e9, "g": 1e9}
 
 def parse_params(text: str) -> float:
     """'760e6', '760M', '1.3B' -> a parameter count."""
+    if text is None:
+        raise ConfigError("--params", None, "is needed: the model's parameter count",
+                          hint="labctl cost --params 760e6 --nodes 8; or a trainer run's own: labctl cost --from-run RUN")
     raw = str(text).strip().lower()
     scale = _PARAM_SUFFIX.get(raw[-1:], 1.0)
     number = raw[:-1] if raw[-1:] in _PARAM_SUFFIX else raw
@@ -261,6 +259,7 @@ class CostReport:
     backend: str = "nccl"  # whose algorithms were priced
     nproc_per_node: int = 1  # ranks on a node, sharing its link
     step: bool = False  # rows of whole predicted steps (labctl/bench/stepcost.py), not of one collective
+    run: str | None = None  # --from-run: the run whose step was priced again (its id)
 
 
 def lab_link(session: LabSession) -> tuple[tuple[str, int] | None, int | None]:
@@ -293,14 +292,14 @@ def rank_count(given: str | None, lab_world: int | None) -> int:
 def links_to_price(texts: list[str] | tuple[str, ...], shaped: tuple[str, int] | None,
                    delay: str | None = None) -> list[Link]:
     """The links named (presets or rates); none named: the lab's shaped link, if any, and every preset.
-    `delay` (e.g. "10ms", one way) is added to every link's per-hop latency and to its name."""
+    `delay` (e.g. "10ms", one way) is added to every link's delay per hop and to its name."""
     delay_s = parse_time_us(delay, "--delay") / 1e6 if delay is not None else 0.0
     chosen = [resolve_link(text) for text in texts]
     if not chosen:
-        chosen = ([Link(f"lab ({shaped[0]})", float(shaped[1]), DEFAULT_ALPHA_S)] if shaped else []) + list(PRESETS.values())
+        chosen = ([named_link(f"lab ({shaped[0]})", float(shaped[1]), DEFAULT_ALPHA_S)] if shaped else []) + list(PRESETS.values())
     if not delay_s:
         return chosen
-    return [replace(link, name=f"{link.name} + {str(delay).strip()}", alpha_s=link.alpha_s + delay_s) for link in chosen]
+    return [replace(link, name=f"{link.name} + {str(delay).strip()}", delay_s=link.delay_s + delay_s) for link in chosen]
 
 
 @dataclass(frozen=True)
@@ -336,6 +335,6 @@ def resolve(query: CostQuery, lab: LabSession | None = None) -> tuple[int, list[
     return rank_count(query.ranks, world), links_to_price(query.links, shaped, query.delay)
 
 
-def report_of(query: CostQuery, n: int, rows: list[dict], step: bool = False) -> CostReport:
+def report_of(query: CostQuery, n: int, rows: list[dict], step: bool = False, run: str | None = None) -> CostReport:
     return CostReport(query.params, query.dtype, n, query.collective, query.efficiency, query.compute_s,
-                      query.grad_accum, rows, query.strategy, query.backend, query.nproc_per_node, step)
+                      query.grad_accum, rows, query.strategy, query.backend, query.nproc_per_node, step, run)

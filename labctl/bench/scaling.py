@@ -120,7 +120,7 @@ def model_ms(params: int, world_size: int, rate_bps: int | None, efficiency: flo
         return 0.0
     if not rate_bps:
         return None
-    link = Link("shaped", rate_bps, DEFAULT_ALPHA_S + delay_s)
+    link = Link(rate_bps, DEFAULT_ALPHA_S, delay_s, name="shaped")
     return collective_time_s(params * 4, world_size, link, efficiency) * 1e3
 
 

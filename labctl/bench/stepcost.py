@@ -6,16 +6,20 @@ for a transformer: forward and backward take 6 x parameters x tokens FLOPs, back
 it (`--flops RATE --tokens N`, N the tokens of one rank's micro-step). DDP's gradients go in
 buckets of `--bucket-cap-mb`, cut from the gradient bytes in the order backward produces them,
 backward's time spread evenly over them, as in the trainer's own prediction. Each link's rate is
-taken at --efficiency and its latency per hop is the link's alpha (plus --delay).
+taken at --efficiency, its stack's latency per hop is the link's alpha, and --delay is a delay per
+hop that no transfer hides, as the calibrated model has it.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import json
+from dataclasses import dataclass, replace
+from pathlib import Path
 
-from labctl.bench.cost import DTYPE_BYTES, CostQuery, CostReport, Link, check_query, report_of, resolve
+from labctl.bench.cost import DTYPE_BYTES, CostQuery, CostReport, Link, check_query, links_to_price, report_of, resolve
+from labctl.run.result import RESULT_FILE
 from labctl.session import LabSession
-from labctl.errors import ConfigError
+from labctl.errors import ConfigError, StateError
 from trainer import stepmodel
 
 BACKWARD_SHARE = 2 / 3  # of forward + backward: the backward pass does twice the forward's FLOPs
@@ -93,13 +97,60 @@ def step_rows(query: CostQuery, n: int, links: list[Link], step: StepQuery) -> l
     job = stepmodel.Job(world=n, strategy=query.strategy or "ddp", backend=query.backend, accum=query.grad_accum,
                         buckets=buckets(payload, step.bucket_cap_mb), param_bytes=int(payload),
                         units=(int(payload), 0), local_world=query.nproc_per_node)
-    rows = []
-    for link in links:
-        modelled = stepmodel.Link(link.rate_bps * query.efficiency, stack_s=link.alpha_s)
-        p = stepmodel.predict(job, compute, modelled)
-        rows.append({"link": link.name, "rate_bps": link.rate_bps, "payload_bytes": payload, "compute_from": source,
-                     "predicted_step_s": p.step_ms / 1e3, "compute_s": p.compute_ms / 1e3,
-                     "comm_s": p.comm_ms / 1e3, "exposed_comm_s": p.exposed_comm_ms / 1e3,
-                     "optimizer_s": p.optimizer_ms / 1e3, "buckets": len(job.buckets),
-                     "terms_s": {k: v / 1e3 for k, v in p.terms.items()}})
-    return rows
+    return [step_row(job, compute, replace(link, rate_bps=link.rate_bps * query.efficiency), link.rate_bps, source)
+            for link in links]
+
+
+def step_row(job: stepmodel.Job, compute: stepmodel.Compute, link: Link, rate_bps: float, source: str) -> dict:
+    """One predicted step on `link` (its rate as the model takes it), its terms in seconds; `rate_bps`
+    the link's rate as shown."""
+    p = stepmodel.predict(job, compute, link)
+    return {"link": link.name, "rate_bps": rate_bps, "payload_bytes": job.param_bytes, "compute_from": source,
+            "predicted_step_s": p.step_ms / 1e3, "compute_s": p.compute_ms / 1e3,
+            "comm_s": p.comm_ms / 1e3, "exposed_comm_s": p.exposed_comm_ms / 1e3,
+            "optimizer_s": p.optimizer_ms / 1e3, "buckets": len(job.buckets),
+            "terms_s": {k: v / 1e3 for k, v in p.terms.items()}}
+
+
+# ------------------------------------------------------------------------- cost --from-run
+
+OWN_LINK = "this run's link"  # the first row of `cost --from-run`: the link as the run calibrated it
+
+
+def run_inputs(run_dir: Path) -> tuple[dict, dict]:
+    """(the run's SUMMARY, its step model's inputs) from result.json in `run_dir`. StateError where the
+    run is not over, printed no SUMMARY, or predicted nothing (a script of its own, or an older trainer)."""
+    try:
+        summary = json.loads((run_dir / RESULT_FILE).read_text()).get("summary") or {}
+    except (OSError, ValueError):
+        raise StateError(f"run {run_dir.name} has no {RESULT_FILE} (it is still running, or its folder is not a run's)",
+                         hint="labctl cost --from-run RUN once the run has ended") from None
+    inputs = (summary.get("step_model") or {}).get("inputs")
+    if not inputs:
+        raise StateError(f"run {run_dir.name} has no step model to price: only the trainer's runs (python -m trainer) "
+                         "predict their steps (and a trainer older than this labctl kept no inputs)",
+                         hint="labctl run -- -m trainer --epochs 3, then labctl cost --from-run")
+    return summary, inputs
+
+
+def run_rows(inputs: dict, links: list[Link], efficiency: float) -> list[dict]:
+    """The run's own step (its model, buckets, compute and world, as its prediction took them) priced
+    on its own link first, as the run did (the same number as its SUMMARY's predicted_step_ms), then
+    on each of `links` at `efficiency` of its rate (no burst, the ring as even as the link)."""
+    job, compute, own = stepmodel.from_record(inputs)
+    source = f"calibrated by the run, {job.world} ranks"
+    rows = [step_row(job, compute, replace(own, name=OWN_LINK), own.rate_bps, source)] if own else []
+    return rows + [step_row(job, compute, replace(link, rate_bps=link.rate_bps * efficiency), link.rate_bps, source)
+                   for link in links]
+
+
+def estimate_run(run_dir: Path, query: CostQuery) -> CostReport:
+    """`labctl cost --from-run RUN`: run_rows on the links `query` names (none: every preset), with its
+    --delay and --efficiency; the report says what the run was (its strategy, ranks, accumulation)."""
+    summary, inputs = run_inputs(run_dir)
+    job = inputs["job"]
+    links = links_to_price(query.links, None, query.delay)
+    params = job["param_bytes"] / DTYPE_BYTES["fp32"]
+    asked = replace(query, params=params, dtype="fp32", strategy=job["strategy"], backend=job["backend"],
+                    grad_accum=job["accum"], nproc_per_node=job["local_world"])
+    return report_of(asked, job["world"], run_rows(inputs, links, query.efficiency), step=True, run=run_dir.name)

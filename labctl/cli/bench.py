@@ -18,7 +18,7 @@ from labctl.spec.units import parse_size_range
 
 
 @main.command(context_settings=CONTEXT)
-@click.option("--params", required=True, metavar="N", help="Parameters of the model: 760e6, 760M, 1.3B.")
+@click.option("--params", metavar="N", help="Parameters of the model: 760e6, 760M, 1.3B (needed but with --from-run).")
 @click.option("--dtype", type=click.Choice(["fp32", "bf16", "fp16"]), default="bf16", show_default=True,
               help="Gradient dtype on the wire.")
 @click.option("--nodes", "ranks", metavar="N", help="Ranks in the collective [default: the lab's world size].")
@@ -44,10 +44,13 @@ from labctl.spec.units import parse_size_range
 @click.option("--tokens", type=float, metavar="N", help="--step: tokens in one rank's micro-step.")
 @click.option("--optimizer-s", type=float, metavar="T", help="--step: the optimizer's seconds a step [default: 0].")
 @click.option("--bucket-cap-mb", type=float, metavar="MIB", help="--step: DDP's bucket size [default: 25].")
+@click.option("--from-run", "from_run", metavar="RUN",
+              help="Price a trainer run's own step (its model, buckets, compute and ranks, as its prediction took them) "
+                   "on its calibrated link, where it gives the run's prediction, and on each --link (default: every preset).")
 @lab_option
 @click.option("--json", "as_json", is_flag=True, help="Print the rows as JSON.")
 def cost(params, dtype, ranks, links, delay, compute_s, collective, strategy, nproc_per_node, backend, grad_accum,
-         efficiency, step, flops, tokens, optimizer_s, bucket_cap_mb, lab, as_json) -> None:
+         efficiency, step, flops, tokens, optimizer_s, bucket_cap_mb, from_run, lab, as_json) -> None:
     """What one gradient synchronisation, or one optimizer step of a strategy, costs on each link.
 
     Bytes through each rank's NIC: 2(n-1)/n x S for a ring allreduce, (n-1)/n x S for
@@ -57,9 +60,17 @@ def cost(params, dtype, ranks, links, delay, compute_s, collective, strategy, np
     reduce-scatter: 1.5x DDP's bytes, each, for less state on each rank. --backend gloo prices
     what gloo does: its reduce-scatter is an all-reduce, so fsdp sends 2x DDP's bytes there.
     --step predicts the whole step instead (labctl/bench/stepcost.py), each term shown.
+    --from-run RUN takes a trainer run's own step (its model, buckets, compute and ranks): on its
+    own calibrated link it gives the run's prediction, and on each --link what the same step costs.
     """
     from labctl.cli import render_bench
 
+    if from_run is not None:
+        given = {"--params": params, "--nodes": ranks, "--compute-s": compute_s, "--strategy": strategy, "--flops": flops,
+                 "--tokens": tokens, "--optimizer-s": optimizer_s, "--bucket-cap-mb": bucket_cap_mb}
+        query = benches.CostQuery(0.0, links=links, efficiency=efficiency, delay=delay)
+        render_bench.print_cost(benches.cost_of_run(invocation().lab(lab), from_run, query, given), as_json)
+        return
     count = benches.parse_params(params)
     step_query = benches.step_query(step, compute_s, flops, tokens, optimizer_s, bucket_cap_mb)
     query = benches.CostQuery(count, dtype, ranks, links, compute_s, grad_accum, efficiency, collective, delay,

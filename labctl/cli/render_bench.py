@@ -49,18 +49,22 @@ def print_step_cost(report) -> None:
     """`cost --step`: the predicted step on each link, and its terms."""
     first = report.rows[0]
     what = f"{report.strategy or 'ddp'} step" + (f" of {report.grad_accum} micro-steps" if report.grad_accum > 1 else "")
-    table = Table(title=f"predicted: a {what} of {report.params:g} {report.dtype} params "
-                        f"({first['payload_bytes'] / 1e9:.3g} GB) over {report.ranks} ranks, at {report.efficiency:.0%} "
-                        f"of each link, compute {seconds_text(first['compute_s'] / report.grad_accum)} a micro-step "
+    whose = f"run {report.run}'s {what} (its gradients {first['payload_bytes'] / 1e9:.3g} GB)" if report.run else (
+        f"a {what} of {report.params:g} {report.dtype} params ({first['payload_bytes'] / 1e9:.3g} GB)")
+    links = "on its own link and at " if report.run else "at "
+    table = Table(title=f"predicted: {whose} over {report.ranks} ranks, {links}{report.efficiency:.0%} of each link, "
+                        f"compute {seconds_text(first['compute_s'] / report.grad_accum)} a micro-step "
                         f"({first['compute_from']})", title_justify="left")
     for column in ("link", "rate", "compute", "on the link", "exposed", "optimizer", "step (predicted)"):
         table.add_column(column, justify="right" if column != "link" else "left")
     for row in report.rows:
-        table.add_row(row["link"], f"{row['rate_bps'] / 1e9:g} Gbit/s", seconds_text(row["compute_s"]),
+        gbit = row["rate_bps"] / 1e9  # three figures, none in e-notation: 6.93, 10, 3600
+        table.add_row(row["link"], f"{gbit:.0f} Gbit/s" if gbit >= 100 else f"{gbit:.3g} Gbit/s", seconds_text(row["compute_s"]),
                       seconds_text(row["comm_s"]), seconds_text(row["exposed_comm_s"]), seconds_text(row["optimizer_s"]),
                       seconds_text(row["predicted_step_s"]))
     console.print(table)
-    info("step = compute + exposed + optimizer; exposed: what backward (2/3 of the compute) does not hide of "
+    backward = "the wait for the slowest rank and what its backward" if report.run else "what backward (2/3 of the compute)"
+    info(f"step = compute + exposed + optimizer; exposed: {backward} does not hide of "
          f"the {first['buckets']} buckets' all-reduce" + (" and the strategy's collectives outside it"
                                                          if report.strategy not in (None, "ddp") else ""))
 

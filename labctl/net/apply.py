@@ -22,7 +22,7 @@ from labctl.engine.docker import exec_in, lab_containers
 from labctl.engine.labels import LABEL_LAB, LABEL_NODE, container_name, network_name
 from labctl.errors import StateError
 from labctl.net.neighbors import build_neighbors
-from labctl.net.routes import build_node, is_routed, merge_routes, parse_routed_link, ring_hops, routes_of, shape_of
+from labctl.net.routes import build_node, is_routed, lab_ring, merge_routes, parse_routed_link, routes_of, shape_of
 from labctl.net.tc import (
     NETEM_MISSING_MESSAGE,
     Command,
@@ -227,7 +227,7 @@ def slowest_link(links: dict[str, LinkState], addresses: dict[str, str] | None =
     """(sender, receiver, rate) of the slowest shaped hop of the rings that turn `steps` (routes.RING_STEP:
     -1 for gloo's all-reduce), the nodes in the order of `links`: it sets a ring's pace; None if no
     hop is shaped. Without `addresses` (name -> IP), links to groups of nodes are not seen."""
-    shaped = [(hop.rate_bps, hop.sender, hop.receiver) for step in steps for hop in ring_hops(links, addresses or {}, step)
+    shaped = [(hop.rate_bps, hop.sender, hop.receiver) for step in steps for hop in lab_ring(links, addresses or {}, step)
               if hop.rate_bps]
     if not shaped:
         return None

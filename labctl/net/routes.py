@@ -38,7 +38,7 @@ from labctl.net.tc import (
     parse_link_state,
     queue_bytes,
 )
-from trainer.tclinks import parse_classes  # the trainer reads the same classes for its step model
+from trainer.tclinks import parse_classes, ring_hops  # the trainer reads the same classes for its step model
 
 REST_CLASS = "1:1"
 _PARENT_RE = re.compile(r"\bparent (\S+)")
@@ -130,14 +130,18 @@ class Hop:
     delay_us: int
 
 
-def hop_link(out: LinkState, into: LinkState, receiver_ip: str | None) -> tuple[int | None, int]:
-    """(rate, delay) of what a node with egress `out` sends to one with ingress `into` at `receiver_ip`:
-    its route to that address where it has one, else the rest of its link; the slower of that and
-    the receiver's shaped ingress."""
-    link = next((r.state for r in out.routes if receiver_ip in r.dsts), out)
-    inbound = into.inbound if into.ingress and into.inbound is not None else None
-    rates = [rate for rate in (link.rate_bps, inbound.rate_bps if inbound else None) if rate]
-    return (min(rates) if rates else None), (link.delay_us or 0) + ((inbound.delay_us or 0) if inbound else 0)
+def shaping_of(state: LinkState) -> dict:
+    """A node's link read back as the trainer's step model reads its own (trainer.tclinks.read_shaping):
+    {"egress", "ingress", "routes": {ip: ...}}, each side's rate_bps and delay_s where it has them."""
+    def side(link: LinkState) -> dict:
+        return {"rate_bps": link.rate_bps, "delay_s": (link.delay_us or 0) / 1e6}
+
+    shaping = {"egress": side(state)}
+    if state.ingress and state.inbound is not None:
+        shaping["ingress"] = side(state.inbound)
+    if state.routes:
+        shaping["routes"] = {ip: side(route.state) for route in state.routes for ip in route.dsts}
+    return shaping
 
 
 # Which way gloo's rings turn (gloo/allreduce.cc, gloo/allgather.cc): all-reduce sends to rank r-1 and
@@ -146,19 +150,15 @@ def hop_link(out: LinkState, into: LinkState, receiver_ip: str | None) -> tuple[
 RING_STEP = {"all_reduce": -1, "reduce_scatter": -1, "all_gather": 1}
 
 
-def ring_hops(links: dict[str, LinkState], addresses: dict[str, str], step: int = -1) -> list[Hop]:
+def lab_ring(links: dict[str, LinkState], addresses: dict[str, str], step: int = -1) -> list[Hop]:
     """The ring's hops, the nodes in the order of `links` (node-rank order): each node sends to the
-    one `step` away (RING_STEP: -1 for gloo's all-reduce), priced by hop_link. `addresses`: node
-    name -> IP."""
+    one `step` away (RING_STEP: -1 for gloo's all-reduce), priced as the trainer prices its own ring
+    (trainer.tclinks.ring_hops): its route to the receiver's address where it has one, else the
+    rest of its link; the slower of that and the receiver's shaped ingress. `addresses`: node name -> IP."""
     names = list(links)
-    if len(names) < 2:
-        return []
-    hops = []
-    for i, sender in enumerate(names):
-        receiver = names[(i + step) % len(names)]
-        rate, delay = hop_link(links[sender], links[receiver], addresses.get(receiver))
-        hops.append(Hop(sender, receiver, rate, delay))
-    return hops
+    hops = ring_hops(names, {name: shaping_of(links[name]) for name in names}, addresses, (step,))
+    return [Hop(names[h["sender"]], names[h["receiver"]], int(h["rate_bps"]) if h["rate_bps"] else None,
+                round(h["delay_s"] * 1e6)) for h in hops]
 
 
 # ------------------------------------------------------------------------------- reading back

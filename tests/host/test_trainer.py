@@ -4,6 +4,8 @@ import json
 import re
 
 from hostrun import torchrun
+from labctl.bench.cost import PRESETS
+from labctl.bench.stepcost import run_rows
 from test_trainer import read_jsonl
 
 # torchrun, two processes ------------------------------------------------------------
@@ -31,6 +33,11 @@ def test_torchrun_two_processes(tmp_path, tmp_path_factory):
     link = summary["step_model"]["calibration"]["link"]
     assert link["rate_from"].endswith("all-reduce") and link["rate_bps"] > 0 and link["probe_us"] > 0
     assert summary["predicted_step_ms"] > summary["step_model"]["compute_ms"] > 0
+    # One cost model: `labctl cost --from-run` prices the run's own inputs on its own link to the
+    # prediction the run printed (rounded as the SUMMARY rounds it), and a faster link to less.
+    own, faster = run_rows(summary["step_model"]["inputs"], [PRESETS["100g-roce"]], 0.85)
+    assert own["link"] == "this run's link" and round(own["predicted_step_s"] * 1e3, 3) == summary["predicted_step_ms"]
+    assert own["compute_s"] == faster["compute_s"] and faster["comm_s"] < own["comm_s"]
 
     files = sorted(p.name for p in tmp_path.iterdir())
     assert files == ["metrics-rank0.jsonl", "metrics-rank1.jsonl"]

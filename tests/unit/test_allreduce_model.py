@@ -25,7 +25,7 @@ def test_the_calibrated_model_adds_the_delay_and_hides_the_stacks_latency_behind
     # 64 KiB: its 7 ms of bytes outlast the stack's 4 ms, so the transfer counts, not the stack.
     assert abs(rows[0].calibrated_us - (steps * delay + cost.bytes_per_rank(2**16, 3) * 8 / wire) * 1e6) < 1e-6
     # The paper model: 85% of the link, and per hop 50 us plus the configured 10 ms delay, added.
-    paper = cost.collective_time_s(2**20, 3, cost.Link("shaped", 1e8, 50e-6 + 0.01), 0.85) * 1e6
+    paper = cost.collective_time_s(2**20, 3, cost.named_link("shaped", 1e8, 50e-6 + 0.01), 0.85) * 1e6
     assert abs(rows[1].model_us - paper) < 1e-6
     # A small message is all latency: the stack's, measured, on top of the delay.
     assert abs(cal.time_s(4, 3) - steps * (delay + base)) < 1e-12 and cal.time_s(2**20, 1) == 0.0

@@ -8,7 +8,7 @@ from test_shaping import as_text
 
 from labctl.errors import LabError
 from labctl.net.apply import slowest_link
-from labctl.net.routes import Route, build_node, merge_routes, parse_routed_link, ring_hops, routes_of, shape_of
+from labctl.net.routes import Route, build_node, lab_ring, merge_routes, parse_routed_link, routes_of, shape_of
 from labctl.net.tc import LinkState, RouteState, Shape, check_to, describe
 from trainer.tclinks import parse_classes, parse_qdiscs, ring_steps
 from trainer.tclinks import ring_hops as trainer_hops
@@ -102,7 +102,7 @@ def test_the_ring_turns_as_gloo_s_all_reduce_does():
     off_ring, _ = links("node0", "node1")
     assert slowest_link(off_ring, ips) is None
     assert slowest_link(off_ring, ips, steps=(-1, 1)) == ("node0", "node1", 10**8)
-    assert [(h.sender, h.receiver) for h in ring_hops(on_ring, ips)][:2] == [("node0", "node3"), ("node1", "node0")]
+    assert [(h.sender, h.receiver) for h in lab_ring(on_ring, ips)][:2] == [("node0", "node3"), ("node1", "node0")]
 
 
 def test_to_goes_with_a_shape_or_clear_only():
