@@ -24,11 +24,13 @@ import os
 import socket
 import statistics
 import time
+from dataclasses import replace
 
 import torch
 
 from trainer import stepmodel
 from trainer.dist import all_gather, barrier, is_group
+from trainer.instrument import deciles  # the spread the run's measured steps are given, the same way
 from trainer.ring import ring_cost
 from trainer.tclinks import read_shaping, ring_hops, ring_steps
 
@@ -40,8 +42,8 @@ PROBE_BYTES, PROBE_ITERS = 1024, 15
 RATE_PROBE_BYTES, RATE_PROBE_ITERS = 4 << 20, 3
 
 
-def median_ms(fn, reps: int, warmup: int) -> float:
-    """fn() `warmup` times, then the median of `reps` timed calls, in milliseconds."""
+def timed_ms(fn, reps: int, warmup: int) -> list[float]:
+    """fn() `warmup` times, then `reps` timed calls: their times in milliseconds."""
     for _ in range(warmup):
         fn()
     times = []
@@ -49,7 +51,7 @@ def median_ms(fn, reps: int, warmup: int) -> float:
         t0 = time.perf_counter()
         fn()
         times.append((time.perf_counter() - t0) * 1e3)
-    return statistics.median(times)
+    return times
 
 
 def micro_step(module, workload, x, y):
@@ -114,7 +116,8 @@ def measure_steps(micro, accum: int, optimizer_step, sync, reps=CALIBRATION_REPS
     step's end), then optimizer_step(). `reps` steps are timed after `warmup`, or reps(the last
     warm-up step's ms) of them (every rank must time as many: sync() is a collective). In ms:
     "forward" and "backward" of one micro-step and "optimizer", medians; "step", the whole, and
-    "cpu", the CPU time this process spent on a micro-step, means (the run reports a mean step)."""
+    "cpu", the CPU time this process spent on a micro-step, means (the run reports a mean step);
+    "step_p10" and "step_p90", the whole step's spread (the prediction's band)."""
     samples = {"forward": [], "backward": [], "optimizer": [], "step": [], "cpu": []}
     count = warmup + (reps if isinstance(reps, int) else 0)
     done = 0
@@ -134,8 +137,10 @@ def measure_steps(micro, accum: int, optimizer_step, sync, reps=CALIBRATION_REPS
         if done == warmup and not isinstance(reps, int):
             count = warmup + reps(samples["step"][-1])
     kept = {key: values[warmup:] for key, values in samples.items()}
-    return {key: (statistics.fmean if key in ("step", "cpu") else statistics.median)(values)
-            for key, values in kept.items()}
+    measured = {key: (statistics.fmean if key in ("step", "cpu") else statistics.median)(values)
+                for key, values in kept.items()}
+    measured["step_p10"], measured["step_p90"] = deciles(kept["step"])
+    return measured
 
 
 def reps_for(device, budget_ms: float = CALIBRATION_BUDGET_MS):
@@ -196,8 +201,8 @@ def held_parameters(model, optimizer):
     return [p for group in inner.param_groups for p in group["params"]] if inner else list(model.parameters())
 
 
-def probe_s(nbytes: int, iters: int, device) -> float:
-    """The median seconds of an all-reduce of `nbytes`, after one to warm up."""
+def probe_s(nbytes: int, iters: int, device) -> list[float]:
+    """The seconds of `iters` all-reduces of `nbytes`, after one to warm up."""
     t = torch.zeros(max(1, nbytes // 4), dtype=torch.float32, device=device)
 
     def once():
@@ -205,7 +210,7 @@ def probe_s(nbytes: int, iters: int, device) -> float:
         if device.type == "cuda":
             torch.cuda.synchronize(device)
 
-    return median_ms(once, iters, warmup=1) / 1e3
+    return [ms / 1e3 for ms in timed_ms(once, iters, warmup=1)]
 
 
 def fit_link(everyone: list[dict], steps: tuple[int, ...], backend: str, device) -> tuple[stepmodel.Link, dict]:
@@ -216,24 +221,48 @@ def fit_link(everyone: list[dict], steps: tuple[int, ...], backend: str, device)
     hops = ring_hops(hosts, {m["host"]: m["shaping"] for m in everyone}, {m["host"]: m["ip"] for m in everyone}, steps)
     shaped = [h for h in hops if h["rate_bps"]]
     delay_s = max((h["delay_s"] for h in hops), default=0.0)
-    small_s = probe_s(PROBE_BYTES, PROBE_ITERS, device)
+    smalls = probe_s(PROBE_BYTES, PROBE_ITERS, device)
+    small_s = statistics.median(smalls)
     cost = ring_cost("all_reduce", n, backend)
     if shaped:
         slowest = min(shaped, key=lambda h: h["rate_bps"])
         rate_bps, burst, source = slowest["rate_bps"] * stepmodel.PAYLOAD_EFFICIENCY, slowest["burst_bytes"], "tc"
     else:
-        big_s = probe_s(RATE_PROBE_BYTES, RATE_PROBE_ITERS, device)
+        big_s = statistics.median(probe_s(RATE_PROBE_BYTES, RATE_PROBE_ITERS, device))
         rate_bps = cost.wire * RATE_PROBE_BYTES * 8 / max(big_s - cost.hops * delay_s, 1e-6)
         burst, source = 0.0, f"a {RATE_PROBE_BYTES >> 20} MiB all-reduce"
-    stack_s = max(0.0, small_s - cost.hops * delay_s - cost.wire * PROBE_BYTES * 8 / rate_bps) / cost.hops
+    def stack_of(probe: float) -> float:
+        return max(0.0, probe - cost.hops * delay_s - cost.wire * PROBE_BYTES * 8 / rate_bps) / cost.hops
+
+    stack_s, stack_band = stack_of(small_s), [stack_of(s) for s in deciles(smalls)]
     # each rank whose own hop is as slow as the slowest: ranks sharing a node have none between nodes
     # (stepmodel.sent_while_waiting_ms; gloo's all-reduce ring alone: its ddp and zero)
     slow = tuple(sorted({h["sender"] for h in shaped if h["rate_bps"] <= 1.01 * slowest["rate_bps"]})) if shaped else ()
     link = stepmodel.Link(rate_bps, stack_s, delay_s, burst, slow if len(steps) == 1 else (), steps[0])
     return link, {"rate_from": source, "rate_bps": round(rate_bps), "stack_us": round(stack_s * 1e6, 1),
+                  "stack_us_band": [round(s * 1e6, 1) for s in stack_band],
                   "probe_us": round(small_s * 1e6, 1),
                   "delay_us": round(delay_s * 1e6, 1), "burst_bytes": burst, "hops_between_nodes": len(hops),
                   "slow_senders": list(link.slow_senders)}
+
+
+def band_edges(mine: dict, found: dict, floor_ms: float) -> list[tuple[float, float | None]]:
+    """(lockstep compute ms, the stack's latency a hop in s or None) at the calibration's 10th and
+    90th percentiles: its steps (less the optimizer and the probe, at least the slowest rank's own
+    micro-steps, `floor_ms`) and its latency probes, each end's taken together."""
+    probe_ms = found.get("probe_us", 0.0) / 1e3
+    stacks = found.get("stack_us_band") or (None, None)
+    return [(max(step_ms - mine["optimizer"] - probe_ms, 0.0, floor_ms), None if stack_us is None else stack_us / 1e6)
+            for step_ms, stack_us in zip((mine["step_p10"], mine["step_p90"]), stacks)]
+
+
+def prediction_band(point_ms: float, job, compute, link, edges) -> list[float]:
+    """The prediction's spread: the step predicted at each of band_edges' two ends, widened to hold
+    the prediction itself (a mean of skewed steps can lie above their 90th percentile)."""
+    ends = [stepmodel.predict(job, replace(compute, lockstep_ms=lockstep),
+                              replace(link, stack_s=stack_s) if link is not None and stack_s is not None else link).step_ms
+            for lockstep, stack_s in edges]
+    return [round(min(ends[0], point_ms), 3), round(max(ends[1], point_ms), 3)]
 
 
 def fsdp_units(module) -> tuple[int, ...]:
@@ -301,7 +330,12 @@ def predict_run(run, schedule, module) -> tuple[stepmodel.Prediction, dict]:
                         buckets=stepmodel.ddp_buckets([g // squeeze for g in grads], int(args.bucket_cap_mb * 2**20)),
                         param_bytes=sum(grads), units=fsdp_units(module), tensors=len(grads),
                         local_world=int(os.environ.get("LOCAL_WORLD_SIZE", 1)))
-    return stepmodel.predict(job, compute, link), {
-        "link": found, "forward_ms": round(compute.forward_ms, 3), "backward_ms": round(compute.backward_ms, 3),
+    prediction = stepmodel.predict(job, compute, link)
+    floor_ms = accum * (everyone[slowest]["forward"] + everyone[slowest]["backward"])
+    band = prediction_band(prediction.step_ms, job, compute, link, band_edges(mine, found, floor_ms))
+    # A step shorter than the noise measured around it is not predicted (instrument.too_short)
+    trusted = band[1] - band[0] <= prediction.step_ms
+    return prediction, {
+        "inputs": stepmodel.inputs_record(job, compute, link), "band_ms": band, "trusted": trusted, "link": found, "forward_ms": round(compute.forward_ms, 3), "backward_ms": round(compute.backward_ms, 3),
         "lockstep_ms": round(lockstep_ms, 3), "fsdp_hooks_ms": round(hooks_ms, 3), "slowest_rank": slowest,
         "quota_slowdown": round(everyone[slowest]["slowdown"], 3), "buckets": list(job.buckets), "accum": accum}

@@ -129,6 +129,14 @@ def steady(steps: list) -> list:
     return steps[1:] if len(steps) > 1 else steps
 
 
+def deciles(values: list[float]) -> tuple[float, float]:
+    """(10th, 90th percentile) of `values` (statistics.quantiles, inclusive); one value: it, twice."""
+    if len(values) < 2:
+        return values[0], values[0]
+    cut = statistics.quantiles(values, n=10, method="inclusive")
+    return cut[0], cut[-1]
+
+
 def summarize(per_rank: list[list[StepTiming]], hosts: list[str]) -> dict:
     """Run-wide figures from every rank's step timings (index = rank), steady steps only.
 
@@ -156,6 +164,7 @@ def summarize(per_rank: list[list[StepTiming]], hosts: list[str]) -> dict:
     return {
         "tokens_per_s": round(tokens / wall_s, 1) if wall_s else None,
         "step_ms": round(statistics.fmean(t.step_ms for t in runs[0]), 3),
+        **dict(zip(("step_ms_p10", "step_ms_p90"), (round(v, 3) for v in deciles([t.step_ms for t in runs[0]])))),
         "compute_ms_per_step": round(statistics.fmean(max(r[i].compute_ms for r in runs) for i in range(n_steps)), 3),
         "allreduce_ms_per_step": round(statistics.fmean(min(r[i].comm_ms for r in runs) for i in range(n_steps)), 3),
         "comm_fraction": round(statistics.fmean(
@@ -186,20 +195,35 @@ def exposed_comm_ms(t: StepTiming) -> float:
 
 
 def step_model_fields(prediction, calibration: dict, step_ms: float | None, steps: list[StepTiming]) -> dict:
-    """The SUMMARY's step-model fields: the prediction beside what rank 0 measured, and its terms."""
+    """The SUMMARY's step-model fields: the prediction beside what rank 0 measured, its terms, what it
+    was calibrated on, and its inputs exactly as predict() took them (labctl cost --from-run)."""
+    calibration = dict(calibration)
+    inputs, band = calibration.pop("inputs", None), calibration.pop("band_ms", None)
+    trusted = calibration.pop("trusted", True)
     measured = statistics.fmean(exposed_comm_ms(t) for t in steps) if steps else None
     predicted_ms = round(prediction.step_ms, 3)  # the error is of the numbers the SUMMARY shows
     return {
         "predicted_step_ms": predicted_ms,
+        "predicted_step_ms_band": band,
+        "step_model_trusted": trusted,
         "predicted_exposed_comm_ms": round(prediction.exposed_comm_ms, 3),
         "exposed_comm_ms": round(measured, 3) if measured is not None else None,
         "step_model_error": round(step_ms / predicted_ms - 1, 4) if step_ms and predicted_ms else None,
-        "step_model": {**prediction.record(), "calibration": calibration},
+        "step_model": {**prediction.record(), "calibration": calibration, "inputs": inputs},
     }
 
 
+def too_short(band: list[float], predicted_ms: float) -> str:
+    """Why a prediction is not trusted: the step is shorter than the noise its calibration measured."""
+    return (f"too short to predict: its calibration spreads it from {band[0]:.1f} to {band[1]:.1f} ms (p10-p90), "
+            f"wider than the {predicted_ms:.1f} ms step itself (mostly processes waking on shared cores)")
+
+
 def prediction_line(prediction, calibration: dict) -> str:
-    """The step model's prediction in words, printed before step 1."""
+    """The step model's prediction in words, printed before step 1; a step shorter than the noise its
+    calibration measured gets why it is not predicted instead."""
+    if not calibration.get("trusted", True):
+        return f"step model: {too_short(calibration['band_ms'], prediction.step_ms)}"
     link = calibration.get("link") or {}
     early = f", {prediction.sent_while_waiting_ms:.1f} of it sent while waiting" if prediction.sent_while_waiting_ms else ""
     hooks = prediction.terms.get("fsdp_hooks_ms", 0.0)
@@ -214,12 +238,27 @@ def prediction_line(prediction, calibration: dict) -> str:
 
 
 def checked_line(summary: dict) -> str | None:
-    """The prediction against the measurement, after the last step."""
+    """The prediction and its band against the measured step and its spread, after the last step:
+    whether each lies within the other's."""
     if summary.get("step_model_error") is None:
         return None
-    return (f"step model: predicted {summary['predicted_step_ms']:.1f} ms a step, measured {summary['step_ms']:.1f} "
-            f"({summary['step_model_error']:+.1%}); exposed comm predicted {summary['predicted_exposed_comm_ms']:.1f}, "
-            f"measured {summary['exposed_comm_ms']:.1f}")
+    predicted, measured = summary["predicted_step_ms"], summary["step_ms"]
+    band, spread = summary.get("predicted_step_ms_band"), (summary.get("step_ms_p10"), summary.get("step_ms_p90"))
+    if not summary.get("step_model_trusted", True):
+        return (f"step model: measured {measured:.1f} ms a step{_range(spread, ' (p10-p90 ', ')')}, not predicted: "
+                f"{too_short(band, predicted)}")
+    inside = [bool(edges) and None not in edges and edges[0] <= value <= edges[1]
+              for value, edges in ((measured, band), (predicted, spread))]
+    verdict = {(True, True): "each within the other's spread", (True, False): "the measured step within the band",
+               (False, True): "the prediction within the measured spread",
+               (False, False): "neither within the other's spread"}[tuple(inside)]
+    return (f"step model: predicted {predicted:.1f} ms a step{_range(band, ' (', ')')}, measured {measured:.1f}"
+            f"{_range(spread, ' (p10-p90 ', ')')} ({summary['step_model_error']:+.1%}), {verdict}; exposed comm "
+            f"predicted {summary['predicted_exposed_comm_ms']:.1f}, measured {summary['exposed_comm_ms']:.1f}")
+
+
+def _range(edges, before: str, after: str) -> str:
+    return f"{before}{edges[0]:.1f}-{edges[1]:.1f}{after}" if edges and None not in edges else ""
 
 
 class NoProfiler:

@@ -4,6 +4,7 @@ bench straggler, all through the real CLI."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -93,6 +94,15 @@ def test_the_step_model_reads_the_shaped_link_back_from_tc_and_predicts_the_step
     assert link["burst_bytes"] >= 128 * 1024 - 100, link  # tbf's bucket as labctl sets it, read back
     assert s["step_model"]["comm_ms"] > 20, s["step_model"]  # 436 KB a step over 100mbit: tens of ms
     assert abs(s["step_model_error"]) < 0.35, (s["step_model_error"], s["step_model"])
+    # tens of ms a step: well above the noise its calibration measured, so predicted, with a band
+    low, high = s["predicted_step_ms_band"]
+    assert s["step_model_trusted"] and low <= s["predicted_step_ms"] <= high, (low, high, s["predicted_step_ms"])
+    # One cost model: `labctl cost --from-run` gives the run's own prediction on its link, and prices
+    # the same step on another (the links' shape is gone by now: it reads the run, not the lab)
+    own, other = json.loads(labctl("cost", "--lab", lab, "--from-run", Path(s["run_dir"]).name, "--link", "1gbe",
+                                   "--json", check=True).stdout)
+    assert round(own["predicted_step_s"] * 1e3, 3) == s["predicted_step_ms"], (own, s["predicted_step_ms"])
+    assert other["link"] == "1GbE" and other["comm_s"] < own["comm_s"] / 5, (own, other)
 
 
 def test_the_straggler_is_named(lab3):

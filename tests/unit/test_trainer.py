@@ -110,14 +110,29 @@ def test_single_process_run_writes_metrics_and_learns(tmp_path, no_launcher_env,
     assert steps[0]["t_comm_start"] is None and steps[0]["t_comm_end"] is None
     losses = [r["loss"] for r in epochs]
     assert losses[-1] < 0.7 * losses[0], losses
+    assert summary["final_loss"] == pytest.approx(losses[-1], abs=1e-5)
     # the step model's prediction, printed before step 1 and checked after the last
     model = summary["step_model"]
     parts = model["compute_ms"] + model["waiting_ms"] + model["optimizer_ms"]
     assert summary["predicted_step_ms"] == pytest.approx(parts, abs=3e-3)
     assert summary["step_model_error"] == pytest.approx(summary["step_ms"] / summary["predicted_step_ms"] - 1, abs=1e-3)
     assert model["calibration"]["link"] == {} and summary["predicted_exposed_comm_ms"] == 0.0
+    # each with its spread: the band from the calibration's p10 and p90 steps, the run's own p10 and p90
+    low, high = summary["predicted_step_ms_band"]
+    assert low <= summary["predicted_step_ms"] <= high and low < high
+    assert summary["step_ms_p10"] <= summary["step_ms_p90"] and summary["step_ms_p10"] < summary["step_ms"] * 1.5
+    # a step shorter than the noise measured around it (a band wider than the step) is not predicted
+    assert summary["step_model_trusted"] is (high - low <= summary["predicted_step_ms"])
+    if not summary["step_model_trusted"]:
+        assert re.search(rf"step model: too short to predict: its calibration spreads it from {low:.1f} to {high:.1f} ms", out)
+        assert re.search(r"step model: measured [\d.]+ ms a step \(p10-p90 [\d.]+-[\d.]+\), not predicted: too short", out)
+        return
     assert re.search(r"step model: predicted [\d.]+ ms a step = compute", out)
-    assert summary["final_loss"] == pytest.approx(losses[-1], abs=1e-5)
+    inside = [low <= summary["step_ms"] <= high, summary["step_ms_p10"] <= summary["predicted_step_ms"] <= summary["step_ms_p90"]]
+    verdict = {(True, True): "each within the other's spread", (True, False): "the measured step within the band",
+               (False, True): "the prediction within the measured spread", (False, False): "neither within"}[tuple(inside)]
+    assert re.search(rf"step model: predicted [\d.]+ ms a step \([\d.]+-[\d.]+\), measured [\d.]+ \(p10-p90 "
+                     rf"[\d.]+-[\d.]+\) \([+-][\d.]+%\), {verdict}", out), out
 
 
 def test_same_seed_same_weights(tmp_path, no_launcher_env):
