@@ -13,8 +13,9 @@ Then, together, the link (fit_link): the ring's slowest hop between nodes, the w
 rings turn (gloo's all-reduce sends to rank r-1), sets the rate, at the
 payload a shaped rate carries (stepmodel.PAYLOAD_EFFICIENCY); where no hop between nodes is shaped,
 a RATE_PROBE_BYTES all-reduce measures it. The stack's latency per hop comes from a PROBE_BYTES
-all-reduce, timed PROBE_ITERS times. None of these runs inside a step: the steps' records, their
-collectives and the link counters see nothing of them.
+all-reduce, timed again and again. Those probes are the lab's, not the run's (trainer/linkstate.py):
+measured once for each state of its links and read back by every run after. None of these runs
+inside a step: the steps' records, their collectives and the link counters see nothing of them.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ import torch
 from trainer import stepmodel
 from trainer.dist import all_gather, barrier, is_group
 from trainer.instrument import deciles  # the spread the run's measured steps are given, the same way
+from trainer.linkstate import PROBE_BYTES, RATE_PROBE_BYTES, link_probes, node_started
 from trainer.ring import ring_cost
 from trainer.tclinks import read_shaping, ring_hops, ring_steps
 
@@ -38,20 +40,6 @@ CALIBRATION_REPS, CALIBRATION_WARMUP = 6, 2  # the first micro-steps run slower 
 # Steps timed: enough to fill this many ms (ranks sharing cores wait for each other unevenly from
 # step to step; a few steps' mean was 30% off the run's now and then), within these bounds.
 CALIBRATION_BUDGET_MS, CALIBRATION_MAX_REPS = 600.0, 40
-PROBE_BYTES, PROBE_ITERS = 1024, 15
-RATE_PROBE_BYTES, RATE_PROBE_ITERS = 4 << 20, 3
-
-
-def timed_ms(fn, reps: int, warmup: int) -> list[float]:
-    """fn() `warmup` times, then `reps` timed calls: their times in milliseconds."""
-    for _ in range(warmup):
-        fn()
-    times = []
-    for _ in range(reps):
-        t0 = time.perf_counter()
-        fn()
-        times.append((time.perf_counter() - t0) * 1e3)
-    return times
 
 
 def micro_step(module, workload, x, y):
@@ -201,18 +189,6 @@ def held_parameters(model, optimizer):
     return [p for group in inner.param_groups for p in group["params"]] if inner else list(model.parameters())
 
 
-def probe_s(nbytes: int, iters: int, device) -> list[float]:
-    """The seconds of `iters` all-reduces of `nbytes`, after one to warm up."""
-    t = torch.zeros(max(1, nbytes // 4), dtype=torch.float32, device=device)
-
-    def once():
-        torch.distributed.all_reduce(t)
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-
-    return [ms / 1e3 for ms in timed_ms(once, iters, warmup=1)]
-
-
 def fit_link(everyone: list[dict], steps: tuple[int, ...], backend: str, device) -> tuple[stepmodel.Link, dict]:
     """The ring's link (stepmodel.Link) and how it was found, from every rank's node (gather_ranks)
     and the ways its rings turn (tclinks.ring_steps). Collective: every rank calls it."""
@@ -221,14 +197,15 @@ def fit_link(everyone: list[dict], steps: tuple[int, ...], backend: str, device)
     hops = ring_hops(hosts, {m["host"]: m["shaping"] for m in everyone}, {m["host"]: m["ip"] for m in everyone}, steps)
     shaped = [h for h in hops if h["rate_bps"]]
     delay_s = max((h["delay_s"] for h in hops), default=0.0)
-    smalls = probe_s(PROBE_BYTES, PROBE_ITERS, device)
+    probes = link_probes(everyone, backend, device, shaped=bool(shaped))  # this lab state's, or measured now
+    smalls = probes["small_s"]
     small_s = statistics.median(smalls)
     cost = ring_cost("all_reduce", n, backend)
     if shaped:
         slowest = min(shaped, key=lambda h: h["rate_bps"])
         rate_bps, burst, source = slowest["rate_bps"] * stepmodel.PAYLOAD_EFFICIENCY, slowest["burst_bytes"], "tc"
     else:
-        big_s = statistics.median(probe_s(RATE_PROBE_BYTES, RATE_PROBE_ITERS, device))
+        big_s = statistics.median(probes["big_s"])
         rate_bps = cost.wire * RATE_PROBE_BYTES * 8 / max(big_s - cost.hops * delay_s, 1e-6)
         burst, source = 0.0, f"a {RATE_PROBE_BYTES >> 20} MiB all-reduce"
     def stack_of(probe: float) -> float:
@@ -243,7 +220,9 @@ def fit_link(everyone: list[dict], steps: tuple[int, ...], backend: str, device)
                   "stack_us_band": [round(s * 1e6, 1) for s in stack_band],
                   "probe_us": round(small_s * 1e6, 1),
                   "delay_us": round(delay_s * 1e6, 1), "burst_bytes": burst, "hops_between_nodes": len(hops),
-                  "slow_senders": list(link.slow_senders)}
+                  "slow_senders": list(link.slow_senders), "calibrated": probes["calibrated"],
+                  "calibrated_at": probes["at"], "calibrated_by": probes["run"], "probes": len(smalls),
+                  "probing_s": round(probes["probing_s"], 3)}
 
 
 def band_edges(mine: dict, found: dict, floor_ms: float) -> list[tuple[float, float | None]]:
@@ -285,7 +264,7 @@ def address() -> str:
 def gather_ranks(measured: dict) -> list[dict]:
     """Every rank's calibration with its node's (host, CPU quota, ranks, shaping), each rank's
     micro-step as the run will see it: its node's quota applied (sustained). Collective."""
-    node = {"host": socket.gethostname(), "ip": address(), "quota": cpu_quota(),
+    node = {"host": socket.gethostname(), "ip": address(), "quota": cpu_quota(), "started": node_started(),
             "local_ranks": int(os.environ.get("LOCAL_WORLD_SIZE", 1)), "shaping": read_shaping() if is_group() else {}}
     everyone = all_gather({**measured, **node})
     for m in everyone:

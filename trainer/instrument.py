@@ -223,7 +223,7 @@ def prediction_line(prediction, calibration: dict) -> str:
     """The step model's prediction in words, printed before step 1; a step shorter than the noise its
     calibration measured gets why it is not predicted instead."""
     if not calibration.get("trusted", True):
-        return f"step model: {too_short(calibration['band_ms'], prediction.step_ms)}"
+        return f"step model: {too_short(calibration['band_ms'], prediction.step_ms)}{links_note(calibration)}"
     link = calibration.get("link") or {}
     early = f", {prediction.sent_while_waiting_ms:.1f} of it sent while waiting" if prediction.sent_while_waiting_ms else ""
     hooks = prediction.terms.get("fsdp_hooks_ms", 0.0)
@@ -234,7 +234,19 @@ def prediction_line(prediction, calibration: dict) -> str:
     micro = f"{calibration['accum']} micro-step{'s' if calibration['accum'] > 1 else ''}"
     return (f"step model: predicted {prediction.step_ms:.1f} ms a step = compute {prediction.compute_ms:.1f} "
             f"({micro}) + waiting for the slowest rank {prediction.waiting_ms:.1f}{comm} + optimizer "
-            f"{prediction.optimizer_ms:.1f}")
+            f"{prediction.optimizer_ms:.1f}{links_note(calibration)}")
+
+
+def links_note(calibration: dict) -> str:
+    """Whose probes priced the link: the lab's, kept from an earlier run on the same state of its links,
+    or this run's, kept for the runs after (trainer/linkstate.py); nothing where none is kept."""
+    link = calibration.get("link") or {}
+    if link.get("calibrated") == "kept":
+        return f"; links as calibrated at {link['calibrated_at'][11:19]} by run {link['calibrated_by']} ({link['probes']} probes)"
+    if link.get("calibrated") == "now":
+        return (f"; links calibrated now, for this state of the lab's links ({link['probes']} probes in "
+                f"{link['probing_s']:.2f} s, kept for the runs after)")
+    return ""
 
 
 def checked_line(summary: dict) -> str | None:

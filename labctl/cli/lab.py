@@ -201,7 +201,7 @@ def status(lab, as_json) -> None:
     if not nodes and not as_json:
         info(f"lab {the_lab.name} is not up (`labctl up --lab {the_lab.name}` starts it)")
         return
-    render.print_nodes(the_lab.name, nodes, links, as_json)
+    render.print_nodes(the_lab.name, nodes, links, as_json, calibrated=the_lab.link_calibration())
 
 
 @main.command(context_settings=CONTEXT)

@@ -55,7 +55,7 @@ def nodes_table(lab: str, nodes, title: str | None = None, links: dict | None = 
     return table
 
 
-def status_json(lab: str, nodes, links: dict | None = None) -> dict:
+def status_json(lab: str, nodes, links: dict | None = None, calibrated: dict | None = None) -> dict:
     rows, names = [], {n.ip: n.name for n in nodes}
     for n in nodes:
         row = {"name": n.name, "ip": n.ip, "torch": n.torch, "state": n.state, "packages": n.packages or None}
@@ -66,14 +66,21 @@ def status_json(lab: str, nodes, links: dict | None = None) -> dict:
             if links[n.name].routes:
                 row["links_to"] = [route_json(route, names) for route in links[n.name].routes]
         rows.append(row)
-    return {"lab": lab, "nodes": rows}
+    return {"lab": lab, "nodes": rows, "links_calibrated": calibrated}
 
 
-def print_nodes(lab: str, nodes, links: dict | None, as_json: bool, title: str | None = None) -> None:
+def print_nodes(lab: str, nodes, links: dict | None, as_json: bool, title: str | None = None,
+                calibrated: dict | None = None) -> None:
+    """The nodes' table (or `status --json`), and when a run last calibrated the lab's links."""
     if as_json:
-        emit_json(status_json(lab, nodes, links))
-    else:
-        console.print(nodes_table(lab, nodes, title, links))
+        emit_json(status_json(lab, nodes, links, calibrated))
+        return
+    console.print(nodes_table(lab, nodes, title, links))
+    if calibrated:
+        states = f"; {calibrated['states']} states of the links kept" if calibrated["states"] > 1 else ""
+        info(f"links last calibrated at {str(calibrated['at']).replace('T', ' ')[:19]} by run {calibrated['run']} ({len(calibrated['hosts'])} "
+             f"ranks, {calibrated['backend']}, {calibrated['probes']} probes of a 1 KiB all-reduce, median "
+             f"{calibrated['probe_us'] / 1e3:.2f} ms{states}); a run on another state calibrates it first")
 
 
 def print_up_plan(plan, directory) -> None:

@@ -33,6 +33,10 @@ from labctl.run.userenv import check_user_env
 # Written out again in labctl/remote's scripts, which tests/unit/test_remote.py holds to these.
 RUN_ID_VAR = "DDPLAB_RUN_ID"  # every process of a run inherits it; `stop` finds them by it
 RUN_DIR_VAR = "DDPLAB_RUN_DIR"  # where the trainer writes its per-rank metrics
+# where the trainer keeps the link's probes, one file a state of the links: <runs' parent>/links
+# (trainer/linkstate.py), beside runs/ in the lab's folder (or a host's copy of it)
+LINKS_DIR_VAR = "DDPLAB_LINKS_DIR"
+LINKS_FOLDER = "links"
 STORE_READY = "DDPLAB_STORE_READY"
 STORE_FAILED = "DDPLAB_STORE_FAILED"
 
@@ -173,7 +177,9 @@ def choose_launcher(asked: str, elastic: Elastic) -> tuple[str, str]:
 
 
 def run_env(run_id: str, run_dir: Path | str) -> dict[str, str]:
-    return {RUN_ID_VAR: run_id, RUN_DIR_VAR: str(run_dir)}
+    """What every process of a run is told by labctl: its run id, its folder (<parent>/runs/<id>) and
+    where the lab's link calibrations are kept (<parent>/links)."""
+    return {RUN_ID_VAR: run_id, RUN_DIR_VAR: str(run_dir), LINKS_DIR_VAR: str(Path(run_dir).parent.parent / LINKS_FOLDER)}
 
 
 def threads_per_process(cpus: int, nodes: int, nproc_per_node: int) -> int:

@@ -28,8 +28,9 @@ NAME_RULE = "a name is letters, digits and _, not starting with a digit"
 # Set for every process by the launcher (static) or torchrun's agent, from the lab's env files.
 RANK_KEYS = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "NODE_RANK", "NNODES",
              "NPROC_PER_NODE", "MASTER_ADDR", "MASTER_PORT")
-# labctl's own: `stop` finds a run's processes by DDPLAB_RUN_ID, per-rank metrics go to DDPLAB_RUN_DIR.
-LABCTL_KEYS = ("DDPLAB_RUN_ID", "DDPLAB_RUN_DIR", "DDPLAB_PG_TIMEOUT_S")
+# labctl's own: `stop` finds a run's processes by DDPLAB_RUN_ID, per-rank metrics go to DDPLAB_RUN_DIR,
+# the link's probes of each state of the lab's links to DDPLAB_LINKS_DIR (trainer/linkstate.py).
+LABCTL_KEYS = ("DDPLAB_RUN_ID", "DDPLAB_RUN_DIR", "DDPLAB_LINKS_DIR", "DDPLAB_PG_TIMEOUT_S")
 TORCHRUN_PREFIX = "PET_"  # torchrun reads its options from PET_<OPTION>; labctl sets them per run
 # Where a refused key has a labctl option that does what the user meant.
 OPTION_FOR = {

@@ -33,6 +33,7 @@ from labctl.lab.envfiles import read_node_envs
 from labctl.lab.lifecycle import NodeState, lab_dir, lab_status, require_running
 from labctl.lab.lockfile import describe_lock_file
 from labctl.lab.packages import LOCK_FILE
+from labctl.run.calibrations import latest_calibration
 from labctl.run.executor import execute
 from labctl.run.logs import check_tail, follow_run_logs, run_logs
 from labctl.run.plan import RunOptions, RunPlan, build_run_plan
@@ -70,6 +71,10 @@ class LabSession:
     def directory(self) -> Path:
         """`.lab/<lab>/` in the workspace: env files, compose.yaml, runs."""
         return lab_dir(self.workspace, self.name)
+
+    def link_calibration(self) -> dict | None:
+        """When the lab's links were last calibrated, by which run (labctl.run.calibrations); None: never."""
+        return latest_calibration(self.directory)
 
     @cached_property
     def cpus(self) -> int:

@@ -105,6 +105,28 @@ def test_the_step_model_reads_the_shaped_link_back_from_tc_and_predicts_the_step
     assert other["link"] == "1GbE" and other["comm_s"] < own["comm_s"] / 5, (own, other)
 
 
+def test_the_lab_calibrates_each_state_of_its_links_once_and_every_run_after_reuses_it(lab3):
+    """The link's probes belong to the lab (trainer/linkstate.py): the first run on a state of its
+    links (here 345mbit, which no other test shapes) probes it and keeps the samples; the next run
+    reads them back, probes nothing, and prices the same link; status names the run that calibrated."""
+    lab, _ = lab3
+    labctl("shape", "--lab", lab, "--bw", "345mbit", check=True)
+    try:
+        runs = [labctl("run", "--lab", lab, "--", "-m", "trainer", "--epochs", "1", check=True).stdout for _ in range(2)]
+    finally:
+        labctl("shape", "--lab", lab, "--clear", check=True)
+    first, second = (summary_of(out)["step_model"]["calibration"]["link"] for out in runs)
+    first_run = Path(summary_of(runs[0])["run_dir"]).name
+    assert (first["calibrated"], first["calibrated_by"], first["probes"]) == ("now", first_run, 61), first
+    assert "links calibrated now, for this state of the lab's links (61 probes in" in runs[0]
+    assert (second["calibrated"], second["calibrated_by"], second["probing_s"]) == ("kept", first_run, 0.0), second
+    assert f"links as calibrated at {first['calibrated_at'][11:19]} by run {first_run} (61 probes)" in runs[1]
+    assert {k: first[k] for k in ("rate_bps", "stack_us", "stack_us_band", "probe_us")} == {
+        k: second[k] for k in ("rate_bps", "stack_us", "stack_us_band", "probe_us")}
+    status = json.loads(labctl("status", "--lab", lab, "--json", check=True).stdout)
+    assert status["links_calibrated"]["run"] == first_run and status["links_calibrated"]["probes"] == 61, status
+
+
 def test_the_straggler_is_named(lab3):
     lab, _ = lab3
     labctl("slow", "--lab", lab, "node2", "--cpus", "0.2", check=True)

@@ -33,7 +33,7 @@ NODE_ENV = {
 def test_torchrun_plan():
     launches = build_launches(NODE_ENV, ["-m", "trainer", "--epochs", "2"], RunOptions(launcher="torchrun"),
                               run_id="r1", run_dir=RUN_DIR)
-    common = {"DDPLAB_RUN_ID": "r1", "DDPLAB_RUN_DIR": str(RUN_DIR), "PET_NNODES": "2", "PET_RDZV_ID": "r1",
+    common = {"DDPLAB_RUN_ID": "r1", "DDPLAB_RUN_DIR": str(RUN_DIR), "DDPLAB_LINKS_DIR": str(RUN_DIR.parent.parent / "links"), "PET_NNODES": "2", "PET_RDZV_ID": "r1",
               "PET_RDZV_CONF": "is_host=false"}
     warm = ["python", "-c", FORKSERVER_SCRIPT, "request", FORK_SOCKET, WORKER_SCRIPT, "--"]
     argv = [*warm, "-m", "torch.distributed.run", "--no-python", *warm, "-m", "trainer", "--epochs", "2"]

@@ -1,0 +1,117 @@
+"""The link's probes, calibrated once for each state of the lab's links and kept with the lab.
+
+What the link costs (its rate where nothing shapes it, the stack's latency a hop) changes only when
+the lab's links change: `shape` and `shape --to` (what tc reports), `slow` (a node's CPU quota), a
+fault, `up` with other nodes or anew (the nodes' addresses, and when each node started). A run on
+the lab, where labctl sets DDPLAB_LINKS_DIR (the lab's folder's links/), keys that state by what
+every rank read from its node (gather_ranks: host, address, tc's shaping, CPU quota, ranks on the
+node, its start) and the backend. The first run on a state probes it LAB_PROBE_ITERS times (and
+the rate LAB_RATE_PROBE_ITERS times where no hop is shaped), more than a run alone would, and keeps
+the samples in <key>.json; every later run on that state reads them back and probes nothing.
+Without DDPLAB_LINKS_DIR (torchrun by hand, a real cluster) each run probes as it always did,
+PROBE_ITERS and RATE_PROBE_ITERS, and keeps nothing.
+
+Rank 0 decides: it reads the folder and every rank takes its answer, so hosts that do not share
+the folder agree too. A file that cannot be read (half written, from another release) is
+measured again, never fatal. Collective: every rank calls link_probes.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import time
+
+import torch
+
+from trainer.dist import all_gather, is_rank0
+
+LINKS_DIR_VAR = "DDPLAB_LINKS_DIR"  # = labctl.run.launch.LINKS_DIR_VAR
+PROBE_BYTES, RATE_PROBE_BYTES = 1024, 4 << 20  # the latency probe, the rate probe (an unshaped link)
+PROBE_ITERS, RATE_PROBE_ITERS = 15, 3  # a run that keeps nothing
+# A state probed once for every run after it: enough that two calibrations of one state agree
+# (docs/explanation/cost-model.md, "Calibrated once a state")
+LAB_PROBE_ITERS, LAB_RATE_PROBE_ITERS = 61, 25
+FORMAT = 1  # the kept file's layout; another is measured again
+
+
+def timed_ms(fn, reps: int, warmup: int) -> list[float]:
+    """fn() `warmup` times, then `reps` timed calls: their times in milliseconds."""
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        fn()
+        times.append((time.perf_counter() - t0) * 1e3)
+    return times
+
+
+def probe_s(nbytes: int, iters: int, device) -> list[float]:
+    """The seconds of `iters` all-reduces of `nbytes`, after one to warm up."""
+    t = torch.zeros(max(1, nbytes // 4), dtype=torch.float32, device=device)
+
+    def once():
+        torch.distributed.all_reduce(t)
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+
+    return [ms / 1e3 for ms in timed_ms(once, iters, warmup=1)]
+
+
+def state_key(everyone: list[dict], backend: str) -> str:
+    """The link state every rank's node reported (gather_ranks), with the backend, as a short digest."""
+    state = [[m["host"], m["ip"], m["shaping"], m["quota"], m["local_ranks"], m.get("started")] for m in everyone]
+    return hashlib.sha256(json.dumps([backend, state], sort_keys=True).encode()).hexdigest()[:16]
+
+
+def node_started() -> str | None:
+    """When this node's first process started (field 22 of /proc/1/stat, in clock ticks since boot): a
+    new container, a new value. None where /proc/1 cannot be read."""
+    try:
+        with open("/proc/1/stat") as f:
+            return f.read().rpartition(")")[2].split()[19]
+    except (OSError, IndexError):
+        return None
+
+
+def read_kept(folder: str, key: str) -> dict | None:
+    try:
+        with open(os.path.join(folder, key + ".json")) as f:
+            kept = json.load(f)
+        return kept if kept.get("format") == FORMAT and kept.get("small_s") else None
+    except (OSError, ValueError, AttributeError):
+        return None
+
+
+def keep(folder: str, key: str, record: dict) -> None:
+    """Write <key>.json whole or not at all (a rename); a folder that cannot be written keeps nothing."""
+    path = os.path.join(folder, key + ".json")
+    try:
+        os.makedirs(folder, exist_ok=True)
+        with open(path + f".{os.getpid()}", "w") as f:
+            json.dump(record, f)
+        os.replace(path + f".{os.getpid()}", path)
+    except OSError:
+        pass
+
+
+def link_probes(everyone: list[dict], backend: str, device, shaped: bool) -> dict:
+    """The link's probe samples in seconds ("small_s", and "big_s" where no hop is shaped, else None),
+    with "calibrated" ("kept": read back, "now": measured by this run), "at" (when they were
+    measured), "run" (by which run), "key" and "probing_s" (what this run spent probing)."""
+    folder, key = os.environ.get(LINKS_DIR_VAR), state_key(everyone, backend)
+    kept = all_gather(read_kept(folder, key) if folder and is_rank0() else None)[0]
+    if kept is not None:
+        return {**kept, "calibrated": "kept", "probing_s": 0.0}
+    small_iters, big_iters = (LAB_PROBE_ITERS, LAB_RATE_PROBE_ITERS) if folder else (PROBE_ITERS, RATE_PROBE_ITERS)
+    started = time.perf_counter()
+    record = {"format": FORMAT, "key": key, "at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+              "run": os.environ.get("DDPLAB_RUN_ID"), "backend": backend, "hosts": [m["host"] for m in everyone],
+              "small_s": probe_s(PROBE_BYTES, small_iters, device),
+              "big_s": None if shaped else probe_s(RATE_PROBE_BYTES, big_iters, device)}
+    probing_s = time.perf_counter() - started
+    if folder and is_rank0():
+        keep(folder, key, record)
+    return {**record, "calibrated": "now" if folder else "this run", "probing_s": probing_s}
