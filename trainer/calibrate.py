@@ -208,6 +208,7 @@ def fit_link(everyone: list[dict], steps: tuple[int, ...], backend: str, device)
         big_s = statistics.median(probes["big_s"])
         rate_bps = cost.wire * RATE_PROBE_BYTES * 8 / max(big_s - cost.hops * delay_s, 1e-6)
         burst, source = 0.0, f"a {RATE_PROBE_BYTES >> 20} MiB all-reduce"
+
     def stack_of(probe: float) -> float:
         return max(0.0, probe - cost.hops * delay_s - cost.wire * PROBE_BYTES * 8 / rate_bps) / cost.hops
 
@@ -315,6 +316,7 @@ def predict_run(run, schedule, module) -> tuple[stepmodel.Prediction, dict]:
     # A step shorter than the noise measured around it is not predicted (instrument.too_short)
     trusted = band[1] - band[0] <= prediction.step_ms
     return prediction, {
-        "inputs": stepmodel.inputs_record(job, compute, link), "band_ms": band, "trusted": trusted, "link": found, "forward_ms": round(compute.forward_ms, 3), "backward_ms": round(compute.backward_ms, 3),
+        "inputs": stepmodel.inputs_record(job, compute, link), "band_ms": band, "trusted": trusted, "link": found,
+        "forward_ms": round(compute.forward_ms, 3), "backward_ms": round(compute.backward_ms, 3),
         "lockstep_ms": round(lockstep_ms, 3), "fsdp_hooks_ms": round(hooks_ms, 3), "slowest_rank": slowest,
         "quota_slowdown": round(everyone[slowest]["slowdown"], 3), "buckets": list(job.buckets), "accum": accum}

@@ -60,10 +60,12 @@ def probe_s(nbytes: int, iters: int, device) -> list[float]:
     return [ms / 1e3 for ms in timed_ms(once, iters, warmup=1)]
 
 
-def state_key(everyone: list[dict], backend: str) -> str:
-    """The link state every rank's node reported (gather_ranks), with the backend, as a short digest."""
+def state_key(everyone: list[dict], backend: str, shaped: bool = False) -> str:
+    """The link state every rank's node reported (gather_ranks), with the backend and whether the run's
+    rings meet a shaped hop (then no rate is probed: a ring turning the other way may need one), as a
+    short digest."""
     state = [[m["host"], m["ip"], m["shaping"], m["quota"], m["local_ranks"], m.get("started")] for m in everyone]
-    return hashlib.sha256(json.dumps([backend, state], sort_keys=True).encode()).hexdigest()[:16]
+    return hashlib.sha256(json.dumps([backend, shaped, state], sort_keys=True).encode()).hexdigest()[:16]
 
 
 def node_started() -> str | None:
@@ -101,7 +103,7 @@ def link_probes(everyone: list[dict], backend: str, device, shaped: bool) -> dic
     """The link's probe samples in seconds ("small_s", and "big_s" where no hop is shaped, else None),
     with "calibrated" ("kept": read back, "now": measured by this run), "at" (when they were
     measured), "run" (by which run), "key" and "probing_s" (what this run spent probing)."""
-    folder, key = os.environ.get(LINKS_DIR_VAR), state_key(everyone, backend)
+    folder, key = os.environ.get(LINKS_DIR_VAR), state_key(everyone, backend, shaped)
     kept = all_gather(read_kept(folder, key) if folder and is_rank0() else None)[0]
     if kept is not None:
         return {**kept, "calibrated": "kept", "probing_s": 0.0}

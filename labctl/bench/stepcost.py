@@ -122,7 +122,8 @@ def run_inputs(run_dir: Path) -> tuple[dict, dict]:
     run is not over, printed no SUMMARY, or predicted nothing (a script of its own, or an older trainer)."""
     try:
         summary = json.loads((run_dir / RESULT_FILE).read_text()).get("summary") or {}
-    except (OSError, ValueError):
+        summary.get("step_model")
+    except (OSError, ValueError, AttributeError):
         raise StateError(f"run {run_dir.name} has no {RESULT_FILE} (it is still running, or its folder is not a run's)",
                          hint="labctl cost --from-run RUN once the run has ended") from None
     inputs = (summary.get("step_model") or {}).get("inputs")
@@ -148,9 +149,12 @@ def estimate_run(run_dir: Path, query: CostQuery) -> CostReport:
     """`labctl cost --from-run RUN`: run_rows on the links `query` names (none: every preset), with its
     --delay and --efficiency; the report says what the run was (its strategy, ranks, accumulation)."""
     summary, inputs = run_inputs(run_dir)
-    job = inputs["job"]
     links = links_to_price(query.links, None, query.delay)
-    params = job["param_bytes"] / DTYPE_BYTES["fp32"]
-    asked = replace(query, params=params, dtype="fp32", strategy=job["strategy"], backend=job["backend"],
-                    grad_accum=job["accum"], nproc_per_node=job["local_world"])
-    return report_of(asked, job["world"], run_rows(inputs, links, query.efficiency), step=True, run=run_dir.name)
+    try:
+        rows, job = run_rows(inputs, links, query.efficiency), inputs["job"]
+    except (KeyError, TypeError, AttributeError):
+        raise StateError(f"run {run_dir.name}'s step model inputs are not as this labctl writes them",
+                         hint="run the trainer again with this checkout, then labctl cost --from-run") from None
+    asked = replace(query, params=job["param_bytes"] / DTYPE_BYTES["fp32"], dtype="fp32", strategy=job["strategy"],
+                    backend=job["backend"], grad_accum=job["accum"], nproc_per_node=job["local_world"])
+    return report_of(asked, job["world"], rows, step=True, run=run_dir.name)

@@ -304,3 +304,19 @@ def test_ups_help_says_each_settings_default_as_the_lab_spec_has_it():
             assert f"[env {key}; default {spec_default(param.name)}" in param.help, param.help
         checked += 1
     assert checked >= 14
+
+
+@pytest.mark.parametrize("result_json, fragment", [
+    (None, "has no result.json (it is still running"),
+    ("[1, 2]", "has no result.json (it is still running"),
+    ('{"summary": {"workload": "mine"}}', "has no step model to price: only the trainer's runs"),
+    ('{"summary": {"step_model": {"inputs": {"job": {}}}}}', "step model inputs are not as this labctl writes them"),
+])
+def test_cost_from_a_run_that_cannot_be_priced_says_why_and_exits_1(tmp_path, result_json, fragment):
+    """A run folder that is not a finished trainer run's (a lab in the wrong state for it): exit 1."""
+    run = tmp_path / "runs" / "20261207-000000-abcd"
+    run.mkdir(parents=True)
+    if result_json is not None:
+        (run / "result.json").write_text(result_json)
+    result = invoke("cost", "--from-run", str(run))
+    assert result.exit_code == 1 and fragment in result.output, result.output

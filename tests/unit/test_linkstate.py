@@ -21,6 +21,8 @@ def test_a_state_is_every_ranks_node_as_it_reported_itself_and_the_backend():
     ]
     assert len({key} | {linkstate.state_key(state, "gloo") for state in changed}) == 1 + len(changed)
     assert linkstate.state_key(one, "nccl") != key
+    # a ring that meets a shaped hop probes no rate; one turning the other way on the same links may
+    assert linkstate.state_key(one, "gloo", shaped=True) != key
 
 
 def test_a_kept_state_reads_back_and_anything_else_is_measured_again(tmp_path):
