@@ -45,9 +45,12 @@ class Case:
     nproc_per_node: int = 1
     slow_cpus: float | None = None  # the last of its nodes limited to this many CPUs: a straggler
     spine: str | None = None  # its nodes in two halves joined by this rate both ways (`shape --to`)
+    workload: str = "gpt"  # the trainer's --workload; the gpt runs --steps, others their own args
 
     @property
     def name(self) -> str:
+        if self.workload != "gpt":  # make demo's own run
+            return f"{self.nodes} nodes, {self.bw or 'unshaped'}, {self.workload} {' '.join(self.args)} (make demo's run)"
         parts = [f"{self.nodes} nodes", self.bw or "unshaped", *([f"{self.nproc_per_node}/node"] if self.nproc_per_node > 1 else []),
                  *([f"straggler {self.slow_cpus:g} CPU"] if self.slow_cpus else []),
                  *([f"2 groups joined by {self.spine}"] if self.spine else []), " ".join(self.args)]
@@ -55,8 +58,11 @@ class Case:
 
 
 def grid(max_nodes: int) -> list[Case]:
-    """The default grid, each case on no more nodes than the lab has (32 on 8 nodes, 26 on 4, 12 on 2)."""
-    cases = [Case(n, bw) for n in (2, 4, 8) for bw in (None, "1gbit", "100mbit")]
+    """The default grid, each case on no more nodes than the lab has (33 on 8 nodes, 27 on 4, 12 on 2):
+    first make demo's own run (the toy workload, 3 nodes, unshaped), the first prediction a newcomer
+    sees; then the gpt's."""
+    cases = [Case(3, None, ("--epochs", "3"), workload="toy")]
+    cases += [Case(n, bw) for n in (2, 4, 8) for bw in (None, "1gbit", "100mbit")]
     cases += [Case(n, bw, ("--global-batch", str(4 * 8 * n))) for n in (2, 8) for bw in ("1gbit", "100mbit")]
     cases += [Case(n, bw, (*LARGER, "--bucket-cap-mb", cap)) for n in (2, 4) for bw in ("1gbit", "100mbit")
               for cap in ("1", "25")]
@@ -80,6 +86,8 @@ class PredictRow:
     exposed_comm_ms: float | None
     step_model: dict  # the prediction's terms and calibration, as the SUMMARY has them (the median run's)
     run_errors: list[float]  # each run's own step_model_error
+    trusted: bool = True  # most of its runs predicted their step; False: most said it was too short to predict
+    run_trusted: list[bool] | None = None  # each run's step_model_trusted
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -92,10 +100,12 @@ def row_of(case: Case, summaries: list[dict]) -> PredictRow:
         return statistics.median(values) if values else None
 
     predicted, measured = median("predicted_step_ms"), median("step_ms")
+    trusted = [s.get("step_model_trusted", True) for s in summaries]
     middle = min(summaries, key=lambda s: abs(s["step_ms"] - measured))  # the run whose terms are shown
     return PredictRow(case.name, case.nodes, summaries[0]["world_size"], case.bw, round(predicted, 3), round(measured, 3),
                       round(measured / predicted - 1, 4), median("predicted_exposed_comm_ms"), median("exposed_comm_ms"),
-                      middle.get("step_model", {}), [s["step_model_error"] for s in summaries])
+                      middle.get("step_model", {}), [s["step_model_error"] for s in summaries],
+                      2 * sum(trusted) > len(trusted), trusted)
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -107,28 +117,52 @@ def percentile(values: list[float], q: float) -> float:
 
 
 def error_stats(rows: list[PredictRow]) -> dict:
-    """The median and 90th percentile of the absolute errors, and the largest."""
-    errors = [abs(r.error) for r in rows]
-    return {"rows": len(rows), "median_abs_error": round(statistics.median(errors), 4),
-            "p90_abs_error": round(percentile(errors, 90), 4), "max_abs_error": round(max(errors), 4)}
+    """The median and 90th percentile of the absolute errors of the cases predicted, and the largest;
+    a case most of whose runs said their step was too short to predict is counted apart
+    ("too_short"), and "all_cases" gives the same three over every case, as if each were predicted."""
+    def three(errors: list[float]) -> dict:
+        errors = errors or [float("nan")]
+        return {"median_abs_error": round(statistics.median(errors), 4), "p90_abs_error": round(percentile(errors, 90), 4),
+                "max_abs_error": round(max(errors), 4)}
+
+    predicted = [abs(r.error) for r in rows if r.trusted]
+    return {"rows": len(predicted), "too_short": sum(not r.trusted for r in rows), **three(predicted),
+            "all_cases": {"rows": len(rows), **three([abs(r.error) for r in rows])}}
 
 
 def stats_line(stats: dict) -> str:
     """The error's statistics in words, under the table (predict.md, and what the command prints)."""
-    return (f"{stats['rows']} cases: median absolute error {stats['median_abs_error']:.1%}, 90th percentile "
-            f"{stats['p90_abs_error']:.1%}, largest {stats['max_abs_error']:.1%}")
+    line = (f"{stats['rows']} cases predicted: median absolute error {stats['median_abs_error']:.1%}, 90th "
+            f"percentile {stats['p90_abs_error']:.1%}, largest {stats['max_abs_error']:.1%}")
+    if not stats.get("too_short"):
+        return line
+    every = stats["all_cases"]
+    return (f"{line}; {stats['too_short']} too short to predict (every {every['rows']} cases counted: "
+            f"{every['median_abs_error']:.1%}, {every['p90_abs_error']:.1%}, {every['max_abs_error']:.1%})")
+
+
+def error_text(row: PredictRow) -> str:
+    """A row's error, with its runs' spread where there were several; "too short" where not predicted."""
+    if not row.trusted:
+        return f"too short ({row.error:+.0%})"
+    shorts = sum(not t for t in row.run_trusted or [])
+    short = f", {shorts} of {len(row.run_errors)} too short" if shorts else ""
+    runs = f" ({min(row.run_errors):+.1%} to {max(row.run_errors):+.1%}{short})" if len(row.run_errors) > 1 else ""
+    return f"{row.error:+.1%}{runs}"
 
 
 def markdown(rows: list[PredictRow], stats: dict, title: str) -> str:
     lines = [f"# {title}", "", "| case | world | predicted (ms) | measured (ms) | error |", "| --- | ---: | ---: | ---: | ---: |"]
-    lines += [f"| {r.case} | {r.world_size} | {r.predicted_step_ms:.1f} | {r.measured_step_ms:.1f} | {r.error:+.1%} |"
+    lines += [f"| {r.case} | {r.world_size} | {r.predicted_step_ms:.1f} | {r.measured_step_ms:.1f} | {error_text(r)} |"
               for r in rows]
     lines += ["", stats_line(stats), ""]
     return "\n".join(lines)
 
 
 def plot(rows: list[PredictRow], path: Path, title: str) -> Path:
-    """Predicted against measured, one point per run, on log axes with the line of equality and +-10%."""
+    """Predicted against measured, one point per case predicted (not those too short to predict), on
+    log axes with the line of equality and +-10%."""
+    rows = [r for r in rows if r.trusted]
     plt = pyplot()
     fig, ax = plt.subplots(figsize=(6.5, 6))
     for bw in sorted({r.bw or "unshaped" for r in rows}):
@@ -179,7 +213,7 @@ def measure(session: LabSession, steps: int = 20, repeats: int = 1, *, out_dir: 
     cases = grid(len(names))
     if len(cases) < 2:
         raise StateError(f"lab {session.name} has {len(names)} node; the grid's cases need 2 or more",
-                         hint=f"labctl up --lab {session.name} --nodes 8 (all 32 cases; 2 nodes run 12 of them)")
+                         hint=f"labctl up --lab {session.name} --nodes 8 (all 33 cases; 2 nodes run 12 of them)")
     node_env = session.node_env(names)
     runs: dict[Case, list[dict]] = {c: [] for c in cases}
     iface = session.config.iface
@@ -219,7 +253,7 @@ def run_case(session: LabSession, case: Case, names: list[str], node_env: dict, 
     """One run of `case` on the lab's first case.nodes nodes: its SUMMARY. A straggler case limits its
     last node's CPUs for the run only."""
     config = Config(case.name, "lab", case.nodes, case.nproc_per_node, case.bw)
-    args = ["--workload", "gpt", "--steps", str(steps), *case.args]
+    args = ["--workload", case.workload, *(["--steps", str(steps)] if case.workload == "gpt" else []), *case.args]
     if case.spine:
         with spine(session, names[:case.nodes], Shape(parse_rate(case.spine, "--to"))):
             return run_lab(session, config, args, node_env)

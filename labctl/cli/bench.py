@@ -260,19 +260,21 @@ def bench_scaling_cmd(lab, workload, nodes_list, rates, delay, nproc, steps, mic
 @bench.command("predict", context_settings=CONTEXT)
 @lab_option
 @click.option("--steps", type=click.IntRange(3, 10_000), default=30, show_default=True, help="Optimizer steps per run.")
-@click.option("--repeats", type=click.IntRange(1, 20), default=1, show_default=True,
-              help="Runs of each case, in rounds; its row is their median prediction against their median step.")
+@click.option("--repeats", type=click.IntRange(1, 20), default=3, show_default=True,
+              help="Runs of each case, in rounds; its row is their median prediction against their median step, "
+                   "with the spread of the runs' own errors.")
 @click.option("--out", "out_dir", type=FilePath(file_okay=False, path_type=Path),
               help="Where to write predict.md, predict.json and predict.png [default: .lab/<lab>/bench-predict].")
 @click.option("--json", "as_json", is_flag=True, help="Print the rows and the error's statistics as JSON.")
 def bench_predict_cmd(lab, steps, repeats, out_dir, as_json) -> None:
     """The step model against the steps it predicts, over a grid of configurations.
 
-    Runs the trainer (gpt) on the lab's first 2, 4 and 8 nodes, unshaped and at 1gbit and 100mbit,
-    with accumulation, buckets of 1 and 25 MiB, 2 ranks a node, a straggler, the sharded strategies
-    and two groups of nodes joined by 100mbit (the cases the lab has nodes for: 12 on 2 nodes, 26 on
-    4, all 32 on 8), and prints each
-    run's predicted and measured step, and the median and 90th percentile of the absolute error.
+    Runs make demo's own run (the toy workload on 3 nodes), then the trainer's gpt on the lab's first
+    2, 4 and 8 nodes, unshaped and at 1gbit and 100mbit, with accumulation, buckets of 1 and 25 MiB,
+    2 ranks a node, a straggler, the sharded strategies and two groups of nodes joined by 100mbit (the
+    cases the lab has nodes for: 12 on 2 nodes, 27 on 4, all 33 on 8), and prints each case's
+    predicted and measured step with its runs' spread, and the median and 90th percentile of the
+    absolute error of the cases predicted (a case too short to predict is counted apart).
     The lab's links must be unshaped: the bench shapes and clears them itself.
     """
     from labctl.cli import render_bench

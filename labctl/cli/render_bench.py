@@ -6,7 +6,7 @@ from __future__ import annotations
 from rich.markup import escape
 from rich.table import Table
 
-from labctl.bench.predict import stats_line
+from labctl.bench.predict import error_text, stats_line
 from labctl.bench.scaling import markdown
 from labctl.cli.render import emit_json, seconds_text
 from labctl.core.ui import console, err_console, info
@@ -79,7 +79,7 @@ def print_predict(result, as_json: bool) -> None:
         table.add_column(column, justify="left" if column == "case" else "right")
     for r in result.rows:
         table.add_row(escape(r.case), str(r.world_size), f"{r.predicted_step_ms:.1f}", f"{r.measured_step_ms:.1f}",
-                      f"{r.error:+.1%}")
+                      error_text(r))
     console.print(table)
     info(stats_line(result.stats))
 

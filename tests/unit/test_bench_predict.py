@@ -8,7 +8,10 @@ from labctl.bench.predict import Case, error_stats, grid, markdown, percentile, 
 def test_the_grid_covers_what_the_issue_asks_and_fits_the_lab():
     cases = grid(8)
     assert len(cases) >= 24
-    assert {c.nodes for c in cases} == {2, 4, 8}
+    # make demo's own run first: the first prediction a newcomer sees
+    assert (cases[0].workload, cases[0].nodes, cases[0].bw, cases[0].args) == ("toy", 3, None, ("--epochs", "3"))
+    assert cases[0].name == "3 nodes, unshaped, toy --epochs 3 (make demo's run)"
+    assert {c.nodes for c in cases[1:]} == {2, 4, 8} and {c.workload for c in cases[1:]} == {"gpt"}
     assert {c.bw for c in cases} == {None, "1gbit", "100mbit"}
     assert {"1", "25"} <= {c.args[c.args.index("--bucket-cap-mb") + 1] for c in cases if "--bucket-cap-mb" in c.args}
     assert any("--global-batch" in c.args for c in cases)  # accumulation 4
@@ -19,9 +22,10 @@ def test_the_grid_covers_what_the_issue_asks_and_fits_the_lab():
     assert len({c.name for c in cases}) == len(cases)  # every case says what it is
 
 
-def summary(predicted, measured):
+def summary(predicted, measured, trusted=True):
     return {"predicted_step_ms": predicted, "step_ms": measured, "world_size": 4, "step_model_error": measured / predicted - 1,
-            "predicted_exposed_comm_ms": 1.0, "exposed_comm_ms": 2.0, "step_model": {"step_ms": predicted}}
+            "predicted_exposed_comm_ms": 1.0, "exposed_comm_ms": 2.0, "step_model": {"step_ms": predicted},
+            "step_model_trusted": trusted}
 
 
 def test_a_cases_row_is_the_median_prediction_against_the_median_step():
@@ -36,4 +40,34 @@ def test_the_errors_median_and_90th_percentile_are_of_their_absolute_values():
     rows = [row_of(Case(2), [summary(100.0, 100.0 * (1 + e))]) for e in (0.01, -0.02, 0.03, -0.2, 0.05)]
     stats = error_stats(rows)
     assert stats["median_abs_error"] == pytest.approx(0.03) and stats["max_abs_error"] == pytest.approx(0.2)
-    assert "5 cases: median absolute error 3.0%" in markdown(rows, stats, "t")
+    assert "5 cases predicted: median absolute error 3.0%" in markdown(rows, stats, "t")
+
+
+def test_a_case_too_short_to_predict_is_shown_and_counted_apart_and_each_row_gives_its_runs_spread():
+    predicted = [row_of(Case(2), [summary(100.0, 100.0 * (1 + e)), summary(100.0, 100.0 * (1 + e / 2))])
+                 for e in (0.02, -0.04, 0.06)]
+    # a case is too short where most of its runs said so; one run of three saying so is shown in its row
+    short = row_of(Case(3, None, ("--epochs", "3"), workload="toy"),
+                   [summary(5.0, 7.0, trusted=False), summary(5.0, 6.0, trusted=False), summary(5.0, 6.5)])
+    mostly = row_of(Case(4), [summary(50.0, 51.0, trusted=False), summary(50.0, 52.0), summary(50.0, 53.0)])
+    assert [r.trusted for r in predicted] == [True] * 3 and short.trusted is False and mostly.trusted is True
+    stats = error_stats([short, mostly, *predicted])
+    assert (stats["rows"], stats["too_short"]) == (4, 1) and stats["max_abs_error"] < 0.1  # the +30% is not in it
+    assert stats["all_cases"]["rows"] == 5 and stats["all_cases"]["max_abs_error"] == pytest.approx(0.3)
+    text = markdown([short, mostly, *predicted], stats, "t")
+    assert "| too short (+30%) |" in text and "4 cases predicted: median absolute error" in text
+    assert "(+2.0% to +6.0%, 1 of 3 too short) |" in text and "(+1.0% to +2.0%)" in text
+    assert "; 1 too short to predict (every 5 cases counted: " in text and ", 30.0%)" in text
+
+
+def test_bench_predict_prints_its_table_and_statistics(capsys):
+    """The command's own rendering of a report (it once named a helper it did not import)."""
+    from labctl.bench.predict import PredictReport
+    from labctl.cli import render_bench
+
+    rows = [row_of(Case(2), [summary(100.0, 103.0), summary(100.0, 101.0)]),
+            row_of(Case(3, None, ("--epochs", "3"), workload="toy"), [summary(5.0, 7.0, trusted=False)])]
+    render_bench.print_predict(PredictReport(rows, error_stats(rows), "a title", []), as_json=False)
+    out = capsys.readouterr()
+    assert "too short (+40%)" in out.out and "+2.0% (+1.0% to +3.0%)" in out.out
+    assert "1 cases predicted" in out.err + out.out
