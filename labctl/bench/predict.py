@@ -231,7 +231,7 @@ def measure(session: LabSession, steps: int = 20, repeats: int = 1, *, out_dir: 
     finally:
         netshape.clear_shape(session.client, session.name, names, iface)
     rows = [row_of(case, summaries) for case, summaries in runs.items()]
-    return write_report(rows, f"Step model: predicted against measured, gpt, {steps} steps a run, "
+    return write_report(rows, f"Step model: predicted against measured, make demo's run and the gpt at {steps} steps a run, "
                               f"{'the median of ' + str(repeats) + ' runs' if repeats > 1 else 'one run'} a case, "
                               f"{session.cpus} CPUs", out_dir or session.directory / "bench-predict", report)
 
@@ -243,8 +243,8 @@ def write_report(rows: list[PredictRow], title: str, out: Path, report: Callable
     (out / "predict.md").write_text(markdown(rows, stats, title))
     (out / "predict.json").write_text(json.dumps({**stats, "title": title, "rows": [r.as_dict() for r in rows]},
                                                  indent=1) + "\n")
-    paths = [out / "predict.md", out / "predict.json"] + ([plot(rows, out / "predict.png", title)]
-                                                          if have_matplotlib() else [])
+    drawn = have_matplotlib() and any(r.trusted for r in rows)  # a picture of the cases predicted, if any
+    paths = [out / "predict.md", out / "predict.json"] + ([plot(rows, out / "predict.png", title)] if drawn else [])
     report("wrote " + ", ".join(str(p) for p in paths))
     return PredictReport(rows, stats, title, paths)
 
