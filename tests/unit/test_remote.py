@@ -9,6 +9,7 @@ The run's store, which needs torch (seconds to import), listens in tests/host/te
 """
 
 import ast
+import contextlib
 import importlib
 import json
 import os
@@ -266,11 +267,20 @@ time.sleep(120)
 """
 
 
-def _watch_a_job_with_a_worker(*how: str) -> tuple[subprocess.Popen, int]:
+@contextlib.contextmanager
+def _watch_a_job_with_a_worker(*how: str):
+    """(the watchdog, its job's worker's pid), both killed afterwards whatever the test found."""
     env = {**os.environ, RUN_ID_VAR: new_run_id()}
     watchdog = subprocess.Popen([sys.executable, "-c", launch.STOP_SCRIPT, "watch", "1", sys.executable, "-c",
                                  WORKER_JOB, *how], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env)
-    return watchdog, int(watchdog.stdout.readline())
+    worker = int(watchdog.stdout.readline())
+    try:
+        yield watchdog, worker
+    finally:
+        watchdog.kill()
+        watchdog.wait()
+        if not _gone(worker):
+            os.kill(worker, signal.SIGKILL)
 
 
 def _gone(pid: int) -> bool:
@@ -284,30 +294,18 @@ def _gone(pid: int) -> bool:
 def test_the_watchdog_stops_the_workers_its_job_leaves_when_it_dies_first():
     """c3 of 2026-12-06: torchrun died before the watchdog read the session's end, and its worker (a
     session of its own) lived on under init. The watchdog adopts such orphans and stops them."""
-    watchdog, worker = _watch_a_job_with_a_worker("dies", "polite")
-    try:
+    with _watch_a_job_with_a_worker("dies", "polite") as (watchdog, worker):
         assert watchdog.wait(timeout=TIMEOUT_S) == 1  # the job's own status, still
         assert _gone(worker)
-    finally:
-        watchdog.kill()
-        watchdog.wait()
-        if not _gone(worker):
-            os.kill(worker, signal.SIGKILL)
 
 
 def test_the_watchdog_finishes_its_stop_when_the_job_leaves_at_the_sigterm():
     """The session closes; the job leaves at the SIGTERM, its worker does not: the watchdog must not
     exit before the SIGKILL that the grace ends with (it once did, leaving the worker on the host)."""
-    watchdog, worker = _watch_a_job_with_a_worker("stays", "stubborn")
-    try:
+    with _watch_a_job_with_a_worker("stays", "stubborn") as (watchdog, worker):
         watchdog.stdin.close()
         assert watchdog.wait(timeout=TIMEOUT_S) == 128 + signal.SIGTERM
         assert _gone(worker)
-    finally:
-        watchdog.kill()
-        watchdog.wait()
-        if not _gone(worker):
-            os.kill(worker, signal.SIGKILL)
 
 
 def test_the_watchdog_passes_the_jobs_exit_status_through():
