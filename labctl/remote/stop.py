@@ -135,12 +135,17 @@ def signal_all(run_id, sig, registry=REGISTRY_DIR):
             pass
 
 
-def stop_run(run_id, grace_s, registry=REGISTRY_DIR):
-    signal_all(run_id, signal.SIGTERM, registry)
+def terminate(send, alive, grace_s):
+    """send(SIGTERM), then send(SIGKILL) once nothing is alive() or grace_s has passed."""
+    send(signal.SIGTERM)
     deadline = time.monotonic() + grace_s
-    while members(run_id, registry) and time.monotonic() < deadline:
+    while alive() and time.monotonic() < deadline:
         time.sleep(0.1)
-    signal_all(run_id, signal.SIGKILL, registry)
+    send(signal.SIGKILL)
+
+
+def stop_run(run_id, grace_s, registry=REGISTRY_DIR):
+    terminate(lambda sig: signal_all(run_id, sig, registry), lambda: members(run_id, registry), grace_s)
 
 
 def say(line):
@@ -179,19 +184,19 @@ def own_children():
     return found
 
 
+def signal_children(sig):
+    for pid in own_children():
+        for kill in (os.killpg, os.kill):  # a worker leads its own group; anything else, alone
+            try:
+                kill(pid, sig)
+                break
+            except OSError:
+                pass
+
+
 def stop_children(grace_s):
     """Stop what the child left behind: SIGTERM to each one's process group, SIGKILL after grace_s."""
-    for sig in (signal.SIGTERM, signal.SIGKILL):
-        deadline = time.monotonic() + (grace_s if sig == signal.SIGTERM else 5)
-        for pid in own_children():
-            for kill in (os.killpg, os.kill):  # a worker leads its own group; anything else, alone
-                try:
-                    kill(pid, sig)
-                    break
-                except OSError:
-                    pass
-        while own_children() and time.monotonic() < deadline:
-            time.sleep(0.1)
+    terminate(signal_children, own_children, grace_s)
 
 
 def watch(grace_s, argv):
