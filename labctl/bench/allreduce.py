@@ -240,7 +240,7 @@ def measure(session: LabSession, sizes: list[int], iters: int, efficiency: float
     steps = tuple({RING_STEP.get(op, -1) for op in ops or ["all_reduce"]})  # which way each op's ring turns
     bottleneck = netshape.slowest_link(links, ip_of, steps)  # the rings' slowest hop, links between groups too
     slowest, neighbour, link_bps = bottleneck or (names[0], names[steps[0] % len(names)], None)
-    delay_s = max((hop.delay_us for step in steps for hop in lab_ring(links, ip_of, step)), default=0) / 1e6
+    delay_s = max((hop.delay_us for hop in lab_ring(links, ip_of, steps)), default=0) / 1e6
     report(f"measuring the wire {slowest} -> {neighbour} with iperf3 ({IPERF_SECONDS} s)")
     wire_bps = measure_wire(session.client, session.name, slowest, neighbour, ip_of[neighbour])
     plan = sweep_plan(session, node_env, sizes, iters, env, ops=ops)

@@ -227,8 +227,7 @@ def slowest_link(links: dict[str, LinkState], addresses: dict[str, str] | None =
     """(sender, receiver, rate) of the slowest shaped hop of the rings that turn `steps` (routes.RING_STEP:
     -1 for gloo's all-reduce), the nodes in the order of `links`: it sets a ring's pace; None if no
     hop is shaped. Without `addresses` (name -> IP), links to groups of nodes are not seen."""
-    shaped = [(hop.rate_bps, hop.sender, hop.receiver) for step in steps for hop in lab_ring(links, addresses or {}, step)
-              if hop.rate_bps]
+    shaped = [(hop.rate_bps, hop.sender, hop.receiver) for hop in lab_ring(links, addresses or {}, steps) if hop.rate_bps]
     if not shaped:
         return None
     rate_bps, sender, receiver = min(shaped)

@@ -150,13 +150,13 @@ def shaping_of(state: LinkState) -> dict:
 RING_STEP = {"all_reduce": -1, "reduce_scatter": -1, "all_gather": 1}
 
 
-def lab_ring(links: dict[str, LinkState], addresses: dict[str, str], step: int = -1) -> list[Hop]:
-    """The ring's hops, the nodes in the order of `links` (node-rank order): each node sends to the
-    one `step` away (RING_STEP: -1 for gloo's all-reduce), priced as the trainer prices its own ring
+def lab_ring(links: dict[str, LinkState], addresses: dict[str, str], steps: tuple[int, ...] = (-1,)) -> list[Hop]:
+    """The rings' hops, the nodes in the order of `links` (node-rank order): each node sends to the
+    one each of `steps` away (RING_STEP: -1 for gloo's all-reduce), priced as the trainer prices its own ring
     (trainer.tclinks.ring_hops): its route to the receiver's address where it has one, else the
     rest of its link; the slower of that and the receiver's shaped ingress. `addresses`: node name -> IP."""
     names = list(links)
-    hops = ring_hops(names, {name: shaping_of(links[name]) for name in names}, addresses, (step,))
+    hops = ring_hops(names, {name: shaping_of(links[name]) for name in names}, addresses, steps)
     return [Hop(names[h["sender"]], names[h["receiver"]], int(h["rate_bps"]) if h["rate_bps"] else None,
                 round(h["delay_s"] * 1e6)) for h in hops]
 
