@@ -117,21 +117,23 @@ def step_row(job: stepmodel.Job, compute: stepmodel.Compute, link: Link, rate_bp
 OWN_LINK = "this run's link"  # the first row of `cost --from-run`: the link as the run calibrated it
 
 
-def run_inputs(run_dir: Path) -> tuple[dict, dict]:
-    """(the run's SUMMARY, its step model's inputs) from result.json in `run_dir`. StateError where the
-    run is not over, printed no SUMMARY, or predicted nothing (a script of its own, or an older trainer)."""
+def run_inputs(run_dir: Path) -> dict:
+    """The step model's inputs from the SUMMARY in `run_dir`'s result.json. StateError where the run is
+    not over, printed no SUMMARY, or predicted nothing (a script of its own, or an older trainer)."""
     try:
-        summary = json.loads((run_dir / RESULT_FILE).read_text()).get("summary") or {}
-        summary.get("step_model")
-    except (OSError, ValueError, AttributeError):
+        result = json.loads((run_dir / RESULT_FILE).read_text())
+    except (OSError, ValueError):
+        result = None
+    if not isinstance(result, dict):
         raise StateError(f"run {run_dir.name} has no {RESULT_FILE} (it is still running, or its folder is not a run's)",
-                         hint="labctl cost --from-run RUN once the run has ended") from None
-    inputs = (summary.get("step_model") or {}).get("inputs")
+                         hint="labctl cost --from-run RUN once the run has ended")
+    summary = result.get("summary") or {}
+    inputs = (summary.get("step_model") or {}).get("inputs") if isinstance(summary, dict) else None
     if not inputs:
         raise StateError(f"run {run_dir.name} has no step model to price: only the trainer's runs (python -m trainer) "
                          "predict their steps (and a trainer older than this labctl kept no inputs)",
                          hint="labctl run -- -m trainer --epochs 3, then labctl cost --from-run")
-    return summary, inputs
+    return inputs
 
 
 def run_rows(inputs: dict, links: list[Link], efficiency: float) -> list[dict]:
@@ -148,7 +150,7 @@ def run_rows(inputs: dict, links: list[Link], efficiency: float) -> list[dict]:
 def estimate_run(run_dir: Path, query: CostQuery) -> CostReport:
     """`labctl cost --from-run RUN`: run_rows on the links `query` names (none: every preset), with its
     --delay and --efficiency; the report says what the run was (its strategy, ranks, accumulation)."""
-    summary, inputs = run_inputs(run_dir)
+    inputs = run_inputs(run_dir)
     links = links_to_price(query.links, None, query.delay)
     try:
         rows, job = run_rows(inputs, links, query.efficiency), inputs["job"]

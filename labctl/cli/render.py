@@ -78,7 +78,8 @@ def print_nodes(lab: str, nodes, links: dict | None, as_json: bool, title: str |
     console.print(nodes_table(lab, nodes, title, links))
     if calibrated:
         states = f"; {calibrated['states']} states of the links kept" if calibrated["states"] > 1 else ""
-        info(f"links last calibrated at {str(calibrated['at']).replace('T', ' ')[:19]} by run {calibrated['run']} ({len(calibrated['hosts'])} "
+        at = str(calibrated["at"]).replace("T", " ")[:19]
+        info(f"links last calibrated at {at} by run {calibrated['run']} ({len(calibrated['hosts'])} "
              f"ranks, {calibrated['backend']}, {calibrated['probes']} probes of a 1 KiB all-reduce, median "
              f"{calibrated['probe_us'] / 1e3:.2f} ms{states}); a run on another state calibrates it first")
 
