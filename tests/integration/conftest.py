@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 
-from labctl.run.launch import FORK_SOCKET
+from labctl.run.launch import FORK_SOCKET, LINKS_FOLDER
 
 REPO = Path(__file__).resolve().parents[2]
 SCRIPTS = Path(__file__).resolve().parent / "scripts"
@@ -270,7 +270,7 @@ class SharedLabs:
 
     def reset(self, lab: str, status: dict, cpus: dict[str, float | None]) -> str | None:
         """Clear what a module may have left (a paused or stopped node, a fork server gone,
-        processes, CPU limits, links), then check that the lab is as `up` left it: what is still
+        processes, CPU limits, links and their kept calibrations), then check that the lab is as `up` left it: what is still
         wrong, or None."""
         from labctl.engine.docker import apply_node_cpus
 
@@ -290,6 +290,9 @@ class SharedLabs:
             if limit != cpus[node]:
                 apply_node_cpus(self.client, lab, node, cpus[node])
         labctl("shape", "--lab", lab, "--clear")
+        # the link calibrations the module's runs kept (trainer/linkstate.py): a fresh lab has none,
+        # and its status says so (links_calibrated)
+        shutil.rmtree(REPO / ".lab" / lab / LINKS_FOLDER, ignore_errors=True)
         return self.wrong(lab, status, cpus)
 
     def wrong(self, lab: str, status: dict, cpus: dict[str, float | None]) -> str | None:
