@@ -313,8 +313,10 @@ def predict_run(run, schedule, module) -> tuple[stepmodel.Prediction, dict]:
     prediction = stepmodel.predict(job, compute, link)
     floor_ms = accum * (everyone[slowest]["forward"] + everyone[slowest]["backward"])
     band = prediction_band(prediction.step_ms, job, compute, link, band_edges(mine, found, floor_ms))
-    # A step shorter than the noise measured around it is not predicted (instrument.too_short)
-    trusted = band[1] - band[0] <= prediction.step_ms
+    # A step shorter than the noise measured around it is not predicted (instrument.too_short). Not so
+    # a rank held back by its CPU quota: its steps jump by the quota's period (100 ms) whatever their
+    # length, the noise of a throttled node and not of a short step, and its sustained rate is modelled.
+    trusted = everyone[slowest]["slowdown"] > 1.0 or band[1] - band[0] <= prediction.step_ms
     return prediction, {
         "inputs": stepmodel.inputs_record(job, compute, link), "band_ms": band, "trusted": trusted, "link": found,
         "forward_ms": round(compute.forward_ms, 3), "backward_ms": round(compute.backward_ms, 3),
