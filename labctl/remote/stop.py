@@ -30,7 +30,8 @@ watch is also the reaper of what its child leaves: torchrun's workers lead sessi
 where torchrun dies first (its output gone with the session), they would go on under init. watch
 adopts them (PR_SET_CHILD_SUBREAPER) and, once its child has exited, stops every process of its own
 left alive: its descendants only, never a sibling rank of the same run on this host (the static
-launcher starts one watch per rank).
+launcher starts one watch per rank). No stop signals a watchdog (is_watchdog): each leaves once its
+job has, so two on one host never stop each other halfway through their stops.
 """
 
 import ctypes
@@ -47,14 +48,28 @@ REPORT = "DDPLAB_STOP"  # = labctl.run.executor.STOP_REPORT
 OOM_COUNTERS = ("/sys/fs/cgroup/memory.events", "/sys/fs/cgroup/memory/memory.oom_control")
 REGISTRY_DIR = "/tmp/ddplab/workers"  # = forkserver.py's SOCKET_PATH's folder + REGISTRY
 PR_SET_CHILD_SUBREAPER = 36  # <linux/prctl.h>
+WATCHDOG_TEXT = b'"""Stop one run\'s processes'  # how this file's text begins, as a watchdog's argv has it
+
+
+def is_watchdog(pid):
+    """Whether pid is a watchdog (`python -c THIS_FILE watch ...`). A stop never signals one: it leaves
+    by itself once its job has, with the job's status. Two on one host (a run's store and its agent,
+    or two static ranks) each stopped the other, each by SIGTERM before its own SIGKILL could come,
+    and the run's later pids were never signalled: c10d's store and a worker left on the host."""
+    try:
+        with open("/proc/%d/cmdline" % pid, "rb") as f:
+            args = f.read().split(b"\0")
+    except OSError:
+        return False
+    return len(args) > 3 and args[1] == b"-c" and args[2].startswith(WATCHDOG_TEXT) and args[3] == b"watch"
 
 
 def environs(run_id):
-    """{pid: environment entries} of the run's processes, other than init and this one."""
+    """{pid: environment entries} of the run's processes, other than init, this one and watchdogs."""
     marker = (RUN_ID_VAR + "=" + run_id).encode()
     found = {}
     for entry in os.listdir("/proc"):
-        if entry.isdigit() and int(entry) not in (1, os.getpid()):
+        if entry.isdigit() and int(entry) not in (1, os.getpid()) and not is_watchdog(int(entry)):
             try:
                 with open("/proc/%s/environ" % entry, "rb") as f:
                     env = f.read().split(b"\0")

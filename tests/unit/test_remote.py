@@ -308,6 +308,28 @@ def test_the_watchdog_finishes_its_stop_when_the_job_leaves_at_the_sigterm():
         assert _gone(worker)
 
 
+def test_two_watchdogs_of_one_run_stop_it_together_and_neither_stops_the_other():
+    """A run's store and its agent on node0, each under a watchdog of its own; labctl killed with -9
+    closes both sessions at once. Each watchdog's stop once sent SIGTERM to the other, before either
+    reached the run's later pids: both died, and the store and a worker stayed on the host."""
+    env = {**os.environ, RUN_ID_VAR: new_run_id()}
+    job = "import time; print('up', flush=True); time.sleep(60)"
+    watchdogs = [subprocess.Popen([sys.executable, "-c", launch.STOP_SCRIPT, "watch", "1", sys.executable, "-c", job],
+                                  stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env) for _ in range(2)]
+    try:
+        assert [w.stdout.readline().strip() for w in watchdogs] == ["up", "up"]
+        jobs = [child for w in watchdogs for child in _children(w.pid)]
+        for w in watchdogs:
+            w.stdin.close()
+        # each left by itself, with its job's status (the job's death by SIGTERM), not by the other's signal
+        assert [w.wait(timeout=TIMEOUT_S) for w in watchdogs] == [128 + signal.SIGTERM] * 2
+        assert len(jobs) == 2 and all(_gone(pid) for pid in jobs)
+    finally:
+        for w in watchdogs:
+            w.kill()
+            w.wait()
+
+
 def test_the_watchdog_passes_the_jobs_exit_status_through():
     env = {**os.environ, RUN_ID_VAR: new_run_id()}
     held = subprocess.Popen([sys.executable, "-c", launch.STOP_SCRIPT, "watch", "1", sys.executable, "-c",
