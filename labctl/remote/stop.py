@@ -69,13 +69,13 @@ def environs(run_id):
     marker = (RUN_ID_VAR + "=" + run_id).encode()
     found = {}
     for entry in os.listdir("/proc"):
-        if entry.isdigit() and int(entry) not in (1, os.getpid()) and not is_watchdog(int(entry)):
+        if entry.isdigit() and int(entry) not in (1, os.getpid()):
             try:
                 with open("/proc/%s/environ" % entry, "rb") as f:
                     env = f.read().split(b"\0")
             except OSError:
                 continue
-            if marker in env:
+            if marker in env and not is_watchdog(int(entry)):
                 found[int(entry)] = env
     return found
 
