@@ -48,7 +48,7 @@ REPORT = "DDPLAB_STOP"  # = labctl.run.executor.STOP_REPORT
 OOM_COUNTERS = ("/sys/fs/cgroup/memory.events", "/sys/fs/cgroup/memory/memory.oom_control")
 REGISTRY_DIR = "/tmp/ddplab/workers"  # = forkserver.py's SOCKET_PATH's folder + REGISTRY
 PR_SET_CHILD_SUBREAPER = 36  # <linux/prctl.h>
-WATCHDOG_TEXT = b'"""Stop one run\'s processes'  # how this file's text begins, as a watchdog's argv has it
+WATCHDOG_TEXT = ('"""' + __doc__.partition("\n")[0]).encode()  # how this file's text begins, as a watchdog's argv has it
 
 
 def is_watchdog(pid):
