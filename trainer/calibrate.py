@@ -216,10 +216,11 @@ def fit_link(everyone: list[dict], steps: tuple[int, ...], backend: str, device)
     # each rank whose own hop is as slow as the slowest: ranks sharing a node have none between nodes
     # (stepmodel.sent_while_waiting_ms; gloo's all-reduce ring alone: its ddp and zero)
     slow = tuple(sorted({h["sender"] for h in shaped if h["rate_bps"] <= 1.01 * slowest["rate_bps"]})) if shaped else ()
-    link = stepmodel.Link(rate_bps, stack_s, delay_s, burst, slow if len(steps) == 1 else (), steps[0])
+    queue_s = statistics.median(probes["queue_s"])  # a small broadcast's turn in a queue of them (zero's)
+    link = stepmodel.Link(rate_bps, stack_s, delay_s, burst, slow if len(steps) == 1 else (), steps[0], queue_s=queue_s)
     return link, {"rate_from": source, "rate_bps": round(rate_bps), "stack_us": round(stack_s * 1e6, 1),
                   "stack_us_band": [round(s * 1e6, 1) for s in stack_band],
-                  "probe_us": round(small_s * 1e6, 1),
+                  "probe_us": round(small_s * 1e6, 1), "queued_broadcast_us": round(queue_s * 1e6, 1),
                   "delay_us": round(delay_s * 1e6, 1), "burst_bytes": burst, "hops_between_nodes": len(hops),
                   "slow_senders": list(link.slow_senders), "calibrated": probes["calibrated"],
                   "calibrated_at": probes["at"], "calibrated_by": probes["run"], "probes": len(smalls),

@@ -86,6 +86,20 @@ def test_zeros_broadcasts_pay_each_calls_latency_two_at_a_time_on_gloo():
     assert predict(job, Compute(1.0, 1.0, 0.0), link).terms["broadcast_ms"] == pytest.approx(28.0, rel=1e-3)
 
 
+def test_a_calibrated_link_prices_zeros_broadcasts_at_its_measured_turn_in_a_queue():
+    """Where the calibration timed a queue of small broadcasts (Link.queue_s: a call's turn, its rounds,
+    threads and the link's delay in it), each call costs that turn, not rounds of the lone stack's."""
+    job = Job(world=4, strategy="zero", buckets=(100,), param_bytes=100, tensors=28)
+    link = Link(rate_bps=1e12, stack_s=0.001, delay_s=0.002, queue_s=0.0009)
+    assert stepmodel.zero_broadcast_ms(job, link) == pytest.approx(28 * 0.9, rel=1e-3)
+    # and the bytes still go down the tree: a quarter of 4 MB, two rounds, at 1 Gbit/s, added
+    big = Job(world=4, strategy="zero", buckets=(4e6,), param_bytes=4e6, tensors=28)
+    slow = Link(rate_bps=1e9, queue_s=0.0009)
+    assert stepmodel.zero_broadcast_ms(big, slow) == pytest.approx(28 * 0.9 + 2 * 1e6 * 8 / 1e9 * 1e3, rel=1e-3)
+    # a run's inputs read back give the same link, its measured turn included (`labctl cost --from-run`)
+    assert stepmodel.from_record(stepmodel.inputs_record(big, Compute(1.0, 1.0, 0.0), slow))[2] == slow
+
+
 def test_tc_json_gives_the_slowest_tbf_each_way_and_netem_delay():
     qdiscs = [{"kind": "noqueue", "dev": "lo"},
               {"kind": "tbf", "dev": "eth0", "options": {"rate": 12_500_000, "burst": 131_062}},
