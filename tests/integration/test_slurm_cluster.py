@@ -20,7 +20,7 @@ import pytest
 
 from conftest import PS, REPO, drop_lab, lab_resources, labctl, new_lab_name, still_running, wait_for
 
-TRAIN = ["-m", "trainer", "--workload", "gpt", "--steps", "50"]
+TRAIN = ["-m", "trainer", "--workload", "gpt", "--steps", "20"]
 
 
 @pytest.fixture(scope="module")
