@@ -45,6 +45,12 @@ def lab_containers(client, lab: str) -> list[dict]:
     return client.api.containers(all=True, filters={"label": f"{LABEL_LAB}={lab}"})
 
 
+def removal_in_progress(exc: Exception) -> bool:
+    """The engine's 409 when another client (a container's own auto-remove, a concurrent `down`) is
+    removing the container already: it is going, so a caller that wanted it gone has what it wanted."""
+    return getattr(exc, "status_code", None) == 409 and "already in progress" in str(exc)
+
+
 def name_of(container: dict) -> str:
     return container["Names"][0].lstrip("/")
 

@@ -23,6 +23,7 @@ from labctl.engine.docker import (
     lab_networks,
     lab_volumes,
     name_of,
+    removal_in_progress,
 )
 from labctl.engine.labels import LABEL_GPUS, LABEL_LAB, LABEL_NODE, LABEL_RANK, container_name, network_name
 from labctl.errors import CommandError, LabError, StateError
@@ -273,7 +274,7 @@ def apply_down(client, lab: str, volumes: bool = False) -> dict[str, int]:
         except docker.errors.APIError as exc:
             # Another process (a concurrent `down` or `gc` of the same lab) is removing it already: wait
             # for that to end, as if this call had removed it, rather than fail on the engine's 409.
-            if exc.status_code != 409 or "already in progress" not in str(exc) or not isinstance(resource, dict):
+            if not removal_in_progress(exc) or not isinstance(resource, dict):
                 raise
             _wait_gone(client, resource["Id"])
             return 0

@@ -18,7 +18,7 @@ import shlex
 from concurrent.futures import ThreadPoolExecutor
 from typing import Callable
 
-from labctl.engine.docker import exec_in, lab_containers
+from labctl.engine.docker import exec_in, lab_containers, removal_in_progress
 from labctl.engine.labels import LABEL_LAB, LABEL_NODE, container_name, network_name
 from labctl.errors import StateError
 from labctl.net.neighbors import build_neighbors
@@ -116,6 +116,9 @@ def cancel_undos(client, lab: str, nodes: list[str]) -> None:
                 client.api.remove_container(container["Id"], force=True)
             except docker.errors.NotFound:  # it had just finished (it removes itself)
                 pass
+            except docker.errors.APIError as exc:
+                if not removal_in_progress(exc):  # else it had just finished and is removing itself
+                    raise
 
 
 def schedule_undo(client, lab: str, nodes: list[str], image: str, iface: str, duration_s: int) -> None:

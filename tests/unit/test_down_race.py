@@ -1,6 +1,7 @@
 """`down` and `gc` of one lab from two processes at once: a container the other process is already
 removing (the engine's 409 "removal ... already in progress", seen in a fresh-clone `make test`
-where `gc` met a test's own `down`) counts as going, and is waited for, not an error."""
+where `gc` met a test's own `down`) counts as going, and is waited for, not an error. The same for
+a `shape --duration` undo that a later shape cancels just as it removes itself."""
 
 from __future__ import annotations
 
@@ -46,3 +47,26 @@ def test_any_other_refusal_still_fails(monkeypatch):
     monkeypatch.setattr(lifecycle, "lab_containers", lambda client, lab: [{"Id": "c1", "Names": ["/demo-node0"]}])
     with pytest.raises(docker.errors.APIError):
         lifecycle.apply_down(engine, "demo")
+
+
+class UndoEngine:
+    """The calls cancel_undos makes: one pending undo of node0, which the engine is removing already
+    (it fired, cleared the link and is removing itself: auto_remove), as seen in a fresh-clone make test."""
+
+    def __init__(self, status: int, message: str):
+        self.api, self.status, self.message = self, status, message
+
+    def containers(self, all, filters):
+        return [{"Id": "u1", "Labels": {"io.ddplab.target": "node0"}}]
+
+    def remove_container(self, container_id, force):
+        response = type("R", (), {"status_code": self.status, "reason": "x", "url": f"http+docker://localhost/containers/{container_id}"})()
+        raise docker.errors.APIError(self.message, response=response, explanation=self.message)
+
+
+def test_a_later_shape_cancels_an_undo_that_is_removing_itself_without_an_error():
+    from labctl.net import apply
+
+    apply.cancel_undos(UndoEngine(409, "removal of container u1 is already in progress"), "demo", ["node0"])
+    with pytest.raises(docker.errors.APIError):  # any other refusal still fails
+        apply.cancel_undos(UndoEngine(409, "conflict: something else"), "demo", ["node0"])
