@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Callable, Mapping
 
 from labctl.engine import detect as engine_mod
-from labctl.engine.docker import lab_containers
+from labctl.engine.docker import lab_nodes
 from labctl.hosts import labnodes
 from labctl.lab import image as image_mod
 from labctl.lab.lifecycle import NodeState, lab_dir
@@ -23,7 +23,7 @@ from labctl.lab.package_image import prepare_packages
 from labctl.lab.packages import LOCK_FILE, read_declaration
 from labctl.lab.resolve import write_atomic
 from labctl.lab.up import UpPlan, apply_up_plan, build_up_plan, kept_packages, settle
-from labctl.net.apply import apply_shape, read_links, settle_neighbors
+from labctl.net.apply import apply_shape, drop_helpers, read_links, settle_neighbors
 from labctl.net.tc import LinkState, parse_shape
 from labctl.run.warm import plan_servers, start_servers, stop_servers
 from labctl.session import LabSession
@@ -56,7 +56,7 @@ def plan_up(client, config: LabSpec, workspace: Path, *, owner: Owner | None = N
     if config.bw is not None:
         parse_shape(config.bw)
     engine = engine_mod.usable_engine(client)
-    existing = lab_containers(client, config.lab)
+    existing = lab_nodes(client, config.lab)  # its helpers are no nodes: they have no owner's labels
     directory = lab_dir(workspace, config.lab)
     config = kept_packages(settle(config, existing), existing, directory)
     packages = read_declaration(config.requirements, config.with_packages, workspace, shown_key(config, "requirements"),
@@ -114,6 +114,7 @@ def bring_up(session: LabSession, plan: UpPlan, report: Report, build_progress=N
         if warning:
             report(warning)
     services = SlurmServices(client, session.workspace, report) if config.scheduler == "slurm" else None
+    drop_helpers(client, config.lab)
     plan, nodes = apply_up_plan(client, plan, session.workspace, report, services)
     names = [n.name for n in nodes]
     settle_neighbors(client, config.lab, {n.name: n.ip for n in nodes}, config.iface)

@@ -14,7 +14,7 @@ from typing import Callable, Iterator
 
 from labctl.core.proc import run
 from labctl.engine import detect as engine_mod
-from labctl.engine.labels import LABEL_EXEC_USER, LABEL_LAB, container_name
+from labctl.engine.labels import LABEL_EXEC_USER, LABEL_LAB, LABEL_NODE, container_name
 from labctl.errors import ConfigError, LabError, StateError
 
 
@@ -43,6 +43,12 @@ def lab_containers(client, lab: str) -> list[dict]:
     (The SDK's containers.list() inspects each container in turn; 16 nodes, 16 more calls.)
     """
     return client.api.containers(all=True, filters={"label": f"{LABEL_LAB}={lab}"})
+
+
+def lab_nodes(client, lab: str) -> list[dict]:
+    """The lab's nodes: its containers less its helpers (a node's kept network helper, a pending
+    --duration undo), which carry the lab's label but no node's."""
+    return [c for c in lab_containers(client, lab) if (c.get("Labels") or {}).get(LABEL_NODE)]
 
 
 def removal_in_progress(exc: Exception) -> bool:

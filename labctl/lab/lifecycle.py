@@ -21,6 +21,7 @@ from labctl.engine.detect import Engine
 from labctl.engine.docker import (
     lab_containers,
     lab_networks,
+    lab_nodes,
     lab_volumes,
     name_of,
     removal_in_progress,
@@ -217,8 +218,7 @@ def lab_status(client, lab: str, ready_lines: dict[str, str] | None = None) -> l
                          packages=labels.get(LABEL_PACKAGES, "")[:12])
 
     with ThreadPoolExecutor(max_workers=8) as pool:
-        # helper containers (a pending --duration undo) carry the lab's label but no node's: not nodes
-        containers = [c for c in lab_containers(client, lab) if (c.get("Labels") or {}).get(LABEL_NODE)]
+        containers = lab_nodes(client, lab)
         nodes = list(pool.map(describe, containers))
     return sorted(nodes, key=lambda n: n.rank)
 
@@ -283,7 +283,9 @@ def apply_down(client, lab: str, volumes: bool = False) -> dict[str, int]:
         time.sleep(0.5)  # let the engine finish the create calls already in flight
     containers = lab_containers(client, lab)
     with ThreadPoolExecutor(max_workers=8) as pool:
-        removed_containers = sum(pool.map(remove, containers))
+        removed = list(pool.map(remove, containers))
+    # the nodes are what a user counts; their helpers (labctl.net.apply) go with them
+    removed_containers = sum(n for n, c in zip(removed, containers) if (c.get("Labels") or {}).get(LABEL_NODE))
     names = [name_of(c) for c in containers]
     removed_networks = sum(_remove_network(n, lab, names) for n in lab_networks(client, lab))
     removed_volumes = 0

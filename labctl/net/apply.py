@@ -1,10 +1,14 @@
 """Apply link shaping to lab nodes and read it back from the kernel. The side-effect half of
 tc.py, which builds the tc commands.
 
-The nodes have no added capabilities. tc runs in a short-lived helper container that joins the
-node's network namespace (`--network container:NODE`) with NET_ADMIN, as Pumba does, and is gone
-when the commands are done. Reading the shaping back needs no capability: `tc qdisc show`
-inside the node.
+The nodes have no added capabilities. tc runs in a helper container that joins the node's network
+namespace (`--network container:NODE`) with NET_ADMIN, as Pumba does: one per node, started the
+first time the node's network is changed (`up` settles its neighbour table) and kept while the node
+runs, so that every later shape, clear, fault or read is a `docker exec` into it (0.3 s for a
+3-node `shape` where a helper started and removed per call took 1 s). It runs nothing but `sleep`
+between commands, carries the lab's label (`down` and `gc` remove it with the lab) and is started
+again where its node has been started since (a restarted node has a new namespace). Reading the
+shaping back needs no capability: `tc qdisc show` inside the node.
 
 --duration T: one more helper per node is left running; it sleeps T, clears the link and removes
 itself (as Pumba's `netem --duration`, but outliving labctl, which has returned the prompt). It
@@ -38,6 +42,8 @@ from labctl.net.tc import (
 LABEL_ROLE = "io.ddplab.role"
 LABEL_TARGET = "io.ddplab.target"  # the node an undo helper will clear (not io.ddplab.node: that marks a node)
 UNDO_ROLE = "shape-undo"
+HELPER_ROLE = "nethelper"  # the node's kept helper (node_helper)
+LABEL_JOINED = "io.ddplab.joined"  # the node's id and last start the kept helper joined
 
 
 def helper_script(commands: list[Command]) -> str:
@@ -53,26 +59,69 @@ def helper_script(commands: list[Command]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def start_helper(client, lab: str, node: str, image: str, commands: list[Command], role: str = "shaper",
-                 auto_remove: bool = False):
-    """Start commands as root with NET_ADMIN in the node's network namespace, detached: the container."""
+def start_helper(client, lab: str, node: str, image: str, argv: list[str], labels: dict, auto_remove: bool = False,
+                 name: str | None = None):
+    """Start `argv` as root with NET_ADMIN in the node's network namespace, detached: the container,
+    labelled with the lab, the node and `labels` (its role)."""
     return client.containers.run(
-        image, ["sh", "-c", helper_script(commands)], entrypoint=[], user="0:0", detach=True,
+        image, argv, entrypoint=[], user="0:0", detach=True, name=name,
         network_mode=f"container:{container_name(lab, node)}", cap_add=["NET_ADMIN"],
-        security_opt=["no-new-privileges"], labels={LABEL_LAB: lab, LABEL_ROLE: role, LABEL_TARGET: node},
-        auto_remove=auto_remove,
+        security_opt=["no-new-privileges"], auto_remove=auto_remove,
+        labels={LABEL_LAB: lab, LABEL_TARGET: node, **labels},
     )
+
+
+def helper_name(lab: str, node: str) -> str:
+    """The kept helper's name: not a prefix match for the node's own (`<lab>-node0`)."""
+    return f"{lab}-{HELPER_ROLE}-{node}"
+
+
+def node_helper(client, lab: str, node: str, image: str):
+    """The node's kept helper: the one running in the namespace the node has now, else a new one
+    (one whose node was started after it, or is another container, is replaced)."""
+    import docker.errors
+
+    target = client.api.inspect_container(container_name(lab, node))
+    joined = f"{target['Id']}@{target['State']['StartedAt']}"  # this node, since its last start
+    try:
+        helper = client.api.inspect_container(helper_name(lab, node))
+        if helper["State"]["Running"] and helper["Config"]["Labels"].get(LABEL_JOINED) == joined:
+            return client.containers.prepare_model(helper)
+        client.api.remove_container(helper["Id"], force=True)
+    except docker.errors.NotFound:
+        pass
+    except docker.errors.APIError as exc:
+        if not removal_in_progress(exc):
+            raise
+    try:
+        return start_helper(client, lab, node, image, ["sleep", "infinity"], {LABEL_ROLE: HELPER_ROLE, LABEL_JOINED: joined},
+                            name=helper_name(lab, node))
+    except docker.errors.APIError as exc:
+        if exc.status_code != 409:  # else a concurrent command of this lab started it first: use that one
+            raise
+        return client.containers.get(helper_name(lab, node))
+
+
+def drop_helpers(client, lab: str) -> None:
+    """Remove the lab's kept helpers before Compose changes its nodes: a helper holds its node's
+    network endpoint, so Compose could not replace the lab's network while one lives (`up --nodes N`
+    to another subnet failed so: "has active endpoints"). The next change starts them again."""
+    import docker.errors
+
+    for helper in client.api.containers(all=True, filters={"label": [f"{LABEL_LAB}={lab}", f"{LABEL_ROLE}={HELPER_ROLE}"]}):
+        try:
+            client.api.remove_container(helper["Id"], force=True)
+        except docker.errors.NotFound:
+            pass
+        except docker.errors.APIError as exc:
+            if not removal_in_progress(exc):
+                raise
 
 
 def run_helper(client, lab: str, node: str, image: str, commands: list[Command]) -> tuple[int, str]:
     """Run commands as root with NET_ADMIN in the node's network namespace; (exit code, output)."""
-    container = start_helper(client, lab, node, image, commands)
-    try:
-        code = container.wait(timeout=120)["StatusCode"]
-        output = container.logs(stdout=True, stderr=True).decode(errors="replace")
-    finally:
-        container.remove(force=True)
-    return code, output
+    code, output = node_helper(client, lab, node, image).exec_run(["sh", "-c", helper_script(commands)], user="0:0")
+    return code, output.decode(errors="replace")
 
 
 def node_image(client, lab: str, node: str) -> str:
@@ -124,7 +173,8 @@ def cancel_undos(client, lab: str, nodes: list[str]) -> None:
 def schedule_undo(client, lab: str, nodes: list[str], image: str, iface: str, duration_s: int) -> None:
     """One helper per node, left running: it sleeps `duration_s`, clears the link, removes itself."""
     for node in nodes:
-        start_helper(client, lab, node, image, build_undo(duration_s, iface), role=UNDO_ROLE, auto_remove=True)
+        start_helper(client, lab, node, image, ["sh", "-c", helper_script(build_undo(duration_s, iface))],
+                     {LABEL_ROLE: UNDO_ROLE}, auto_remove=True)
 
 
 def apply_shape(client, lab: str, nodes: list[str], shape: Shape, iface: str, duration_s: int | None = None) -> None:

@@ -23,6 +23,7 @@ from pathlib import Path
 
 import pytest
 
+from labctl.net.apply import helper_name
 from labctl.run.launch import FORK_SOCKET, LINKS_FOLDER
 
 REPO = Path(__file__).resolve().parents[2]
@@ -305,7 +306,9 @@ class SharedLabs:
         limits = self.cpu_limits(lab, status)
         if limits != cpus:
             return f"CPU limits {limits}, not {cpus}"
-        helpers = set(lab_resources(self.client, lab)["containers"]) - {f"{lab}-{n['name']}" for n in status["nodes"]}
+        # each node's kept network helper stays with it (labctl.net.apply); anything else is a leftover
+        kept = {f"{lab}-{n['name']}" for n in status["nodes"]} | {helper_name(lab, n["name"]) for n in status["nodes"]}
+        helpers = set(lab_resources(self.client, lab)["containers"]) - kept
         if helpers:
             return f"helper containers still there: {sorted(helpers)}"
         for node in status["nodes"]:

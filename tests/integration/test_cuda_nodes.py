@@ -12,7 +12,7 @@ TRAIN = ("--", "-m", "trainer", "--steps", "40")
 
 
 def images_of(docker_client, lab: str) -> dict[str, str]:
-    containers = docker_client.api.containers(all=True, filters={"label": f"io.ddplab.lab={lab}"})
+    containers = docker_client.api.containers(all=True, filters={"label": [f"io.ddplab.lab={lab}", "io.ddplab.node"]})
     return {c["Labels"]["io.ddplab.node"]: c["Image"] for c in containers}
 
 

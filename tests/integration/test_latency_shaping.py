@@ -100,6 +100,41 @@ def test_down_removes_a_pending_undo(docker_client, node_image):
         assert len(pending_undos(docker_client, name)) == 1
         status = json.loads(labctl("status", "--lab", name, "--json", check=True).stdout)
         assert [n["name"] for n in status["nodes"]] == ["node0"]  # a helper is not a node
+        # nor for `up`, which keeps a running lab's node count: it once counted the undo and grew the lab
+        again = json.loads(labctl("up", "--lab", name, "--warm", "off", "--json", check=True).stdout)
+        assert [n["name"] for n in again["nodes"]] == ["node0"], again
+    finally:
+        drop_lab(name)
+    assert lab_resources(docker_client, name) == {"containers": [], "networks": [], "volumes": []}
+
+
+def test_each_node_keeps_one_network_helper_which_a_restarted_node_replaces(docker_client, node_image):
+    """tc runs from one kept helper per node (labctl/net/apply.py): every later change is a `docker exec`
+    into it; a node started again gets a new one (a new namespace), a node taken away takes its own."""
+    name = new_lab_name()
+
+    def helpers() -> dict[str, str]:
+        found = docker_client.api.containers(filters={"label": [f"io.ddplab.lab={name}", "io.ddplab.role=nethelper"]})
+        return {c["Labels"]["io.ddplab.target"]: c["Id"] for c in found}
+
+    try:
+        labctl("up", "--lab", name, "--nodes", "2", "--warm", "off", check=True)
+        first = helpers()
+        assert sorted(first) == ["node0", "node1"]  # `up` settled both neighbour tables through them
+        labctl("shape", "--lab", name, "--bw", "100mbit", check=True)
+        labctl("shape", "--lab", name, "--clear", check=True)
+        assert helpers() == first
+        docker_client.containers.get(f"{name}-node1").restart(timeout=0)
+        labctl("shape", "--lab", name, "--bw", "100mbit", check=True)
+        after = helpers()
+        assert after["node0"] == first["node0"] and after["node1"] != first["node1"], (first, after)
+        assert links(name) == {"node0": "100mbit", "node1": "100mbit"}  # the new helper shaped the new namespace
+        # `up` takes them away before Compose changes the nodes (a helper holds its node's endpoint),
+        # and one node has no neighbours to settle; the next change starts node0's again
+        labctl("up", "--lab", name, "--nodes", "1", "--warm", "off", check=True)
+        assert helpers() == {}
+        labctl("shape", "--lab", name, "--bw", "100mbit", check=True)
+        assert sorted(helpers()) == ["node0"] and links(name) == {"node0": "100mbit"}
     finally:
         drop_lab(name)
     assert lab_resources(docker_client, name) == {"containers": [], "networks": [], "volumes": []}

@@ -29,7 +29,7 @@ def tqdm_lab(docker_client, node_image):
 
 def containers(docker_client, lab: str) -> dict[str, tuple[str, str]]:
     """Each node's container id and image id: what a refused `up` must leave as it was."""
-    found = docker_client.api.containers(all=True, filters={"label": f"io.ddplab.lab={lab}"})
+    found = docker_client.api.containers(all=True, filters={"label": [f"io.ddplab.lab={lab}", "io.ddplab.node"]})
     return {c["Names"][0]: (c["Id"], c["ImageID"]) for c in found}
 
 

@@ -30,9 +30,11 @@ def test_two_labs_side_by_side_do_not_interfere(docker_client, node_image):
             runs = list(pool.map(lambda n: labctl("run", "--lab", n, "--", "-m", "trainer", "--epochs", "1"), names))
         for run in runs:
             assert run.returncode == 0 and '"world_size": 2' in run.stdout, run.stdout[-2000:] + run.stderr
+        other = lab_resources(docker_client, names[1])  # its 2 nodes and their network helpers
+        assert len(other["containers"]) == 4, other
         assert labctl("down", "--lab", names[0]).returncode == 0
         assert lab_resources(docker_client, names[0])["containers"] == []
-        assert len(lab_resources(docker_client, names[1])["containers"]) == 2  # untouched
+        assert lab_resources(docker_client, names[1]) == other  # untouched
         assert labctl("status", "--lab", names[1], check=True).returncode == 0
     finally:
         for name in names:

@@ -155,7 +155,7 @@ def test_a_scenario_lab_is_planned_as_up_plans_one_and_owned_by_the_scenario(tmp
     monkeypatch.setattr(up, "render_project", render_project)
     monkeypatch.setattr(up, "plan_tcp", lambda config, engine: ("cubic", None))
     monkeypatch.setattr(bringup.engine_mod, "usable_engine", lambda client: engine)
-    monkeypatch.setattr(bringup, "lab_containers", lambda client, lab: [])
+    monkeypatch.setattr(bringup, "lab_nodes", lambda client, lab: [])
     assert scenarios.plan_up is bringup.plan_up and scenarios.bring_up is bringup.bring_up  # one bring-up
     monkeypatch.setattr(scenarios, "bring_up", lambda session, plan, report: brought.append(plan)
                         or SimpleNamespace(nodes=[]))
