@@ -57,6 +57,19 @@ def removal_in_progress(exc: Exception) -> bool:
     return getattr(exc, "status_code", None) == 409 and "already in progress" in str(exc)
 
 
+def remove_gone(client, container_id: str) -> None:
+    """Force-remove a container; one already gone, or going (removal_in_progress), is what was wanted."""
+    import docker.errors
+
+    try:
+        client.api.remove_container(container_id, force=True)
+    except docker.errors.NotFound:
+        pass
+    except docker.errors.APIError as exc:
+        if not removal_in_progress(exc):
+            raise
+
+
 def name_of(container: dict) -> str:
     return container["Names"][0].lstrip("/")
 

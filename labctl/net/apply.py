@@ -4,9 +4,9 @@ tc.py, which builds the tc commands.
 The nodes have no added capabilities. tc runs in a helper container that joins the node's network
 namespace (`--network container:NODE`) with NET_ADMIN, as Pumba does: one per node, started the
 first time the node's network is changed (`up` settles its neighbour table) and kept while the node
-runs, so that every later shape, clear, fault or read is a `docker exec` into it (0.3 s for a
-3-node `shape` where a helper started and removed per call took 1 s). It runs nothing but `sleep`
-between commands, carries the lab's label (`down` and `gc` remove it with the lab) and is started
+runs, so that every later shape, clear or fault is a `docker exec` into it (a 3-node `shape` in
+0.46 s where a helper started and removed per call took 0.58 s: docs/explanation/design.md). It
+runs only `sleep` between commands, carries the lab's label (`down` and `gc` remove it with the lab) and is started
 again where its node has been started since (a restarted node has a new namespace). Reading the
 shaping back needs no capability: `tc qdisc show` inside the node.
 
@@ -22,7 +22,7 @@ import shlex
 from concurrent.futures import ThreadPoolExecutor
 from typing import Callable
 
-from labctl.engine.docker import exec_in, lab_containers, removal_in_progress
+from labctl.engine.docker import exec_in, lab_containers, remove_gone
 from labctl.engine.labels import LABEL_LAB, LABEL_NODE, container_name, network_name
 from labctl.errors import StateError
 from labctl.net.neighbors import build_neighbors
@@ -87,15 +87,12 @@ def node_helper(client, lab: str, node: str, image: str):
         helper = client.api.inspect_container(helper_name(lab, node))
         if helper["State"]["Running"] and helper["Config"]["Labels"].get(LABEL_JOINED) == joined:
             return client.containers.prepare_model(helper)
-        client.api.remove_container(helper["Id"], force=True)
+        remove_gone(client, helper["Id"])
     except docker.errors.NotFound:
         pass
-    except docker.errors.APIError as exc:
-        if not removal_in_progress(exc):
-            raise
+    labels = {LABEL_ROLE: HELPER_ROLE, LABEL_JOINED: joined}
     try:
-        return start_helper(client, lab, node, image, ["sleep", "infinity"], {LABEL_ROLE: HELPER_ROLE, LABEL_JOINED: joined},
-                            name=helper_name(lab, node))
+        return start_helper(client, lab, node, image, ["sleep", "infinity"], labels, name=helper_name(lab, node))
     except docker.errors.APIError as exc:
         if exc.status_code != 409:  # else a concurrent command of this lab started it first: use that one
             raise
@@ -106,16 +103,8 @@ def drop_helpers(client, lab: str) -> None:
     """Remove the lab's kept helpers before Compose changes its nodes: a helper holds its node's
     network endpoint, so Compose could not replace the lab's network while one lives (`up --nodes N`
     to another subnet failed so: "has active endpoints"). The next change starts them again."""
-    import docker.errors
-
     for helper in client.api.containers(all=True, filters={"label": [f"{LABEL_LAB}={lab}", f"{LABEL_ROLE}={HELPER_ROLE}"]}):
-        try:
-            client.api.remove_container(helper["Id"], force=True)
-        except docker.errors.NotFound:
-            pass
-        except docker.errors.APIError as exc:
-            if not removal_in_progress(exc):
-                raise
+        remove_gone(client, helper["Id"])
 
 
 def run_helper(client, lab: str, node: str, image: str, commands: list[Command]) -> tuple[int, str]:
@@ -156,18 +145,11 @@ def pending_undos(client, lab: str) -> list[dict]:
 
 
 def cancel_undos(client, lab: str, nodes: list[str]) -> None:
-    """Remove the pending --duration undo of each of `nodes`: a newer shape or clear replaces it."""
-    import docker.errors
-
+    """Remove the pending --duration undo of each of `nodes`: a newer shape or clear replaces it (one
+    that has just fired is gone, or removing itself)."""
     for container in pending_undos(client, lab):
         if (container.get("Labels") or {}).get(LABEL_TARGET) in nodes:
-            try:
-                client.api.remove_container(container["Id"], force=True)
-            except docker.errors.NotFound:  # it had just finished (it removes itself)
-                pass
-            except docker.errors.APIError as exc:
-                if not removal_in_progress(exc):  # else it had just finished and is removing itself
-                    raise
+            remove_gone(client, container["Id"])
 
 
 def schedule_undo(client, lab: str, nodes: list[str], image: str, iface: str, duration_s: int) -> None:
