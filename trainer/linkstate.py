@@ -1,16 +1,16 @@
 """The link's probes, calibrated once for each state of the lab's links and kept with the lab.
 
 What the link costs (its rate where nothing shapes it, the stack's latency a hop, a queued small
-broadcast's turn) changes only when
-the lab's links change: `shape` and `shape --to` (what tc reports), `slow` (a node's CPU quota), a
-fault, `up` with other nodes or anew (the nodes' addresses, and when each node started). A run on
-the lab, where labctl sets DDPLAB_LINKS_DIR (the lab's folder's links/), keys that state by what
-every rank read from its node (gather_ranks: host, address, tc's shaping, CPU quota, ranks on the
-node, its start) and the backend. The first run on a state probes it LAB_PROBE_ITERS times (and
-the rate LAB_RATE_PROBE_ITERS times where no hop is shaped), more than a run alone would, and keeps
-the samples in <key>.json; every later run on that state reads them back and probes nothing.
-Without DDPLAB_LINKS_DIR (torchrun by hand, a real cluster) each run probes as it always did,
-PROBE_ITERS and RATE_PROBE_ITERS, and keeps nothing.
+broadcast's turn) changes only when the lab's links change: `shape` and `shape --to` (what tc
+reports), `slow` (a node's CPU quota), a fault, `up` with other nodes or anew (the nodes'
+addresses, and when each node started). A run on the lab, where labctl sets DDPLAB_LINKS_DIR (the
+lab's folder's links/), keys that state by what every rank read from its node (gather_ranks: host,
+address, tc's shaping, CPU quota, ranks on the node, its start) and the backend. The first run on a
+state probes it LAB_PROBE_ITERS times (the rate LAB_RATE_PROBE_ITERS times where no hop is shaped,
+the queue LAB_QUEUE_ITERS times), more than a run alone would, and keeps the samples in
+<key>.json; every later run on that state reads them back and probes nothing. Without
+DDPLAB_LINKS_DIR (torchrun by hand, a real cluster) each run probes as it always did, PROBE_ITERS,
+RATE_PROBE_ITERS and QUEUE_ITERS times, and keeps nothing.
 
 Rank 0 decides: it reads the folder and every rank takes its answer, so hosts that do not share
 the folder agree too. A file that cannot be read (half written, from another release) is
@@ -75,7 +75,8 @@ def queue_probe_s(iters: int, device) -> list[float]:
     tensors = [torch.zeros(PROBE_BYTES // 4, dtype=torch.float32, device=device) for _ in range(QUEUE_CALLS)]
 
     def once():
-        works = [torch.distributed.broadcast(t, src=i * world // QUEUE_CALLS, async_op=True) for i, t in enumerate(tensors)]
+        works = [torch.distributed.broadcast(t, src=i * world // QUEUE_CALLS, async_op=True)
+                 for i, t in enumerate(tensors)]
         for work in works:
             work.wait()
         if device.type == "cuda":
