@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from conftest import drop_lab, labctl, lab_resources, new_lab_name, wait_for
+from conftest import NO_RUNS, drop_lab, labctl, lab_resources, new_lab_name, wait_for
 
 # Not `alone`: nothing here times the links. It reads the shaping back from the kernel, waits out
 # --duration (its sleeps overlap the other workers' tests), and on a netem kernel asks only that a
@@ -101,7 +101,7 @@ def test_down_removes_a_pending_undo(docker_client, node_image):
         status = json.loads(labctl("status", "--lab", name, "--json", check=True).stdout)
         assert [n["name"] for n in status["nodes"]] == ["node0"]  # a helper is not a node
         # nor for `up`, which keeps a running lab's node count: it once counted the undo and grew the lab
-        again = json.loads(labctl("up", "--lab", name, "--warm", "off", "--json", check=True).stdout)
+        again = json.loads(labctl("up", "--lab", name, *NO_RUNS, "--json", check=True).stdout)
         assert [n["name"] for n in again["nodes"]] == ["node0"], again
     finally:
         drop_lab(name)
@@ -118,7 +118,7 @@ def test_each_node_keeps_one_network_helper_which_a_restarted_node_replaces(dock
         return {c["Labels"]["io.ddplab.target"]: c["Id"] for c in found}
 
     try:
-        labctl("up", "--lab", name, "--nodes", "2", "--warm", "off", check=True)
+        labctl("up", "--lab", name, "--nodes", "2", *NO_RUNS, check=True)
         first = helpers()
         assert sorted(first) == ["node0", "node1"]  # `up` settled both neighbour tables through them
         labctl("shape", "--lab", name, "--bw", "100mbit", check=True)
@@ -131,7 +131,7 @@ def test_each_node_keeps_one_network_helper_which_a_restarted_node_replaces(dock
         assert links(name) == {"node0": "100mbit", "node1": "100mbit"}  # the new helper shaped the new namespace
         # `up` takes them away before Compose changes the nodes (a helper holds its node's endpoint),
         # and one node has no neighbours to settle; the next change starts node0's again
-        labctl("up", "--lab", name, "--nodes", "1", "--warm", "off", check=True)
+        labctl("up", "--lab", name, "--nodes", "1", *NO_RUNS, check=True)
         assert helpers() == {}
         labctl("shape", "--lab", name, "--bw", "100mbit", check=True)
         assert sorted(helpers()) == ["node0"] and links(name) == {"node0": "100mbit"}
