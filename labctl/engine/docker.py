@@ -45,10 +45,15 @@ def lab_containers(client, lab: str) -> list[dict]:
     return client.api.containers(all=True, filters={"label": f"{LABEL_LAB}={lab}"})
 
 
+def is_node(container: dict) -> bool:
+    """Whether a listed container is a node, not a helper (a node's kept network helper, a pending
+    --duration undo), which carries the lab's label but no node's."""
+    return bool((container.get("Labels") or {}).get(LABEL_NODE))
+
+
 def lab_nodes(client, lab: str) -> list[dict]:
-    """The lab's nodes: its containers less its helpers (a node's kept network helper, a pending
-    --duration undo), which carry the lab's label but no node's."""
-    return [c for c in lab_containers(client, lab) if (c.get("Labels") or {}).get(LABEL_NODE)]
+    """The lab's nodes: its containers less its helpers (is_node)."""
+    return [c for c in lab_containers(client, lab) if is_node(c)]
 
 
 def removal_in_progress(exc: Exception) -> bool:

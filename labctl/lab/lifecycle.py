@@ -19,6 +19,7 @@ from typing import Callable
 from labctl.engine import detect as engine_mod
 from labctl.engine.detect import Engine
 from labctl.engine.docker import (
+    is_node,
     lab_containers,
     lab_networks,
     lab_nodes,
@@ -285,7 +286,7 @@ def apply_down(client, lab: str, volumes: bool = False) -> dict[str, int]:
     with ThreadPoolExecutor(max_workers=8) as pool:
         removed = list(pool.map(remove, containers))
     # the nodes are what a user counts; their helpers (labctl.net.apply) go with them
-    removed_containers = sum(n for n, c in zip(removed, containers) if (c.get("Labels") or {}).get(LABEL_NODE))
+    removed_containers = sum(n for n, c in zip(removed, containers) if is_node(c))
     names = [name_of(c) for c in containers]
     removed_networks = sum(_remove_network(n, lab, names) for n in lab_networks(client, lab))
     removed_volumes = 0

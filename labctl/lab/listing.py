@@ -14,6 +14,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Callable
 
+from labctl.engine.docker import is_node
 from labctl.engine.labels import LABEL_LAB, LABEL_NODE, LABEL_RANK, LABEL_WORKSPACE
 from labctl.lab.owner import PREFIX, owner_labels
 
@@ -122,7 +123,7 @@ def list_labs(client, link_of: Callable[[str, str], str] | None = None) -> list[
     import docker.errors
 
     listings, containers = engine_labs(client)
-    nodes = [c for c in containers if (c.get("Labels") or {}).get(LABEL_NODE)]
+    nodes = [c for c in containers if is_node(c)]
     first = {}
     for c in sorted(nodes, key=lambda c: int(c["Labels"].get(LABEL_RANK, "0"))):
         first.setdefault(c["Labels"][LABEL_LAB], c["Id"])

@@ -6,9 +6,10 @@ namespace (`--network container:NODE`) with NET_ADMIN, as Pumba does: one per no
 first time the node's network is changed (`up` settles its neighbour table) and kept while the node
 runs, so that every later shape, clear or fault is a `docker exec` into it (a 3-node `shape` in
 0.46 s where a helper started and removed per call took 0.58 s: docs/explanation/design.md). It
-runs only `sleep` between commands, carries the lab's label (`down` and `gc` remove it with the lab) and is started
-again where its node has been started since (a restarted node has a new namespace). Reading the
-shaping back needs no capability: `tc qdisc show` inside the node.
+runs only `sleep` between commands, from the node's own image (its tc and ip), carries the lab's
+label (`down` and `gc` remove it with the lab) and is started again where its node has been
+started since (a restarted node has a new namespace). Reading the shaping back needs no
+capability: `tc qdisc show` inside the node.
 
 --duration T: one more helper per node is left running; it sleeps T, clears the link and removes
 itself (as Pumba's `netem --duration`, but outliving labctl, which has returned the prompt). It
@@ -76,9 +77,9 @@ def helper_name(lab: str, node: str) -> str:
     return f"{lab}-{HELPER_ROLE}-{node}"
 
 
-def node_helper(client, lab: str, node: str, image: str):
-    """The node's kept helper: the one running in the namespace the node has now, else a new one
-    (one whose node was started after it, or is another container, is replaced)."""
+def node_helper(client, lab: str, node: str):
+    """The node's kept helper: the one running in the namespace the node has now, else a new one from
+    the node's image (one whose node was started after it, or is another container, is replaced)."""
     import docker.errors
 
     target = client.api.inspect_container(container_name(lab, node))
@@ -92,7 +93,8 @@ def node_helper(client, lab: str, node: str, image: str):
         pass
     labels = {LABEL_ROLE: HELPER_ROLE, LABEL_JOINED: joined}
     try:
-        return start_helper(client, lab, node, image, ["sleep", "infinity"], labels, name=helper_name(lab, node))
+        return start_helper(client, lab, node, target["Image"], ["sleep", "infinity"], labels,
+                            name=helper_name(lab, node))
     except docker.errors.APIError as exc:
         if exc.status_code != 409:  # else a concurrent command of this lab started it first: use that one
             raise
@@ -103,13 +105,14 @@ def drop_helpers(client, lab: str) -> None:
     """Remove the lab's kept helpers before Compose changes its nodes: a helper holds its node's
     network endpoint, so Compose could not replace the lab's network while one lives (`up --nodes N`
     to another subnet failed so: "has active endpoints"). The next change starts them again."""
-    for helper in client.api.containers(all=True, filters={"label": [f"{LABEL_LAB}={lab}", f"{LABEL_ROLE}={HELPER_ROLE}"]}):
+    kept = {"label": [f"{LABEL_LAB}={lab}", f"{LABEL_ROLE}={HELPER_ROLE}"]}
+    for helper in client.api.containers(all=True, filters=kept):
         remove_gone(client, helper["Id"])
 
 
-def run_helper(client, lab: str, node: str, image: str, commands: list[Command]) -> tuple[int, str]:
+def run_helper(client, lab: str, node: str, commands: list[Command]) -> tuple[int, str]:
     """Run commands as root with NET_ADMIN in the node's network namespace; (exit code, output)."""
-    code, output = node_helper(client, lab, node, image).exec_run(["sh", "-c", helper_script(commands)], user="0:0")
+    code, output = node_helper(client, lab, node).exec_run(["sh", "-c", helper_script(commands)], user="0:0")
     return code, output.decode(errors="replace")
 
 
@@ -118,21 +121,20 @@ def node_image(client, lab: str, node: str) -> str:
     return client.containers.get(container_name(lab, node)).image.id
 
 
-def run_on_nodes(client, lab: str, nodes: list[str], commands: Callable[[str], list[Command]],
-                 image: str | None = None) -> list[tuple[str, int, str]]:
-    """`commands(node)` run in each node's namespace from a helper container, all at once:
+def run_on_nodes(client, lab: str, nodes: list[str],
+                 commands: Callable[[str], list[Command]]) -> list[tuple[str, int, str]]:
+    """`commands(node)` run in each node's namespace from its helper container, all at once:
     (node, exit code, output) in the order of `nodes`."""
-    image = image or node_image(client, lab, nodes[0])
 
     def one(node: str) -> tuple[str, int, str]:
-        return (node, *run_helper(client, lab, node, image, commands(node)))
+        return (node, *run_helper(client, lab, node, commands(node)))
 
     with ThreadPoolExecutor(max_workers=8) as pool:
         return list(pool.map(one, nodes))
 
 
 def check_netem(client, lab: str, node: str) -> None:
-    code, output = run_helper(client, lab, node, node_image(client, lab, node), build_netem_probe())
+    code, output = run_helper(client, lab, node, build_netem_probe())
     if code != 0:
         if netem_missing(output):
             raise StateError(NETEM_MISSING_MESSAGE, hint="drop --delay/--jitter/--loss, or run on a kernel with sch_netem")
@@ -165,10 +167,9 @@ def apply_shape(client, lab: str, nodes: list[str], shape: Shape, iface: str, du
     to groups of nodes (`shape --to`) stay as they were."""
     if shape.needs_netem:
         check_netem(client, lab, nodes[0])  # a kernel-wide fact: one probe answers for all nodes
-    image = node_image(client, lab, nodes[0])
     cancel_undos(client, lab, nodes)
     kept = {node: routes_of(state) for node, state in read_links(client, lab, nodes, iface).items()}
-    results = run_on_nodes(client, lab, nodes, lambda node: build_node(shape, kept[node], iface), image)
+    results = run_on_nodes(client, lab, nodes, lambda node: build_node(shape, kept[node], iface))
     failed = [(node, output) for node, code, output in results if code != 0]
     if failed:
         clear_shape(client, lab, nodes, iface)
@@ -178,7 +179,7 @@ def apply_shape(client, lab: str, nodes: list[str], shape: Shape, iface: str, du
         raise StateError(f"shaping {node} failed, so every node was cleared again (unshaped): {output.strip()}")
     if duration_s:
         try:
-            schedule_undo(client, lab, nodes, image, iface, duration_s)
+            schedule_undo(client, lab, nodes, node_image(client, lab, nodes[0]), iface, duration_s)
         except Exception as exc:  # noqa: BLE001 -- an engine error: no timed shape without its undo
             clear_shape(client, lab, nodes, iface)
             raise StateError(f"could not start the helper that undoes the shape after {duration_s}s, so every node "

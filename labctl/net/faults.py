@@ -106,16 +106,15 @@ def inject(client, lab: str, node: str, fault: str, iface: str) -> str:
         if code != 0 or count == "0":
             return f"{node}: no training process of a labctl run to crash"
         return f"{node}: {count} training process{'es' * (count != '1')} killed; the node and its torchrun agent are up"
-    image = container.image.id
     if fault == "partition":
-        code, output = run_helper(client, lab, node, image, partition_commands(iface))
+        code, output = run_helper(client, lab, node, partition_commands(iface))
         verb = "cut off from the other nodes (`labctl fault heal " + node + "`)"
     elif fault == "heal":
         network = (container.attrs["NetworkSettings"]["Networks"] or {}).get(network_name(lab)) or {}
         # Taking the link down flushed the node's neighbour table, permanent entries too.
         addresses = {peer.name: peer.ip for peer in lab_status(client, lab) if peer.ip}
         commands = heal_commands(iface, network.get("Gateway")) + build_neighbors(addresses, node, iface)
-        code, output = run_helper(client, lab, node, image, commands)
+        code, output = run_helper(client, lab, node, commands)
         verb = "reconnected"
     else:
         raise LabError(f"unknown fault {fault!r}", hint=f"one of {', '.join(FAULTS)}")
