@@ -11,6 +11,13 @@ import pytest
 from labctl.lab import lifecycle
 
 
+def refusal(status: int, message: str, container_id: str) -> docker.errors.APIError:
+    """The SDK's error for an engine's answer of `status` with `message`, as remove_container raises it."""
+    response = type("R", (), {"status_code": status, "reason": "Conflict",
+                              "url": f"http+docker://localhost/containers/{container_id}"})()
+    return docker.errors.APIError(message, response=response, explanation=message)
+
+
 class Engine:
     """The Docker API calls apply_down makes, answering as an engine does while another client removes c1."""
 
@@ -19,9 +26,7 @@ class Engine:
         self.api = self
 
     def remove_container(self, container_id, force):
-        response = type("R", (), {"status_code": 409, "reason": "Conflict", "url": "http+docker://localhost/containers/c1"})()
-        raise docker.errors.APIError(f"removal of container {container_id} is already in progress", response=response,
-                                     explanation="removal of container c1 is already in progress")
+        raise refusal(409, f"removal of container {container_id} is already in progress", container_id)
 
     def inspect_container(self, container_id):
         self.inspected += 1
@@ -41,8 +46,7 @@ def test_a_container_another_process_is_removing_is_waited_for(monkeypatch):
 
 def test_any_other_refusal_still_fails(monkeypatch):
     engine = Engine()
-    engine.remove_container = lambda container_id, force: (_ for _ in ()).throw(
-        docker.errors.APIError("boom", response=type("R", (), {"status_code": 500, "reason": "x", "url": "u"})()))
+    engine.remove_container = lambda container_id, force: (_ for _ in ()).throw(refusal(500, "boom", container_id))
     monkeypatch.setattr(lifecycle, "kill_orphaned_compose", lambda lab: 0)
     monkeypatch.setattr(lifecycle, "lab_containers", lambda client, lab: [{"Id": "c1", "Names": ["/demo-node0"]}])
     with pytest.raises(docker.errors.APIError):
@@ -60,8 +64,7 @@ class UndoEngine:
         return [{"Id": "u1", "Labels": {"io.ddplab.target": "node0"}}]
 
     def remove_container(self, container_id, force):
-        response = type("R", (), {"status_code": self.status, "reason": "x", "url": f"http+docker://localhost/containers/{container_id}"})()
-        raise docker.errors.APIError(self.message, response=response, explanation=self.message)
+        raise refusal(self.status, self.message, container_id)
 
 
 def test_a_later_shape_cancels_an_undo_that_is_removing_itself_without_an_error():
