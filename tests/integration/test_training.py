@@ -10,8 +10,9 @@ import pytest
 
 from conftest import labctl, summary_of
 
-# Its straggler, scaling and step-model rows are CPU shares, throughputs and step times: those tests run
-# `alone`. The two that check losses, byte counts and what the lab keeps run beside the others.
+# Its straggler and step-model rows are CPU shares and step times: those tests run `alone`. The ones
+# that check losses, byte counts, what the lab keeps and that bench scaling makes every row (no number
+# compared with another) run beside the others.
 alone = pytest.mark.alone
 
 GPT = ["-m", "trainer", "--workload", "gpt", "--threads", "1"]
@@ -171,7 +172,6 @@ def test_bench_straggler_balances_the_same_global_batch(lab3):
     assert nano == 0 or nano >= 1e9
 
 
-@alone
 def test_bench_scaling_produces_every_row(lab3, tmp_path):
     lab, _ = lab3
     out = labctl("bench", "scaling", "--lab", lab, "--nodes-list", "1,2", "--bw", "100mbit", "--nproc", "2",
