@@ -15,7 +15,7 @@ from setuptools.command.build_py import build_py
 TOP = Path(__file__).resolve().parent
 # Relative to the top of the repository; labctl/core/assets.py's SHIPPED names the same (a unit test checks).
 SHIPPED = ("Dockerfile", "Dockerfile.cuda", ".dockerignore", "compose/lab.yaml", "compose/node-entrypoint.sh",
-           "compose/slurm-node.sh", "trainer")
+           "compose/slurm-node.sh", "compose/overlay/Dockerfile", "trainer")
 
 
 class BuildPyWithAssets(build_py):

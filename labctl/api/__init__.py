@@ -32,7 +32,7 @@ from labctl.hosts.labnodes import INVENTORY_FILE
 from labctl.hosts.machines import Hosts, SyncResult
 from labctl.k8s.jobs import Kubernetes
 from labctl.lab.garbage import ImageVerdict, LabVerdict, collect_garbage, collect_package_images
-from labctl.lab.lifecycle import apply_down, lab_dir, lab_resources
+from labctl.lab.lifecycle import apply_down, forget_secrets, lab_dir, lab_resources
 from labctl.lab.listing import LabListing, list_labs
 from labctl.lab.lockfile import Lock, read_lab_lock
 from labctl.lab.owner import owner_of
@@ -40,6 +40,7 @@ from labctl.lab.packages import LOCK_FILE
 from labctl.lab.up import UpPlan
 from labctl.net.apply import apply_routes, apply_shape, clear_shape, node_addresses, plan_routes, read_link, read_links
 from labctl.net.faults import inject
+from labctl.net.overlay_apply import OverlayState, read_overlay
 from labctl.net.routes import build_node, routes_of
 from labctl.net.tc import LinkState, Shape, ShapePlan, build_plan, check_to, describe, parse_shape
 from labctl.run.launch import Elastic, job_args, parse_nnodes
@@ -178,8 +179,11 @@ class Lab(LabSession):
         return bring_up(self, plan, self.report, self.build_progress)
 
     def down(self, volumes: bool = False) -> dict[str, int]:
-        """Remove every container and network of the lab (and its volume with `volumes`): counts removed."""
-        return apply_down(self.client, self.name, volumes=volumes)
+        """Remove every container and network of the lab (and its volume with `volumes`), and its overlay's
+        keys: counts removed."""
+        removed = apply_down(self.client, self.name, volumes=volumes)
+        forget_secrets(self.directory)
+        return removed
 
     def resources(self, volumes: bool = False) -> dict[str, list[str]]:
         """What `down` would remove, by kind."""
@@ -342,6 +346,11 @@ class Lab(LabSession):
     def addresses(self) -> dict[str, str]:
         """Node name -> its address on the lab's network (links to groups name their nodes by it)."""
         return node_addresses(self.client, self.name)
+
+    def overlay(self) -> OverlayState | None:
+        """The lab's mesh VPN as its nodes have it now (each node's address read from its tunnel), None
+        where it has none (`up --overlay`)."""
+        return read_overlay(self.client, self.name, [n.name for n in self.status() if n.state == "running"])
 
     def fault(self, kind: Fault, node: str) -> str:
         """Inject a fault into a node; a sentence saying what happened."""

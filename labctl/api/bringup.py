@@ -17,12 +17,13 @@ from labctl.engine import detect as engine_mod
 from labctl.engine.docker import lab_nodes
 from labctl.hosts import labnodes
 from labctl.lab import image as image_mod
-from labctl.lab.lifecycle import NodeState, lab_dir
+from labctl.lab.lifecycle import NodeState, forget_secrets, lab_dir
 from labctl.lab.owner import Owner
 from labctl.lab.package_image import prepare_packages
 from labctl.lab.packages import LOCK_FILE, read_declaration
 from labctl.lab.resolve import write_atomic
 from labctl.lab.up import UpPlan, apply_up_plan, build_up_plan, kept_packages, settle
+from labctl.net import overlay, overlay_apply
 from labctl.net.apply import apply_shape, drop_helpers, read_links, settle_neighbors
 from labctl.net.tc import LinkState, parse_shape
 from labctl.run.warm import plan_servers, start_servers, stop_servers
@@ -45,6 +46,7 @@ class UpResult:
     links: dict[str, LinkState] | None  # read back from the kernel when the lab was shaped at bring-up
     inventory: Path | None  # .lab/<lab>/hosts.toml when every node is an SSH host
     seconds: float
+    overlay: dict[str, str] | None = None  # each node's overlay address (`up --overlay`); None without one
 
 
 def plan_up(client, config: LabSpec, workspace: Path, *, owner: Owner | None = None,
@@ -59,6 +61,8 @@ def plan_up(client, config: LabSpec, workspace: Path, *, owner: Owner | None = N
     existing = lab_nodes(client, config.lab)  # its helpers are no nodes: they have no owner's labels
     directory = lab_dir(workspace, config.lab)
     config = kept_packages(settle(config, existing), existing, directory)
+    if config.overlay is None:  # a running lab keeps its overlay; a new one has none
+        config = replace(config, overlay=overlay_apply.running_kind(client, config.lab) if existing else overlay.NONE)
     packages = read_declaration(config.requirements, config.with_packages, workspace, shown_key(config, "requirements"),
                                 shown_source(config, "requirements"))
     if config.scheduler == "slurm":
@@ -71,6 +75,7 @@ def plan_up(client, config: LabSpec, workspace: Path, *, owner: Owner | None = N
     public_key = labnodes.lab_public_key(directory, config.lab, make=not dry_run) if config.ssh else None
     plan = build_up_plan(client, config, workspace, engine=engine, existing=existing, public_key=public_key,
                          owner=owner.labels() if owner else None, images=images)
+    overlay.overlay_for(config.overlay, plan.subnet)  # refuses a bridge inside tailscale's block
     return with_slurm_conf(replace(plan, packages=packages))
 
 
@@ -109,15 +114,18 @@ def bring_up(session: LabSession, plan: UpPlan, report: Report, build_progress=N
     client, config = session.client, plan.config
     started = time.monotonic()
     image_mod.build_missing(client, config, {n.image for n in plan.gpus.nodes}, report, build_progress)
+    helper_image = overlay_image(client, config, report)  # and the TUN device checked: before anything starts
     plan = prepare_packages(client, plan, report)
     for warning in (engine_mod.limits_warning(plan.engine, config.memory, config.pids_limit), plan.tcp_note):
         if warning:
             report(warning)
     services = SlurmServices(client, session.workspace, report) if config.scheduler == "slurm" else None
     drop_helpers(client, config.lab)
+    overlay_apply.drop_helpers(client, config.lab)  # they hold the nodes' endpoints too; started again below
     plan, nodes = apply_up_plan(client, plan, session.workspace, report, services)
     names = [n.name for n in nodes]
     settle_neighbors(client, config.lab, {n.name: n.ip for n in nodes}, config.iface)
+    mesh = start_overlay(session, plan, nodes, helper_image, report)
     start_warm(session, config, plan.engine, names, report)
     links = None
     if config.bw is not None:
@@ -125,7 +133,34 @@ def bring_up(session: LabSession, plan: UpPlan, report: Report, build_progress=N
         links = read_links(client, config.lab, names, config.iface)
     inventory = write_inventory(session, nodes, plan.ssh, report)
     write_lab_lock(session.directory, plan)
-    return UpResult(nodes, plan.subnet, links, inventory, time.monotonic() - started)
+    return UpResult(nodes, plan.subnet, links, inventory, time.monotonic() - started, mesh)
+
+
+def overlay_image(client, config: LabSpec, report: Report) -> str | None:
+    """The overlay's helper image, built where missing, on an engine whose machine has the TUN device
+    (refused otherwise); None for a lab without an overlay."""
+    if config.overlay == overlay.NONE:
+        return None
+    image = overlay_apply.ensure_image(client, overlay_apply.helper_base(client, config.base_image, report, config),
+                                       report)
+    overlay_apply.check_tun(client, image)
+    return image
+
+
+def start_overlay(session: LabSession, plan: UpPlan, nodes: list[NodeState], image: str | None,
+                  report: Report) -> dict[str, str] | None:
+    """Every node's tunnel, each node a peer of every other (None, and the lab's keys removed, without
+    an overlay)."""
+    mesh = overlay.overlay_for(plan.config.overlay, plan.subnet)
+    if mesh is None or image is None:
+        forget_secrets(session.directory)
+        return None
+    names = [n.name for n in nodes]
+    keys = overlay_apply.ensure_keys(session.client, image, session.directory, names)
+    addresses = overlay_apply.apply_overlay(session.client, session.name, mesh, image, keys, {n.name: n.ip for n in nodes})
+    report(f"overlay {mesh.kind}: {mesh.iface} (MTU {mesh.mtu}) on every node, "
+           + ", ".join(f"{node} {ip}" for node, ip in addresses.items()))
+    return addresses
 
 
 def write_lab_lock(directory: Path, plan: UpPlan) -> None:

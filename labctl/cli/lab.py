@@ -131,6 +131,10 @@ def build(torch_version, cuda, base_image, image, force, verbose_build, mismatch
 @click.option("--scheduler", type=click.Choice(["none", "slurm"], case_sensitive=False), default=None,
               help=spec_help("scheduler", "slurm: the nodes also form a Slurm cluster for `labctl slurm`",
                              note="a running lab keeps its own"))
+@click.option("--overlay", type=click.Choice(["none", "tailscale", "wireguard"], case_sensitive=False), default=None,
+              help=spec_help("overlay", "A mesh VPN between the nodes, WireGuard in user space: tailscale (tailscale0, "
+                             "100.64.0.0/10, MTU 1280), wireguard (wg0, MTU 1420) or none",
+                             default="as the running lab is; none for a new one"))
 @package_options
 @click.option("--preload", multiple=True, metavar="MODULE",
               help="A module each node's fork server imports besides torch and numpy, so a run's workers find it "
@@ -201,7 +205,8 @@ def status(lab, as_json) -> None:
     if not nodes and not as_json:
         info(f"lab {the_lab.name} is not up (`labctl up --lab {the_lab.name}` starts it)")
         return
-    render.print_nodes(the_lab.name, nodes, links, as_json, calibrated=the_lab.link_calibration())
+    render.print_nodes(the_lab.name, nodes, links, as_json, calibrated=the_lab.link_calibration(),
+                       overlay=the_lab.overlay())
 
 
 @main.command(context_settings=CONTEXT)

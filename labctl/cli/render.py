@@ -55,10 +55,12 @@ def nodes_table(lab: str, nodes, title: str | None = None, links: dict | None = 
     return table
 
 
-def status_json(lab: str, nodes, links: dict | None = None, calibrated: dict | None = None) -> dict:
+def status_json(lab: str, nodes, links: dict | None = None, calibrated: dict | None = None, overlay=None) -> dict:
     rows, names = [], {n.ip: n.name for n in nodes}
     for n in nodes:
         row = {"name": n.name, "ip": n.ip, "torch": n.torch, "state": n.state, "packages": n.packages or None}
+        if overlay is not None:
+            row["overlay_ip"] = overlay.addresses.get(n.name)
         if n.gpus:
             row["gpus"] = [int(i) for i in n.gpus.split(",")]
         if links is not None and n.name in links:
@@ -66,16 +68,21 @@ def status_json(lab: str, nodes, links: dict | None = None, calibrated: dict | N
             if links[n.name].routes:
                 row["links_to"] = [route_json(route, names) for route in links[n.name].routes]
         rows.append(row)
-    return {"lab": lab, "nodes": rows, "links_calibrated": calibrated}
+    overlay_json = None if overlay is None else {k: v for k, v in overlay.as_dict().items() if k != "addresses"}
+    return {"lab": lab, "nodes": rows, "links_calibrated": calibrated, "overlay": overlay_json}
 
 
 def print_nodes(lab: str, nodes, links: dict | None, as_json: bool, title: str | None = None,
-                calibrated: dict | None = None) -> None:
-    """The nodes' table (or `status --json`), and when a run last calibrated the lab's links."""
+                calibrated: dict | None = None, overlay=None) -> None:
+    """The nodes' table (or `status --json`), the lab's overlay, and when a run last calibrated the
+    lab's links."""
     if as_json:
-        emit_json(status_json(lab, nodes, links, calibrated))
+        emit_json(status_json(lab, nodes, links, calibrated, overlay))
         return
     console.print(nodes_table(lab, nodes, title, links))
+    if overlay is not None:
+        info(f"overlay {overlay.kind}: {overlay.iface}, MTU {overlay.mtu}; "
+             + ", ".join(f"{node} {ip or '(no tunnel)'}" for node, ip in overlay.addresses.items()))
     if calibrated:
         states = f"; {calibrated['states']} states of the links kept" if calibrated["states"] > 1 else ""
         at = str(calibrated["at"]).replace("T", " ")[:19]

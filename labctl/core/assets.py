@@ -33,7 +33,7 @@ DATA_DIR = PACKAGE_DIR / "_data"  # the copies a wheel carries (setup.py puts th
 # What a wheel carries, relative to the repository's top; setup.py copies exactly these (a unit test
 # checks that the two lists agree).
 SHIPPED = ("Dockerfile", "Dockerfile.cuda", ".dockerignore", "compose/lab.yaml", "compose/node-entrypoint.sh",
-           "compose/slurm-node.sh", "trainer")
+           "compose/slurm-node.sh", "compose/overlay/Dockerfile", "trainer")
 # A checkout has all of these at its top; site-packages, the parent of an installed labctl, has none.
 CHECKOUT_MARKERS = ("pyproject.toml", "Dockerfile", "compose/lab.yaml")
 STATE_DIR = ".lab"  # where a checkout keeps its caches, and where the Dockerfile reads the wheelhouse from
@@ -65,6 +65,11 @@ def dockerfile() -> Path:
 def compose_template() -> Path:
     """compose/lab.yaml: the template every lab's Compose file is rendered from."""
     return source_root() / "compose" / "lab.yaml"
+
+
+def overlay_dockerfile() -> Path:
+    """compose/overlay/Dockerfile: the overlay's helper image (labctl.net.overlay_apply)."""
+    return source_root() / "compose" / "overlay" / "Dockerfile"
 
 
 def trainer_dir() -> Path:

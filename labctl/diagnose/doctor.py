@@ -48,6 +48,8 @@ from labctl.engine.detect import inspect_engine, refusal
 from labctl.engine.docker import DockerNodes, node_cpus_limit
 from labctl.engine.labels import container_name
 from labctl.lab.lockfile import Lock, release
+from labctl.net.overlay import NONE, overlay_for
+from labctl.net.overlay_apply import running_kind
 from labctl.slurm.cluster import is_slurm_lab
 
 CONNECT_S = 1.5  # how long a probe keeps trying one target (peers may still be starting to listen)
@@ -164,11 +166,16 @@ def check_versions(info: dict[str, dict]) -> list[Finding]:
 
 
 def check_iface(info: dict[str, dict], envs: dict[str, dict[str, str]], subnet: str | None,
-                how_to_set: Callable[[str], str] = lambda node: "set GLOO_SOCKET_IFNAME to") -> list[Finding]:
-    """The socket interface of each node exists and carries an address (on the lab's subnet, if
-    given). `how_to_set(node)` starts the fix: in the lab an env var, on real hosts the inventory."""
+                how_to_set: Callable[[str], str] = lambda node: "set GLOO_SOCKET_IFNAME to",
+                overlay: str | None = None) -> list[Finding]:
+    """The socket interface of each node exists and carries an address (on the lab's subnet, or its
+    `overlay`'s network, if given). `how_to_set(node)` starts the fix: in the lab an env var, on real
+    hosts the inventory."""
     out = []
     net = ipaddress.ip_network(subnet) if subnet else None
+    nets = [n for n in (net, ipaddress.ip_network(overlay) if overlay else None) if n is not None]
+    if overlay and net:
+        subnet = f"{subnet} or the overlay's {overlay}"
     for node, i in info.items():
         iface = envs.get(node, {}).get("GLOO_SOCKET_IFNAME")
         if not iface:
@@ -182,12 +189,12 @@ def check_iface(info: dict[str, dict], envs: dict[str, dict[str, str]], subnet: 
                                f"{how_to_set(node)} the interface that reaches the others (on {node}, "
                                f"`ip route get {master}` names it)"))
             continue
-        on_subnet = [a for a in addrs if net is None or ipaddress.ip_interface(a).ip in net]
+        on_subnet = [a for a in addrs if not nets or any(ipaddress.ip_interface(a).ip in n for n in nets)]
         if not on_subnet:
-            where = f"none on the lab subnet {subnet}" if net else "no IPv4 address"
+            where = f"none on the lab subnet {subnet}" if nets else "no IPv4 address"
             out.append(Finding("iface", node, False, f"{iface} carries {', '.join(addrs) or 'no address'}, {where}: "
                                "gloo would advertise an address the peers cannot reach",
-                               f"{how_to_set(node)} the interface with an address{f' in {subnet}' if net else ''}; "
+                               f"{how_to_set(node)} the interface with an address{f' in {subnet}' if nets else ''}; "
                                f"it has: {have}"))
     if not out:
         ifaces = sorted({envs[n].get("GLOO_SOCKET_IFNAME", "?") for n in info})
@@ -311,6 +318,13 @@ def check_cpus(limits: dict[str, float | None]) -> list[Finding]:
     return out or [Finding("cpus", "all", True, "every node has the same CPU allowance")]
 
 
+def overlay_network(client, lab: str, subnet: str | None) -> str | None:
+    """The network of the lab's overlay (`up --overlay`), whose tunnel gloo may use as well; None without one."""
+    kind = running_kind(client, lab)
+    mesh = overlay_for(kind, subnet) if subnet and kind != NONE else None
+    return mesh.network if mesh else None
+
+
 def diagnose(client, lab: str, nodes: list, subnet: str | None, cheap: bool = False,
              env_overrides: dict[str, dict[str, str]] | None = None, nproc_per_node: int | None = None,
              lock: tuple[str, Lock] | None = None) -> Diagnosis:
@@ -330,7 +344,8 @@ def diagnose(client, lab: str, nodes: list, subnet: str | None, cheap: bool = Fa
     info = gather_info(docker_nodes, names)
     findings = (check_engine(engine) + check_env(envs) + check_versions(info)
                 + check_packages(info, lock[1] if lock else None, *(lock[:1] if lock else ()))
-                + check_gpus(info, envs, nproc_per_node) + check_compiler(info) + check_iface(info, envs, subnet)
+                + check_gpus(info, envs, nproc_per_node) + check_compiler(info)
+                + check_iface(info, envs, subnet, overlay=overlay_network(client, lab, subnet))
                 + check_cpus({n: node_cpus_limit(client, lab, n, cpus) for n in names}))
     if not cheap:
         first = envs[names[0]]

@@ -11,10 +11,11 @@ node image, each a layer of the project's packages): `plan_images` decides from 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Callable, Mapping, Sequence
 
 from labctl.engine.labels import LABEL_LAB
-from labctl.lab.lifecycle import apply_down
+from labctl.lab.lifecycle import apply_down, forget_secrets, lab_dir
 from labctl.lab.listing import LabListing, engine_labs
 from labctl.lab.owner import LABEL_HOST, LABEL_PID, LABEL_SESSION, owner_gone
 from labctl.lab.packages import LABEL_PACKAGES
@@ -79,10 +80,13 @@ def collect_garbage(client, *, everything: bool = False, dry_run: bool = False) 
     """Remove the labs `plan_gc` condemns (none with `dry_run`); every lab's verdict."""
     listings, _ = engine_labs(client)
     verdicts = plan_gc(listings, everything=everything)
+    workspaces = {lab.name: lab.workspace for lab in listings}
     if not dry_run:
         for verdict in verdicts:
             if verdict.remove:
                 apply_down(client, verdict.lab, volumes=True)
+                if workspaces.get(verdict.lab):  # its overlay's keys go with it, as `down` removes them
+                    forget_secrets(lab_dir(Path(workspaces[verdict.lab]), verdict.lab))
     return verdicts
 
 

@@ -8,6 +8,7 @@ import logging
 import os
 import shlex
 import signal
+import shutil
 import subprocess
 import threading
 import time
@@ -60,6 +61,19 @@ class NodeState:
 
 def lab_dir(workspace: Path, lab: str) -> Path:
     return workspace / ".lab" / lab
+
+
+OVERLAY_KEYS_DIR = "overlay"  # in the lab's folder: its overlay's WireGuard keys (labctl.net.overlay_apply), 0700
+
+
+def forget_secrets(directory: Path) -> bool:
+    """Remove the secrets a lab's bring-up made that live and die with the lab, in its folder: its
+    overlay's keys (`down`; `gc` after a crash). Whether there were any."""
+    folder = directory / OVERLAY_KEYS_DIR
+    if not folder.exists():
+        return False
+    shutil.rmtree(folder)
+    return True
 
 
 COMPOSE_MISSING_HINT = "run `make engine`, which installs Compose v2 as a Docker CLI plugin"

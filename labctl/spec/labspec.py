@@ -110,6 +110,10 @@ class LabSpec:
     scheduler: str = "none"
     """'slurm': the nodes are also a Slurm cluster (node0 runs slurmctld, every node slurmd and munged, as root
     in the node; `labctl slurm`); 'none': a plain lab."""
+    overlay: str | None = None
+    """A mesh VPN between the nodes, over the lab's bridge (labctl.net.overlay): 'tailscale' (tailscale0, addresses
+    from 100.64.0.0/10, MTU 1280, as Tailscale makes it), 'wireguard' (wg0, a private /24, MTU 1420) or 'none'; None:
+    as the running lab is, none for a new one."""
     torch_index_url: str = "https://download.pytorch.org/whl/cpu"
     """Where the host's pip finds the CPU torch wheel when no local copy exists."""
     debian_mirror: str = ""
@@ -214,6 +218,7 @@ SETTINGS: dict[str, tuple[str, Callable[[str], Any]]] = {
     "warm": ("DDPLAB_WARM", choice("auto", "on", "off")),
     "idle_imports": ("DDPLAB_IDLE_IMPORTS", choice("on", "off")),
     "scheduler": ("DDPLAB_SCHEDULER", choice("none", "slurm")),
+    "overlay": ("DDPLAB_OVERLAY", _optional(choice("none", "tailscale", "wireguard"))),
     "torch_index_url": ("DDPLAB_TORCH_INDEX_URL", matching(re.compile(r"^(https?|file)://\S+$"), "must be an http(s):// or file:// URL")),
     "debian_mirror": ("DDPLAB_DEBIAN_MIRROR", matching(re.compile(r"^((https?|file)://\S+)?$"), "must be an http(s):// URL or empty")),
     "inventory": ("DDPLAB_INVENTORY", matching(_PATH, "must be a file path, or empty")),

@@ -1,5 +1,6 @@
 """Nothing left behind even after a crash: a lab whose owner process was killed with -9 is found and
-removed by `labctl gc`; a lab from `labctl up` has no owner process and is kept."""
+removed by `labctl gc`, its overlay's helper and keys too; a lab from `labctl up` has no owner
+process and is kept."""
 
 import json
 import os
@@ -16,7 +17,7 @@ pytestmark = pytest.mark.integration
 HOLDER = """
 import sys, time
 from labctl.api import Lab
-with Lab(sys.argv[1], nodes=1, workspace=sys.argv[2]):
+with Lab(sys.argv[1], nodes=1, workspace=sys.argv[2], overlay="tailscale"):
     print("UP", flush=True)
     time.sleep(600)
 """
@@ -41,7 +42,10 @@ def test_a_lab_whose_owner_was_killed_is_collected_and_a_cli_lab_is_kept(docker_
 
         os.kill(holder.pid, signal.SIGKILL)  # no __exit__, no down: the lab is left behind
         holder.wait(timeout=10)
-        assert lab_resources(docker_client, crashed)["containers"] == [f"{crashed}-node0"]
+        left = lab_resources(docker_client, crashed)["containers"]
+        assert {f"{crashed}-node0", f"{crashed}-overlay-node0"} <= set(left), left
+        keys = REPO / ".lab" / crashed / "overlay" / "keys.json"
+        assert keys.is_file()
         seen = verdicts()
         assert seen[crashed]["remove"] and f"process {holder.pid} (api), has exited" in seen[crashed]["why"]
         assert not seen[lab_name]["remove"] and "no owner process (from cli)" in seen[lab_name]["why"]
@@ -49,6 +53,7 @@ def test_a_lab_whose_owner_was_killed_is_collected_and_a_cli_lab_is_kept(docker_
         collected = labctl("gc", check=True)
         assert f"removed lab {crashed}: its owner, process {holder.pid}" in collected.stderr
         assert lab_resources(docker_client, crashed) == {"containers": [], "networks": [], "volumes": []}
+        assert not keys.parent.exists(), "gc left the crashed lab's overlay keys"
         assert crashed not in verdicts() and lab_name in verdicts()  # gc found nothing more of it; the CLI lab stays
         assert lab_resources(docker_client, lab_name)["containers"] == [f"{lab_name}-node0"]
     finally:

@@ -293,7 +293,7 @@ def test_ups_help_says_each_settings_default_as_the_lab_spec_has_it():
     from labctl.cli.options import spec_default
     from labctl.spec.labspec import SETTINGS
 
-    in_words = {"ssh", "cuda", "image"}  # a value would not say it: "as the running lab is", "the GPU nodes", ...
+    in_words = {"ssh", "cuda", "image", "overlay"}  # a value would not say it: "as the running lab is", "the GPU nodes", ...
     checked = 0
     for param in up.params:
         if param.name not in SETTINGS or not param.help or "; default" not in param.help:
