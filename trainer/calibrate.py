@@ -267,7 +267,8 @@ def gather_ranks(measured: dict) -> list[dict]:
     """Every rank's calibration with its node's (host, CPU quota, ranks, shaping), each rank's
     micro-step as the run will see it: its node's quota applied (sustained). Collective."""
     node = {"host": socket.gethostname(), "ip": address(), "quota": cpu_quota(), "started": node_started(),
-            "local_ranks": int(os.environ.get("LOCAL_WORLD_SIZE", 1)), "shaping": read_shaping() if is_group() else {}}
+            "local_ranks": int(os.environ.get("LOCAL_WORLD_SIZE", 1)), "shaping": read_shaping() if is_group() else {},
+            "iface": os.environ.get("GLOO_SOCKET_IFNAME", "")}  # the bridge or an overlay's tunnel: other links
     everyone = all_gather({**measured, **node})
     for m in everyone:
         m["slowdown"] = sustained(m)

@@ -86,10 +86,12 @@ def queue_probe_s(iters: int, device) -> list[float]:
 
 
 def state_key(everyone: list[dict], backend: str, shaped: bool = False) -> str:
-    """The link state every rank's node reported (gather_ranks), with the backend and whether the run's
-    rings meet a shaped hop (then no rate is probed: a ring turning the other way may need one), as a
-    short digest."""
-    state = [[m["host"], m["ip"], m["shaping"], m["quota"], m["local_ranks"], m.get("started")] for m in everyone]
+    """The link state every rank's node reported (gather_ranks; the interface its sockets use among it,
+    so that a run over an overlay's tunnel is another state than one over the bridge), with the backend
+    and whether the run's rings meet a shaped hop (then no rate is probed: a ring turning the other way
+    may need one), as a short digest."""
+    state = [[m["host"], m["ip"], m["shaping"], m["quota"], m["local_ranks"], m.get("started"), m.get("iface", "")]
+             for m in everyone]
     return hashlib.sha256(json.dumps([backend, shaped, state], sort_keys=True).encode()).hexdigest()[:16]
 
 

@@ -194,11 +194,11 @@ class Lab(LabSession):
     def run_plan(self, *argv: str, launcher: Launcher = "auto", nproc_per_node: int | None = None,
                  max_restarts: int = 0, nnodes: str | None = None, pg_timeout_s: float | None = 30.0,
                  env: Mapping[str, str] | None = None, cwd: str | Path | None = None,
-                 timeout_s: float | None = None) -> RunPlan:
+                 timeout_s: float | None = None, ifname: str | None = None) -> RunPlan:
         """The plan of `run(*argv)`, as data: nothing starts."""
         nproc = check_nproc(nproc_per_node)
         script_args = job_args(argv, self.workspace, cwd)
-        node_env = self.node_env()
+        node_env = self.node_env(ifname=ifname)
         low, high = parse_nnodes(nnodes, len(node_env)) if nnodes else (None, None)
         options = RunOptions(launcher=launcher, nproc_per_node=nproc, elastic=Elastic(max_restarts, low, high),
                              pg_timeout_s=pg_timeout_s, env=env, timeout_s=timeout_s)
@@ -207,17 +207,19 @@ class Lab(LabSession):
     def run(self, *argv: str, timeout_s: float | None = None, launcher: Launcher = "auto",
             nproc_per_node: int | None = None, max_restarts: int = 0, nnodes: str | None = None,
             pg_timeout_s: float | None = 30.0, env: Mapping[str, str] | None = None, cwd: str | Path | None = None,
-            preflight: bool = True, echo: bool = True, check: bool = True) -> RunResult:
+            preflight: bool = True, echo: bool = True, check: bool = True, ifname: str | None = None) -> RunResult:
         """Run `SCRIPT [ARGS]` or `-m MODULE [ARGS]` on every node at once, as `labctl run` does.
 
         `env` is added to every process's environment (as `-e`); a relative SCRIPT is taken from
         `cwd` (default: the workspace, the nodes' working directory). `check` (the default) raises
         RunFailed, naming the node and its error line, with the RunResult attached; `check=False`
         returns the result whatever happened. `preflight` runs doctor's cheap checks first and
-        raises PreflightFailed on a problem.
+        raises PreflightFailed on a problem. `ifname`: the interface the ranks' sockets use; None: the
+        lab's, its overlay's tunnel where it has one (`up --overlay`), else the bridge's.
         """
         plan = self.run_plan(*argv, launcher=launcher, nproc_per_node=nproc_per_node, max_restarts=max_restarts,
-                             nnodes=nnodes, pg_timeout_s=pg_timeout_s, env=env, cwd=cwd, timeout_s=timeout_s)
+                             nnodes=nnodes, pg_timeout_s=pg_timeout_s, env=env, cwd=cwd, timeout_s=timeout_s,
+                             ifname=ifname)
         if preflight:
             self.preflight(nproc_per_node, env).raise_for_problems(f"labctl doctor --lab {self.name}")
         return self.execute(plan, echo=echo, check=check)

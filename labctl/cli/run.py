@@ -36,9 +36,13 @@ from labctl.cli.options import (
 @click.option("--fresh-compile-cache", is_flag=True,
               help="Empty the nodes' torch.compile cache first (on the lab's shared volume): this run compiles from "
                    "nothing and fills it again.")
+@click.option("--ifname", metavar="IFACE",
+              help="The interface the ranks' sockets use (GLOO_SOCKET_IFNAME, NCCL_SOCKET_IFNAME): on a lab with an "
+                   "overlay its tunnel (tailscale0, wg0), the rendezvous on node0's overlay address; eth0 for the "
+                   "bridge [default: the tunnel where the lab has an overlay, else eth0].")
 @script_argument
 def run(lab, nproc_per_node, launcher, timeout_s, pg_timeout_s, as_json, env_pairs, env_files, nccl_debug, dry_run,
-        no_preflight, max_restarts, nnodes, trace, fresh_compile_cache, script) -> None:
+        no_preflight, max_restarts, nnodes, trace, fresh_compile_cache, ifname, script) -> None:
     """Run TRAINING_SCRIPT [ARGS...] (or `-m module [ARGS...]`) on every node at once.
 
     The options torchrun has too take its spellings as well (--nproc_per_node, --max_restarts).
@@ -53,6 +57,7 @@ def run(lab, nproc_per_node, launcher, timeout_s, pg_timeout_s, as_json, env_pai
       labctl run --launcher static --env-file run.env -- my_ddp_script.py
       labctl run --trace -- -m trainer --workload gpt --steps 60
       labctl run --fresh-compile-cache -- -m trainer --compile --workload gpt
+      labctl run --ifname eth0 -- -m trainer    # on an overlay lab: the bridge, to compare
     """
     from labctl.cli import render, render_trace
 
@@ -60,7 +65,8 @@ def run(lab, nproc_per_node, launcher, timeout_s, pg_timeout_s, as_json, env_pai
     the_lab = where.lab(lab)
     env = build_user_env(env_pairs, env_files, where.environ, nccl_debug)
     plan = the_lab.run_plan(*script, launcher=launcher, nproc_per_node=nproc_per_node, max_restarts=max_restarts,
-                            nnodes=nnodes, pg_timeout_s=pg_timeout_s, env=env, cwd=where.cwd, timeout_s=timeout_s)
+                            nnodes=nnodes, pg_timeout_s=pg_timeout_s, env=env, cwd=where.cwd, timeout_s=timeout_s,
+                            ifname=ifname)
     if dry_run:
         render.print_launches(plan, the_lab.nodes().address)
         return

@@ -135,6 +135,30 @@ def parse_keys(output: str, count: int) -> list[tuple[str, str]]:
     return [(p[0], p[1]) for p in pairs]
 
 
+def over_tunnel(env: Mapping[str, str], overlay: Overlay) -> dict[str, str]:
+    """A node's env file with the job on the overlay, as on machines joined by a mesh VPN: the
+    rendezvous on node0's overlay address, gloo's and NCCL's sockets on the tunnel."""
+    master = overlay.address(0)  # node0, node rank 0, hosts the store
+    port = env.get("MASTER_PORT", "29500")
+    return {**env, "MASTER_ADDR": master, "PET_RDZV_ENDPOINT": f"{master}:{port}",
+            "GLOO_SOCKET_IFNAME": overlay.iface, "NCCL_SOCKET_IFNAME": overlay.iface}
+
+
+def envs_on(envs: dict[str, dict[str, str]], overlay: Overlay | None, bridge_iface: str,
+            ifname: str | None) -> dict[str, dict[str, str]]:
+    """The nodes' env files for a run whose sockets use `ifname`: the tunnel's where the lab has an
+    overlay and nothing else is asked (None), the bridge's as the files say it. Another name is
+    refused, naming the lab's interfaces."""
+    ifname = ifname or (overlay.iface if overlay else bridge_iface)
+    if ifname == bridge_iface:
+        return envs
+    if overlay is None or ifname != overlay.iface:
+        have = [bridge_iface, *([overlay.iface] if overlay else [])]
+        raise ConfigError("--ifname", ifname, f"must be one of the lab's interfaces: {', '.join(have)}",
+                          hint="`labctl up --overlay tailscale` gives the nodes a tunnel" if overlay is None else "")
+    return {node: over_tunnel(env, overlay) for node, env in envs.items()}
+
+
 def parse_iface_address(output: str) -> str | None:
     """The IPv4 address `ip -o -4 address show dev IFACE` lists first, without its prefix length."""
     for line in output.splitlines():

@@ -269,7 +269,8 @@ def build_launches(node_env: dict[str, dict[str, str]], script_args: list[str], 
         common[PG_TIMEOUT_VAR] = f"{pg_timeout_s:g}"
     if launcher == "torchrun":
         return [Launch(name, name, torchrun_argv(script_args, nproc_per_node),
-                       with_user_env({**common, **rendezvous_env(run_id, len(names), elastic)}, added))
+                       with_user_env({**common, **network_env(node_env[name]),
+                                      **rendezvous_env(run_id, len(names), elastic)}, added))
                 for name in names]
     if launcher not in ("warm", "static"):
         raise LabError(f"unknown launcher {launcher!r}", hint=f"one of {', '.join(LAUNCHERS)}")
@@ -280,17 +281,27 @@ def build_launches(node_env: dict[str, dict[str, str]], script_args: list[str], 
     for rank, node_rank, local_rank in ranks(nprocs):
         name, first = names[node_rank], node_env[names[0]]
         if launcher == "warm":
-            env = {**common, **rendezvous_env(run_id, len(names), elastic),
+            env = {**common, **network_env(node_env[name]), **rendezvous_env(run_id, len(names), elastic),
                    **worker_env(rank, node_rank, local_rank, nprocs, first, run_id, run_dir)}
             argv = warm_argv(script_args)
         else:
-            env = {**common, "RANK": str(rank), "LOCAL_RANK": str(local_rank), "WORLD_SIZE": str(sum(nprocs)),
+            env = {**common, **network_env(node_env[name]), "RANK": str(rank), "LOCAL_RANK": str(local_rank),
+                   "WORLD_SIZE": str(sum(nprocs)),
                    "LOCAL_WORLD_SIZE": str(nprocs[node_rank]), "GROUP_RANK": str(node_rank),
                    "MASTER_ADDR": first["MASTER_ADDR"], "MASTER_PORT": first["MASTER_PORT"]}
             argv = worker_argv(script_args)
         label = name if nprocs[node_rank] == 1 else f"{name}/r{rank}"
         launches.append(Launch(label, name, argv, with_user_env(env, added)))
     return launches
+
+
+# What of a node's env file a launch carries itself rather than leave to the container's copy: the network
+# the job uses, which a lab with an overlay moves onto its tunnel for a run (labctl.net.overlay.envs_on).
+NETWORK_KEYS = ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME", "PET_RDZV_ENDPOINT")
+
+
+def network_env(env: Mapping[str, str]) -> dict[str, str]:
+    return {key: env[key] for key in NETWORK_KEYS if key in env}
 
 
 def ranks(nprocs: list[int]) -> list[tuple[int, int, int]]:

@@ -33,6 +33,8 @@ from labctl.lab.envfiles import read_node_envs
 from labctl.lab.lifecycle import NodeState, lab_dir, lab_status, require_running
 from labctl.lab.lockfile import describe_lock_file
 from labctl.lab.packages import LOCK_FILE
+from labctl.net.overlay import NONE, Overlay, envs_on, overlay_for
+from labctl.net.overlay_apply import running_kind
 from labctl.run.calibrations import latest_calibration
 from labctl.run.executor import execute
 from labctl.run.logs import check_tail, follow_run_logs, run_logs
@@ -135,9 +137,20 @@ class LabSession:
         """The nodes as a run reaches them (`docker exec`)."""
         return DockerNodes(self.client, self.name)
 
-    def node_env(self, names: list[str] | None = None) -> dict[str, dict[str, str]]:
-        """Each node's env file (what `labctl up` wrote), in node-rank order."""
-        return read_node_envs(self.directory, names if names is not None else self.node_names())
+    def node_env(self, names: list[str] | None = None, ifname: str | None = None) -> dict[str, dict[str, str]]:
+        """Each node's env file (what `labctl up` wrote), in node-rank order, for a job whose sockets
+        use `ifname`: on a lab with an overlay its tunnel unless the bridge's is named (`run --ifname
+        eth0`), the rendezvous then on node0's overlay address (labctl.net.overlay.envs_on)."""
+        envs = read_node_envs(self.directory, names if names is not None else self.node_names())
+        return envs_on(envs, self.overlay_spec(), self.config.iface, ifname)
+
+    def overlay_spec(self) -> Overlay | None:
+        """The lab's overlay (`up --overlay`) as its helpers make it; None without one."""
+        kind = running_kind(self.client, self.name)
+        if kind == NONE:
+            return None
+        subnets = [s for net in lab_networks(self.client, self.name) for s in network_subnets(net)]
+        return overlay_for(kind, subnets[0]) if subnets else None
 
     # ---------------------------------------------------------------------------------- logs
 

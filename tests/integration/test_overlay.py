@@ -1,6 +1,7 @@
 """A mesh VPN between the nodes (`labctl up --overlay`, labctl/net/overlay.py): WireGuard in user
 space, one helper per node with the TUN device, and the nodes themselves as unprivileged as ever.
-A plain torchrun DDP script's traffic goes through the tunnel, and `down` leaves nothing."""
+A plain torchrun DDP script's traffic goes through the tunnel (the bridge with `run --ifname eth0`),
+and `down` leaves nothing."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from conftest import REPO, SCRIPTS, labctl, lab_resources
 
 pytestmark = pytest.mark.integration
 LINE = re.compile(r"VPN_DDP rank=(\d) world=(\d) iface=(\S+) grad_bytes=(\d+) steps=(\d+) loss=\S+ replicas_equal=(\w+)")
+LOSS = re.compile(r"VPN_DDP rank=(\d) .* loss=(\S+) ")
 
 
 def counters(client, lab: str, nodes: list[str], iface: str) -> dict[str, int]:
@@ -44,16 +46,25 @@ def test_a_tailscale_mesh_carries_a_torchrun_ddp_script_and_down_leaves_nothing(
     env_files = "".join(p.read_text() for p in (REPO / ".lab" / lab).glob("*.env"))
     assert not any(key in env_files or key in up.stdout + up.stderr for key in private)
 
-    before = counters(docker_client, lab, names, "tailscale0")
-    run = labctl("run", "--lab", lab, "--launcher", "torchrun", "-e", "GLOO_SOCKET_IFNAME=tailscale0", "--",
-                 str(SCRIPTS / "vpn_classifier.py"), check=True, timeout=300)
-    after = counters(docker_client, lab, names, "tailscale0")
-    ranks = LINE.findall(run.stdout)
-    assert sorted(int(r[0]) for r in ranks) == [0, 1, 2], run.stdout[-3000:]
-    assert all(r[2] == "tailscale0" and r[5] == "True" for r in ranks), ranks
-    gradients = int(ranks[0][3]) * int(ranks[0][4])  # what DDP all-reduced; a ring sends 4/3 of it from each of 3
-    sent = {n: after[n] - before[n] for n in names}
+    # On a lab with an overlay a run's sockets and rendezvous are on the tunnel; --ifname eth0 puts them
+    # on the bridge, where the tunnel counts nothing of the job. The same data, the same loss, either way.
+    runs = {}
+    for ifname in ("tailscale0", "eth0"):
+        before = counters(docker_client, lab, names, "tailscale0")
+        options = ["--ifname", "eth0"] if ifname == "eth0" else []
+        run = labctl("run", "--lab", lab, "--launcher", "torchrun", *options, "--", str(SCRIPTS / "vpn_classifier.py"),
+                     check=True, timeout=300)
+        after = counters(docker_client, lab, names, "tailscale0")
+        ranks = LINE.findall(run.stdout)
+        assert sorted(int(r[0]) for r in ranks) == [0, 1, 2], run.stdout[-3000:]
+        assert all(r[2] == ifname and r[5] == "True" for r in ranks), ranks
+        runs[ifname] = ({n: after[n] - before[n] for n in names}, int(ranks[0][3]) * int(ranks[0][4]),
+                        sorted(LOSS.findall(run.stdout)))
+    sent, gradients, losses = runs["tailscale0"]  # gradients: what DDP all-reduced; a ring sends 4/3 of it from each
     assert all(b >= gradients for b in sent.values()), (sent, gradients)
+    sent_eth0, _, losses_eth0 = runs["eth0"]
+    assert all(b < gradients / 10 for b in sent_eth0.values()), sent_eth0
+    assert losses == losses_eth0
 
     labctl("down", "--lab", lab, "--volumes", check=True)
     assert lab_resources(docker_client, lab) == {"containers": [], "networks": [], "volumes": []}

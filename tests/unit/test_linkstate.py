@@ -16,6 +16,7 @@ def test_a_state_is_every_ranks_node_as_it_reported_itself_and_the_backend():
         [{**one[0], "shaping": {"egress": {"rate_bps": 1e9, "burst_bytes": 131072.0}}}, one[1]],  # shape
         [one[0], {**one[1], "quota": 0.5}],  # slow node1
         [one[0], {**one[1], "started": "9999"}],  # node1 made anew (up, a restart)
+        [{**m, "iface": "tailscale0"} for m in one],  # the same nodes, over an overlay's tunnel
         [one[0], {**one[1], "ip": "172.28.0.12"}],  # another node
         one + [{**NODE, "host": "node2", "ip": "172.28.0.12"}],  # up with more nodes
     ]

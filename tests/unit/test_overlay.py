@@ -70,3 +70,24 @@ def test_the_setting_takes_a_kind_or_leaves_it_to_the_running_lab(raw, expected)
 def test_an_unknown_overlay_setting_is_refused_naming_the_kinds():
     with pytest.raises(ConfigError, match="must be one of none, tailscale, wireguard"):
         resolve_config(environ={"DDPLAB_OVERLAY": "zerotier"})
+
+
+ENV = {"MASTER_ADDR": "172.28.5.10", "MASTER_PORT": "29500", "PET_RDZV_ENDPOINT": "172.28.5.10:29500",
+       "GLOO_SOCKET_IFNAME": "eth0", "NCCL_SOCKET_IFNAME": "eth0", "NODE_RANK": "1"}
+
+
+def test_a_run_on_an_overlay_lab_takes_the_tunnel_unless_the_bridge_is_named():
+    mesh = ov.OVERLAYS["tailscale"]
+    moved = ov.envs_on({"node1": ENV}, mesh, "eth0", None)["node1"]
+    assert moved == {**ENV, "MASTER_ADDR": "100.64.0.1", "PET_RDZV_ENDPOINT": "100.64.0.1:29500",
+                     "GLOO_SOCKET_IFNAME": "tailscale0", "NCCL_SOCKET_IFNAME": "tailscale0"}
+    assert ov.envs_on({"node1": ENV}, mesh, "eth0", "eth0") == {"node1": ENV}
+    assert ov.envs_on({"node1": ENV}, None, "eth0", None) == {"node1": ENV}
+
+
+def test_an_interface_the_lab_does_not_have_is_refused_naming_those_it_has():
+    with pytest.raises(ConfigError, match="must be one of the lab's interfaces: eth0, tailscale0"):
+        ov.envs_on({"node1": ENV}, ov.OVERLAYS["tailscale"], "eth0", "wg0")
+    with pytest.raises(ConfigError, match="must be one of the lab's interfaces: eth0\n") as caught:
+        ov.envs_on({"node1": ENV}, None, "eth0", "tailscale0")
+    assert "--overlay" in caught.value.hint
