@@ -26,11 +26,12 @@ from labctl.diagnose.doctor import diagnose
 from labctl.diagnose.findings import Diagnosis
 from labctl.diagnose.ops import OpsReport, probe_ops
 from labctl.engine.docker import apply_node_cpus, check_cpu_limits, clear_compile_caches, docker_client
-from labctl.errors import LabError
+from labctl.errors import LabError, StateError
 from labctl.hosts.inventory import load_inventory
 from labctl.hosts.labnodes import INVENTORY_FILE
 from labctl.hosts.machines import Hosts, SyncResult
 from labctl.k8s.jobs import Kubernetes
+from labctl.lab.envfiles import render_env, write_env_files
 from labctl.lab.garbage import ImageVerdict, LabVerdict, collect_garbage, collect_package_images
 from labctl.lab.lifecycle import apply_down, forget_secrets, lab_dir, lab_resources
 from labctl.lab.listing import LabListing, list_labs
@@ -353,6 +354,21 @@ class Lab(LabSession):
         """The lab's mesh VPN as its nodes have it now (each node's address read from its tunnel), None
         where it has none (`up --overlay`)."""
         return read_overlay(self.client, self.name, [n.name for n in self.status() if n.state == "running"])
+
+    def write_overlay_env(self, out_dir: str | Path) -> list[Path]:
+        """`labctl env --overlay`: each node's env file with the job on the lab's overlay (MASTER_ADDR
+        node0's overlay address, the sockets on the tunnel), written to `out_dir` for a run by hand.
+        StateError (exit 1) where the lab has no overlay."""
+        mesh = self.overlay_spec()
+        if mesh is None:
+            raise StateError(f"lab {self.name} has no overlay, so there are no env files to write for one",
+                             hint=f"`labctl up --lab {self.name} --overlay tailscale` gives its nodes a tunnel")
+        envs = self.node_env(ifname=mesh.iface)
+        comment = (f"ddplab: {{node}}'s identity on lab {self.name}'s {mesh.kind} overlay ({mesh.iface}), made by "
+                   "`labctl env --overlay`.\nLoad it in the node and run a bare `torchrun script.py`: "
+                   "set -a; . ./THIS_FILE; set +a")
+        files = {f"{node}.env": render_env(env, comment.format(node=node)) for node, env in envs.items()}
+        return write_env_files(Path(out_dir), files)
 
     def fault(self, kind: Fault, node: str) -> str:
         """Inject a fault into a node; a sentence saying what happened."""

@@ -231,19 +231,36 @@ def down(lab, volumes, dry_run) -> None:
 
 
 @main.command(context_settings=CONTEXT)
-@click.option("--hosts", required=True, metavar="ADDR1,ADDR2,...", help="Addresses of the machines; the first hosts the rendezvous.")
-@click.option("--iface", required=True, metavar="IFACE", help="Interface that carries those addresses, e.g. tailscale0, eth0.")
+@click.option("--hosts", metavar="ADDR1,ADDR2,...", help="Addresses of the machines; the first hosts the rendezvous.")
+@click.option("--iface", metavar="IFACE", help="Interface that carries those addresses, e.g. tailscale0, eth0.")
 @nproc_option("Processes per machine [default 1].")
 @torchrun_option("--master-port", metavar="PORT", help="Rendezvous port on the first host [default 29500].")
 @torchrun_option("--rdzv-id", default="ddplab", show_default=True, metavar="ID", help="Rendezvous id, the same on every host.")
-@click.option("--out", "out_dir", type=FilePath(path_type=Path), default=Path(".lab/hosts"), show_default=True,
-              help="Directory for the env files.")
-def env(hosts, iface, nproc_per_node, master_port, rdzv_id, out_dir) -> None:
-    """Write the same per-node env files for real machines, and print the command for each.
+@click.option("--overlay", "on_overlay", is_flag=True,
+              help="Instead of --hosts: the lab's own nodes on its overlay (`up --overlay`), MASTER_ADDR node0's "
+                   "overlay address and the sockets on the tunnel, for a run by hand in the nodes.")
+@lab_option
+@click.option("--out", "out_dir", type=FilePath(path_type=Path), default=None,
+              help="Directory for the env files [default .lab/hosts; with --overlay .lab/<lab>/overlay-env].")
+def env(hosts, iface, nproc_per_node, master_port, rdzv_id, on_overlay, lab, out_dir) -> None:
+    """Write the same per-node env files for real machines, and print the command for each; or, with
+    --overlay, the lab's nodes' env files on its mesh VPN.
 
     The options torchrun has too take its spellings as well (--nproc_per_node, --master_port, --rdzv_id).
     """
+    if on_overlay:
+        the_lab = invocation().lab(lab)
+        paths = the_lab.write_overlay_env(out_dir or the_lab.directory / "overlay-env")
+        info(f"wrote {len(paths)} env files to {paths[0].parent}/ (every node sees the workspace at the same path)")
+        for path in paths:
+            where = "" if the_lab.name == "ddplab" else f"--lab {the_lab.name} "
+            stdout_console().print(f"[bold]{path.stem}[/bold]:  labctl exec {where}{path.stem} -- sh -c 'set -a; . {path}; "
+                                   "set +a; torchrun SCRIPT'", markup=True, soft_wrap=True)
+        return
+    if hosts is None or iface is None:
+        raise click.UsageError("give --hosts and --iface (real machines), or --overlay (the lab's nodes on its overlay)")
     config = invocation().config(iface=iface, nproc_per_node=nproc_per_node, master_port=master_port)
+    out_dir = out_dir or Path(".lab/hosts")
     addresses, paths, commands = images.write_host_env(hosts, config, rdzv_id, out_dir)
     info(f"wrote {len(paths)} env files to {out_dir}/ (copy each to its machine, same path)")
     for name, host, command in commands:

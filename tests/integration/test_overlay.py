@@ -66,6 +66,13 @@ def test_a_tailscale_mesh_carries_a_torchrun_ddp_script_and_down_leaves_nothing(
     assert all(b < gradients / 10 for b in sent_eth0.values()), sent_eth0
     assert losses == losses_eth0
 
+    # The same identities for a run by hand: `labctl env --overlay` writes them where every node sees them.
+    written = labctl("env", "--overlay", "--lab", lab, check=True)
+    node2 = (REPO / ".lab" / lab / "overlay-env" / "node2.env").read_text()
+    assert "MASTER_ADDR=100.64.0.1\n" in node2 and "GLOO_SOCKET_IFNAME=tailscale0\n" in node2, node2
+    assert "PET_RDZV_ENDPOINT=100.64.0.1:29500\n" in node2 and "PET_RDZV_CONF=is_host=false\n" in node2, node2
+    assert f"labctl exec --lab {lab} node2 -- sh -c 'set -a; . " in written.stdout, written.stdout
+
     labctl("down", "--lab", lab, "--volumes", check=True)
     assert lab_resources(docker_client, lab) == {"containers": [], "networks": [], "volumes": []}
     assert not keys.parent.exists()
@@ -77,4 +84,6 @@ def test_bad_overlays_are_refused_before_anything_starts(lab_name, docker_client
         unknown.stderr
     inside = labctl("up", "--lab", lab_name, "--overlay", "tailscale", "--subnet", "100.64.5.0/24")
     assert inside.returncode == 2 and "overlaps the tailscale overlay's 100.64.0.0/10" in inside.stderr, inside.stderr
+    nothing = labctl("env", "--overlay", "--lab", lab_name)
+    assert nothing.returncode == 1 and f"lab {lab_name} has no overlay" in nothing.stderr, nothing.stderr
     assert lab_resources(docker_client, lab_name) == {"containers": [], "networks": [], "volumes": []}
