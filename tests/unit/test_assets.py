@@ -7,6 +7,7 @@ folders laid out as a checkout and as site-packages are.
 from __future__ import annotations
 
 import ast
+import fnmatch
 import stat
 from pathlib import Path
 
@@ -33,11 +34,24 @@ def test_setup_py_ships_what_assets_reads():
         assert (REPO / path).exists(), path
 
 
+def in_manifest(path: str, lines: list[list[str]]) -> bool:
+    """Whether MANIFEST.in's `include` and `recursive-include` lines (split in words) take `path`."""
+    for command, *args in lines:
+        if command == "include" and path in args:
+            return True
+        if command == "recursive-include" and path.startswith(args[0] + "/") and any(
+                fnmatch.fnmatch(path.rsplit("/", 1)[-1], pattern) for pattern in args[1:]):
+            return True
+    return False
+
+
 def test_manifest_puts_every_shipped_file_in_an_sdist():
-    manifest = (REPO / "MANIFEST.in").read_text()
+    lines = [line.split() for line in (REPO / "MANIFEST.in").read_text().splitlines()
+             if line.strip() and not line.startswith("#")]
     for path in assets.SHIPPED:
-        top = path.split("/")[0]
-        assert top in manifest, f"MANIFEST.in does not name {top}: an sdist would lack it and so would its wheel"
+        files = [path] if (REPO / path).is_file() else [str(p.relative_to(REPO)) for p in (REPO / path).rglob("*.py")]
+        for name in files:
+            assert in_manifest(name, lines), f"MANIFEST.in does not take {name}: an sdist would lack it, and so the wheel"
 
 
 def test_this_checkout_is_found():
