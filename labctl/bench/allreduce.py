@@ -36,6 +36,7 @@ from labctl.engine.docker import exec_in
 from labctl.engine.labels import container_name
 from labctl.errors import ConfigError, LabError, StateError
 from labctl.net import apply as netshape
+from labctl.net.overlay import Overlay
 from labctl.net.routes import RING_STEP, lab_ring
 from labctl.run.plan import RunOptions, RunPlan
 from labctl.session import LabSession
@@ -177,6 +178,20 @@ def measure_wire(client, lab: str, client_node: str, server_node: str, server_ip
         raise LabError(f"iperf3 {client_node} -> {server_node} gave no result ({exc}): {output[-300:]}") from None
 
 
+def measure_wires(session: LabSession, pair: tuple[str, str], ip: str, names: list[str], tunnel: Overlay | None,
+                  report: Callable[[str], None]) -> tuple[float, float]:
+    """iperf3 from pair[0] to pair[1] at `ip` on the bridge, and on a run over an overlay's `tunnel`
+    through it as well: (the wire the sweep uses, the bridge's)."""
+    sender, receiver = pair
+    report(f"measuring the wire {sender} -> {receiver} with iperf3 ({IPERF_SECONDS} s)"
+           + (f", through {tunnel.iface} and on the bridge under it" if tunnel else ""))
+    underlay_bps = measure_wire(session.client, session.name, sender, receiver, ip)
+    if tunnel is None:
+        return underlay_bps, underlay_bps
+    through = measure_wire(session.client, session.name, sender, receiver, tunnel.address(names.index(receiver)))
+    return through, underlay_bps
+
+
 def sweep_plan(session: LabSession, node_env: dict, sizes: list[int], iters: int,
                env: dict[str, str] | None = None, probe_iters: int = PROBE_ITERS, ops: list[str] | None = None) -> RunPlan:
     """torchrun -m trainer.bench_allreduce (with `ops`, trainer.bench_collectives --ops) on every
@@ -206,7 +221,8 @@ class AllreduceReport:
     nodes: int
     slowest: str  # the node with the slowest shaped link (the first node when none is shaped)
     link_bps: int | None  # that link's shaped rate; None when unshaped
-    wire_bps: float  # iperf3's TCP throughput from `slowest` to the next node
+    wire_bps: float  # iperf3's TCP throughput from `slowest` to the next node, on the interface the sweep used
+    underlay_bps: float | None = None  # on a lab with an overlay: the same, on the bridge under the tunnel
 
 
 def _quiet(_message: str) -> None:
@@ -241,8 +257,8 @@ def measure(session: LabSession, sizes: list[int], iters: int, efficiency: float
     bottleneck = netshape.slowest_link(links, ip_of, steps)  # the rings' slowest hop, links between groups too
     slowest, neighbour, link_bps = bottleneck or (names[0], names[steps[0] % len(names)], None)
     delay_s = max((hop.delay_us for hop in lab_ring(links, ip_of, steps)), default=0) / 1e6
-    report(f"measuring the wire {slowest} -> {neighbour} with iperf3 ({IPERF_SECONDS} s)")
-    wire_bps = measure_wire(session.client, session.name, slowest, neighbour, ip_of[neighbour])
+    tunnel = session.overlay_spec() if node_env[names[0]].get("GLOO_SOCKET_IFNAME") != session.config.iface else None
+    wire_bps, underlay_bps = measure_wires(session, (slowest, neighbour), ip_of[neighbour], names, tunnel, report)
     plan = sweep_plan(session, node_env, sizes, iters, env, ops=ops)
     more = f", up to {PROBE_ITERS} where they take under {SMALL_BUDGET_S:g} s" if iters < PROBE_ITERS else ""
     what = f"{', '.join(ops)} sweep" if ops else "allreduce sweep"
@@ -254,7 +270,10 @@ def measure(session: LabSession, sizes: list[int], iters: int, efficiency: float
     (plan.run_dir / f"bench-{name}.json").write_text(json.dumps([r.as_dict() for r in rows]))
     measured = f"{rows[0].backend} ({rows[0].device} tensors)" if rows else "?"
     title = (f"{name} on {measured}, {len(names)} nodes, link {_link_text(link_bps, slowest, neighbour)}, "
-             f"iperf3 wire {wire_bps / 1e6:.0f} Mbit/s; model: ring at {efficiency:.0%} of "
+             f"iperf3 wire {wire_bps / 1e6:.0f} Mbit/s"
+             + (f" through {tunnel.iface} (MTU {tunnel.mtu}; {underlay_bps / 1e6:.0f} Mbit/s on the bridge under it)"
+                if tunnel else "")
+             + f"; model: ring at {efficiency:.0%} of "
              f"{'the link' if link_bps else 'the wire'}, {(DEFAULT_ALPHA_S + delay_s) * 1e6:.0f} us a hop"
              + (f"; calibrated: the wire, a step {delay_s * 1e3:g} ms + max(stack {calibrated.base_s * 1e6:.0f} us, "
                 "transfer)" if calibrated else "")
@@ -262,7 +281,8 @@ def measure(session: LabSession, sizes: list[int], iters: int, efficiency: float
     if plot_path:
         plot(rows, plot_path, link_bps, wire_bps, len(names), title.split(";")[0])
         report(f"plot written to {'standard output' if is_stdout(plot_path) else plot_path}")
-    return AllreduceReport(rows, title, plan.run_dir, len(names), slowest, link_bps, wire_bps)
+    return AllreduceReport(rows, title, plan.run_dir, len(names), slowest, link_bps, wire_bps,
+                           underlay_bps if tunnel else None)
 
 
 def measure_collectives(session: LabSession, ops: list[str], sizes: list[int], iters: int,
