@@ -25,6 +25,7 @@ import json
 import math
 import textwrap
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Callable
@@ -156,40 +157,65 @@ def build_rows(timings: list[dict], n: int, link: Link | None, wire_bps: float |
 # ------------------------------------------------------------------------------ side effects
 
 
-def measure_wire(client, lab: str, client_node: str, server_node: str, server_ip: str) -> float:
-    """Raw TCP throughput client_node -> server_node in bits/s (iperf3, one stream, 3 s)."""
-    server = container_name(lab, server_node)
+def start_server(client, lab: str, node: str) -> None:
+    """An iperf3 server on `node` for one test, listening once this returns."""
+    server = container_name(lab, node)
     exec_id = client.api.exec_create(server, ["iperf3", "-s", "-1", "-p", IPERF_PORT])["Id"]
     client.api.exec_start(exec_id, detach=True)
     deadline = time.monotonic() + 10
     while f":{IPERF_PORT}" not in exec_in(client, server, ["ss", "-Hltn"])[1]:
         if time.monotonic() > deadline:
-            raise LabError(f"iperf3 server on {server_node} did not start")
+            raise LabError(f"iperf3 server on {node} did not start")
         time.sleep(0.05)
+
+
+def client_rate(client, lab: str, client_node: str, server_node: str, server_ip: str) -> float:
+    """iperf3 from client_node to the server start_server started on server_node: bits/s received."""
     argv = ["iperf3", "-c", server_ip, "-p", IPERF_PORT, "-t", str(IPERF_SECONDS), "-J"]
     try:
         _, output = exec_in(client, container_name(lab, client_node), argv)
     finally:
         # -1 ends the server after one test; if the client never connected, end it here.
-        exec_in(client, server, ["pkill", "-f", f"iperf3 -s -1 -p {IPERF_PORT}"])
+        exec_in(client, container_name(lab, server_node), ["pkill", "-f", f"iperf3 -s -1 -p {IPERF_PORT}"])
     try:
         return float(json.loads(output)["end"]["sum_received"]["bits_per_second"])
     except (ValueError, KeyError) as exc:
         raise LabError(f"iperf3 {client_node} -> {server_node} gave no result ({exc}): {output[-300:]}") from None
 
 
-def measure_wires(session: LabSession, pair: tuple[str, str], ip: str, names: list[str], tunnel: Overlay | None,
-                  report: Callable[[str], None]) -> tuple[float, float]:
-    """iperf3 from pair[0] to pair[1] at `ip` on the bridge, and on a run over an overlay's `tunnel`
-    through it as well: (the wire the sweep uses, the bridge's)."""
+def measure_wire(client, lab: str, client_node: str, server_node: str, server_ip: str) -> float:
+    """Raw TCP throughput client_node -> server_node in bits/s (iperf3, one stream, 3 s)."""
+    start_server(client, lab, server_node)
+    return client_rate(client, lab, client_node, server_node, server_ip)
+
+
+def measure_ring_wire(client, lab: str, hops: list[tuple[str, str, str]]) -> float:
+    """What each hop of a ring gets when every node sends to the next at once (iperf3 on every
+    (sender, receiver, receiver's address) together): the slowest hop's bits/s. Where the links share
+    a bottleneck, as an overlay's tunnels share the host's cores (each node encrypting what it sends
+    and decrypting what it receives), a ring's hop gets that much, not what one pair alone gets."""
+    for _, receiver, _ in hops:
+        start_server(client, lab, receiver)
+    with ThreadPoolExecutor(max_workers=len(hops)) as pool:
+        return min(pool.map(lambda hop: client_rate(client, lab, *hop), hops))
+
+
+def measure_wires(session: LabSession, node_env: dict, pair: tuple[str, str], ip: str,
+                  report: Callable[[str], None]) -> tuple[float, float, Overlay | None]:
+    """iperf3 from pair[0] to pair[1] at `ip` on the bridge, and where the sweep's env (`node_env`) puts
+    it on the lab's overlay, through every ring hop's tunnel at once as well: (the wire the sweep uses,
+    the bridge's, the overlay or None)."""
+    names = list(node_env)
+    iface = node_env[names[0]].get("GLOO_SOCKET_IFNAME", session.config.iface)
+    tunnel = session.overlay_spec() if iface != session.config.iface else None
     sender, receiver = pair
     report(f"measuring the wire {sender} -> {receiver} with iperf3 ({IPERF_SECONDS} s)"
-           + (f", through {tunnel.iface} and on the bridge under it" if tunnel else ""))
+           + (f", and through {tunnel.iface} from every node to the next at once" if tunnel else ""))
     underlay_bps = measure_wire(session.client, session.name, sender, receiver, ip)
     if tunnel is None:
-        return underlay_bps, underlay_bps
-    through = measure_wire(session.client, session.name, sender, receiver, tunnel.address(names.index(receiver)))
-    return through, underlay_bps
+        return underlay_bps, underlay_bps, None
+    hops = [(node, names[(i + 1) % len(names)], tunnel.address((i + 1) % len(names))) for i, node in enumerate(names)]
+    return measure_ring_wire(session.client, session.name, hops), underlay_bps, tunnel
 
 
 def sweep_plan(session: LabSession, node_env: dict, sizes: list[int], iters: int,
@@ -242,7 +268,6 @@ def measure(session: LabSession, sizes: list[int], iters: int, efficiency: float
         if op not in OPS:
             raise ConfigError("--ops", ",".join(ops), f"names ops from {', '.join(OPS)}", hint=f"{op!r} is none of them")
     if plot_path:  # refused before the minutes of measuring, not after
-
         require_matplotlib("bench allreduce --plot")
     nodes = session.running()
     if len(nodes) < 2:
@@ -257,8 +282,7 @@ def measure(session: LabSession, sizes: list[int], iters: int, efficiency: float
     bottleneck = netshape.slowest_link(links, ip_of, steps)  # the rings' slowest hop, links between groups too
     slowest, neighbour, link_bps = bottleneck or (names[0], names[steps[0] % len(names)], None)
     delay_s = max((hop.delay_us for hop in lab_ring(links, ip_of, steps)), default=0) / 1e6
-    tunnel = session.overlay_spec() if node_env[names[0]].get("GLOO_SOCKET_IFNAME") != session.config.iface else None
-    wire_bps, underlay_bps = measure_wires(session, (slowest, neighbour), ip_of[neighbour], names, tunnel, report)
+    wire_bps, underlay_bps, tunnel = measure_wires(session, node_env, (slowest, neighbour), ip_of[neighbour], report)
     plan = sweep_plan(session, node_env, sizes, iters, env, ops=ops)
     more = f", up to {PROBE_ITERS} where they take under {SMALL_BUDGET_S:g} s" if iters < PROBE_ITERS else ""
     what = f"{', '.join(ops)} sweep" if ops else "allreduce sweep"
@@ -270,10 +294,7 @@ def measure(session: LabSession, sizes: list[int], iters: int, efficiency: float
     (plan.run_dir / f"bench-{name}.json").write_text(json.dumps([r.as_dict() for r in rows]))
     measured = f"{rows[0].backend} ({rows[0].device} tensors)" if rows else "?"
     title = (f"{name} on {measured}, {len(names)} nodes, link {_link_text(link_bps, slowest, neighbour)}, "
-             f"iperf3 wire {wire_bps / 1e6:.0f} Mbit/s"
-             + (f" through {tunnel.iface} (MTU {tunnel.mtu}; {underlay_bps / 1e6:.0f} Mbit/s on the bridge under it)"
-                if tunnel else "")
-             + f"; model: ring at {efficiency:.0%} of "
+             f"iperf3 wire {wire_text(wire_bps, tunnel, underlay_bps)}; model: ring at {efficiency:.0%} of "
              f"{'the link' if link_bps else 'the wire'}, {(DEFAULT_ALPHA_S + delay_s) * 1e6:.0f} us a hop"
              + (f"; calibrated: the wire, a step {delay_s * 1e3:g} ms + max(stack {calibrated.base_s * 1e6:.0f} us, "
                 "transfer)" if calibrated else "")
@@ -290,6 +311,14 @@ def measure_collectives(session: LabSession, ops: list[str], sizes: list[int], i
                         plot_path: Path | None = None, env: dict[str, str] | None = None) -> AllreduceReport:
     """`labctl bench collectives`: measure()'s sweep for every op in `ops` (OPS)."""
     return measure(session, sizes, iters, efficiency, report, plot_path, env, ops=list(ops))
+
+
+def wire_text(wire_bps: float, tunnel: Overlay | None, underlay_bps: float) -> str:
+    """The wire as the table's title says it: on an overlay, a hop through the tunnel and the bridge under it."""
+    if tunnel is None:
+        return f"{wire_bps / 1e6:.0f} Mbit/s"
+    return (f"{wire_bps / 1e6:.0f} Mbit/s a hop through {tunnel.iface} with every node sending at once (MTU "
+            f"{tunnel.mtu}; {underlay_bps / 1e6:.0f} Mbit/s on the bridge under it)")
 
 
 def _link_text(link_bps: int | None, sender: str, receiver: str) -> str:
