@@ -15,9 +15,10 @@ from typing import Callable, Mapping
 
 from labctl.engine import detect as engine_mod
 from labctl.engine.docker import lab_nodes
+from labctl.errors import LabError
 from labctl.hosts import labnodes
 from labctl.lab import image as image_mod
-from labctl.lab.lifecycle import NodeState, forget_secrets, lab_dir
+from labctl.lab.lifecycle import NodeState, apply_down, forget_secrets, lab_dir
 from labctl.lab.owner import Owner
 from labctl.lab.package_image import prepare_packages
 from labctl.lab.packages import LOCK_FILE, read_declaration
@@ -125,7 +126,12 @@ def bring_up(session: LabSession, plan: UpPlan, report: Report, build_progress=N
     plan, nodes = apply_up_plan(client, plan, session.workspace, report, services)
     names = [n.name for n in nodes]
     settle_neighbors(client, config.lab, {n.name: n.ip for n in nodes}, config.iface)
-    mesh = start_overlay(session, plan, nodes, helper_image, report)
+    try:
+        mesh = start_overlay(session, plan, nodes, helper_image, report)
+    except LabError:
+        if not plan.existing:  # never a half-built lab: one this call created goes again
+            apply_down(client, config.lab, volumes=True)
+        raise
     start_warm(session, config, plan.engine, names, report)
     links = None
     if config.bw is not None:
@@ -141,8 +147,7 @@ def overlay_image(client, config: LabSpec, report: Report) -> str | None:
     (refused otherwise); None for a lab without an overlay."""
     if config.overlay == overlay.NONE:
         return None
-    image = overlay_apply.ensure_image(client, overlay_apply.helper_base(client, config.base_image, report, config),
-                                       report)
+    image = overlay_apply.ensure_image(client, overlay_apply.helper_base(client, config, report), report)
     overlay_apply.check_tun(client, image)
     return image
 

@@ -35,6 +35,7 @@ from labctl.lab.builder import BuildSource, NullProgress, docker_build
 from labctl.lab.lifecycle import OVERLAY_KEYS_DIR
 from labctl.net import overlay as ov
 from labctl.net.apply import LABEL_JOINED, LABEL_ROLE, LABEL_TARGET, helper_script
+from labctl.spec.labspec import LabSpec
 
 Report = Callable[[str], None]
 ROLE = "overlay"  # the role label of a node's overlay helper
@@ -50,10 +51,10 @@ def image_tag(base: str) -> str:
     return f"ddplab-overlay:{digest}"
 
 
-def helper_base(client, base_image: str, report: Report, config=None) -> str:
+def helper_base(client, config: LabSpec, report: Report) -> str:
     """What the helper image is built FROM: the base the node image stands on, as `labctl build` found it
     (the configured base where it is here, else the local Debian one, made where missing)."""
-    for tag in (base_image, LOCAL_BASE):
+    for tag in (config.base_image, LOCAL_BASE):
         if image_exists(client, tag):
             return tag
     return ensure_base(client, config, report)
