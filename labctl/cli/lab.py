@@ -254,7 +254,8 @@ def env(hosts, iface, nproc_per_node, master_port, rdzv_id, on_overlay, lab, out
         info(f"wrote {len(paths)} env files to {paths[0].parent}/ (every node sees the workspace at the same path)")
         for path in paths:
             where = "" if the_lab.name == "ddplab" else f"--lab {the_lab.name} "
-            stdout_console().print(f"[bold]{path.stem}[/bold]:  labctl exec {where}{path.stem} -- sh -c 'set -a; . {path}; "
+            shown = path.relative_to(the_lab.workspace) if path.is_relative_to(the_lab.workspace) else path  # the nodes' cwd
+            stdout_console().print(f"[bold]{path.stem}[/bold]:  labctl exec {where}{path.stem} -- sh -c 'set -a; . {shown}; "
                                    "set +a; torchrun SCRIPT'", markup=True, soft_wrap=True)
         return
     if hosts is None or iface is None:

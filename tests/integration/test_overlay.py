@@ -46,14 +46,14 @@ def test_a_tailscale_mesh_carries_a_torchrun_ddp_script_and_down_leaves_nothing(
     env_files = "".join(p.read_text() for p in (REPO / ".lab" / lab).glob("*.env"))
     assert not any(key in env_files or key in up.stdout + up.stderr for key in private)
 
-    # On a lab with an overlay a run's sockets and rendezvous are on the tunnel; --ifname eth0 puts them
-    # on the bridge, where the tunnel counts nothing of the job. The same data, the same loss, either way.
+    # On a lab with an overlay a run's sockets and rendezvous are on the tunnel (torchrun's c10d
+    # rendezvous at node0's 100.x address); --ifname eth0 puts them on the bridge (forked by the nodes'
+    # fork servers: no torch to import), where the tunnel counts nothing of the job. The same data, the
+    # same loss, either way.
     runs = {}
-    for ifname in ("tailscale0", "eth0"):
+    for ifname, options in (("tailscale0", ["--launcher", "torchrun"]), ("eth0", ["--ifname", "eth0"])):
         before = counters(docker_client, lab, names, "tailscale0")
-        options = ["--ifname", "eth0"] if ifname == "eth0" else []
-        run = labctl("run", "--lab", lab, "--launcher", "torchrun", *options, "--", str(SCRIPTS / "vpn_classifier.py"),
-                     check=True, timeout=300)
+        run = labctl("run", "--lab", lab, *options, "--", str(SCRIPTS / "vpn_classifier.py"), check=True, timeout=300)
         after = counters(docker_client, lab, names, "tailscale0")
         ranks = LINE.findall(run.stdout)
         assert sorted(int(r[0]) for r in ranks) == [0, 1, 2], run.stdout[-3000:]
