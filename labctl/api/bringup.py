@@ -122,7 +122,7 @@ def bring_up(session: LabSession, plan: UpPlan, report: Report, build_progress=N
             report(warning)
     services = SlurmServices(client, session.workspace, report) if config.scheduler == "slurm" else None
     drop_helpers(client, config.lab)
-    overlay_apply.drop_helpers(client, config.lab)  # they hold the nodes' endpoints too; started again below
+    drop_helpers(client, config.lab, overlay_apply.ROLE)  # they hold the nodes' endpoints too; started again below
     plan, nodes = apply_up_plan(client, plan, session.workspace, report, services)
     names = [n.name for n in nodes]
     settle_neighbors(client, config.lab, {n.name: n.ip for n in nodes}, config.iface)

@@ -48,8 +48,7 @@ from labctl.engine.detect import inspect_engine, refusal
 from labctl.engine.docker import DockerNodes, node_cpus_limit
 from labctl.engine.labels import container_name
 from labctl.lab.lockfile import Lock, release
-from labctl.net.overlay import NONE, overlay_for
-from labctl.net.overlay_apply import running_kind
+from labctl.net.overlay_apply import running_overlay
 from labctl.slurm.cluster import is_slurm_lab
 
 CONNECT_S = 1.5  # how long a probe keeps trying one target (peers may still be starting to listen)
@@ -318,13 +317,6 @@ def check_cpus(limits: dict[str, float | None]) -> list[Finding]:
     return out or [Finding("cpus", "all", True, "every node has the same CPU allowance")]
 
 
-def overlay_network(client, lab: str, subnet: str | None) -> str | None:
-    """The network of the lab's overlay (`up --overlay`), whose tunnel gloo may use as well; None without one."""
-    kind = running_kind(client, lab)
-    mesh = overlay_for(kind, subnet) if subnet and kind != NONE else None
-    return mesh.network if mesh else None
-
-
 def diagnose(client, lab: str, nodes: list, subnet: str | None, cheap: bool = False,
              env_overrides: dict[str, dict[str, str]] | None = None, nproc_per_node: int | None = None,
              lock: tuple[str, Lock] | None = None) -> Diagnosis:
@@ -342,10 +334,11 @@ def diagnose(client, lab: str, nodes: list, subnet: str | None, cheap: bool = Fa
         envs[node] = {**envs.get(node, {}), **extra}
     docker_nodes = DockerNodes(client, lab)
     info = gather_info(docker_nodes, names)
+    mesh = running_overlay(client, lab, subnet)  # `up --overlay`: gloo may use its tunnel as well
     findings = (check_engine(engine) + check_env(envs) + check_versions(info)
                 + check_packages(info, lock[1] if lock else None, *(lock[:1] if lock else ()))
                 + check_gpus(info, envs, nproc_per_node) + check_compiler(info)
-                + check_iface(info, envs, subnet, overlay=overlay_network(client, lab, subnet))
+                + check_iface(info, envs, subnet, overlay=mesh.network if mesh else None)
                 + check_cpus({n: node_cpus_limit(client, lab, n, cpus) for n in names}))
     if not cheap:
         first = envs[names[0]]

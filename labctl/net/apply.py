@@ -61,52 +61,66 @@ def helper_script(commands: list[Command]) -> str:
 
 
 def start_helper(client, lab: str, node: str, image: str, argv: list[str], labels: dict, auto_remove: bool = False,
-                 name: str | None = None):
+                 name: str | None = None, **more):
     """Start `argv` as root with NET_ADMIN in the node's network namespace, detached: the container,
-    labelled with the lab, the node and `labels` (its role)."""
+    labelled with the lab, the node and `labels` (its role). `more`: what else docker's run takes
+    (the overlay's helper: its TUN device and environment)."""
     return client.containers.run(
         image, argv, entrypoint=[], user="0:0", detach=True, name=name,
         network_mode=f"container:{container_name(lab, node)}", cap_add=["NET_ADMIN"],
         security_opt=["no-new-privileges"], auto_remove=auto_remove,
-        labels={LABEL_LAB: lab, LABEL_TARGET: node, **labels},
+        labels={LABEL_LAB: lab, LABEL_TARGET: node, **labels}, **more,
     )
 
 
-def helper_name(lab: str, node: str) -> str:
-    """The kept helper's name: not a prefix match for the node's own (`<lab>-node0`)."""
-    return f"{lab}-{HELPER_ROLE}-{node}"
+def helper_name(lab: str, node: str, role: str = HELPER_ROLE) -> str:
+    """A kept helper's name: not a prefix match for the node's own (`<lab>-node0`)."""
+    return f"{lab}-{role}-{node}"
 
 
-def node_helper(client, lab: str, node: str):
-    """The node's kept helper: the one running in the namespace the node has now, else a new one from
-    the node's image (one whose node was started after it, or is another container, is replaced)."""
+def kept_helper(client, lab: str, node: str, role: str, argv: list[str], image: str | None = None,
+                labels: dict | None = None, **more):
+    """The node's kept helper of `role`: the one running `image` (default: the node's own) with
+    `labels` in the namespace the node has now, else a new one running `argv` (one whose node was
+    started after it, or is another container, image or labelling, is replaced). `more` as start_helper."""
     import docker.errors
 
     target = client.api.inspect_container(container_name(lab, node))
-    joined = f"{target['Id']}@{target['State']['StartedAt']}"  # this node, since its last start
+    image = image or target["Image"]
+    labels = {LABEL_ROLE: role, LABEL_JOINED: f"{target['Id']}@{target['State']['StartedAt']}",  # since its last start
+              **(labels or {})}
+    name = helper_name(lab, node, role)
     try:
-        helper = client.api.inspect_container(helper_name(lab, node))
-        if helper["State"]["Running"] and helper["Config"]["Labels"].get(LABEL_JOINED) == joined:
+        helper = client.api.inspect_container(name)
+        if helper["State"]["Running"] and helper["Config"]["Image"] == image and all(
+                helper["Config"]["Labels"].get(key) == value for key, value in labels.items()):
             return client.containers.prepare_model(helper)
         remove_gone(client, helper["Id"])
     except docker.errors.NotFound:
         pass
-    labels = {LABEL_ROLE: HELPER_ROLE, LABEL_JOINED: joined}
     try:
-        return start_helper(client, lab, node, target["Image"], ["sleep", "infinity"], labels,
-                            name=helper_name(lab, node))
+        return start_helper(client, lab, node, image, argv, labels, name=name, **more)
     except docker.errors.APIError as exc:
         if exc.status_code != 409:  # else a concurrent command of this lab started it first: use that one
             raise
-        return client.containers.get(helper_name(lab, node))
+        return client.containers.get(name)
 
 
-def drop_helpers(client, lab: str) -> None:
-    """Remove the lab's kept helpers before Compose changes its nodes: a helper holds its node's
-    network endpoint, so Compose could not replace the lab's network while one lives (`up --nodes N`
-    to another subnet failed so: "has active endpoints"). The next change starts them again."""
-    kept = {"label": [f"{LABEL_LAB}={lab}", f"{LABEL_ROLE}={HELPER_ROLE}"]}
-    for helper in client.api.containers(all=True, filters=kept):
+def node_helper(client, lab: str, node: str):
+    """The node's kept network helper, running only `sleep` from the node's own image (its tc and ip)."""
+    return kept_helper(client, lab, node, HELPER_ROLE, ["sleep", "infinity"])
+
+
+def lab_helpers(client, lab: str, role: str) -> list[dict]:
+    """The lab's kept helpers of `role`, as the engine lists them."""
+    return client.api.containers(all=True, filters={"label": [f"{LABEL_LAB}={lab}", f"{LABEL_ROLE}={role}"]})
+
+
+def drop_helpers(client, lab: str, role: str = HELPER_ROLE) -> None:
+    """Remove the lab's kept helpers (of `role`) before Compose changes its nodes: a helper holds its
+    node's network endpoint, so Compose could not replace the lab's network while one lives (`up
+    --nodes N` to another subnet failed so: "has active endpoints"). The next change starts them again."""
+    for helper in lab_helpers(client, lab, role):
         remove_gone(client, helper["Id"])
 
 

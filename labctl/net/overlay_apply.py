@@ -27,14 +27,14 @@ from pathlib import Path
 from typing import Callable
 
 from labctl.core.assets import overlay_dockerfile
-from labctl.engine.docker import exec_in, remove_gone
-from labctl.engine.labels import LABEL_LAB, container_name
+from labctl.engine.docker import exec_in
+from labctl.engine.labels import container_name
 from labctl.errors import LabError, StateError
 from labctl.lab.base import LOCAL_BASE, ensure_base, image_exists
 from labctl.lab.builder import BuildSource, NullProgress, docker_build
 from labctl.lab.lifecycle import OVERLAY_KEYS_DIR
 from labctl.net import overlay as ov
-from labctl.net.apply import LABEL_JOINED, LABEL_ROLE, LABEL_TARGET, helper_script
+from labctl.net.apply import helper_name, helper_script, kept_helper, lab_helpers
 from labctl.spec.labspec import LabSpec
 
 Report = Callable[[str], None]
@@ -119,30 +119,11 @@ def write_secret(path: Path, text: str) -> None:
     os.replace(tmp, path)
 
 
-def helper_name(lab: str, node: str) -> str:
-    return f"{lab}-{ROLE}-{node}"
-
-
 def node_helper(client, lab: str, node: str, overlay: ov.Overlay, image: str):
     """The node's overlay helper in the namespace the node has now (else a new one): wireguard-go
-    making `overlay.iface`."""
-    import docker.errors
-
-    target = client.api.inspect_container(container_name(lab, node))
-    joined = f"{target['Id']}@{target['State']['StartedAt']}"
-    labels = {LABEL_LAB: lab, LABEL_TARGET: node, LABEL_ROLE: ROLE, LABEL_JOINED: joined, LABEL_IFACE: overlay.iface}
-    try:
-        helper = client.api.inspect_container(helper_name(lab, node))
-        if helper["State"]["Running"] and helper["Config"]["Image"] == image and all(
-                helper["Config"]["Labels"].get(key) == value for key, value in labels.items()):
-            return client.containers.prepare_model(helper)
-        remove_gone(client, helper["Id"])
-    except docker.errors.NotFound:
-        pass
-    return client.containers.run(
-        image, ov.helper_argv(overlay), entrypoint=[], user="0:0", detach=True, name=helper_name(lab, node),
-        network_mode=f"container:{container_name(lab, node)}", cap_add=["NET_ADMIN"], devices=[f"{TUN}:{TUN}"],
-        security_opt=["no-new-privileges"], environment=ov.USERSPACE_ENV, labels=labels)
+    making `overlay.iface`, the lab's only container with the TUN device."""
+    return kept_helper(client, lab, node, ROLE, ov.helper_argv(overlay), image, {LABEL_IFACE: overlay.iface},
+                       devices=[f"{TUN}:{TUN}"], environment=ov.USERSPACE_ENV)
 
 
 def secret_tar(path: str, text: str) -> bytes:
@@ -176,27 +157,25 @@ def apply_overlay(client, lab: str, overlay: ov.Overlay, image: str, keys: dict[
     if failed:
         node, said = failed[0]
         raise LabError(f"{node}: its {overlay.iface} did not come up: {said.strip()[-300:]}",
-                       hint=f"docker logs {helper_name(lab, node)}")
+                       hint=f"docker logs {helper_name(lab, node, ROLE)}")
     return overlay_ips
-
-
-def drop_helpers(client, lab: str) -> None:
-    """Remove the lab's overlay helpers (before Compose changes its nodes: they hold the nodes'
-    network endpoints; or when the lab drops its overlay)."""
-    kept = {"label": [f"{LABEL_LAB}={lab}", f"{LABEL_ROLE}={ROLE}"]}
-    for helper in client.api.containers(all=True, filters=kept):
-        remove_gone(client, helper["Id"])
 
 
 def running_kind(client, lab: str) -> str:
     """The overlay a running lab has: the kind its helpers make, `none` without any."""
-    kept = {"label": [f"{LABEL_LAB}={lab}", f"{LABEL_ROLE}={ROLE}"]}
-    for helper in client.api.containers(all=True, filters=kept):
+    for helper in lab_helpers(client, lab, ROLE):
         iface = (helper.get("Labels") or {}).get(LABEL_IFACE)
         for kind, overlay in ov.OVERLAYS.items():
             if iface == overlay.iface:
                 return kind
     return ov.NONE
+
+
+def running_overlay(client, lab: str, subnet: str | None) -> ov.Overlay | None:
+    """The overlay of a running lab on `subnet` (the bridge's: plain WireGuard's range steps around
+    it), as its helpers make it; None without one."""
+    kind = running_kind(client, lab)
+    return ov.overlay_for(kind, subnet) if subnet and kind != ov.NONE else None
 
 
 @dataclass(frozen=True)

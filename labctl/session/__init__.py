@@ -33,8 +33,8 @@ from labctl.lab.envfiles import read_node_envs
 from labctl.lab.lifecycle import NodeState, lab_dir, lab_status, require_running
 from labctl.lab.lockfile import describe_lock_file
 from labctl.lab.packages import LOCK_FILE
-from labctl.net.overlay import NONE, Overlay, envs_on, overlay_for
-from labctl.net.overlay_apply import running_kind
+from labctl.net.overlay import Overlay, envs_on
+from labctl.net.overlay_apply import running_overlay
 from labctl.run.calibrations import latest_calibration
 from labctl.run.executor import execute
 from labctl.run.logs import check_tail, follow_run_logs, run_logs
@@ -146,11 +146,8 @@ class LabSession:
 
     def overlay_spec(self) -> Overlay | None:
         """The lab's overlay (`up --overlay`) as its helpers make it; None without one."""
-        kind = running_kind(self.client, self.name)
-        if kind == NONE:
-            return None
         subnets = [s for net in lab_networks(self.client, self.name) for s in network_subnets(net)]
-        return overlay_for(kind, subnets[0]) if subnets else None
+        return running_overlay(self.client, self.name, subnets[0] if subnets else None)
 
     # ---------------------------------------------------------------------------------- logs
 
