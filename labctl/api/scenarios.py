@@ -25,7 +25,7 @@ from labctl.core import assets
 from labctl.diagnose import doctor
 from labctl.diagnose.traps import SCENARIOS, Context, Env, Scenario
 from labctl.engine.labels import container_name
-from labctl.errors import LabError
+from labctl.errors import ConfigError, LabError
 from labctl.lab import lifecycle as lab_mod
 from labctl.lab.base import TARGET_CACHE, node_target
 from labctl.lab.image import ensure_mismatch_image
@@ -33,12 +33,14 @@ from labctl.lab.lockfile import read_lab_lock
 from labctl.lab.owner import owner_of
 from labctl.lab.packages import LOCK_FILE
 from labctl.lab.resolve import fetch_requirement
-from labctl.run.launch import Launch, run_env
+from labctl.net.overlay import CHOICES as NETWORKS
+from labctl.net.overlay import NONE
+from labctl.run.launch import Launch, network_env, run_env
 from labctl.run.plan import RunPlan, new_run
 from labctl.session import LabSession
 from labctl.trace import write_trace
 
-__all__ = ["SCENARIOS", "ScenarioOutcome", "run_scenario", "run_scenarios", "select_scenarios"]
+__all__ = ["NETWORKS", "SCENARIOS", "ScenarioOutcome", "run_scenario", "run_scenarios", "scenario_overlays", "select_scenarios"]
 
 
 # ------------------------------------------------------------------------------ running one
@@ -60,6 +62,7 @@ class ScenarioOutcome:
 
     symptom_required: bool = True
     timeline: str = ""  # the broken run's timeline: who the others waited for, and the picture's path
+    overlay: str = NONE  # the network it was met on: the bridge, or a mesh VPN over it (`up --overlay`)
 
     @property
     def ok(self) -> bool:
@@ -70,11 +73,19 @@ class ScenarioOutcome:
 def scenario_plan(ctx: Context, scenario: Scenario, env: Env, run_dir, node_env: dict,
                   timeout_s: float | None = None) -> RunPlan:
     """One run of the scenario as a plan: every node's own launch environment (`env`, the trap or its
-    fix) over the run's, and no rendezvous store of labctl's: the scenario sets the rendezvous itself.
-    `timeout_s`: the run is stopped after this long (the plan carries its time limit)."""
+    fix) over the run's and the network's (on a lab with an overlay: the tunnel's interface and node0's
+    address on it, as labctl's own runs have them), and no rendezvous store of labctl's: the scenario
+    sets the rendezvous itself. `timeout_s`: the run is stopped after this long (the plan carries its
+    time limit)."""
     argv = (["torchrun"] if scenario.launcher == "torchrun" else ["python"]) + scenario.trainer
     common = run_env(ctx.run_id, run_dir)
-    launches = [Launch(node, node, argv, {**common, "OMP_NUM_THREADS": "1", **env[node]}) for node in ctx.names]
+
+    def network(node: str) -> dict[str, str]:
+        mine = node_env.get(node, {})
+        return {**network_env(mine), **({"MASTER_ADDR": mine["MASTER_ADDR"]} if "MASTER_ADDR" in mine else {})}
+
+    launches = [Launch(node, node, argv, {**common, "OMP_NUM_THREADS": "1", **network(node), **env[node]})
+                for node in ctx.names]
     return RunPlan(ctx.run_id, run_dir, node_env, launches, store=False, timeout_s=timeout_s)
 
 
@@ -114,8 +125,9 @@ def run_scenario(client, config, workspace, scenario: Scenario, report) -> Scena
         session = LabSession(config, workspace, client)
         images = {config.node_names[-1]: other_image} if other_image else None
         nodes = scenario_up(session, images, lambda message: report(f"{scenario.name}: {message}"))
-        ctx = Context(client, config.lab, nodes, config.iface, notes={"drift": drift} if drift else {})
-        node_env = session.node_env(ctx.names)  # the env files up wrote: the same for both runs
+        ctx = Context(client, config.lab, nodes, config.iface, overlay=session.overlay_spec(),
+                      notes={"drift": drift} if drift else {})
+        node_env = session.node_env(ctx.names)  # up's env files (on the tunnel, with an overlay): both runs'
         if scenario.prepare:
             scenario.prepare(ctx)
         ctx.run_id, run_dir = new_run(session.directory)
@@ -131,10 +143,7 @@ def run_scenario(client, config, workspace, scenario: Scenario, report) -> Scena
         broken_exit = max((o.exit_code or 0 for o in broken.outcomes), default=0)
 
         report(f"{scenario.name}: labctl doctor on the same configuration")
-        lock = read_lab_lock(session.directory / LOCK_FILE)
-        found = doctor.diagnose(client, config.lab, nodes, session.subnet(), env_overrides=broken_env,
-                                lock=("the lab's lock", lock) if lock else None)
-        doctor_s, diagnosis = found.seconds, group_findings(found.problems)
+        doctor_s, diagnosis = diagnose_broken(session, ctx, node_env, broken_env)
         if scenario.timeline:
             report(f"{scenario.name}: labctl trace of the broken run")
             timeline, kept = broken_timeline(run_dir)
@@ -153,7 +162,18 @@ def run_scenario(client, config, workspace, scenario: Scenario, report) -> Scena
         lab_mod.apply_down(client, config.lab, volumes=True)
         remove_lab_folder(lab_mod.lab_dir(workspace, config.lab), keep=kept)
     return ScenarioOutcome(scenario.name, symptom, shown_at - t0, broken_exit, diagnosis, doctor_s, scenario.fix, fixed_ok,
-                   fixed_s, time.monotonic() - started, scenario.bound_s, scenario.symptom_required, timeline)
+                           fixed_s, time.monotonic() - started, scenario.bound_s, scenario.symptom_required, timeline,
+                           config.overlay or NONE)
+
+
+def diagnose_broken(session: LabSession, ctx: Context, node_env: Env, broken_env: Env) -> tuple[float, list[str]]:
+    """(seconds, one line per problem): doctor on the broken configuration, every node's environment
+    as the broken run read it: its env file (on the tunnel, with an overlay) and the trap's."""
+    seen = {node: {**node_env.get(node, {}), **broken_env[node]} for node in ctx.names}
+    lock = read_lab_lock(session.directory / LOCK_FILE)
+    found = doctor.diagnose(ctx.client, ctx.lab, ctx.nodes, session.subnet(), env_overrides=seen,
+                            lock=("the lab's lock", lock) if lock else None)
+    return found.seconds, group_findings(found.problems)
 
 
 def prepared(client, config, scenario: Scenario, report) -> tuple:
@@ -232,16 +252,31 @@ def select_scenarios(names) -> list[str]:
     return wanted
 
 
-def run_scenarios(client, make_config, workspace, names: list[str], report, show=None) -> list[ScenarioOutcome]:
+def scenario_overlays(names: list[str], asked: str | None) -> dict[str, str]:
+    """Each scenario's overlay: the one asked for (`scenario run --overlay`), else its own default. A
+    scenario that cannot be met on the one asked for is refused before any starts."""
+    refused = [n for n in names if asked and asked not in SCENARIOS[n].overlays]
+    if refused:
+        can = "; ".join(f"{n} on {', '.join(SCENARIOS[n].overlays)}" for n in refused)
+        raise ConfigError("--overlay", asked, f"not a network these scenarios can be met on: {can}",
+                          hint="leave --overlay out: each scenario brings up the network it needs")
+    return {n: asked or SCENARIOS[n].overlays[0] for n in names}
+
+
+def run_scenarios(client, make_config, workspace, names: list[str], report, show=None,
+                  overlay: str | None = None) -> list[ScenarioOutcome]:
     """Each scenario on a 2-node lab of its own, scn-NAME (`make_config(lab=...)` resolves its
-    configuration); `show` gets each outcome as soon as it is known. A scenario's runs start torchrun
-    or python themselves, as the trap needs, never through a fork server, so its lab asks `up` for
-    none (`warm` off: two torch imports fewer on the machine while the scenario's clock runs)."""
-    outcomes = []
+    configuration), on the overlay it needs or `overlay` (scenario_overlays); `show` gets each outcome as
+    soon as it is known. A scenario's runs start torchrun or python themselves, as the trap needs,
+    never through a fork server, so its lab asks `up` for none (`warm` off: two torch imports fewer on
+    the machine while the scenario's clock runs)."""
+    overlays, outcomes = scenario_overlays(names, overlay), []
     for name in names:
         spec = make_config(lab=f"scn-{name}")
-        config = replace(spec, nodes=2, warm="off", sources={**spec.sources, "nodes": "the scenario",
-                                                               "warm": "the scenario"})
+        kind = None if overlays[name] == NONE else overlays[name]
+        config = replace(spec, nodes=2, warm="off", overlay=kind,
+                         sources={**spec.sources, "nodes": "the scenario", "warm": "the scenario",
+                                  "overlay": "the scenario"})
         outcomes.append(run_scenario(client, config, workspace, SCENARIOS[name], report))
         if show:
             show(outcomes[-1])

@@ -7,7 +7,7 @@ from dataclasses import asdict
 
 import click
 
-from labctl.api.scenarios import SCENARIOS, run_scenarios, select_scenarios
+from labctl.api.scenarios import NETWORKS, SCENARIOS, run_scenarios, select_scenarios
 from labctl.cli.app import CONTEXT, invocation, main
 from labctl.cli.options import json_option, lab_option
 from labctl.core.ui import info, stdout_console
@@ -51,8 +51,12 @@ def scenario_list() -> None:
 
 @scenario.command("run", context_settings=CONTEXT)
 @click.argument("names", nargs=-1, required=True, metavar="NAME... | all")
+@click.option("--overlay", type=click.Choice(NETWORKS), default=None,
+              help="The network to meet the traps on: a mesh VPN (tailscale, wireguard) or the plain bridge "
+                   "(none). Default: each scenario's own (`scenario list`); one that cannot be met on the "
+                   "network asked for is refused.")
 @json_option("Print the outcomes as a JSON list.")
-def scenario_run(names, as_json) -> None:
+def scenario_run(names, overlay, as_json) -> None:
     """Reproduce each trap on a fresh 2-node lab (scn-NAME), show torch's symptom and how long it
     took to show, doctor's diagnosis, then the fix and a run that succeeds. The lab is removed at
     the end. Exit status 0 when every fix worked within its bound."""
@@ -60,7 +64,8 @@ def scenario_run(names, as_json) -> None:
 
     chosen = select_scenarios(names)
     show = None if as_json else (lambda outcome: render.print_scenario(outcome, SCENARIOS[outcome.name].title))
-    outcomes = run_scenarios(invocation().client, invocation().config, invocation().workspace, chosen, info, show)
+    outcomes = run_scenarios(invocation().client, invocation().config, invocation().workspace, chosen, info, show,
+                             overlay=overlay)
     if as_json:
         render.emit_json([{**asdict(o), "ok": o.ok} for o in outcomes])
     if not all(o.ok for o in outcomes):

@@ -347,10 +347,11 @@ def finish_run(result, as_json: bool, extra: dict | None = None) -> None:
 
 def scenarios_table(scenarios) -> Table:
     table = Table(title="labctl scenario run NAME", title_justify="left", show_lines=True)
-    for column in ("name", "trap", "bound", "what it teaches"):
+    for column in ("name", "trap", "network", "bound", "what it teaches"):
         table.add_column(column)
     for s in scenarios:
-        table.add_row(s.name, s.title, f"{s.bound_s} s", s.lesson)
+        network = s.overlays[0] + (f" (or {', '.join(s.overlays[1:])})" if len(s.overlays) > 1 else "")
+        table.add_row(s.name, s.title, network, f"{s.bound_s} s", s.lesson)
     return table
 
 
@@ -370,7 +371,8 @@ def print_scenario(outcome, title: str) -> None:
         f"scenario {outcome.total_seconds:.0f} s of its {outcome.bound_s} s bound: "
         + ("[green]OK[/green]" if outcome.ok else "[bold red]FAILED[/bold red] (no symptom, no fix, or over the bound)"),
     ])
-    console.print(Panel(body, title=f"{outcome.name}: {title}", title_align="left"), markup=True)
+    network = f" (on {outcome.overlay})" if outcome.overlay != "none" else ""
+    console.print(Panel(body, title=f"{outcome.name}: {title}{network}", title_align="left"), markup=True)
 
 
 def print_pod_run(pods, address) -> None:

@@ -23,9 +23,12 @@ Each check names the node, what is wrong and the fix. The checks, cheapest first
   rendezvous every node reaches node0's master port
   ports      every node reaches every other node on a port in the ephemeral range, where gloo and
              NCCL connect back after rendezvous (a firewall that only opens 29500 breaks here)
+  mtu        on a lab with a mesh VPN (`up --overlay`): packets of the tunnel's full MTU pass between
+             every pair of nodes, sent with don't-fragment (labctl/diagnose/tunnel.py: a path that
+             carries less and drops the ICMP that would say so stalls large collectives)
 
-All but the last two are "cheap" (one short exec per node) and run before every `labctl run`; the
-reachability probes listen and connect for about two seconds.
+All but the last three are "cheap" (one short exec per node) and run before every `labctl run`; the
+probes listen and connect for about two seconds, side by side.
 """
 
 from __future__ import annotations
@@ -44,6 +47,7 @@ from labctl.diagnose.compiler import check_compiler
 from labctl.diagnose.findings import Diagnosis, Finding
 from labctl.diagnose.gpus import check_gpus
 from labctl.diagnose.packages import check_packages
+from labctl.diagnose.tunnel import check_mtu, probe_mtu
 from labctl.engine.detect import inspect_engine, refusal
 from labctl.engine.docker import DockerNodes, node_cpus_limit
 from labctl.engine.labels import container_name
@@ -67,8 +71,9 @@ def check_engine(engine) -> list[Finding]:
                     problem.hint if problem else "")]
 
 
-def check_env(envs: dict[str, dict[str, str]]) -> list[Finding]:
-    """The launch environment of every node, as torchrun and the trainer will read it."""
+def check_env(envs: dict[str, dict[str, str]], tunnel: str | None = None) -> list[Finding]:
+    """The launch environment of every node, as torchrun and the trainer will read it; `tunnel`: the
+    interface of the lab's mesh VPN, where it has one."""
     names = list(envs)
     out = agreement(envs, "WORLD_SIZE", "every node must agree on the world size: regenerate the env files with "
                                         "`labctl up`")
@@ -85,8 +90,11 @@ def check_env(envs: dict[str, dict[str, str]]) -> list[Finding]:
                            "PET_RDZV_CONF=is_host=true on node0 only, is_host=false elsewhere (labctl's env files do this)"))
     for node, env in envs.items():
         if not env.get("GLOO_SOCKET_IFNAME"):
-            out.append(Finding("env", node, False, "GLOO_SOCKET_IFNAME is not set: gloo picks an interface itself, "
-                               "maybe loopback or docker0", "set GLOO_SOCKET_IFNAME (and NCCL_SOCKET_IFNAME) to the lab's interface"))
+            mesh = f" (this lab's mesh VPN: GLOO_SOCKET_IFNAME={tunnel})" if tunnel else ""
+            out.append(Finding("env", node, False, "GLOO_SOCKET_IFNAME is not set: gloo takes the address the node's "
+                               "hostname resolves to (a lab's eth0, a laptop's 127.0.1.1), which may not be on the "
+                               f"network the others reach{mesh}", "set GLOO_SOCKET_IFNAME (and NCCL_SOCKET_IFNAME) to "
+                               f"the interface that reaches the others{mesh}"))
     if not out:
         world = next(iter(envs.values())).get("WORLD_SIZE")
         out.append(Finding("env", "all", True, f"{len(names)} nodes, ranks 0..{len(names) - 1}, world size {world}, "
@@ -203,8 +211,9 @@ def check_iface(info: dict[str, dict], envs: dict[str, dict[str, str]], subnet: 
 
 
 def check_reach(results: dict[str, dict], master: tuple[str, str, int], probe_port: int,
-                connect_s: float = CONNECT_S) -> list[Finding]:
-    """Findings from every node's probe: {node: {"bind_errors": {port: error}, "results": [[target, ip, port, status, ms]]}}."""
+                connect_s: float = CONNECT_S, tunnel: str | None = None) -> list[Finding]:
+    """Findings from every node's probe: {node: {"bind_errors": {port: error}, "results": [[target, ip, port, status, ms]]}}.
+    `tunnel`: the interface of the lab's mesh VPN, where it has one and gloo is not on it yet."""
     out = []
     master_node, master_ip, master_port = master
     for node, r in results.items():
@@ -228,7 +237,8 @@ def check_reach(results: dict[str, dict], master: tuple[str, str, int], probe_po
                 ports_bad.append(Finding("ports", node, False, f"{node} cannot reach {target} ({ip}) on port {port}: {why}. "
                                          "Rendezvous may pass and the job still hang: gloo and NCCL connect back on "
                                          "ephemeral ports", f"allow TCP between the nodes on the ephemeral range "
-                                         f"(32768-60999), not only {master_port}, on {target}"))
+                                         f"(32768-60999), not only {master_port}, on {target}"
+                                         + (f"; or gloo on the mesh VPN: GLOO_SOCKET_IFNAME={tunnel}" if tunnel else "")))
     n = len(results)
     out += rdzv_bad or [Finding("rendezvous", "all", True, f"every node reaches {master_ip}:{master_port} on {master_node}")]
     out += ports_bad or [Finding("ports", "all", True, f"all {n * (n - 1)} node pairs connect on port {probe_port}")]
@@ -302,6 +312,14 @@ def probe_once(nodes, ips: dict[str, str], master: tuple[str, str, int], probe_p
         return dict(zip(ips, pool.map(one, list(ips))))
 
 
+def gloo_address(node_info: dict, env: dict[str, str], mesh, bridge_ip: str) -> str:
+    """The address the node's gloo advertises, which its peers connect back to: its tunnel's where
+    GLOO_SOCKET_IFNAME names the lab's mesh VPN, else its bridge address (the hostname's)."""
+    addrs = (node_info.get("ifaces") or {}).get(mesh.iface, []) if mesh else []
+    on_tunnel = mesh and env.get("GLOO_SOCKET_IFNAME") == mesh.iface and addrs
+    return addrs[0].split("/")[0] if on_tunnel else bridge_ip
+
+
 def check_cpus(limits: dict[str, float | None]) -> list[Finding]:
     """Nodes with less CPU than the others: a straggler by configuration."""
     values = {node: limit for node, limit in limits.items()}
@@ -335,7 +353,7 @@ def diagnose(client, lab: str, nodes: list, subnet: str | None, cheap: bool = Fa
     docker_nodes = DockerNodes(client, lab)
     info = gather_info(docker_nodes, names)
     mesh = running_overlay(client, lab, subnet)  # `up --overlay`: gloo may use its tunnel as well
-    findings = (check_engine(engine) + check_env(envs) + check_versions(info)
+    findings = (check_engine(engine) + check_env(envs, mesh.iface if mesh else None) + check_versions(info)
                 + check_packages(info, lock[1] if lock else None, *(lock[:1] if lock else ()))
                 + check_gpus(info, envs, nproc_per_node) + check_compiler(info)
                 + check_iface(info, envs, subnet, overlay=mesh.network if mesh else None)
@@ -348,8 +366,13 @@ def diagnose(client, lab: str, nodes: list, subnet: str | None, cheap: bool = Fa
         except ValueError:
             master_port = 29500
         master = (master_node, first.get("MASTER_ADDR", ""), master_port)
-        port, results = probe_reach(docker_nodes, {n.name: n.ip for n in nodes}, master)
-        findings += check_reach(results, master, port)
+        gloo = {n.name: gloo_address(info[n.name], envs[n.name], mesh, n.ip) for n in nodes}
+        off_tunnel = mesh.iface if mesh and any(ip == n.ip for n, ip in zip(nodes, gloo.values())) else None
+        with ThreadPoolExecutor(max_workers=2) as pool:
+            mtu = pool.submit(probe_mtu, docker_nodes, info, mesh.iface) if mesh else None
+            port, results = probe_reach(docker_nodes, gloo, master)
+            findings += (check_reach(results, master, port, tunnel=off_tunnel)
+                         + (check_mtu(mtu.result(), mesh.iface) if mtu else []))
     if is_slurm_lab(client, lab):
         findings += slurm_checks.check(lab, *slurm_checks.gather(client, lab, names), names)
     for node in names:

@@ -1,44 +1,22 @@
 """The traps themselves, as data: how each breaks a 2-node lab (an environment, and for some a
-change to the machine), what torch prints, and the fix. `scenarios.py` runs them.
+change to the machine: breakage.py), what torch prints, and the fix. `scenarios.py` runs them.
 """
 
 from __future__ import annotations
 
-import io
-import re
-import tarfile
 from dataclasses import dataclass, field
 from typing import Callable
 
 from labctl import remote
-from labctl.engine.docker import apply_node_cpus
-from labctl.engine.labels import container_name
-from labctl.errors import LabError
-from labctl.net.apply import run_on_nodes
-from labctl.net.tc import Command
+from labctl.diagnose.breakage import (PATH_BYTES, SAFE_MTU, Context, drift_last, drop_off, firewall_on, limit_path_last,
+                                      slow_last, still_waiting, tunnel_mtu_down, tunnel_only, unslow_last)
+from labctl.net.overlay import NONE
 
 TRAINER = ["-m", "trainer", "--epochs", "1", "--samples", "1024"]
 PG_TIMEOUT_S = 12  # the trainer's process-group timeout in the broken runs (torch's default: 30 min)
 RDZV_READ_TIMEOUT_S = 10  # torchrun's store read timeout in the broken runs (default: 60 s)
 
 Env = dict[str, dict[str, str]]  # node -> environment overrides
-
-
-@dataclass
-class Context:
-    client: object
-    lab: str
-    nodes: list  # NodeState
-    iface: str
-    run_id: str = ""
-    notes: dict = field(default_factory=dict)
-
-    @property
-    def names(self) -> list[str]:
-        return [n.name for n in self.nodes]
-
-    def ip(self, node: str) -> str:
-        return next(n.ip for n in self.nodes if n.name == node)
 
 
 @dataclass
@@ -67,6 +45,9 @@ class Scenario:
     # Given the broken run's symptom line and the fixed run's, whether the fixed run still has the problem;
     # None: any symptom line at all is the problem still there.
     still_there: Callable[[str, str], bool] | None = None
+    # The overlays (`up --overlay`) the trap can be met on, its default first: `scenario run --overlay`
+    # picks another of them.
+    overlays: tuple[str, ...] = (NONE,)
 
 
 # ------------------------------------------------------------------------------ environments
@@ -90,99 +71,14 @@ def with_conf(ctx: Context, conf_for: Callable[[str], str], **extra: str) -> Env
     return env
 
 
-# ------------------------------------------------------------------------------ machine changes
-
-MESH_PREFIX = "100.101.0."  # Tailscale's CGNAT range, 100.64.0.0/10
-
-
-def add_mesh(ctx: Context) -> None:
-    """A second address on every node, as a Tailscale mesh gives each machine: node0's mesh
-    address is on its interface but is not what its hostname resolves to, which is exactly what
-    torchrun's is-this-me guess misses."""
-    addresses = {node: f"{MESH_PREFIX}{10 + i}" for i, node in enumerate(ctx.names)}
-    results = run_on_nodes(ctx.client, ctx.lab, ctx.names,
-                           lambda node: [Command(("ip", "addr", "add", f"{addresses[node]}/24", "dev", ctx.iface))])
-    for node, code, output in results:
-        if code != 0:
-            raise LabError(f"could not add the mesh address on {node}: {output.strip()}")
-        ctx.notes[f"mesh-ip:{node}"] = addresses[node]
+def socket_ifname(iface: str) -> dict[str, str]:
+    """gloo's and NCCL's interface; empty is unset to both (torch reads a name of one letter or none as no name)."""
+    return {"GLOO_SOCKET_IFNAME": iface, "NCCL_SOCKET_IFNAME": iface}
 
 
 def mesh_endpoint(ctx: Context) -> str:
-    return f"{ctx.notes[f'mesh-ip:{ctx.names[0]}']}:29500"
-
-
-def firewall_commands(iface: str, allowed_port: int) -> list:
-    """New TCP connections to any port but `allowed_port` are dropped: rendezvous works, every
-    back-connect times out. This kernel has neither tc's action modules (`action drop`) nor the prio
-    qdisc, so it is built from htb classification alone, on each node's egress: a TCP SYN (SYN set,
-    ACK clear: byte 33 of an option-less IPv4 packet) goes to a class whose queue holds nothing
-    (pfifo limit 0), unless it is for the allowed port."""
-    u32 = ("protocol", "ip", "u32", "match", "ip", "protocol", "6", "0xff")
-    return [
-        Command(("tc", "qdisc", "add", "dev", iface, "root", "handle", "1:", "htb", "default", "10")),
-        Command(("tc", "class", "add", "dev", iface, "parent", "1:", "classid", "1:10", "htb", "rate", "10gbit")),
-        Command(("tc", "class", "add", "dev", iface, "parent", "1:", "classid", "1:30", "htb", "rate", "1mbit")),
-        Command(("tc", "qdisc", "add", "dev", iface, "parent", "1:30", "handle", "30:", "pfifo", "limit", "0")),
-        Command(("tc", "filter", "add", "dev", iface, "parent", "1:", "prio", "1", *u32,
-                 "match", "ip", "dport", str(allowed_port), "0xffff", "flowid", "1:10")),
-        Command(("tc", "filter", "add", "dev", iface, "parent", "1:", "prio", "2", *u32,
-                 "match", "u8", "0x02", "0x12", "at", "33", "flowid", "1:30")),
-    ]
-
-
-def firewall_on(ctx: Context) -> None:
-    for node, code, output in run_on_nodes(ctx.client, ctx.lab, ctx.names,
-                                           lambda _node: firewall_commands(ctx.iface, 29500)):
-        if code != 0:
-            raise LabError(f"could not set up the firewall on {node}: {output.strip()}")
-
-
-def firewall_off(ctx: Context) -> None:
-    run_on_nodes(ctx.client, ctx.lab, ctx.names, lambda _node: [Command(("tc", "qdisc", "del", "dev", ctx.iface, "root"), True)])
-
-
-def drift_last(ctx: Context) -> None:
-    """Someone ran `pip install` on one node: the last node gets another version of a package, from the
-    wheel the runner fetched (ctx.notes["drift"]), into its own container, as root."""
-    wheel = ctx.notes["drift"]
-    node = container_name(ctx.lab, ctx.names[-1])
-    container = ctx.client.containers.get(node)
-    container.put_archive("/tmp", tar_of(wheel))
-    code, output = container.exec_run(["python", "-m", "pip", "install", "--quiet", "--no-deps", "--no-index",
-                                       f"/tmp/{wheel.name}"], user="0:0")
-    if code != 0:
-        raise LabError(f"could not install {wheel.name} on {ctx.names[-1]}: {output.decode(errors='replace')[-300:]}")
-
-
-def tar_of(path) -> bytes:
-    buffer = io.BytesIO()
-    with tarfile.open(fileobj=buffer, mode="w") as tar:
-        tar.add(path, arcname=path.name)
-    return buffer.getvalue()
-
-
-def slow_last(ctx: Context) -> None:
-    # A CPU limit is a quota per 100 ms CFS period: a step must want more CPU than that (the
-    # straggler's 32 sequences a rank: about 60 ms) or, on a loaded machine where steps take 100 ms
-    # and more anyway, it fits in one period's quota and the node is not slowed (docs/how-to/failed-run.md).
-    apply_node_cpus(ctx.client, ctx.lab, ctx.names[-1], 0.25)
-
-
-def unslow_last(ctx: Context) -> None:
-    apply_node_cpus(ctx.client, ctx.lab, ctx.names[-1], None)
-
-
-WAITED_RE = re.compile(r"waited ([0-9.]+) s")
-
-
-def still_waiting(broken: str, fixed: str) -> bool:
-    """The straggler is still there when the others still wait for it: at least a quarter of what they
-    waited in the broken run. Two unlimited nodes sharing a busy machine's cores can still differ by the
-    1.2x that makes the trainer name a straggler, but they no longer wait for each other: in the broken
-    run the others waited 2.31 s over 11 steps, in a fixed run on the same busy machine a tenth of that."""
-    before, after = WAITED_RE.search(broken), WAITED_RE.search(fixed)
-    return not (before and after) or float(after.group(1)) > float(before.group(1)) / 4
+    """The rendezvous at node0's address on the mesh VPN: on its tunnel, not what its hostname resolves to."""
+    return f"{ctx.overlay.address(0)}:29500"
 
 
 # ------------------------------------------------------------------------------ the traps
@@ -192,13 +88,13 @@ SCENARIOS = {s.name: s for s in [
         name="hostname-trap",
         title="Nobody hosts the rendezvous store",
         lesson="torchrun guesses whether it hosts the c10d store by matching the endpoint against the machine's "
-               "hostname and addresses. Over a VPN (here each node gets a second, Tailscale-style 100.101.0.x "
-               "address) node0 does not recognise its own mesh address, every node becomes a client, and all of "
-               "them time out dialing a store nobody started.",
+               "hostname and the addresses the hostname resolves to. On a mesh VPN (here a real one: WireGuard "
+               "as Tailscale runs it, tailscale0 with a 100.64.0.x address on each node) the endpoint is node0's "
+               "tunnel address, which its hostname does not resolve to: node0 does not recognise itself, every "
+               "node becomes a client, and all of them time out dialing a store nobody started.",
         bound_s=120,
         symptom=r"client socket has timed out.*|RendezvousConnectionError.*|DistNetworkError.*",
         launcher="torchrun",
-        prepare=add_mesh,
         broken=lambda ctx: with_conf(ctx, lambda node: f"read_timeout={RDZV_READ_TIMEOUT_S}",
                                      PET_RDZV_ENDPOINT=mesh_endpoint(ctx)),
         fixed=lambda ctx: with_conf(ctx, lambda node: f"is_host={'true' if node == ctx.names[0] else 'false'},"
@@ -206,6 +102,7 @@ SCENARIOS = {s.name: s for s in [
                                     PET_RDZV_ENDPOINT=mesh_endpoint(ctx)),
         fix="--rdzv-conf is_host=true on the store's node and is_host=false on the others "
             "(PET_RDZV_CONF; labctl's env files set it)",
+        overlays=("tailscale", "wireguard"),
     ),
     Scenario(
         name="duplicate-rank",
@@ -223,16 +120,20 @@ SCENARIOS = {s.name: s for s in [
     Scenario(
         name="wrong-nic",
         title="gloo on the wrong network interface",
-        lesson="gloo binds the interface named by GLOO_SOCKET_IFNAME and tells its peers that address. Pointed at "
-               "loopback, every rank advertises 127.0.0.1: rendezvous succeeds (it uses MASTER_ADDR), then the "
-               "full-mesh connect dials each peer's loopback and fails or hangs.",
+        lesson="gloo binds the interface named by GLOO_SOCKET_IFNAME and tells its peers that address; unset, it "
+               "takes the address the hostname resolves to. Pointed at loopback, every rank advertises 127.0.0.1. "
+               "With --overlay (a mesh VPN, the only way between the nodes, as between two homes) it is left "
+               "unset: every rank advertises its physical NIC's address. Either way rendezvous succeeds (it uses "
+               "the endpoint), then the full-mesh connect dials addresses the peers cannot reach and fails or hangs.",
         bound_s=120,
         symptom=r".*(connectFullMesh|Connection refused|timed out|Timeout|could not form).*",
         launcher="torchrun",
-        broken=lambda ctx: torchrun_env(ctx, GLOO_SOCKET_IFNAME="lo"),
-        fixed=lambda ctx: torchrun_env(ctx, GLOO_SOCKET_IFNAME=ctx.iface),
-        fix="GLOO_SOCKET_IFNAME (and NCCL_SOCKET_IFNAME) = the interface on the cluster network; "
-            "find it with `ip route get MASTER_ADDR`",
+        prepare=tunnel_only,
+        broken=lambda ctx: torchrun_env(ctx, **socket_ifname("" if ctx.overlay else "lo")),
+        fixed=lambda ctx: torchrun_env(ctx, **socket_ifname(ctx.overlay.iface if ctx.overlay else ctx.iface)),
+        fix="GLOO_SOCKET_IFNAME (and NCCL_SOCKET_IFNAME) = the interface that reaches the others: the cluster "
+            "network's (`ip route get MASTER_ADDR` names it), the tunnel's on a mesh VPN (tailscale0)",
+        overlays=(NONE, "tailscale", "wireguard"),
     ),
     Scenario(
         name="firewall",
@@ -244,7 +145,7 @@ SCENARIOS = {s.name: s for s in [
         symptom=r".*(connectFullMesh|timed out|Timeout|could not form|Connection).*",
         launcher="torchrun",
         prepare=firewall_on,
-        repair=firewall_off,
+        repair=drop_off,
         broken=lambda ctx: torchrun_env(ctx),
         fixed=lambda ctx: torchrun_env(ctx),
         fix="allow TCP between the nodes on the ephemeral range (32768-60999), not only the rendezvous port",
@@ -305,5 +206,25 @@ SCENARIOS = {s.name: s for s in [
         packages=("tqdm==4.67.1",),
         drift="tqdm==4.66.6",
         fixed_without_symptom=True,
+    ),
+    Scenario(
+        name="mtu-blackhole",
+        title="Small collectives pass, large ones stall",
+        lesson=f"A tunnel's MTU promises what its packets may hold; each goes out again, encrypted, 60 bytes larger. "
+               f"Here the nodes run WireGuard at its default MTU of 1420, and the path under node1 carries "
+               f"{PATH_BYTES} bytes (another tunnel on the way, a mobile link) and drops the ICMP that would say so. "
+               "TCP's handshake and small messages pass; every segment filled to the MTU vanishes and is sent again "
+               "until the timeout. The job hangs as if deadlocked.",
+        bound_s=120,
+        symptom=r"all_reduce of .* stalled.*",
+        launcher="static",
+        prepare=limit_path_last,
+        repair=tunnel_mtu_down,
+        broken=lambda ctx: static_env(ctx, list(range(len(ctx.names)))),
+        fixed=lambda ctx: static_env(ctx, list(range(len(ctx.names)))),
+        fix=f"the tunnel's MTU at what the path carries, on every node: {SAFE_MTU}, as Tailscale sets it "
+            f"(`ip link set wg0 mtu {SAFE_MTU}`, or `labctl up --overlay tailscale`)",
+        trainer=["-c", remote.load("allreduce_sizes.py")],
+        overlays=("wireguard",),
     ),
 ]}

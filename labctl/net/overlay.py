@@ -137,11 +137,15 @@ def parse_keys(output: str, count: int) -> list[tuple[str, str]]:
 
 def over_tunnel(env: Mapping[str, str], overlay: Overlay) -> dict[str, str]:
     """A node's env file with the job on the overlay, as on machines joined by a mesh VPN: the
-    rendezvous on node0's overlay address, gloo's and NCCL's sockets on the tunnel."""
+    rendezvous on node0's overlay address, gloo's and NCCL's sockets on the tunnel, and torchrun's
+    own address the node's tunnel address (`--local-addr`, PET_LOCAL_ADDR): without it torchrun puts
+    the store its workers bootstrap from on the machine's FQDN, the physical network's address,
+    which the peers on the mesh may not reach."""
     master = overlay.address(0)  # node0, node rank 0, hosts the store
     port = env.get("MASTER_PORT", "29500")
+    mine = {"PET_LOCAL_ADDR": overlay.address(int(env["NODE_RANK"]))} if env.get("NODE_RANK", "").isdigit() else {}
     return {**env, "MASTER_ADDR": master, "PET_RDZV_ENDPOINT": f"{master}:{port}",
-            "GLOO_SOCKET_IFNAME": overlay.iface, "NCCL_SOCKET_IFNAME": overlay.iface}
+            "GLOO_SOCKET_IFNAME": overlay.iface, "NCCL_SOCKET_IFNAME": overlay.iface, **mine}
 
 
 def envs_on(envs: dict[str, dict[str, str]], overlay: Overlay | None, bridge_iface: str,

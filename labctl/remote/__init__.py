@@ -32,4 +32,4 @@ def name_of(text: str) -> str | None:
     if len(text) < 200:  # not one of ours: spare the comparison
         return None
     return next((name for name in ("worker.py", "forkserver.py", "forkchild.py", "store.py", "stop.py", "port_check.py", "crash.py",
-                                   "node_info.py", "probe.py") if load(name) == text), None)
+                                   "node_info.py", "probe.py", "mtu_probe.py") if load(name) == text), None)

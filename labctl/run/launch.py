@@ -297,7 +297,7 @@ def build_launches(node_env: dict[str, dict[str, str]], script_args: list[str], 
 
 # What of a node's env file a launch carries itself rather than leave to the container's copy: the network
 # the job uses, which a lab with an overlay moves onto its tunnel for a run (labctl.net.overlay.envs_on).
-NETWORK_KEYS = ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME", "PET_RDZV_ENDPOINT")
+NETWORK_KEYS = ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME", "PET_RDZV_ENDPOINT", "PET_LOCAL_ADDR")
 
 
 def network_env(env: Mapping[str, str]) -> dict[str, str]:

@@ -42,8 +42,8 @@ INTEGRATION_TIMEOUT_S = 900
 # (pytest-xdist --dist loadfile --no-loadscope-reorder: xdist would otherwise deal the modules with
 # the most tests first), and a long module dealt last would run on alone while the other workers
 # idle. Only the order changes.
-LONG_FIRST = ("test_slurm_cluster.py", "test_scenarios.py", "test_faults.py", "test_pytest_plugin.py",
-              "test_other_python.py", "test_warm.py", "test_packages.py", "test_ci_workflow.py", "test_lab.py",
+LONG_FIRST = ("test_slurm_cluster.py", "test_scenarios.py", "test_faults.py", "test_scenarios_mesh.py",
+              "test_pytest_plugin.py", "test_other_python.py", "test_warm.py", "test_packages.py", "test_ci_workflow.py", "test_lab.py",
               "test_hosts.py", "test_netem_kernel.py", "test_packaging.py", "test_failed_runs.py",
               "test_packages_lightning.py", "test_equivalence.py")
 

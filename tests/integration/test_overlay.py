@@ -66,11 +66,18 @@ def test_a_tailscale_mesh_carries_a_torchrun_ddp_script_and_down_leaves_nothing(
     assert all(b < gradients / 10 for b in sent_eth0.values()), sent_eth0
     assert losses == losses_eth0
 
+    # doctor on the mesh: the tunnel carries packets of its full MTU between every pair, and gloo's
+    # back-connects are probed at the tunnel's addresses, where the runs put them.
+    doctor = json.loads(labctl("doctor", "--lab", lab, "--json", check=True).stdout)
+    assert [(f["ok"], f["message"]) for f in doctor["findings"] if f["check"] == "mtu"] == [
+        (True, "packets of the full MTU (1280) pass through tailscale0 between all 6 node pairs")], doctor["findings"]
+
     # The same identities for a run by hand: `labctl env --overlay` writes them where every node sees them.
     written = labctl("env", "--overlay", "--lab", lab, check=True)
     node2 = (REPO / ".lab" / lab / "overlay-env" / "node2.env").read_text()
     assert "MASTER_ADDR=100.64.0.1\n" in node2 and "GLOO_SOCKET_IFNAME=tailscale0\n" in node2, node2
     assert "PET_RDZV_ENDPOINT=100.64.0.1:29500\n" in node2 and "PET_RDZV_CONF=is_host=false\n" in node2, node2
+    assert "PET_LOCAL_ADDR=100.64.0.3\n" in node2, node2  # torchrun's own store on the tunnel, not the FQDN
     assert f"labctl exec --lab {lab} node2 -- sh -c 'set -a; . " in written.stdout, written.stdout
 
     labctl("down", "--lab", lab, "--volumes", check=True)

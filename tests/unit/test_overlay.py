@@ -80,7 +80,8 @@ def test_a_run_on_an_overlay_lab_takes_the_tunnel_unless_the_bridge_is_named():
     mesh = ov.OVERLAYS["tailscale"]
     moved = ov.envs_on({"node1": ENV}, mesh, "eth0", None)["node1"]
     assert moved == {**ENV, "MASTER_ADDR": "100.64.0.1", "PET_RDZV_ENDPOINT": "100.64.0.1:29500",
-                     "GLOO_SOCKET_IFNAME": "tailscale0", "NCCL_SOCKET_IFNAME": "tailscale0"}
+                     "GLOO_SOCKET_IFNAME": "tailscale0", "NCCL_SOCKET_IFNAME": "tailscale0",
+                     "PET_LOCAL_ADDR": "100.64.0.2"}  # torchrun's own store on node1's tunnel address
     assert ov.envs_on({"node1": ENV}, mesh, "eth0", "eth0") == {"node1": ENV}
     assert ov.envs_on({"node1": ENV}, None, "eth0", None) == {"node1": ENV}
 
