@@ -66,6 +66,7 @@ def plan_up(client, config: LabSpec, workspace: Path, *, owner: Owner | None = N
         config = replace(config, overlay=overlay_apply.running_kind(client, config.lab) if existing else overlay.NONE)
     packages = read_declaration(config.requirements, config.with_packages, workspace, shown_key(config, "requirements"),
                                 shown_source(config, "requirements"))
+    overlay.check_combination(config.overlay, config.scheduler, shown_key(config, "overlay"))
     if config.scheduler == "slurm":
         refused = cluster.refusal(engine)
         if refused:

@@ -80,6 +80,15 @@ def overlay_for(kind: str, bridge_subnet: str) -> Overlay | None:
     raise AssertionError("a /24 bridge overlaps at most one of the ranges")
 
 
+def check_combination(kind: str, scheduler: str, key: str = "--overlay") -> None:
+    """An overlay where it can carry a job's traffic: not beside Slurm, whose jobs find their nodes by
+    the names in slurm.conf, which resolve to the bridge (the tunnel would carry nothing of theirs)."""
+    if kind != NONE and scheduler == "slurm":
+        raise ConfigError(key, kind, "cannot be combined with --scheduler slurm: Slurm's jobs find their nodes by "
+                          "the names in slurm.conf, which resolve to the bridge, so the tunnel would carry none of "
+                          "their traffic", hint="leave out --overlay, or --scheduler")
+
+
 def addresses(overlay: Overlay, names: list[str]) -> dict[str, str]:
     """Each node's overlay address, in node-rank order."""
     return {name: overlay.address(rank) for rank, name in enumerate(names)}

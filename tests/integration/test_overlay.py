@@ -9,6 +9,7 @@ import ipaddress
 import json
 import re
 import stat
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
@@ -17,12 +18,25 @@ from conftest import REPO, SCRIPTS, labctl, lab_resources
 pytestmark = pytest.mark.integration
 LINE = re.compile(r"VPN_DDP rank=(\d) world=(\d) iface=(\S+) grad_bytes=(\d+) steps=(\d+) loss=\S+ replicas_equal=(\w+)")
 LOSS = re.compile(r"VPN_DDP rank=(\d) .* loss=(\S+) ")
+VPN_SCRIPT = str(SCRIPTS / "vpn_classifier.py")
 
 
 def counters(client, lab: str, nodes: list[str], iface: str) -> dict[str, int]:
     """Bytes each node has sent through `iface`, as its kernel counts them."""
     path = f"/sys/class/net/{iface}/statistics/tx_bytes"
     return {n: int(client.containers.get(f"{lab}-{n}").exec_run(["cat", path]).output) for n in nodes}
+
+
+def by_hand(lab: str, names: list[str]) -> str:
+    """A bare torchrun on every node at once, each with its own env file from `labctl env --overlay`
+    loaded first: what each of two home machines runs. Their outputs, joined."""
+    def one(node: str) -> str:
+        load = f"set -a; . .lab/{lab}/overlay-env/{node}.env; set +a"
+        return labctl("exec", "--lab", lab, node, "--", "sh", "-c", f"{load}; torchrun {VPN_SCRIPT}",
+                      check=True, timeout=300).stdout
+
+    with ThreadPoolExecutor(len(names)) as pool:
+        return "".join(pool.map(one, names))
 
 
 def test_a_tailscale_mesh_carries_a_torchrun_ddp_script_and_down_leaves_nothing(lab_name, docker_client):
@@ -46,39 +60,43 @@ def test_a_tailscale_mesh_carries_a_torchrun_ddp_script_and_down_leaves_nothing(
     env_files = "".join(p.read_text() for p in (REPO / ".lab" / lab).glob("*.env"))
     assert not any(key in env_files or key in up.stdout + up.stderr for key in private)
 
-    # On a lab with an overlay a run's sockets and rendezvous are on the tunnel (torchrun's c10d
-    # rendezvous at node0's 100.x address); --ifname eth0 puts them on the bridge (forked by the nodes'
-    # fork servers: no torch to import), where the tunnel counts nothing of the job. The same data, the
-    # same loss, either way.
-    runs = {}
-    for ifname, options in (("tailscale0", ["--launcher", "torchrun"]), ("eth0", ["--ifname", "eth0"])):
-        before = counters(docker_client, lab, names, "tailscale0")
-        run = labctl("run", "--lab", lab, *options, "--", str(SCRIPTS / "vpn_classifier.py"), check=True, timeout=300)
-        after = counters(docker_client, lab, names, "tailscale0")
-        ranks = LINE.findall(run.stdout)
-        assert sorted(int(r[0]) for r in ranks) == [0, 1, 2], run.stdout[-3000:]
-        assert all(r[2] == ifname and r[5] == "True" for r in ranks), ranks
-        runs[ifname] = ({n: after[n] - before[n] for n in names}, int(ranks[0][3]) * int(ranks[0][4]),
-                        sorted(LOSS.findall(run.stdout)))
-    sent, gradients, losses = runs["tailscale0"]  # gradients: what DDP all-reduced; a ring sends 4/3 of it from each
-    assert all(b >= gradients for b in sent.values()), (sent, gradients)
-    sent_eth0, _, losses_eth0 = runs["eth0"]
-    assert all(b < gradients / 10 for b in sent_eth0.values()), sent_eth0
-    assert losses == losses_eth0
-
-    # doctor on the mesh: the tunnel carries packets of its full MTU between every pair, and gloo's
-    # back-connects are probed at the tunnel's addresses, where the runs put them.
-    doctor = json.loads(labctl("doctor", "--lab", lab, "--json", check=True).stdout)
-    assert [(f["ok"], f["message"]) for f in doctor["findings"] if f["check"] == "mtu"] == [
-        (True, "packets of the full MTU (1280) pass through tailscale0 between all 6 node pairs")], doctor["findings"]
-
-    # The same identities for a run by hand: `labctl env --overlay` writes them where every node sees them.
+    # As on two home machines: `labctl env --overlay` writes each node's identity on the tunnel where
+    # every node sees it, and each node loads its own and starts a bare torchrun (c10d rendezvous at
+    # node0's 100.x address, is_host said, torchrun's own store on the node's tunnel address).
     written = labctl("env", "--overlay", "--lab", lab, check=True)
     node2 = (REPO / ".lab" / lab / "overlay-env" / "node2.env").read_text()
     assert "MASTER_ADDR=100.64.0.1\n" in node2 and "GLOO_SOCKET_IFNAME=tailscale0\n" in node2, node2
     assert "PET_RDZV_ENDPOINT=100.64.0.1:29500\n" in node2 and "PET_RDZV_CONF=is_host=false\n" in node2, node2
     assert "PET_LOCAL_ADDR=100.64.0.3\n" in node2, node2  # torchrun's own store on the tunnel, not the FQDN
     assert f"labctl exec --lab {lab} node2 -- sh -c 'set -a; . " in written.stdout, written.stdout
+
+    # Then `labctl run`, which puts a run on the tunnel by itself, and `--ifname eth0` on the bridge
+    # (both forked by the nodes' fork servers: no torch to import), where the tunnel counts nothing of
+    # the job. The same data, the same loss, every way.
+    ways = {"by hand": ("tailscale0", lambda: by_hand(lab, names)),
+            "run": ("tailscale0", lambda: labctl("run", "--lab", lab, "--", VPN_SCRIPT, check=True).stdout),
+            "bridge": ("eth0", lambda: labctl("run", "--lab", lab, "--ifname", "eth0", "--", VPN_SCRIPT,
+                                              check=True).stdout)}
+    runs = {}
+    for way, (ifname, go) in ways.items():
+        before = counters(docker_client, lab, names, "tailscale0")
+        output = go()
+        after = counters(docker_client, lab, names, "tailscale0")
+        ranks = LINE.findall(output)
+        assert sorted(int(r[0]) for r in ranks) == [0, 1, 2], output[-3000:]
+        assert all(r[2] == ifname and r[5] == "True" for r in ranks), (way, ranks)
+        runs[way] = ({n: after[n] - before[n] for n in names}, int(ranks[0][3]) * int(ranks[0][4]),
+                     sorted(LOSS.findall(output)))
+    _, gradients, losses = runs["by hand"]  # gradients: what DDP all-reduced; a ring sends 4/3 of it from each
+    assert all(all(b >= gradients for b in runs[way][0].values()) for way in ("by hand", "run")), runs
+    assert all(b < gradients / 10 for b in runs["bridge"][0].values()), runs["bridge"]
+    assert losses == runs["run"][2] == runs["bridge"][2]
+
+    # doctor on the mesh: the tunnel carries packets of its full MTU between every pair, and gloo's
+    # back-connects are probed at the tunnel's addresses, where the runs put them.
+    doctor = json.loads(labctl("doctor", "--lab", lab, "--json", check=True).stdout)
+    assert [(f["ok"], f["message"]) for f in doctor["findings"] if f["check"] == "mtu"] == [
+        (True, "packets of the full MTU (1280) pass through tailscale0 between all 6 node pairs")], doctor["findings"]
 
     labctl("down", "--lab", lab, "--volumes", check=True)
     assert lab_resources(docker_client, lab) == {"containers": [], "networks": [], "volumes": []}
@@ -91,6 +109,9 @@ def test_bad_overlays_are_refused_before_anything_starts(lab_name, docker_client
         unknown.stderr
     inside = labctl("up", "--lab", lab_name, "--overlay", "tailscale", "--subnet", "100.64.5.0/24")
     assert inside.returncode == 2 and "overlaps the tailscale overlay's 100.64.0.0/10" in inside.stderr, inside.stderr
+    slurm = labctl("up", "--lab", lab_name, "--overlay", "wireguard", "--scheduler", "slurm")
+    assert slurm.returncode == 2 and "invalid --overlay='wireguard': cannot be combined with --scheduler slurm" \
+        in slurm.stderr, slurm.stderr
     nothing = labctl("env", "--overlay", "--lab", lab_name)
     assert nothing.returncode == 1 and f"lab {lab_name} has no overlay" in nothing.stderr, nothing.stderr
     assert lab_resources(docker_client, lab_name) == {"containers": [], "networks": [], "volumes": []}

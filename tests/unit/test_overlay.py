@@ -92,3 +92,11 @@ def test_an_interface_the_lab_does_not_have_is_refused_naming_those_it_has():
     with pytest.raises(ConfigError, match="must be one of the lab's interfaces: eth0\n") as caught:
         ov.envs_on({"node1": ENV}, None, "eth0", "tailscale0")
     assert "--overlay" in caught.value.hint
+
+
+def test_an_overlay_beside_slurm_is_refused_saying_why():
+    ov.check_combination("none", "slurm")
+    ov.check_combination("tailscale", "none")
+    with pytest.raises(ConfigError, match="cannot be combined with --scheduler slurm") as caught:
+        ov.check_combination("tailscale", "slurm")
+    assert caught.value.exit_code == 2
