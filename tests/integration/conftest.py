@@ -379,3 +379,37 @@ def lab3(shared_labs):
 def lab2(shared_labs):
     """A plain 2-node lab, shared as lab3 is."""
     return shared_labs.lab(2)[0]
+
+
+def run_scenario(name: str, docker_client, *options: str) -> dict:
+    """`labctl scenario run NAME OPTIONS...`, checked, and nothing of its lab left: its outcome
+    (tests/integration/test_scenarios.py and test_scenarios_mesh.py)."""
+    from labctl.api.scenarios import SCENARIOS
+
+    kept = REPO / ".lab" / f"scn-{name}"
+    try:
+        result = labctl("scenario", "run", name, *options, "--json", timeout=SCENARIOS[name].bound_s + 60)
+        assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+        [outcome] = json.loads(result.stdout)
+        check_outcome(name, outcome, kept)
+    finally:
+        shutil.rmtree(kept, ignore_errors=True)
+    assert lab_resources(docker_client, f"scn-{name}") == {"containers": [], "networks": [], "volumes": []}
+    return outcome
+
+
+def check_outcome(name: str, outcome: dict, kept: Path) -> None:
+    from labctl.api.scenarios import SCENARIOS
+
+    assert outcome["ok"] and outcome["fixed_ok"]
+    # version-mismatch's honest symptom may be none at all: torch never checks
+    assert outcome["symptom"] or not SCENARIOS[name].symptom_required, "the broken run showed no symptom"
+    assert outcome["doctor"], "doctor found nothing wrong with the broken configuration"
+    assert outcome["doctor_seconds"] < 5
+    assert outcome["total_seconds"] <= SCENARIOS[name].bound_s
+    if SCENARIOS[name].timeline:  # the straggler: node1 at a fraction of a CPU in the broken run
+        assert outcome["timeline"].startswith("the others waited for rank 1 (node1): "), outcome["timeline"]
+        png = Path(outcome["timeline"].rsplit("timeline: ", 1)[1])
+        assert png.read_bytes()[:8] == PNG_MAGIC and png.is_relative_to(kept / "runs")
+    else:
+        assert not kept.exists()

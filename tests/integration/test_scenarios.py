@@ -5,15 +5,10 @@ worker's, beside these)."""
 
 from __future__ import annotations
 
-import json
-import shutil
-from pathlib import Path
-
 import pytest
-from conftest import PNG_MAGIC, REPO, lab_resources, labctl
+from conftest import labctl, lab_resources, run_scenario
 
 from labctl.api.scenarios import SCENARIOS
-
 
 ON_BRIDGE = [name for name, s in SCENARIOS.items() if s.overlays[0] == "none"]
 
@@ -23,35 +18,6 @@ ON_BRIDGE = [name for name, s in SCENARIOS.items() if s.overlays[0] == "none"]
                                   for name in ON_BRIDGE])
 def test_scenario_shows_diagnoses_and_fixes(name, docker_client, node_image):
     run_scenario(name, docker_client)
-
-
-def run_scenario(name: str, docker_client, *options: str) -> dict:
-    """`labctl scenario run NAME OPTIONS...`, checked, and nothing of its lab left: its outcome."""
-    kept = REPO / ".lab" / f"scn-{name}"
-    try:
-        result = labctl("scenario", "run", name, *options, "--json", timeout=SCENARIOS[name].bound_s + 60)
-        assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-        [outcome] = json.loads(result.stdout)
-        check_outcome(name, outcome, kept)
-    finally:
-        shutil.rmtree(kept, ignore_errors=True)
-    assert lab_resources(docker_client, f"scn-{name}") == {"containers": [], "networks": [], "volumes": []}
-    return outcome
-
-
-def check_outcome(name: str, outcome: dict, kept: Path) -> None:
-    assert outcome["ok"] and outcome["fixed_ok"]
-    # version-mismatch's honest symptom may be none at all: torch never checks
-    assert outcome["symptom"] or not SCENARIOS[name].symptom_required, "the broken run showed no symptom"
-    assert outcome["doctor"], "doctor found nothing wrong with the broken configuration"
-    assert outcome["doctor_seconds"] < 5
-    assert outcome["total_seconds"] <= SCENARIOS[name].bound_s
-    if SCENARIOS[name].timeline:  # the straggler: node1 at a fraction of a CPU in the broken run
-        assert outcome["timeline"].startswith("the others waited for rank 1 (node1): "), outcome["timeline"]
-        png = Path(outcome["timeline"].rsplit("timeline: ", 1)[1])
-        assert png.read_bytes()[:8] == PNG_MAGIC and png.is_relative_to(kept / "runs")
-    else:
-        assert not kept.exists()
 
 
 def test_unknown_scenario_is_refused():

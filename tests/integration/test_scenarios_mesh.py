@@ -8,7 +8,7 @@ idle machine (the bound, 120 s, leaves room for make test's other workers)."""
 from __future__ import annotations
 
 import pytest
-from test_scenarios import run_scenario
+from conftest import run_scenario
 
 
 @pytest.mark.parametrize("name, options", [("hostname-trap", ()), ("wrong-nic", ("--overlay", "tailscale")),
