@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Callable
 
 from labctl.bench.cost import DEFAULT_ALPHA_S, DEFAULT_EFFICIENCY, OPS, Link, op_cost, op_time_s
+from labctl.bench.tunnelcost import save_rate
 from labctl.core.outfile import is_stdout, save_figure
 from labctl.core.plotting import pyplot, require_matplotlib
 from labctl.engine.docker import exec_in
@@ -203,8 +204,9 @@ def measure_ring_wire(client, lab: str, hops: list[tuple[str, str, str]]) -> flo
 def measure_wires(session: LabSession, node_env: dict, pair: tuple[str, str], ip: str,
                   report: Callable[[str], None]) -> tuple[float, float, Overlay | None]:
     """iperf3 from pair[0] to pair[1] at `ip` on the bridge, and where the sweep's env (`node_env`) puts
-    it on the lab's overlay, through every ring hop's tunnel at once as well: (the wire the sweep uses,
-    the bridge's, the overlay or None)."""
+    it on the lab's overlay, through every ring hop's tunnel at once as well, kept with the lab as the
+    tunnel's ceiling (labctl/bench/tunnelcost.py): (the wire the sweep uses, the bridge's, the overlay
+    or None)."""
     names = list(node_env)
     iface = node_env[names[0]].get("GLOO_SOCKET_IFNAME", session.config.iface)
     tunnel = session.overlay_spec() if iface != session.config.iface else None
@@ -215,7 +217,9 @@ def measure_wires(session: LabSession, node_env: dict, pair: tuple[str, str], ip
     if tunnel is None:
         return underlay_bps, underlay_bps, None
     hops = [(node, names[(i + 1) % len(names)], tunnel.address((i + 1) % len(names))) for i, node in enumerate(names)]
-    return measure_ring_wire(session.client, session.name, hops), underlay_bps, tunnel
+    ring_bps = measure_ring_wire(session.client, session.name, hops)
+    save_rate(session.directory, tunnel, ring_bps)  # the tunnel's ceiling, for `labctl cost` on this lab
+    return ring_bps, underlay_bps, tunnel
 
 
 def sweep_plan(session: LabSession, node_env: dict, sizes: list[int], iters: int,

@@ -27,6 +27,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Sequence
 
+from labctl.bench.tunnelcost import BY_HAND, Tunnel, tunnel_notes, tunnel_of
 from labctl.errors import ConfigError, LabError
 from labctl.net import apply as netshape
 from labctl.session import LabSession
@@ -68,6 +69,9 @@ PRESETS = {
     "400g-roce": named_link("400G-RoCE", 400e9, 5e-6),
     "nvlink": named_link("NVLink", 3.6e12, 2e-6),
 }
+
+
+ETHERNET = ("1gbe", "2.5gbe", "10gbe")  # the presets a mesh VPN's tunnel runs over (not RDMA, not NVLink)
 
 
 def resolve_link(text: str, key: str = "--link") -> Link:
@@ -260,6 +264,7 @@ class CostReport:
     nproc_per_node: int = 1  # ranks on a node, sharing its link
     step: bool = False  # rows of whole predicted steps (labctl/bench/stepcost.py), not of one collective
     run: str | None = None  # --from-run: the run whose step was priced again (its id)
+    notes: tuple[str, ...] = ()  # what the rows took of a tunnel (--overlay), in words
 
 
 def lab_link(session: LabSession) -> tuple[tuple[str, int] | None, int | None]:
@@ -290,13 +295,24 @@ def rank_count(given: str | None, lab_world: int | None) -> int:
 
 
 def links_to_price(texts: list[str] | tuple[str, ...], shaped: tuple[str, int] | None,
-                   delay: str | None = None) -> list[Link]:
+                   delay: str | None = None, tunnel: Tunnel | None = None,
+                   efficiency: float = DEFAULT_EFFICIENCY) -> list[Link]:
     """The links named (presets or rates); none named: the lab's shaped link, if any, and every preset.
-    `delay` (e.g. "10ms", one way) is added to every link's delay per hop and to its name."""
+    `delay` (e.g. "10ms", one way) is added to every link's delay per hop and to its name. With a
+    `tunnel`, each link carries it (Tunnel.through): the lab's own link, unshaped too where the
+    tunnel's ceiling was measured, up to that ceiling; every link up to a ceiling given by hand."""
     delay_s = parse_time_us(delay, "--delay") / 1e6 if delay is not None else 0.0
     chosen = [resolve_link(text) for text in texts]
+    own = None
     if not chosen:
-        chosen = ([named_link(f"lab ({shaped[0]})", float(shaped[1]), DEFAULT_ALPHA_S)] if shaped else []) + list(PRESETS.values())
+        if shaped:
+            own = named_link(f"lab ({shaped[0]})", float(shaped[1]), DEFAULT_ALPHA_S)
+        elif tunnel and tunnel.ceiling_bps and tunnel.ceiling_from != BY_HAND:
+            own = named_link("lab (unshaped)", float("inf"), DEFAULT_ALPHA_S)
+        presets = [PRESETS[name] for name in ETHERNET] if tunnel else list(PRESETS.values())  # a tunnel is IP
+        chosen = ([own] if own else []) + presets
+    if tunnel:
+        chosen = [tunnel.through(link, efficiency, link is own or tunnel.ceiling_from == BY_HAND) for link in chosen]
     if not delay_s:
         return chosen
     return [replace(link, name=f"{link.name} + {str(delay).strip()}", delay_s=link.delay_s + delay_s) for link in chosen]
@@ -319,22 +335,28 @@ class CostQuery:
     strategy: str | None = None  # --strategy: price a whole optimizer step of ddp, zero or fsdp
     backend: str = "nccl"  # --backend: whose algorithms (BACKENDS); gloo's reduce-scatter is an all-reduce
     nproc_per_node: int = 1  # --nproc-per-node: ranks on a node, sharing its link (hsdp shards over them)
+    overlay: str | None = None  # --overlay: price the links with a mesh VPN's tunnel on them; None: the lab's own
+    tunnel_rate: str | None = None  # --tunnel-rate: the tunnel's ceiling a hop, e.g. "180mbit"; None: as measured
 
 
 def estimate(query: CostQuery, lab: LabSession | None = None) -> CostReport:
     """What one gradient synchronisation costs on each link. `lab`, when up, gives the world size
     and the shaped link (it is asked even when `query.ranks` and `query.links` are given, as the CLI
     does); `query.delay` adds a one-way delay to every link's per-hop latency."""
-    n, links = resolve(query, lab)
-    return report_of(query, n, step_report(query, n, links))
+    n, links, notes = resolve(query, lab)
+    return report_of(query, n, step_report(query, n, links), notes=notes)
 
 
-def resolve(query: CostQuery, lab: LabSession | None = None) -> tuple[int, list[Link]]:
-    """(the ranks, the links to price) of `query`, a running `lab`'s where the query leaves them out."""
+def resolve(query: CostQuery, lab: LabSession | None = None) -> tuple[int, list[Link], tuple[str, ...]]:
+    """(the ranks, the links to price, what they took of a tunnel) of `query`, a running `lab`'s where
+    the query leaves them out."""
     shaped, world = lab_link(lab) if lab is not None else (None, None)
-    return rank_count(query.ranks, world), links_to_price(query.links, shaped, query.delay)
+    tunnel = tunnel_of(query.overlay, query.tunnel_rate, lab if world is not None else None)  # a lab that is up
+    links = links_to_price(query.links, shaped, query.delay, tunnel, query.efficiency)
+    return rank_count(query.ranks, world), links, tunnel_notes(tunnel)
 
 
-def report_of(query: CostQuery, n: int, rows: list[dict], step: bool = False, run: str | None = None) -> CostReport:
+def report_of(query: CostQuery, n: int, rows: list[dict], step: bool = False, run: str | None = None,
+              notes: tuple[str, ...] = ()) -> CostReport:
     return CostReport(query.params, query.dtype, n, query.collective, query.efficiency, query.compute_s,
-                      query.grad_accum, rows, query.strategy, query.backend, query.nproc_per_node, step, run)
+                      query.grad_accum, rows, query.strategy, query.backend, query.nproc_per_node, step, run, notes)

@@ -81,9 +81,9 @@ def buckets(payload: float, cap_mb: float) -> tuple[int, ...]:
 
 def estimate_step(query: CostQuery, step: StepQuery, lab: LabSession | None = None) -> CostReport:
     """`labctl cost --step`: `query` resolved and checked as `labctl cost` does, a predicted step a link."""
-    n, links = resolve(query, lab)
+    n, links, notes = resolve(query, lab)
     check_query(query, n)
-    return report_of(query, n, step_rows(query, n, links, step), step=True)
+    return report_of(query, n, step_rows(query, n, links, step), step=True, notes=notes)
 
 
 def step_rows(query: CostQuery, n: int, links: list[Link], step: StepQuery) -> list[dict]:

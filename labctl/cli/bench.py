@@ -47,10 +47,16 @@ from labctl.spec.units import parse_size_range
 @click.option("--from-run", "from_run", metavar="RUN",
               help="Price a trainer run's own step (its model, buckets, compute and ranks, as its prediction took them) "
                    "on its calibrated link, where it gives the run's prediction, and on each --link (default: every preset).")
+@click.option("--overlay", type=click.Choice(benches.OVERLAYS), default=None,
+              help="Price each link with a mesh VPN's tunnel on it: its headers at its MTU, and on the lab's own "
+                   "link the ceiling `labctl bench allreduce` measured for it [default: the lab's overlay, if any].")
+@click.option("--tunnel-rate", metavar="RATE",
+              help="The tunnel's own ceiling a hop (its encryption's), on every link, e.g. 180mbit.")
 @lab_option
 @click.option("--json", "as_json", is_flag=True, help="Print the rows as JSON.")
 def cost(params, dtype, ranks, links, delay, compute_s, collective, strategy, nproc_per_node, backend, grad_accum,
-         efficiency, step, flops, tokens, optimizer_s, bucket_cap_mb, from_run, lab, as_json) -> None:
+         efficiency, step, flops, tokens, optimizer_s, bucket_cap_mb, from_run, overlay, tunnel_rate, lab,
+         as_json) -> None:
     """What one gradient synchronisation, or one optimizer step of a strategy, costs on each link.
 
     Bytes through each rank's NIC: 2(n-1)/n x S for a ring allreduce, (n-1)/n x S for
@@ -74,7 +80,7 @@ def cost(params, dtype, ranks, links, delay, compute_s, collective, strategy, np
     count = benches.parse_params(params)
     step_query = benches.step_query(step, compute_s, flops, tokens, optimizer_s, bucket_cap_mb)
     query = benches.CostQuery(count, dtype, ranks, links, compute_s, grad_accum, efficiency, collective, delay,
-                              strategy, backend, nproc_per_node)
+                              strategy, backend, nproc_per_node, overlay, tunnel_rate)
     session = invocation().lab(lab)
     report = benches.estimate_step(query, step_query, session) if step_query else benches.estimate(query, lab=session)
     render_bench.print_cost(report, as_json)

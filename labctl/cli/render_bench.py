@@ -32,7 +32,9 @@ def print_cost(report, as_json: bool) -> None:
     for column in columns:
         table.add_column(column, justify="right" if column != "link" else "left")
     for row in report.rows:
-        cells = [row["link"], f"{row['rate_bps'] / 1e9:g} Gbit/s", f"{row['bytes_per_rank'] / 1e9:.3g} GB"]
+        gbit = row["rate_bps"] / 1e9
+        cells = [row["link"], f"{gbit:.4g} Gbit/s" if gbit < 1000 else f"{gbit:.0f} Gbit/s",
+                 f"{row['bytes_per_rank'] / 1e9:.3g} GB"]
         cells += [f"{row['bytes_per_node_per_step'] / 1e9:.3g} GB"] if per_node else []
         cells.append(seconds_text(row["comm_s"]))
         if report.strategy:
@@ -41,6 +43,8 @@ def print_cost(report, as_json: bool) -> None:
             cells += [f"{row['comm_over_compute']:.3g}", seconds_text(row["step_s_no_overlap"])]
         table.add_row(*cells)
     console.print(table)
+    for note in report.notes:
+        info(note)
     if report.compute_s and report.grad_accum == 1:
         info("with --grad-accum K the same sync is paid once per K micro-steps: comm/compute falls K-fold")
 
@@ -67,6 +71,8 @@ def print_step_cost(report) -> None:
     info(f"step = compute + exposed + optimizer; exposed: {backward} does not hide of "
          f"the {first['buckets']} buckets' all-reduce" + (" and the strategy's collectives outside it"
                                                          if report.strategy not in (None, "ddp") else ""))
+    for note in report.notes:
+        info(note)
 
 
 def print_predict(result, as_json: bool) -> None:

@@ -98,6 +98,17 @@ def test_a_tailscale_mesh_carries_a_torchrun_ddp_script_and_down_leaves_nothing(
     assert [(f["ok"], f["message"]) for f in doctor["findings"] if f["check"] == "mtu"] == [
         (True, "packets of the full MTU (1280) pass through tailscale0 between all 6 node pairs")], doctor["findings"]
 
+    # What the tunnel costs: bench allreduce reads the wire through the tunnel (every node sending to the
+    # next at once) and on the bridge under it, and keeps the tunnel's rate, which `labctl cost` then
+    # prices the lab's own link with.
+    bench = " ".join(labctl("bench", "allreduce", "--lab", lab, "--sizes", "1M", "--iters", "2", check=True).stdout.split())
+    wire = re.search(r"iperf3 wire (\d+) Mbit/s a hop through tailscale0 with every node sending at once "
+                     r"\(MTU 1280; (\d+) Mbit/s on the bridge under it\)", bench)
+    assert wire and int(wire[1]) < int(wire[2]) / 10, bench[:600]
+    rows = json.loads(labctl("cost", "--lab", lab, "--params", "25M", "--json", check=True).stdout)
+    assert [r["link"] for r in rows][:2] == ["lab (unshaped) over tailscale0", "1GbE over tailscale0"], rows
+    assert rows[0]["rate_bps"] * 0.85 == pytest.approx(int(wire[1]) * 1e6, rel=0.01)  # the ceiling, at 85%
+
     labctl("down", "--lab", lab, "--volumes", check=True)
     assert lab_resources(docker_client, lab) == {"containers": [], "networks": [], "volumes": []}
     assert not keys.parent.exists()

@@ -39,6 +39,10 @@ class FakeLab(LabSession):
             raise StateError("lab fake is not up")
         return [NodeState(f"node{i}", f"10.9.0.{10 + i}", "2.13.0", "running", i) for i in range(self.nodes_up)]
 
+    def overlay_spec(self):
+        self.events.append(("overlay",))
+        return None  # no mesh VPN (test_tunnelcost.py prices one)
+
     def node_env(self, names=None):
         names = names if names is not None else self.node_names()
         return {name: {"NODE_RANK": str(rank), "MASTER_ADDR": "10.9.0.10", "MASTER_PORT": "29500"}
@@ -127,7 +131,7 @@ def test_cost_outside_a_lab_needs_nodes(tmp_path, events, engine):
         cost.estimate(cost.CostQuery(1e9), lab=down)
     report = cost.estimate(cost.CostQuery(1e9, "fp32", "4"), lab=down)
     assert report.ranks == 4 and [r["link"] for r in report.rows] == [p.name for p in cost.PRESETS.values()]
-    assert ("read_links", ()) not in events and all(e == ("running",) for e in events)
+    assert ("read_links", ()) not in events and all(e == ("running",) for e in events)  # a lab not up: no overlay asked
 
 
 # ------------------------------------------------------------------------------------- allreduce
