@@ -413,3 +413,23 @@ def check_outcome(name: str, outcome: dict, kept: Path) -> None:
         assert png.read_bytes()[:8] == PNG_MAGIC and png.is_relative_to(kept / "runs")
     else:
         assert not kept.exists()
+
+
+PIPELINE_SCRIPT = str(REPO / "examples" / "pipeline" / "my_pipeline_script.py")
+PIPELINE_LINE = re.compile(r"PIPELINE rank=(\d+) stages=(\d+) schedule=(\S+) micro_batches=(\d+) steps=(\d+) "
+                           r"layers=(\d+)-(\d+) params_match=(\w+)(?: loss=(\S+) first_loss=(\S+))?")
+
+
+def run_pipeline(lab: str, stages: int, *options: str) -> dict[int, tuple]:
+    """examples/pipeline/my_pipeline_script.py through `labctl run` on `lab`, one stage a node: each
+    rank's line, checked (every stage's parameters those of the same layers trained in one process,
+    the layers split in order, the last stage's loss falling). {rank: (first layer, last layer)}."""
+    out = labctl("run", "--lab", lab, "--", PIPELINE_SCRIPT, *options, check=True).stdout
+    lines = {int(m[0]): m for m in PIPELINE_LINE.findall(out)}
+    assert sorted(lines) == list(range(stages)) and all(m[1] == str(stages) for m in lines.values()), out[-2000:]
+    assert all(m[7] == "True" for m in lines.values()), out[-2000:]
+    layers = {rank: (int(m[5]), int(m[6])) for rank, m in lines.items()}
+    assert [layers[r][0] for r in range(stages)] == [0] + [layers[r][1] + 1 for r in range(stages - 1)], layers
+    last = lines[stages - 1]
+    assert float(last[8]) < float(last[9]), last  # its loss, after the steps, below the first step's
+    return layers

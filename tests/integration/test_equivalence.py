@@ -8,7 +8,7 @@ import subprocess
 import sys
 
 import pytest
-from conftest import REPO, labctl, summary_of
+from conftest import REPO, labctl, run_pipeline, summary_of
 
 from labctl.spec.labspec import LabSpec
 
@@ -70,3 +70,10 @@ def test_indivisible_batch_is_refused(lab2):
     result = labctl("run", "--lab", lab2, "--", "-m", "trainer", "--global-batch", "30", "--micro-batch", "8")
     assert result.returncode == 1
     assert "not divisible by --micro-batch 8 x world size 2 = 16" in result.stderr + result.stdout
+
+
+def test_a_users_own_gpipe_script_on_two_nodes_trains_what_one_process_does(lab2):
+    """torch.distributed.pipelining's GPipe over gloo, two stages of three layers: each stage's
+    parameters those of the same layers trained in one process (examples/pipeline/my_pipeline_script.py)."""
+    assert run_pipeline(lab2, 2, "--schedule", "gpipe", "--micro-batches", "8", "--steps", "20") == {
+        0: (0, 2), 1: (3, 5)}

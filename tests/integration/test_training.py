@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import labctl, summary_of
+from conftest import labctl, run_pipeline, summary_of
 
 # Its straggler and step-model rows are CPU shares and step times: those tests run `alone`. The ones
 # that check losses, byte counts, what the lab keeps and that bench scaling makes every row (no number
@@ -189,3 +189,11 @@ def test_bench_scaling_produces_every_row(lab3, tmp_path):
                                                                         "scaling.md", "scaling.png"]
     links = json.loads(labctl("shape", "--lab", lab, "--show", "--json", check=True).stdout)
     assert [link["rate_bps"] for link in links] == [None, None, None]  # shaped for the rows, cleared after
+
+
+def test_a_users_own_pipeline_script_puts_a_stage_on_each_of_three_nodes(lab3):
+    """torch.distributed.pipelining's 1F1B over gloo, a stage a node: each computes what one process
+    does for its layers (examples/pipeline/my_pipeline_script.py checks it)."""
+    lab, _ = lab3
+    assert run_pipeline(lab, 3, "--schedule", "1f1b", "--micro-batches", "4", "--steps", "20") == {
+        0: (0, 1), 1: (2, 3), 2: (4, 5)}
