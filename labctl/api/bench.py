@@ -8,7 +8,9 @@ from __future__ import annotations
 from labctl.bench.allreduce import measure as allreduce
 from labctl.bench.allreduce import measure_collectives as collectives
 from labctl.bench.bringup import bench_up
-from labctl.bench.cost import CostQuery, CostReport, estimate, parse_params
+from labctl.bench import cost
+from labctl.bench.cost import CostQuery, CostReport, parse_params
+from labctl.bench.parallelrows import PARALLEL, estimate_parallel
 from labctl.bench.stepcost import StepQuery, estimate_run, estimate_step, step_query
 from labctl.bench.predict import measure as predict
 from labctl.bench.scaling_run import ScalingOptions
@@ -25,6 +27,12 @@ from labctl.trace import find_run
 __all__ = ["allreduce", "collectives", "bench_start", "bench_up", "estimate", "predict", "parse_params", "scaling", "straggler", "NCCL_DEBUG_ENV",
            "CostQuery", "StepQuery", "estimate_step", "step_query", "cost_of_run", "ScalingOptions", "StragglerOptions",
            "OVERLAYS"]
+
+
+def estimate(query: CostQuery, lab: LabSession | None = None) -> CostReport:
+    """`labctl cost`: what one gradient synchronisation, or one optimizer step of a strategy, costs on
+    each link (labctl/bench/cost.py; pp and tp in labctl/bench/parallelrows.py)."""
+    return estimate_parallel(query, lab) if query.strategy in PARALLEL else cost.estimate(query, lab)
 
 
 def cost_of_run(session: LabSession, run: str, query: CostQuery, given: dict) -> CostReport:

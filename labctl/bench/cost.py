@@ -41,7 +41,7 @@ SPELLED = {"allreduce": "all_reduce", "allgather": "all_gather", "reduce_scatter
 BACKENDS = ("nccl", "gloo")  # --backend: whose algorithms the model prices
 DEFAULT_EFFICIENCY = 0.85  # what a tuned TCP collective stack typically reaches on Ethernet
 DEFAULT_ALPHA_S = 50e-6
-STRATEGIES = ("ddp", "zero", "fsdp", "hsdp")
+STRATEGIES = ("ddp", "zero", "fsdp", "hsdp", "pp", "tp")  # pp and tp: labctl/bench/parallelrows.py
 # What one optimizer step sends, per strategy: (collective, how many), each over the model's S bytes.
 STRATEGY_COLLECTIVES = {
     "ddp": (("allreduce", 1),),
@@ -166,7 +166,12 @@ def check_query(query: CostQuery, n: int) -> None:
         raise ConfigError("--backend", query.backend, f"must be one of {', '.join(BACKENDS)}")
     if strategy is not None and collective != "allreduce":
         raise ConfigError("--collective", collective, "prices one collective, and --strategy a whole step's",
-                          hint=f"drop --collective: --strategy {strategy} sends {strategy_text(strategy)}")
+                          hint=f"drop --collective: --strategy {strategy} sends "
+                               + (strategy_text(strategy) if strategy in STRATEGY_COLLECTIVES else "its whole step's"))
+    for key, value in (("--activations", query.activations), ("--layers", query.layers)):
+        if value is not None and strategy not in ("pp", "tp"):
+            raise ConfigError(key, value, "describes a pipeline's or tensor parallelism's activations",
+                              hint="with --strategy pp or --strategy tp")
     per_node = query.nproc_per_node
     if strategy is not None and (per_node < 1 or n % per_node):
         raise ConfigError("--nproc-per-node", per_node, f"must divide the {n} ranks into whole nodes")
@@ -337,6 +342,8 @@ class CostQuery:
     nproc_per_node: int = 1  # --nproc-per-node: ranks on a node, sharing its link (hsdp shards over them)
     overlay: str | None = None  # --overlay: price the links with a mesh VPN's tunnel on them; None: the lab's own
     tunnel_rate: str | None = None  # --tunnel-rate: the tunnel's ceiling a hop, e.g. "180mbit"; None: as measured
+    activations: str | None = None  # --activations B,S,H: pp and tp, a micro-batch's activations (parallelrows.py)
+    layers: int | None = None  # --layers: tp, the transformer blocks that each all-reduce 4 times a micro-batch
 
 
 def estimate(query: CostQuery, lab: LabSession | None = None) -> CostReport:

@@ -81,6 +81,10 @@ def buckets(payload: float, cap_mb: float) -> tuple[int, ...]:
 
 def estimate_step(query: CostQuery, step: StepQuery, lab: LabSession | None = None) -> CostReport:
     """`labctl cost --step`: `query` resolved and checked as `labctl cost` does, a predicted step a link."""
+    if query.strategy in ("pp", "tp"):
+        raise ConfigError("--step", True, f"predicts with the trainer's step model, which does not know "
+                          f"--strategy {query.strategy} yet", hint=f"leave out --step: --strategy {query.strategy} "
+                          "with --compute-s prices its whole step by hand")
     n, links, notes = resolve(query, lab)
     check_query(query, n)
     return report_of(query, n, step_rows(query, n, links, step), step=True, notes=notes)

@@ -28,14 +28,19 @@ from labctl.spec.units import parse_size_range
 @click.option("--compute-s", type=float, metavar="T", help="Compute (forward+backward) seconds per micro-step.")
 @click.option("--collective", type=click.Choice(["allreduce", "reduce_scatter", "allgather"]), default="allreduce",
               show_default=True)
-@click.option("--strategy", type=click.Choice(["ddp", "zero", "fsdp", "hsdp"]),
+@click.option("--strategy", type=click.Choice(["ddp", "zero", "fsdp", "hsdp", "pp", "tp"]),
               help="Price a whole optimizer step of this strategy (the trainer's --strategy): every collective it "
-                   "sends, and what one rank holds.")
+                   "sends, and what one rank holds. pp: a pipeline, a stage on each rank (needs --activations); "
+                   "tp: each layer shared by a node's ranks (needs --activations, --layers, --nproc-per-node 2+).")
+@click.option("--activations", metavar="B,S,H",
+              help="pp, tp: a micro-batch's activations: its sequences, their length, the hidden size.")
+@click.option("--layers", type=int, metavar="L", help="tp: the transformer blocks, each all-reducing 4 times a micro-batch.")
 @click.option("--nproc-per-node", type=int, default=1, show_default=True, metavar="P",
               help="Ranks on a node, sharing its link; hsdp shards over them.")
 @click.option("--backend", type=click.Choice(["nccl", "gloo"]), default="nccl", show_default=True,
               help="Whose algorithms to price: gloo (the lab's CPU nodes) reduce-scatters with an all-reduce.")
-@click.option("--grad-accum", type=int, default=1, show_default=True, metavar="K", help="Micro-steps per gradient sync.")
+@click.option("--grad-accum", type=int, default=1, show_default=True, metavar="K",
+              help="Micro-steps per gradient sync (pp, tp: the micro-batches a step).")
 @click.option("--efficiency", type=float, default=0.85, show_default=True, help="Fraction of the link rate the stack reaches.")
 @click.option("--step", is_flag=True,
               help="Predict a whole optimizer step with the trainer's step model: the compute, the buckets' all-reduce "
@@ -54,9 +59,9 @@ from labctl.spec.units import parse_size_range
               help="The tunnel's own ceiling a hop (its encryption's), on every link, e.g. 180mbit.")
 @lab_option
 @click.option("--json", "as_json", is_flag=True, help="Print the rows as JSON.")
-def cost(params, dtype, ranks, links, delay, compute_s, collective, strategy, nproc_per_node, backend, grad_accum,
-         efficiency, step, flops, tokens, optimizer_s, bucket_cap_mb, from_run, overlay, tunnel_rate, lab,
-         as_json) -> None:
+def cost(params, dtype, ranks, links, delay, compute_s, collective, strategy, activations, layers, nproc_per_node,
+         backend, grad_accum, efficiency, step, flops, tokens, optimizer_s, bucket_cap_mb, from_run, overlay,
+         tunnel_rate, lab, as_json) -> None:
     """What one gradient synchronisation, or one optimizer step of a strategy, costs on each link.
 
     Bytes through each rank's NIC: 2(n-1)/n x S for a ring allreduce, (n-1)/n x S for
@@ -80,7 +85,7 @@ def cost(params, dtype, ranks, links, delay, compute_s, collective, strategy, np
     count = benches.parse_params(params)
     step_query = benches.step_query(step, compute_s, flops, tokens, optimizer_s, bucket_cap_mb)
     query = benches.CostQuery(count, dtype, ranks, links, compute_s, grad_accum, efficiency, collective, delay,
-                              strategy, backend, nproc_per_node, overlay, tunnel_rate)
+                              strategy, backend, nproc_per_node, overlay, tunnel_rate, activations, layers)
     session = invocation().lab(lab)
     report = benches.estimate_step(query, step_query, session) if step_query else benches.estimate(query, lab=session)
     render_bench.print_cost(report, as_json)

@@ -20,6 +20,9 @@ def print_cost(report, as_json: bool) -> None:
     if report.step:
         print_step_cost(report)
         return
+    if report.strategy in ("pp", "tp"):
+        print_parallel_cost(report)
+        return
     payload = report.rows[0]["payload_bytes"]
     what = f"a {report.strategy} step" if report.strategy else report.collective
     how = ", as gloo runs it (its reduce-scatter is an all-reduce)" if report.backend == "gloo" else ""
@@ -47,6 +50,37 @@ def print_cost(report, as_json: bool) -> None:
         info(note)
     if report.compute_s and report.grad_accum == 1:
         info("with --grad-accum K the same sync is paid once per K micro-steps: comm/compute falls K-fold")
+
+
+def print_parallel_cost(report) -> None:
+    """`cost --strategy pp|tp`: a step of the pipeline or of the shared layers on each link."""
+    first = report.rows[0]
+    pp = report.strategy == "pp"
+    how = (f"{report.ranks} stages, {first['micro_batches']} micro-batches" if pp else
+           f"{first['tp_ranks']} ranks a node sharing each layer, {first['micro_batches']} micro-batches")
+    table = Table(title=f"a {report.strategy} step of {report.params:g} {report.dtype} params: {how}, activations of "
+                        f"{first['activation_bytes'] / 1e6:.3g} MB a micro-batch, at {report.efficiency:.0%} of each link",
+                  title_justify="left")
+    columns = ["link", "rate", "bytes/rank", "comm/step"] + (["bubble"] if pp else []) + ["state/rank"]
+    columns += ["comm/compute", "step"] if report.compute_s else []
+    for column in columns:
+        table.add_column(column, justify="right" if column != "link" else "left")
+    for row in report.rows:
+        gbit = row["rate_bps"] / 1e9
+        cells = [row["link"], f"{gbit:.4g} Gbit/s" if gbit < 1000 else f"{gbit:.0f} Gbit/s",
+                 f"{row['bytes_per_rank'] / 1e9:.3g} GB", seconds_text(row["comm_s"])]
+        cells += [f"{row['bubble']:.0%}"] if pp else []
+        cells.append(f"{row['state_bytes_per_rank'] / 1e9:.3g} GB")
+        if report.compute_s:
+            cells += [f"{row['comm_over_compute']:.3g}", seconds_text(row["step_s"])]
+        table.add_row(*cells)
+    console.print(table)
+    info("pp: step = (micro-batches + stages - 1) x (compute / stages + 2 transfers); bubble = (stages - 1) / "
+         "(micro-batches + stages - 1)" if pp else "tp: 4 all-reduces of the activations a block and micro-batch, "
+         "on the link inside a node; between nodes each rank's share of the gradients is DDP's (--strategy ddp, "
+         "--params divided by --nproc-per-node)")
+    for note in report.notes:
+        info(note)
 
 
 def print_step_cost(report) -> None:

@@ -121,7 +121,7 @@ def test_a_strategy_prices_a_step_so_a_collective_beside_it_is_refused():
     with pytest.raises(ConfigError, match="--collective"):
         step_report(CostQuery(1e6, "fp32", collective="allgather", strategy="fsdp"), 2, [PRESETS["1gbe"]])
     with pytest.raises(ConfigError, match="--strategy"):
-        step_report(CostQuery(1e6, "fp32", strategy="tp"), 2, [PRESETS["1gbe"]])
+        step_report(CostQuery(1e6, "fp32", strategy="mesh"), 2, [PRESETS["1gbe"]])
 
 
 # --- every op as its backend runs it: what `bench collectives` measures --------------------------
