@@ -35,9 +35,7 @@ def print_cost(report, as_json: bool) -> None:
     for column in columns:
         table.add_column(column, justify="right" if column != "link" else "left")
     for row in report.rows:
-        gbit = row["rate_bps"] / 1e9
-        cells = [row["link"], f"{gbit:.4g} Gbit/s" if gbit < 1000 else f"{gbit:.0f} Gbit/s",
-                 f"{row['bytes_per_rank'] / 1e9:.3g} GB"]
+        cells = link_cells(row)
         cells += [f"{row['bytes_per_node_per_step'] / 1e9:.3g} GB"] if per_node else []
         cells.append(seconds_text(row["comm_s"]))
         if report.strategy:
@@ -52,6 +50,13 @@ def print_cost(report, as_json: bool) -> None:
         info("with --grad-accum K the same sync is paid once per K micro-steps: comm/compute falls K-fold")
 
 
+def link_cells(row: dict) -> list[str]:
+    """A cost row's link, its rate and the bytes through a rank's NIC, as the tables show them."""
+    gbit = row["rate_bps"] / 1e9
+    return [row["link"], f"{gbit:.4g} Gbit/s" if gbit < 1000 else f"{gbit:.0f} Gbit/s",
+            f"{row['bytes_per_rank'] / 1e9:.3g} GB"]
+
+
 def print_parallel_cost(report) -> None:
     """`cost --strategy pp|tp`: a step of the pipeline or of the shared layers on each link."""
     first = report.rows[0]
@@ -62,14 +67,10 @@ def print_parallel_cost(report) -> None:
                         f"{first['activation_bytes'] / 1e6:.3g} MB a micro-batch, at {report.efficiency:.0%} of each link",
                   title_justify="left")
     columns = ["link", "rate", "bytes/rank", "comm/step"] + (["bubble"] if pp else []) + ["state/rank"]
-    columns += ["comm/compute", "step"] if report.compute_s else []
-    for column in columns:
+    for column in columns + (["comm/compute", "step"] if report.compute_s else []):
         table.add_column(column, justify="right" if column != "link" else "left")
     for row in report.rows:
-        gbit = row["rate_bps"] / 1e9
-        cells = [row["link"], f"{gbit:.4g} Gbit/s" if gbit < 1000 else f"{gbit:.0f} Gbit/s",
-                 f"{row['bytes_per_rank'] / 1e9:.3g} GB", seconds_text(row["comm_s"])]
-        cells += [f"{row['bubble']:.0%}"] if pp else []
+        cells = [*link_cells(row), seconds_text(row["comm_s"])] + ([f"{row['bubble']:.0%}"] if pp else [])
         cells.append(f"{row['state_bytes_per_rank'] / 1e9:.3g} GB")
         if report.compute_s:
             cells += [f"{row['comm_over_compute']:.3g}", seconds_text(row["step_s"])]
