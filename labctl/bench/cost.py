@@ -337,7 +337,7 @@ class CostQuery:
     efficiency: float = DEFAULT_EFFICIENCY  # --efficiency: the fraction of the link rate the stack reaches
     collective: str = "allreduce"  # --collective: one of COLLECTIVES
     delay: str | None = None  # --delay: a one-way delay added to every link's per-hop latency, e.g. "10ms"
-    strategy: str | None = None  # --strategy: price a whole optimizer step of ddp, zero or fsdp
+    strategy: str | None = None  # --strategy: price a whole optimizer step of ddp, zero, fsdp, hsdp, pp or tp
     backend: str = "nccl"  # --backend: whose algorithms (BACKENDS); gloo's reduce-scatter is an all-reduce
     nproc_per_node: int = 1  # --nproc-per-node: ranks on a node, sharing its link (hsdp shards over them)
     overlay: str | None = None  # --overlay: price the links with a mesh VPN's tunnel on them; None: the lab's own
