@@ -107,7 +107,7 @@ def test_a_tailscale_mesh_carries_a_torchrun_ddp_script_and_down_leaves_nothing(
     assert wire and int(wire[1]) < int(wire[2]) / 10, bench[:600]
     rows = json.loads(labctl("cost", "--lab", lab, "--params", "25M", "--json", check=True).stdout)
     assert [r["link"] for r in rows][:2] == ["lab (unshaped) over tailscale0", "1GbE over tailscale0"], rows
-    assert rows[0]["rate_bps"] * 0.85 == pytest.approx(int(wire[1]) * 1e6, rel=0.01)  # the ceiling, at 85%
+    assert rows[0]["rate_bps"] * 0.85 == pytest.approx(int(wire[1]) * 1e6, abs=0.6e6)  # the ceiling (the title rounds it)
 
     labctl("down", "--lab", lab, "--volumes", check=True)
     assert lab_resources(docker_client, lab) == {"containers": [], "networks": [], "volumes": []}
