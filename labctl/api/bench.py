@@ -19,14 +19,12 @@ from labctl.bench.startup import measure as bench_start
 from labctl.bench.straggler import StragglerOptions
 from labctl.bench.straggler import measure as straggler
 from labctl.errors import ConfigError
-from labctl.net.overlay import CHOICES as OVERLAYS
 from labctl.run.userenv import NCCL_DEBUG_ENV
 from labctl.session import LabSession
 from labctl.trace import find_run
 
 __all__ = ["allreduce", "collectives", "bench_start", "bench_up", "estimate", "predict", "parse_params", "scaling", "straggler", "NCCL_DEBUG_ENV",
-           "CostQuery", "StepQuery", "estimate_step", "step_query", "cost_of_run", "ScalingOptions", "StragglerOptions",
-           "OVERLAYS"]
+           "CostQuery", "StepQuery", "estimate_step", "step_query", "cost_of_run", "ScalingOptions", "StragglerOptions"]
 
 
 def estimate(query: CostQuery, lab: LabSession | None = None) -> CostReport:

@@ -5,9 +5,10 @@ Each raises ConfigError or LabError (exit 2) with the value given and what is al
 from __future__ import annotations
 
 from labctl.k8s.export import KINDS as MANIFEST_KINDS  # `k8s export --kind`
+from labctl.net.overlay import CHOICES as OVERLAYS  # `up`, `cost`, `scenario run` --overlay
 from labctl.net.tc import check_to, parse_shape_request
 from labctl.run.launch import job_args, parse_script_args
 from labctl.run.userenv import build_user_env
 from labctl.trace.breakdown import STEPS_ALLOWED, parse_steps
 
-__all__ = ["MANIFEST_KINDS", "build_user_env", "check_to", "job_args", "parse_script_args", "parse_shape_request", "parse_steps", "STEPS_ALLOWED"]
+__all__ = ["MANIFEST_KINDS", "OVERLAYS", "build_user_env", "check_to", "job_args", "parse_script_args", "parse_shape_request", "parse_steps", "STEPS_ALLOWED"]

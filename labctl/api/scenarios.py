@@ -33,14 +33,13 @@ from labctl.lab.lockfile import read_lab_lock
 from labctl.lab.owner import owner_of
 from labctl.lab.packages import LOCK_FILE
 from labctl.lab.resolve import fetch_requirement
-from labctl.net.overlay import CHOICES as NETWORKS
 from labctl.net.overlay import NONE
 from labctl.run.launch import Launch, network_env, run_env
 from labctl.run.plan import RunPlan, new_run
 from labctl.session import LabSession
 from labctl.trace import write_trace
 
-__all__ = ["NETWORKS", "SCENARIOS", "ScenarioOutcome", "run_scenario", "run_scenarios", "scenario_overlays", "select_scenarios"]
+__all__ = ["SCENARIOS", "ScenarioOutcome", "run_scenario", "run_scenarios", "scenario_overlays", "select_scenarios"]
 
 
 # ------------------------------------------------------------------------------ running one

@@ -7,6 +7,7 @@ from pathlib import Path
 import click
 
 from labctl.api import bench as benches
+from labctl.api.inputs import OVERLAYS
 from labctl.cli.app import CONTEXT, invocation, main
 from labctl.cli.options import FilePath, lab_option, nccl_debug_option, package_options
 from labctl.core.outfile import is_stdout
@@ -52,7 +53,7 @@ from labctl.spec.units import parse_size_range
 @click.option("--from-run", "from_run", metavar="RUN",
               help="Price a trainer run's own step (its model, buckets, compute and ranks, as its prediction took them) "
                    "on its calibrated link, where it gives the run's prediction, and on each --link (default: every preset).")
-@click.option("--overlay", type=click.Choice(benches.OVERLAYS), default=None,
+@click.option("--overlay", type=click.Choice(OVERLAYS), default=None,
               help="Price each link with a mesh VPN's tunnel on it: its headers at its MTU, and on the lab's own "
                    "link the ceiling `labctl bench allreduce` measured for it [default: the lab's overlay, if any].")
 @click.option("--tunnel-rate", metavar="RATE",

@@ -7,7 +7,8 @@ from dataclasses import asdict
 
 import click
 
-from labctl.api.scenarios import NETWORKS, SCENARIOS, run_scenarios, select_scenarios
+from labctl.api.inputs import OVERLAYS
+from labctl.api.scenarios import SCENARIOS, run_scenarios, select_scenarios
 from labctl.cli.app import CONTEXT, invocation, main
 from labctl.cli.options import json_option, lab_option
 from labctl.core.ui import info, stdout_console
@@ -51,7 +52,7 @@ def scenario_list() -> None:
 
 @scenario.command("run", context_settings=CONTEXT)
 @click.argument("names", nargs=-1, required=True, metavar="NAME... | all")
-@click.option("--overlay", type=click.Choice(NETWORKS), default=None,
+@click.option("--overlay", type=click.Choice(OVERLAYS), default=None,
               help="The network to meet the traps on: a mesh VPN (tailscale, wireguard) or the plain bridge "
                    "(none). Default: each scenario's own (`scenario list`); one that cannot be met on the "
                    "network asked for is refused.")

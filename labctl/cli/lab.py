@@ -14,6 +14,7 @@ import click
 
 from labctl import api
 from labctl.api import images
+from labctl.api.inputs import OVERLAYS
 from labctl.cli.app import CONTEXT, invocation, main
 from labctl.cli.options import (
     FilePath,
@@ -131,7 +132,7 @@ def build(torch_version, cuda, base_image, image, force, verbose_build, mismatch
 @click.option("--scheduler", type=click.Choice(["none", "slurm"], case_sensitive=False), default=None,
               help=spec_help("scheduler", "slurm: the nodes also form a Slurm cluster for `labctl slurm`",
                              note="a running lab keeps its own"))
-@click.option("--overlay", type=click.Choice(["none", "tailscale", "wireguard"], case_sensitive=False), default=None,
+@click.option("--overlay", type=click.Choice(OVERLAYS, case_sensitive=False), default=None,
               help=spec_help("overlay", "A mesh VPN between the nodes, WireGuard in user space: tailscale (tailscale0, "
                              "100.64.0.0/10, MTU 1280), wireguard (wg0, MTU 1420) or none",
                              default="as the running lab is; none for a new one"))

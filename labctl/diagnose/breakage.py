@@ -42,9 +42,6 @@ class Context:
     def names(self) -> list[str]:
         return [n.name for n in self.nodes]
 
-    def ip(self, node: str) -> str:
-        return next(n.ip for n in self.nodes if n.name == node)
-
 
 def run_everywhere(ctx: Context, what: str, commands) -> None:
     """`commands(node)` on each node from its helper; the first failure stops the scenario, saying `what`."""

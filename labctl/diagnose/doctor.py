@@ -47,7 +47,7 @@ from labctl.diagnose.compiler import check_compiler
 from labctl.diagnose.findings import Diagnosis, Finding
 from labctl.diagnose.gpus import check_gpus
 from labctl.diagnose.packages import check_packages
-from labctl.diagnose.tunnel import check_mtu, probe_mtu
+from labctl.diagnose.tunnel import check_mtu, probe_mtu, tunnel_address
 from labctl.engine.detect import inspect_engine, refusal
 from labctl.engine.docker import DockerNodes, node_cpus_limit
 from labctl.engine.labels import container_name
@@ -315,9 +315,8 @@ def probe_once(nodes, ips: dict[str, str], master: tuple[str, str, int], probe_p
 def gloo_address(node_info: dict, env: dict[str, str], mesh, bridge_ip: str) -> str:
     """The address the node's gloo advertises, which its peers connect back to: its tunnel's where
     GLOO_SOCKET_IFNAME names the lab's mesh VPN, else its bridge address (the hostname's)."""
-    addrs = (node_info.get("ifaces") or {}).get(mesh.iface, []) if mesh else []
-    on_tunnel = mesh and env.get("GLOO_SOCKET_IFNAME") == mesh.iface and addrs
-    return addrs[0].split("/")[0] if on_tunnel else bridge_ip
+    on_tunnel = mesh is not None and env.get("GLOO_SOCKET_IFNAME") == mesh.iface
+    return (tunnel_address(node_info, mesh.iface) if on_tunnel else None) or bridge_ip
 
 
 def check_cpus(limits: dict[str, float | None]) -> list[Finding]:

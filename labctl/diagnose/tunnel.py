@@ -35,10 +35,16 @@ def probe_config(node: str, iface: str, port: int, targets: dict[str, str]) -> d
             "sizes": list(LADDER), "send_at": list(SEND_AT), "window_s": WINDOW_S}
 
 
+def tunnel_address(node_info: dict, iface: str) -> str | None:
+    """A node's first address on `iface`, from doctor's node info (node_info.py); None without one."""
+    addrs = (node_info.get("ifaces") or {}).get(iface) or []
+    return addrs[0].split("/")[0] if addrs else None
+
+
 def tunnel_addresses(info: dict[str, dict], iface: str) -> dict[str, str]:
-    """Each node's first address on `iface`, from doctor's node info; nodes without one left out."""
-    found = {node: (i.get("ifaces") or {}).get(iface) or [] for node, i in info.items()}
-    return {node: addrs[0].split("/")[0] for node, addrs in found.items() if addrs}
+    """Each node's first address on `iface`; nodes without one left out."""
+    found = {node: tunnel_address(i, iface) for node, i in info.items()}
+    return {node: address for node, address in found.items() if address}
 
 
 def probe_mtu(nodes, info: dict[str, dict], iface: str) -> dict[str, dict]:
