@@ -262,16 +262,23 @@ def scenario_overlays(names: list[str], asked: str | None) -> dict[str, str]:
     return {n: asked or SCENARIOS[n].overlays[0] for n in names}
 
 
+def scenario_lab(name: str, overlay: str | None = None) -> str:
+    """The lab a scenario runs on: scn-NAME on its own network, scn-NAME-OVERLAY on another one asked
+    for (`scenario run wrong-nic --overlay tailscale`), so that the two can run side by side."""
+    own = SCENARIOS[name].overlays[0]
+    return f"scn-{name}" if overlay in (None, own) else f"scn-{name}-{overlay}"
+
+
 def run_scenarios(client, make_config, workspace, names: list[str], report, show=None,
                   overlay: str | None = None) -> list[ScenarioOutcome]:
-    """Each scenario on a 2-node lab of its own, scn-NAME (`make_config(lab=...)` resolves its
+    """Each scenario on a 2-node lab of its own, scenario_lab's (`make_config(lab=...)` resolves its
     configuration), on the overlay it needs or `overlay` (scenario_overlays); `show` gets each outcome as
     soon as it is known. A scenario's runs start torchrun or python themselves, as the trap needs,
     never through a fork server, so its lab asks `up` for none (`warm` off: two torch imports fewer on
     the machine while the scenario's clock runs)."""
     overlays, outcomes = scenario_overlays(names, overlay), []
     for name in names:
-        spec = make_config(lab=f"scn-{name}")
+        spec = make_config(lab=scenario_lab(name, overlays[name]))
         kind = None if overlays[name] == NONE else overlays[name]
         config = replace(spec, nodes=2, warm="off", overlay=kind,
                          sources={**spec.sources, "nodes": "the scenario", "warm": "the scenario",

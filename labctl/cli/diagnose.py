@@ -58,9 +58,10 @@ def scenario_list() -> None:
                    "network asked for is refused.")
 @json_option("Print the outcomes as a JSON list.")
 def scenario_run(names, overlay, as_json) -> None:
-    """Reproduce each trap on a fresh 2-node lab (scn-NAME), show torch's symptom and how long it
-    took to show, doctor's diagnosis, then the fix and a run that succeeds. The lab is removed at
-    the end. Exit status 0 when every fix worked within its bound."""
+    """Reproduce each trap on a fresh 2-node lab (scn-NAME; scn-NAME-OVERLAY on an --overlay other than
+    its own), show torch's symptom and how long it took to show, doctor's diagnosis, then the fix and
+    a run that succeeds. The lab is removed at the end. Exit status 0 when every fix worked within
+    its bound."""
     from labctl.cli import render
 
     chosen = select_scenarios(names)

@@ -384,9 +384,10 @@ def lab2(shared_labs):
 def run_scenario(name: str, docker_client, *options: str) -> dict:
     """`labctl scenario run NAME OPTIONS...`, checked, and nothing of its lab left: its outcome
     (tests/integration/test_scenarios.py and test_scenarios_mesh.py)."""
-    from labctl.api.scenarios import SCENARIOS
+    from labctl.api.scenarios import SCENARIOS, scenario_lab
 
-    kept = REPO / ".lab" / f"scn-{name}"
+    lab = scenario_lab(name, options[options.index("--overlay") + 1] if "--overlay" in options else None)
+    kept = REPO / ".lab" / lab
     try:
         result = labctl("scenario", "run", name, *options, "--json", timeout=SCENARIOS[name].bound_s + 60)
         assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
@@ -394,7 +395,7 @@ def run_scenario(name: str, docker_client, *options: str) -> dict:
         check_outcome(name, outcome, kept)
     finally:
         shutil.rmtree(kept, ignore_errors=True)
-    assert lab_resources(docker_client, f"scn-{name}") == {"containers": [], "networks": [], "volumes": []}
+    assert lab_resources(docker_client, lab) == {"containers": [], "networks": [], "volumes": []}
     return outcome
 
 

@@ -8,7 +8,7 @@ idle machine (the bound, 120 s, leaves room for make test's other workers)."""
 from __future__ import annotations
 
 import pytest
-from conftest import run_scenario
+from conftest import labctl, lab_resources, run_scenario
 
 
 @pytest.mark.parametrize("name, options", [("hostname-trap", ()), ("wrong-nic", ("--overlay", "tailscale")),
@@ -26,3 +26,13 @@ def test_a_mesh_trap_shows_diagnoses_and_fixes(name, options, docker_client, nod
         assert outcome["symptom"].startswith("all_reduce of ") and "stalled" in outcome["symptom"], outcome
         assert "256 B" in outcome["symptom"].split("passed")[0], outcome["symptom"]
         assert "node1: packets of " in doctor and "wg0's MTU on node1 is 1420" in doctor, doctor
+
+
+def test_a_scenario_on_a_network_it_cannot_be_met_on_is_refused_before_any_starts(docker_client):
+    # here, not beside the bridge's scenarios: the lab wrong-nic would get is this module's to bring up
+    result = labctl("scenario", "run", "wrong-nic", "straggler", "--overlay", "tailscale")
+    assert result.returncode == 2, result.stderr
+    assert "invalid --overlay='tailscale': not a network these scenarios can be met on: straggler on none" \
+        in result.stderr, result.stderr
+    for lab in ("scn-wrong-nic-tailscale", "scn-straggler-tailscale"):
+        assert lab_resources(docker_client, lab) == {"containers": [], "networks": [], "volumes": []}

@@ -11,7 +11,7 @@ import sys
 import pytest
 
 from labctl import remote
-from labctl.api.scenarios import SCENARIOS, scenario_overlays
+from labctl.api.scenarios import SCENARIOS, scenario_lab, scenario_overlays
 from labctl.diagnose import tunnel
 from labctl.diagnose.breakage import firewall_commands, path_limit_commands, prefix_blocks
 from labctl.diagnose.doctor import gloo_address
@@ -93,3 +93,11 @@ def test_each_scenario_is_met_on_its_own_network_unless_another_is_asked_for():
         scenario_overlays(["wrong-nic", "straggler", "mtu-blackhole"], "tailscale")
     assert "straggler on none; mtu-blackhole on wireguard" in refused.value.message
     assert all(s.overlays for s in SCENARIOS.values())
+
+
+def test_a_scenario_met_on_another_network_gets_a_lab_of_its_own():
+    # wrong-nic on the bridge and on a mesh can run side by side (two make test workers do)
+    assert scenario_lab("wrong-nic", None) == scenario_lab("wrong-nic", "none") == "scn-wrong-nic"
+    assert scenario_lab("wrong-nic", "tailscale") == "scn-wrong-nic-tailscale"
+    assert scenario_lab("hostname-trap", "tailscale") == "scn-hostname-trap"
+    assert scenario_lab("hostname-trap", "wireguard") == "scn-hostname-trap-wireguard"
