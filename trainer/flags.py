@@ -84,7 +84,18 @@ def parse_args(argv=None):
         help="how the model's state is spread over the ranks (trainer/strategy.py): ddp replicates it; zero "
              "shards the optimizer state (ZeroRedundancyOptimizer); fsdp shards parameters, gradients and "
              "optimizer state (FSDP2 fully_shard per block); hsdp shards within a node's processes and replicates "
-             "across nodes (--nproc-per-node 2 or more). Same loop, same data, same loss (default ddp)")
+             "across nodes (--nproc-per-node 2 or more); pp cuts gpt's blocks into a pipeline of stages, one per "
+             "rank (--schedule, --micro-batches, --stage-layers). Same data, same loss (default ddp)")
+    # pipeline parallelism (trainer/pipeline.py)
+    add("--schedule", choices=["gpipe", "1f1b"], default="1f1b",
+        help="--strategy pp: the pipeline's order: gpipe runs every micro-batch's forward, then every backward; "
+             "1f1b alternates them once the pipe is full, holding fewer activations (default 1f1b)")
+    add("--micro-batches", type=at_least(1), default=None,
+        help="--strategy pp: micro-batches a step's global batch is cut into; the bubble is (p-1)/(M+p-1) of a "
+             "step for p stages (default 2 per stage)")
+    add("--stage-layers", default=None, metavar="N,N,...|auto",
+        help="--strategy pp: transformer blocks per stage, one count per rank, summing to --n-layer; auto sizes "
+             "them to what each rank computes, measured before the first step (default: as even as can be)")
     add("--compile", action="store_true",
         help="torch.compile the model before DDP wraps it, as nanoGPT does (inductor: the first step compiles, "
              "and SUMMARY's compile_s says for how long); with --strategy ddp or zero (default off)")
@@ -129,4 +140,8 @@ def parse_args(argv=None):
     why = refusal(args)  # flags that do not go together fail here, before any process group exists
     if why:
         p.exit(2, f"{p.prog}: {why}\n")
+    if args.strategy == "pp":
+        from trainer.pipeline import resolve
+
+        resolve(args, int(os.environ.get("WORLD_SIZE", 1)))
     return args

@@ -110,17 +110,20 @@ class StepTiming:
     t_backward_end: float | None = None  # backward() returned (after the device sync)
     t_end: float | None = None  # after the optimizer step
     collectives: list = field(default_factory=list)  # the step's trainer.collectives.Call, in launch order
+    pipeline: list = field(default_factory=list)  # --strategy pp: this stage's [forward|backward, micro, t0, t1]
 
     def record(self) -> dict:
         """The timing fields for a metrics line (the caller writes the step number): durations to
         the microsecond (3 decimals of ms), absolute times to the microsecond (6 decimals of s)."""
         out = {}
         for k, v in asdict(self).items():
-            if k not in ("step", "collectives"):
+            if k not in ("step", "collectives", "pipeline"):
                 out[k] = round(v, 6 if k.startswith("t_") else 3) if isinstance(v, float) else v
         out["tokens_per_s"] = round(self.tokens / (self.wall_ms / 1e3), 1) if self.wall_ms else None
         if self.collectives:
             out["collectives"] = records(self.collectives, wall)
+        if self.pipeline:
+            out["pipeline"] = self.pipeline
         return out
 
 
@@ -221,7 +224,9 @@ def too_short(band: list[float], predicted_ms: float) -> str:
 
 def prediction_line(prediction, calibration: dict) -> str:
     """The step model's prediction in words, printed before step 1; a step shorter than the noise its
-    calibration measured gets why it is not predicted instead."""
+    calibration measured gets why it is not predicted instead; a pipeline's (None) says where it is priced."""
+    if prediction is None:
+        return "step model: a pipeline's steps are not predicted in the run yet; labctl cost --strategy pp prices them"
     if not calibration.get("trusted", True):
         return f"step model: {too_short(calibration['band_ms'], prediction.step_ms)}{links_note(calibration)}"
     link = calibration.get("link") or {}

@@ -50,10 +50,13 @@ class GlobalBatches:
     def __init__(self, run):
         args, c, workload = run.args, run.c, run.workload
         self.run = run
-        self.global_batch = args.global_batch or args.micro_batch * c.world_size
+        self.global_batch = args.global_batch or args.micro_batch * c.world_size  # pp: flags resolved it
+        self.staged = run.pipeline is not None  # pp: every stage walks the whole batch, in M micro-batches
         try:
-            self.accum, self.sizes = plan_micro_batches(self.global_batch, args.micro_batch, c.world_size,
-                                                        parse_rank_micro(args.rank_micro_batch))
+            self.accum, self.sizes = (
+                (args.micro_batches, [self.global_batch // args.micro_batches] * c.world_size) if self.staged
+                else plan_micro_batches(self.global_batch, args.micro_batch, c.world_size,
+                                        parse_rank_micro(args.rank_micro_batch)))
             global_batch_indices(workload.n_samples, self.global_batch, args.seed, 1)  # too big a batch fails here
         except BatchError as exc:
             raise SystemExit(f"error: {exc}") from None
@@ -69,6 +72,9 @@ class GlobalBatches:
     def batch(self, step):
         args, c, workload = self.run.args, self.run.c, self.run.workload
         indices = global_batch_indices(workload.n_samples, self.global_batch, args.seed, step)
+        if self.staged:  # the whole batch, which the schedule cuts; its samples counted once, by the loss's stage
+            last = c.rank == c.world_size - 1
+            return Batch([workload.batch(indices)], 1.0, self.tokens_per_step, self.global_batch if last else 0)
         micros = [workload.batch(m) for m in rank_share(indices, self.sizes, self.accum, c.rank)]
         # Scale so that DDP's average over ranks is the mean over the step's tokens (see batching.py).
         return Batch(micros, c.world_size / self.tokens_per_step, self.tokens_per_step, self.accum * self.sizes[c.rank])
@@ -76,7 +82,8 @@ class GlobalBatches:
     def log(self, step, batch, loss_sum, timing, record):
         """Every step's record carries this rank's loss; the steps that print also the global one."""
         run = self.run
-        record["rank_loss"] = loss_sum.item() / (batch.samples * run.workload.tokens_per_sample)
+        # pp: only the last stage has a loss
+        record["rank_loss"] = loss_sum.item() / (batch.samples * run.workload.tokens_per_sample) if batch.samples else None
         if step == self.steps or (run.args.log_every and step % run.args.log_every == 0):
             # The global loss is a collective; only on the steps that print, to keep steps comm-clean.
             self.loss = all_reduce_sum(loss_sum.item(), run.c.device) / self.tokens_per_step
@@ -87,6 +94,8 @@ class GlobalBatches:
 
     def after_first_step(self):
         # The check people are told to do by hand: after the first step every replica is identical.
+        if self.staged:
+            return  # a pipeline's stages hold different layers; its SUMMARY checks the tied embedding
         self.step1_consistent = len(set(all_gather(param_checksum(self.run.workload.model)))) == 1
 
     def final_loss(self):

@@ -28,12 +28,13 @@ class Run:
     tag: str  # "[rank R/W host]": how every line this rank prints begins
     run_dir: Path  # metrics, profiler traces, and checkpoints unless --ckpt-dir
     workload: Workload  # samples, the raw model, the loss
-    model: torch.nn.Module  # workload.model as --strategy wraps it (DDP, or sharded) in a world of more than one
+    model: torch.nn.Module  # workload.model as --strategy wraps it (DDP, sharded, or pp's stage) in a world of more than one
     optimizer: torch.optim.Optimizer
     timer: CommTimer  # inside DDP's comm hook: when each step's gradients were communicated
     collectives: CollectiveLog  # every collective of the current step, by kind (trainer/collectives.py)
     metrics: MetricsWriter | NullMetrics  # this rank's metrics-rank<R>.jsonl
     prof: torch.profiler.profile | NoProfiler  # --profile's Chrome trace of steps 3-5, or a no-op
+    pipeline: object = None  # --strategy pp: this rank's trainer.pipeline.Pipeline (its stage, its schedule)
 
 
 @dataclass(kw_only=True)

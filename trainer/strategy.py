@@ -11,8 +11,10 @@
     hsdp  fsdp on a 2-D mesh: sharded within a node's processes (torchrun's LOCAL_WORLD_SIZE, which
           --nproc-per-node sets), replicated across nodes; the all-gathers and reduce-scatters stay
           inside a node, and only the gradient shards are all-reduced between nodes
+    pp    a pipeline (trainer/pipeline.py): each rank holds a stage of gpt's blocks, whole, and
+          the activations pass from stage to stage; nothing is replicated but the tied embedding
 
-The loop, the data order and the loss are the same for all four, so they end at the same loss up
+The loop, the data order and the loss are the same for all five, so they end at the same loss up
 to the order in which floating-point sums are taken. A single process wraps nothing, as with DDP.
 """
 
@@ -23,7 +25,7 @@ import torch
 
 from trainer.ddp import wrap_ddp
 
-STRATEGIES = ("ddp", "zero", "fsdp", "hsdp")  # --strategy
+STRATEGIES = ("ddp", "zero", "fsdp", "hsdp", "pp")  # --strategy
 SHARDED = ("fsdp", "hsdp")  # FSDP2: parameters, gradients and optimizer state in shards
 
 
@@ -35,6 +37,10 @@ def refusal(args):
                 "--strategy ddp or zero")
     if args.strategy == "ddp":
         return None
+    if args.strategy == "pp":
+        from trainer.pipeline import refusal as pipeline_refusal
+
+        return pipeline_refusal(args, int(os.environ.get("WORLD_SIZE", 1)))
     if args.strategy in SHARDED and (args.comm_hook != "none" or args.static_graph):
         given = "--comm-hook " + args.comm_hook if args.comm_hook != "none" else "--static-graph"
         return f"error: {given} is a DDP setting, and --strategy {args.strategy} has no DDP: use --strategy ddp or zero"

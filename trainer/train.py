@@ -25,7 +25,7 @@ from pathlib import Path
 
 import torch
 
-from trainer import checkpoint, collectives, strategy, wire
+from trainer import checkpoint, collectives, pipeline, strategy, wire
 from trainer.calibrate import predict_run
 from trainer.ddp import param_checksum
 from trainer.dist import (all_gather, all_reduce_sum, compute_cleanup, compute_init, get_dist_info, print0,
@@ -59,15 +59,17 @@ def main(argv=None):
     with open_metrics(run_dir, rank, enabled=not args.no_metrics) as metrics:
         run, as_built = setup(args, run_dir, metrics)
         schedule = schedule_for(run)  # epochs or global batches; may resume from a checkpoint
-        # The step model's prediction of every step, from a calibration before the first (trainer/calibrate.py)
-        prediction, calibration = predict_run(run, schedule, as_built)
+        # The step model's prediction of every step, from a calibration before the first (trainer/calibrate.py);
+        # none yet for a pipeline's steps (labctl cost --strategy pp prices them)
+        prediction, calibration = predict_run(run, schedule, as_built) if not run.pipeline else (None, {})
         del as_built  # fsdp's unsharded copy
         print0(f"{run.tag} {prediction_line(prediction, calibration)}")
 
         # Every rank leaves a barrier at almost the same moment, which makes it the mark that lines up
         # the ranks' clocks in the metrics; the end of the run has its twin, in compute_cleanup.
         log_clock(run, "start")
-        metrics.log(kind="prediction", rank=run.c.rank, **prediction.record())  # labctl trace shows it per rank
+        if prediction:  # labctl trace shows it per rank
+            metrics.log(kind="prediction", rank=run.c.rank, **prediction.record())
         with run.prof:
             result = train(run, schedule)
         return finish(run, result, prediction, calibration)
@@ -90,11 +92,12 @@ def setup(args, run_dir, metrics):
     log = collectives.CollectiveLog.install()  # every step's collectives, by kind (trainer/collectives.py)
     # fsdp and hsdp shard the module in place; DDP wraps it and leaves it as it is
     as_built = copy.deepcopy(workload.model) if args.strategy in strategy.SHARDED and c.world_size > 1 else workload.model
-    model = strategy.wrap_model(workload.model, c, args, timer)  # DDP, or sharded (trainer/strategy.py)
+    pipe = pipeline.build(workload.model, args, c) if args.strategy == "pp" else None  # this rank's stage
+    model = pipe.module if pipe else strategy.wrap_model(workload.model, c, args, timer)  # DDP, or sharded
     optimizer = strategy.build_optimizer(model, args, c.world_size)
     prof = profiler_for(args.profile, c.device.type, Path(run_dir) / f"trace-rank{c.rank}.json")
     return Run(args=args, c=c, tag=tag, run_dir=run_dir, workload=workload, model=model, optimizer=optimizer,
-               timer=timer, collectives=log, metrics=metrics, prof=prof), as_built
+               timer=timer, collectives=log, metrics=metrics, prof=prof, pipeline=pipe), as_built
 
 
 def train(run, schedule):
@@ -136,6 +139,8 @@ def train_step(run, batch):
     """One optimizer step over this rank's micro-batches, gradients synchronised on the last.
 
     Returns (the summed loss on this rank, as a tensor; the step's StepTiming)."""
+    if run.pipeline:
+        return pipeline.train_step(run, batch)  # a stage's forwards and backwards, in the schedule's order
     model, c, timer = run.model, run.c, run.timer
     t0 = time.perf_counter()
     run.optimizer.zero_grad(set_to_none=True)
@@ -178,11 +183,11 @@ def finish(run, result, prediction, calibration):
     `prediction` and `calibration`: the step model's, from before the first step."""
     c = run.c
     total_samples = int(all_reduce_sum(result.samples, c.device))
-    checksum = param_checksum(run.workload.model)
+    checksum = param_checksum(run.model if run.pipeline else run.workload.model)  # pp: this rank's stage
     checksums = all_gather(checksum)
     # Each rank's collectives go summed (a few numbers), not call by call: the step records have those.
     mine = collectives.totals([t.collectives for t in steady(result.timings)])
-    timings = [replace(t, collectives=[]) for t in result.timings]
+    timings = [replace(t, collectives=[], pipeline=[]) for t in result.timings]
     gathered = all_gather((socket.gethostname(), timings, result.wire_tx_bytes, mine))
     perf = summarize([t for _, t, _, _ in gathered], [h for h, _, _, _ in gathered])
     perf["collectives_per_step"] = collectives.summarize_calls([calls for _, _, _, calls in gathered])
@@ -191,14 +196,16 @@ def finish(run, result, prediction, calibration):
     compiled = compile_report(run, result.timings)
     held = all_gather(strategy.state_bytes(run.model, run.optimizer))  # each rank's, after the last step
     fullest = max(held, key=lambda h: sum(h.values()))
+    staged = pipeline.summary(run.pipeline, held) if run.pipeline else {}
     summary = {
         "workload": run.workload.name,
         "steps": result.steps,
         "final_loss": result.final_loss,  # unrounded: runs are compared to the last digits float32 has
         "world_size": c.world_size,
         "strategy": run.args.strategy,
-        "param_checksum": checksum,  # of the whole parameters: a sharded run's are gathered first
-        "replicas_consistent": len(set(checksums)) == 1,
+        "param_checksum": checksum,  # of the whole parameters: a sharded run's are gathered first (pp: rank 0's stage)
+        # pp: its stages differ by design; the one parameter it replicates, the tied embedding, must not
+        "replicas_consistent": staged["tied_embedding_consistent"] if staged else len(set(checksums)) == 1,
         # Parameters, gradients and optimizer state on the rank that holds the most, and what they are.
         "state_bytes_per_rank": sum(fullest.values()),
         "state_bytes": fullest,
@@ -211,13 +218,15 @@ def finish(run, result, prediction, calibration):
         "cpu_kernels": os.environ.get("DDPLAB_CPU_KERNELS", "native"),
         "cpu_capability": torch.backends.cpu.get_cpu_capability(),
         **compiled,
+        **staged,
         **result.extra,
         **run.workload.extra,
         "elapsed_s": round(result.elapsed_s, 3),
         "samples_per_s": round(total_samples / result.elapsed_s, 1),
         "samples": total_samples,
         **perf,
-        **step_model_fields(prediction, calibration, perf.get("step_ms"), steady(result.timings)),
+        **(step_model_fields(prediction, calibration, perf.get("step_ms"), steady(result.timings)) if prediction
+           else {"predicted_step_ms": None, "step_model_error": None}),
         "run_dir": str(run.run_dir),
     }
     for line in (straggler_line(summary), checked_line(summary)):

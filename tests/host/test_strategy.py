@@ -60,3 +60,26 @@ def test_hsdp_on_two_nodes_of_two_processes_shards_within_a_node_and_ends_at_ddp
     # sharded over a node's 2 processes: about half of DDP's state; the gradient shards all-reduced across nodes
     assert hsdp["state_bytes_per_rank"] <= ddp["state_bytes_per_rank"] / 2 + 8192
     assert set(hsdp["collectives_per_step"]) == {"all_gather", "reduce_scatter", "all_reduce"}
+
+
+def test_a_pipeline_of_three_stages_ends_at_ddps_loss_in_either_order(tmp_path):
+    """--strategy pp against DDP on the same global batches (24 a step): 1F1B on an even split, GPipe on
+    stages sized by hand, both within float32's last digits of DDP's loss (the same micro-batch
+    gradients summed in another order)."""
+    common = ("--steps", "6", "--n-layer", "4", "--micro-batches", "6")
+    ddp, _ = train(tmp_path / "ddp", 3, "--steps", "6", "--n-layer", "4")
+    for schedule, layers, blocks in (("1f1b", None, [[0, 1], [2, 2], [3, 3]]),
+                                     ("gpipe", "1,1,2", [[0, 0], [1, 1], [2, 3]])):
+        flags = ["--strategy", "pp", "--schedule", schedule, *common] + (["--stage-layers", layers] if layers else [])
+        pp, out = train(tmp_path / schedule, 3, *flags)
+        assert abs(pp["final_loss"] - ddp["final_loss"]) <= 1e-5 * abs(ddp["final_loss"]), (schedule, pp, ddp)
+        assert pp["strategy"] == "pp" and pp["schedule"] == schedule and pp["accum_steps"] == 6
+        assert [s["blocks"] for s in pp["stages"]] == blocks, pp["stages"]
+        assert [s["also"] for s in pp["stages"]] == [["embeddings"], [], ["head"]]
+        # every stage its own share, the tied embedding held twice (the first stage's and the last's)
+        tied = pp["vocab"] * 64
+        assert sum(s["params"] for s in pp["stages"]) == pp["params"] + tied, pp["stages"]
+        # fp32 weights, gradients and Adam's two moments, and Adam's step count per tensor
+        assert all(0 < s["state_bytes"] - 16 * s["params"] < 4096 for s in pp["stages"]), pp["stages"]
+        assert pp["replicas_consistent"] and pp["tied_embedding_consistent"], pp
+        assert pp["bubble_fraction"] == round(2 / 8, 4) and "step model: a pipeline's steps are not predicted" in out

@@ -197,3 +197,30 @@ def test_a_users_own_pipeline_script_puts_a_stage_on_each_of_three_nodes(lab3):
     lab, _ = lab3
     assert run_pipeline(lab, 3, "--schedule", "1f1b", "--micro-batches", "4", "--steps", "20") == {
         0: (0, 1), 1: (2, 3), 2: (4, 5)}
+
+
+def test_a_pipeline_of_a_stage_a_node_ends_at_ddps_loss_and_sends_what_the_cost_model_says(lab3):
+    """The issue's command, on gpt of 3 blocks (2 by default: fewer than 3 stages, refused): 1F1B, 6
+    micro-batches a step, a stage a node, against DDP on the same global batches."""
+    lab, _ = lab3
+    shape = ["--steps", "20", "--n-layer", "3", "--global-batch", "24"]
+    ddp = summary_of(labctl("run", "--lab", lab, "--", *GPT, *shape, check=True).stdout)
+    pp = summary_of(labctl("run", "--lab", lab, "--", *GPT, *shape, "--strategy", "pp", "--schedule", "1f1b",
+                           "--micro-batches", "6", check=True).stdout)
+    assert abs(pp["final_loss"] - ddp["final_loss"]) <= 1e-5 * abs(ddp["final_loss"]), (pp["final_loss"], ddp["final_loss"])
+    assert [(s["blocks"], s["state_bytes"] > 0) for s in pp["stages"]] == [([0, 0], True), ([1, 1], True), ([2, 2], True)]
+    assert pp["replicas_consistent"] and pp["bubble_fraction"] == 0.25
+    # Each stage's forward and backward of each micro-batch, in 1F1B's order: the first stage fills the
+    # pipe with 3 forwards; the last alternates from its first
+    for rank, head in ((0, ["forward"] * 3), (2, ["forward", "backward"] * 3)):
+        steps = [json.loads(line) for line in (Path(pp["run_dir"]) / f"metrics-rank{rank}.jsonl").read_text().splitlines()]
+        events = [r["pipeline"] for r in steps if r["kind"] == "step"][-1]
+        assert [e[0] for e in events][:len(head)] == head and sorted(e[1] for e in events) == sorted(list(range(6)) * 2)
+        assert all(t0 <= t1 for _, _, t0, t1 in events), events
+    # What the links sent, per node a step: the activations of a micro-batch (4 x 64 x 64 fp32) forward and
+    # their gradients back across each of the 2 boundaries, and the tied embedding summed by the two ends
+    act = json.loads(labctl("cost", "--strategy", "pp", "--params", str(pp["params"]), "--nodes", "3", "--dtype", "fp32",
+                            "--activations", "4,64,64", "--layers", "3", "--grad-accum", "6", "--link", "1gbe", "--json",
+                            check=True).stdout)[0]["activation_bytes"]
+    expected = (2 * 2 * 6 * act + 2 * pp["vocab"] * 64 * 4) / 3
+    assert abs(pp["wire_tx_bytes_per_step"] / expected - 1) <= 0.05, (pp["wire_tx_bytes_per_step"], expected)
