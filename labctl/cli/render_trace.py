@@ -52,6 +52,12 @@ def alignment_line(report: TraceReport) -> str:
             f"barrier: {residual}")
 
 
+LEGEND = ("fractions of each rank's wall time; waiting: for the slowest rank to hand its gradients over; exposed "
+          "comm: communication no compute hid (DDP's all-reduce after that; fsdp's blocking collectives)")
+LEGEND_PIPELINE = ("fractions of each stage's wall time; compute: its forwards and backwards and the optimizer; "
+                   "waiting: the pipeline's bubble, the stage waiting for a neighbour's activations or gradients")
+
+
 def print_trace(report: TraceReport, as_json: bool) -> None:
     """`labctl trace`: the table and the lines under it, or report.as_dict() as JSON."""
     if as_json:
@@ -60,9 +66,7 @@ def print_trace(report: TraceReport, as_json: bool) -> None:
     if report.rows:
         console.print(trace_table(report))
         console.print(report.verdict(), markup=False)
-        console.print("fractions of each rank's wall time; waiting: for the slowest rank to hand its gradients "
-                      "over; exposed comm: communication no compute hid (DDP's all-reduce after that; fsdp's "
-                      "blocking collectives)", markup=False, style="dim")
+        console.print(LEGEND_PIPELINE if report.pipeline else LEGEND, markup=False, style="dim")
     console.print(alignment_line(report), markup=False)
     if report.png:
         console.print(f"timeline: {report.png} (steps {report.window[0]}-{report.window[-1]})", markup=False)

@@ -11,6 +11,11 @@ A step of one rank, from its times (trainer/instrument.py says how each is measu
              over), then the all-reduce's exposed part (the transfer no compute hid)
   compute    t_backward_end -> t_end: the optimizer step
 
+A pipeline stage's step (--strategy pp: its record's `pipeline`) is its own forward and backward of
+each micro-batch (compute), the gaps between them, where it waits for a neighbour stage's activations
+or gradients, and the gap after its last backward (the schedule's last sends, the tied embedding's
+sum): the pipeline's bubble, waiting by another name; then the optimizer.
+
 Between one step's t_end and the next's t_start ("other": data, logging) the rank does neither.
 
 The rank the others waited for, and the waiting total, are defined as the trainer's summarize()
@@ -32,7 +37,9 @@ from labctl.trace.records import RankRecords, Step
 
 COMPUTE, OVERLAP, WAITING = "compute", "overlap", "waiting"
 EXPOSED = "all-reduce, exposed"  # the waiting that is communication, not another rank
+BUBBLE = "bubble"  # how a pipeline stage's waiting is named (its segments' `what` begins so)
 WINDOW_STEPS = 8  # the picture's default: 8 steps from the middle of the steady ones
+PIPELINE_WINDOW_STEPS = 2  # a pipeline's: its micro-batches stay wide enough to tell apart
 STEPS_ALLOWED = "A:B (steps A to B), A: (from A) or :B (up to B), with step numbers from 1 and A <= B, e.g. 10:20"
 
 
@@ -145,7 +152,9 @@ def latest_arrivals(ranks: list[RankRecords], numbers: list[int], alignment: Ali
 def step_segments(s: Step, offset: float, latest: tuple[float, int]) -> list[Segment]:
     """One step of one rank as segments on the aligned axis (see the module's docstring)."""
     start, backward_end, end = s.t_start - offset, s.t_backward_end - offset, s.t_end - offset
-    if not s.has_comm:
+    if s.pipeline:
+        parts = stage_segments(s, offset)
+    elif not s.has_comm:
         parts = [Segment(COMPUTE, "forward and backward", start, backward_end)]
     else:
         comm_start = min(max(s.t_comm_start - offset, start), backward_end)
@@ -157,6 +166,24 @@ def step_segments(s: Step, offset: float, latest: tuple[float, int]) -> list[Seg
                  Segment(WAITING, EXPOSED, waited_until, backward_end)]
     parts.append(Segment(COMPUTE, "optimizer", backward_end, end))
     return [p for p in parts if p.end > p.start]
+
+
+def stage_segments(s: Step, offset: float) -> list[Segment]:
+    """A pipeline stage's step until backward returned: each forward and backward, and before each the
+    bubble it waited in (for the activations a forward needs, the gradients a backward needs)."""
+    parts, at = [], s.t_start - offset
+    for work in s.pipeline:
+        begin, finish = max(work.start - offset, at), max(work.end - offset, at)
+        needs = "activations" if work.kind == "forward" else "gradients"
+        parts.append(Segment(WAITING, f"{BUBBLE}: waiting for micro-batch {work.micro}'s {needs}", at, begin))
+        parts.append(Segment(COMPUTE, f"{work.kind}, micro-batch {work.micro}", begin, finish))
+        at = finish
+    end = max(s.t_backward_end - offset, at)
+    return parts + [Segment(WAITING, f"{BUBBLE}: the last sends, the tied embedding's sum", at, end)]
+
+
+def is_pipeline(ranks: list[RankRecords]) -> bool:
+    return any(s.pipeline for r in ranks for s in r.steps)
 
 
 def segments(ranks: list[RankRecords], numbers: list[int], alignment: Alignment) -> dict[int, list[tuple[Step, list[Segment]]]]:

@@ -9,9 +9,11 @@ from labctl.core.plotting import pyplot
 from labctl.trace.picture import LEGEND, Picture
 
 # Three colours (compute, overlapped, waiting); the exposed all-reduce is waiting too, hatched.
-COLOURS = {"compute": "#4C72B0", "overlap": "#55A868", "waiting": "#C44E52", "exposed": "#C44E52"}
+COLOURS = {"compute": "#4C72B0", "overlap": "#55A868", "waiting": "#C44E52", "exposed": "#C44E52",
+           "forward": "#4C72B0", "backward": "#8172B3", "bubble": "#DD8452"}
 HATCH = {"exposed": "////"}
 LANE_HEIGHT = 0.7
+MARKS_FIT = 48  # numbers a lane can show side by side (2 steps of 12 micro-batches' forwards and backwards)
 
 
 def draw(path: Path, pictures: list[Picture], title: str | None = None) -> Path:
@@ -25,12 +27,14 @@ def draw(path: Path, pictures: list[Picture], title: str | None = None) -> Path:
     span = max(p.span_ms for p in pictures) or 1.0
     for ax, picture in zip(axes[0], pictures):
         draw_one(ax, picture, span)
+    shown = {kind for p in pictures for lane in p.lanes for kind, bars in lane.bars.items() if bars}
     handles = [Patch(facecolor=bar_colour(kind), edgecolor=COLOURS[kind], hatch=HATCH.get(kind), label=label)
-               for kind, label in LEGEND.items()]
-    fig.legend(handles=handles, loc="lower center", ncol=len(handles), frameon=False, fontsize=9)
+               for kind, label in LEGEND.items() if kind in shown]
+    columns = len(handles) if len(handles) <= 4 else 3  # a pipeline's five kinds: two rows
+    fig.legend(handles=handles, loc="lower center", ncol=columns, frameon=False, fontsize=9)
     if title:
         fig.suptitle(title, fontsize=11)
-    fig.tight_layout(rect=(0, 0.07, 1, 0.95 if title else 1))
+    fig.tight_layout(rect=(0, 0.07 * -(-len(handles) // columns), 1, 0.95 if title else 1))
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return path
@@ -50,6 +54,8 @@ def draw_one(ax, picture: Picture, span_ms: float) -> None:
             if bars:
                 ax.broken_barh(bars, (y - LANE_HEIGHT / 2, LANE_HEIGHT), facecolors=bar_colour(kind),
                                edgecolor=COLOURS[kind], hatch=HATCH.get(kind), linewidth=0)
+        for x, text in lane.marks if len(lane.marks) <= MARKS_FIT else ():  # a pipeline's micro-batch numbers
+            ax.text(x, y, text, fontsize=6, color="white", ha="center", va="center")
         if lane.waited_for:
             ax.annotate("waited for", xy=(span_ms, y), xytext=(4, 0), textcoords="offset points", va="center",
                         fontsize=8, fontweight="bold", color=COLOURS["waiting"], annotation_clip=False)

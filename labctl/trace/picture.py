@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from labctl.trace.breakdown import EXPOSED, RankRow, Segment, rank_row
+from labctl.trace.breakdown import BUBBLE, EXPOSED, RankRow, Segment, rank_row
 from labctl.trace.records import RunRecords, Step
 
 # The picture's bar kinds: breakdown's three, its waiting drawn in two shades (the kind's colour,
@@ -13,7 +13,11 @@ from labctl.trace.records import RunRecords, Step
 LEGEND = {"compute": "compute",
           "overlap": "compute, all-reduce in flight (overlapped)",
           "waiting": "waiting for the slowest rank",
-          "exposed": "waiting: the exposed all-reduce"}
+          "exposed": "waiting: the exposed all-reduce",
+          # a pipeline stage's (--strategy pp): its micro-batches, numbered, and the time between them
+          "forward": "forward of micro-batch N",
+          "backward": "backward of micro-batch N",
+          "bubble": "bubble: waiting for a neighbour stage"}
 
 
 @dataclass(frozen=True)
@@ -22,6 +26,7 @@ class Lane:
     bars: dict[str, list[tuple[float, float]]]  # kind -> (start, width) in ms from the picture's zero
     waited_for: bool  # the rank the others waited for: marked
     note: str  # its shares of the window's wall time, e.g. "compute 31%, waiting 62%"
+    marks: list[tuple[float, str]] = ()  # (ms, text) written on a bar: a pipeline's micro-batch numbers
 
 
 @dataclass(frozen=True)
@@ -32,9 +37,20 @@ class Picture:
     span_ms: float  # the time axis' extent
 
 
-def lane_note(row: RankRow) -> str:
+def lane_note(row: RankRow, staged: bool = False) -> str:
     waiting = row.fraction(row.waiting_s + row.exposed_s)
-    return f"compute {row.fraction(row.compute_s):.0%}, waiting {waiting:.0%}"
+    return f"compute {row.fraction(row.compute_s):.0%}, {'bubble' if staged else 'waiting'} {waiting:.0%}"
+
+
+def bar_kind(p: Segment) -> str:
+    """The picture's kind of a segment: breakdown's, with the exposed all-reduce, a stage's forward and
+    backward, and its bubble told apart."""
+    if p.what == EXPOSED:
+        return "exposed"
+    if p.what.startswith(BUBBLE):
+        return "bubble"
+    head = p.what.split(",")[0]
+    return head if head in ("forward", "backward") and "micro-batch" in p.what else p.kind
 
 
 def build_picture(run: RunRecords, steps: dict[int, list[tuple[Step, list[Segment]]]], waited_for: int | None,
@@ -47,10 +63,16 @@ def build_picture(run: RunRecords, steps: dict[int, list[tuple[Step, list[Segmen
     for r in run.ranks:
         chosen = steps.get(r.rank, [])
         bars: dict[str, list[tuple[float, float]]] = {kind: [] for kind in LEGEND}
+        marks = []
         for _, parts in chosen:
             for p in parts:
-                bars["exposed" if p.what == EXPOSED else p.kind].append(((p.start - zero) * 1e3, (p.end - p.start) * 1e3))
-        lanes.append(Lane(r.label, bars, r.rank == waited_for, lane_note(rank_row(r, chosen)) if chosen else "no steps"))
+                kind = bar_kind(p)
+                bars[kind].append(((p.start - zero) * 1e3, (p.end - p.start) * 1e3))
+                if kind in ("forward", "backward"):
+                    marks.append((((p.start + p.end) / 2 - zero) * 1e3, p.what.rsplit(" ", 1)[1]))
+        staged = any(s.pipeline for s, _ in chosen)
+        lanes.append(Lane(r.label, bars, r.rank == waited_for,
+                          lane_note(rank_row(r, chosen), staged) if chosen else "no steps", marks))
     reference = next((chosen for chosen in steps.values() if chosen), [])
     ticks = [((parts[0].start - zero) * 1e3, f"step {s.step}") for s, parts in reference if parts]
     ends = [p.end for chosen in steps.values() for _, parts in chosen for p in parts]

@@ -9,7 +9,9 @@ that printed the SUMMARY.
 What a step needs (a script of your own writes the same fields): `step`, `t_start`, `t_end` (unix
 seconds); `t_backward_end` (else t_end); with communication `t_comm_start`, `t_comm_end` and
 `comm_wait_ms`; `compute_ms` and `wall_ms` (else worked out from the times). Optionally
-`collectives`, each collective the step called (trainer/collectives.py writes them).
+`collectives`, each collective the step called (trainer/collectives.py writes them), and a pipeline
+stage's `pipeline`: its forward and backward of each micro-batch, [kind, micro-batch, t0, t1]
+(trainer/pipeline.py writes them).
 """
 
 from __future__ import annotations
@@ -42,6 +44,16 @@ class Collective:
 
 
 @dataclass(frozen=True)
+class StageWork:
+    """A pipeline stage's forward or backward of one micro-batch, in unix seconds on its rank's clock."""
+
+    kind: str  # forward or backward
+    micro: int
+    start: float
+    end: float
+
+
+@dataclass(frozen=True)
 class Step:
     """One optimizer step of one rank, in unix seconds on that rank's own clock."""
 
@@ -55,6 +67,7 @@ class Step:
     compute_ms: float = 0.0  # forward and backward, less comm_wait_ms (as trainer/instrument.py)
     wall_ms: float = 0.0  # end of the previous step -> end of this one
     collectives: tuple[Collective, ...] = ()  # each collective it called, in launch order
+    pipeline: tuple[StageWork, ...] = ()  # a pipeline stage's forwards and backwards, in order
 
     @property
     def arrived(self) -> float:
@@ -184,7 +197,7 @@ def step_of(record: dict) -> Step | None:
     return Step(number, float(t_start), float(t_end), float(backward_end), comm_start, comm_end, wait_ms,
                 float(compute_ms) if _is_number(compute_ms) else (backward_end - t_start) * 1e3 - wait_ms,
                 float(wall_ms) if _is_number(wall_ms) and wall_ms else (t_end - t_start) * 1e3,
-                collectives_of(record.get("collectives")))
+                collectives_of(record.get("collectives")), stage_work_of(record.get("pipeline")))
 
 
 def collectives_of(listed) -> tuple[Collective, ...]:
@@ -197,6 +210,16 @@ def collectives_of(listed) -> tuple[Collective, ...]:
             size = c.get("bytes") if _is_number(c.get("bytes")) else 0
             found.append(Collective(c["kind"], float(c["t_launch"]), done, int(size), bool(c.get("blocking", True))))
     return tuple(found)
+
+
+def stage_work_of(listed) -> tuple[StageWork, ...]:
+    """A step record's `pipeline`, each [forward|backward, micro-batch, t0, t1]; others passed over."""
+    found = []
+    for item in listed if isinstance(listed, list) else ():
+        if (isinstance(item, list) and len(item) == 4 and item[0] in ("forward", "backward") and isinstance(item[1], int)
+                and _is_number(item[2]) and _is_number(item[3]) and item[3] >= item[2]):
+            found.append(StageWork(item[0], item[1], float(item[2]), float(item[3])))
+    return tuple(sorted(found, key=lambda w: w.start))
 
 
 def trace_host(path: Path) -> str | None:

@@ -22,7 +22,8 @@ from labctl.run.logs import run_dir as latest_run_dir
 from labctl.run.logs import runs_hint
 from labctl.trace import chrome, draw
 from labctl.trace.align import Alignment, align
-from labctl.trace.breakdown import RankRow, choose_steps, parse_steps, rank_row, segments, waited_for, window
+from labctl.trace.breakdown import (PIPELINE_WINDOW_STEPS, WINDOW_STEPS, RankRow, choose_steps, is_pipeline, parse_steps,
+                                    rank_row, segments, waited_for, window)
 from labctl.trace.picture import Picture, build_picture
 from labctl.trace.records import NEEDS, RunRecords, read_run
 
@@ -45,6 +46,7 @@ class TraceReport:
     png: Path | None  # None without matplotlib (see notes)
     notes: list[str] = field(default_factory=list)
     steady: bool = True  # the table's steps are summarize()'s (no --steps)
+    pipeline: bool = False  # a pipeline's stages (--strategy pp): their waiting is the bubble
 
     def verdict(self) -> str:
         """One line: who the others waited for, how long, over which steps."""
@@ -52,6 +54,10 @@ class TraceReport:
             return "no step records: no rank to name"
         if len(self.rows) < 2:
             return f"{self.waited_for_label} ran alone: nobody waited"
+        if self.pipeline:
+            return (f"the stage with the most compute, which sets the pipeline's pace: {self.waited_for_label}; the "
+                    f"others computed {self.waited_total_s:.2f} s less in all over {len(self.steps)} steps "
+                    f"({step_range(self.steps)})")
         return (f"the others waited for {self.waited_for_label}: {self.waited_total_s:.2f} s in all over "
                 f"{len(self.steps)} steps ({step_range(self.steps)})")
 
@@ -61,7 +67,7 @@ class TraceReport:
                 "measured_steps": len(self.steps), "steady_steps": self.steady,
                 "window": self.window and [self.window[0], self.window[-1]],
                 "waited_for_rank": self.waited_for, "waited_for": self.waited_for_label,
-                "waited_total_s": round(self.waited_total_s, 4), "verdict": self.verdict(),
+                "waited_total_s": round(self.waited_total_s, 4), "verdict": self.verdict(), "pipeline": self.pipeline,
                 "ranks": [r.as_dict() for r in self.rows], "alignment": self.alignment.as_dict(),
                 "files": {"png": self.png and str(self.png), "merged_trace": str(self.merged),
                           "breakdown": self.breakdown and str(self.breakdown)},
@@ -107,7 +113,7 @@ def analyse(run: RunRecords, steps=None) -> tuple[Alignment, list[int], list[int
                            hint="leave --steps out")
         return alignment, [], [], {}, {}
     table = choose_steps(ranks, bounds, given)
-    shown = table if bounds is not None else window(table)
+    shown = table if bounds is not None else window(table, PIPELINE_WINDOW_STEPS if is_pipeline(ranks) else WINDOW_STEPS)
     every = sorted({s.step for r in ranks for s in r.steps})
     return alignment, table, shown, segments(ranks, every, alignment), segments(ranks, shown, alignment)
 
@@ -115,7 +121,8 @@ def analyse(run: RunRecords, steps=None) -> tuple[Alignment, list[int], list[int
 def write_trace(run_dir: Path, *, steps: str | tuple[int | None, int | None] | None = None) -> TraceReport:
     """Read the run folder, align the ranks' clocks, and write timeline.png, trace-merged.json and
     breakdown.json into it. `steps`: "A:B" (or (A, B), None for an open end) for the table and the
-    picture; default: the table over summarize()'s steady steps, the picture 8 steps from the middle.
+    picture; default: the table over summarize()'s steady steps, the picture 8 steps from the middle
+    (a pipeline's 2, each stage's micro-batches numbered).
 
     LabError (exit 2): no such folder, bad `steps`; StateError (exit 1): nothing to draw from."""
     run = read_run(Path(run_dir))
@@ -135,7 +142,8 @@ def write_trace(run_dir: Path, *, steps: str | tuple[int | None, int | None] | N
     elif shown:
         notes.append(f"no picture: it is drawn with matplotlib; {INSTALL_HINT}")
     report = TraceReport(run.run_dir, rows, table, shown, slowest, label, waited_s, alignment, merged,
-                         run.run_dir / BREAKDOWN if rows else None, png, notes, steady=steps is None)
+                         run.run_dir / BREAKDOWN if rows else None, png, notes, steady=steps is None,
+                         pipeline=is_pipeline(list(run.ranks)))
     if report.breakdown:
         report.breakdown.write_text(json.dumps(report.as_dict(), indent=2) + "\n")
     return report

@@ -48,11 +48,13 @@ def test_gpt_trains_across_three_nodes_and_reports_where_the_time_goes(lab3, doc
         assert all(r["compute_ms"] > 0 and r["comm_ms"] >= 0 and r["tokens_per_s"] > 0 for r in records)
 
 
-def test_ddp_zero_and_fsdp_end_at_the_same_loss_and_sharding_holds_less_per_rank(lab3):
-    """The same gpt, 20 steps on 3 nodes, under each strategy (trainer/strategy.py): the same loop
-    and data order, so the same loss up to the order of floating-point sums."""
+def test_ddp_zero_fsdp_and_pp_end_at_the_same_loss_and_sharding_holds_less_per_rank(lab3):
+    """The same gpt (3 blocks: a stage a node for pp), 20 steps on 3 nodes, under each strategy
+    (trainer/strategy.py): the same loop and data order, so the same loss up to the order of
+    floating-point sums."""
     lab, _ = lab3
-    runs = {s: summary_of(labctl("run", "--lab", lab, "--", *GPT, "--steps", "20", "--strategy", s, check=True).stdout)
+    shape = ["--steps", "20", "--n-layer", "3"]
+    runs = {s: summary_of(labctl("run", "--lab", lab, "--", *GPT, *shape, "--strategy", s, check=True).stdout)
             for s in ("ddp", "zero", "fsdp")}
     ddp, zero, fsdp = runs["ddp"], runs["zero"], runs["fsdp"]
     for name, s in runs.items():
@@ -80,6 +82,37 @@ def test_ddp_zero_and_fsdp_end_at_the_same_loss_and_sharding_holds_less_per_rank
                                       "--link", "1gbe", "--strategy", name, "--backend", "gloo", "--json",
                                       check=True).stdout)[0]["bytes_per_rank_per_step"]
         assert abs(s["wire_tx_bytes_per_step"] / predicted - 1) <= 0.05, (name, s["wire_tx_bytes_per_step"], predicted)
+    # The issue's pipeline: 1F1B, 6 micro-batches of the same global batch of 24, a stage a node
+    pp = summary_of(labctl("run", "--lab", lab, "--", *GPT, *shape, "--strategy", "pp", "--schedule", "1f1b",
+                           "--micro-batches", "6", "--global-batch", "24", check=True).stdout)
+    check_pipeline(lab, pp, runs["ddp"])
+
+
+def check_pipeline(lab: str, pp: dict, ddp: dict) -> None:
+    """A pipeline of a stage a node against DDP on the same global batches: its loss, its stages, its
+    schedule's order in the step records, what the links sent, and its timeline."""
+    assert abs(pp["final_loss"] - ddp["final_loss"]) <= 1e-5 * abs(ddp["final_loss"]), (pp["final_loss"], ddp["final_loss"])
+    assert [(s["blocks"], s["state_bytes"] > 0) for s in pp["stages"]] == [([0, 0], True), ([1, 1], True), ([2, 2], True)]
+    assert pp["replicas_consistent"] and pp["bubble_fraction"] == 0.25
+    # Each stage's forward and backward of each micro-batch, in 1F1B's order: the first stage fills the
+    # pipe with 3 forwards; the last alternates from its first
+    for rank, head in ((0, ["forward"] * 3), (2, ["forward", "backward"] * 3)):
+        steps = [json.loads(line) for line in (Path(pp["run_dir"]) / f"metrics-rank{rank}.jsonl").read_text().splitlines()]
+        events = [r["pipeline"] for r in steps if r["kind"] == "step"][-1]
+        assert [e[0] for e in events][:len(head)] == head and sorted(e[1] for e in events) == sorted(list(range(6)) * 2)
+        assert all(t0 <= t1 for _, _, t0, t1 in events), events
+    # What the links sent, per node a step: the activations of a micro-batch (4 x 64 x 64 fp32) forward and
+    # their gradients back across each of the 2 boundaries, and the tied embedding summed by the two ends
+    act = json.loads(labctl("cost", "--strategy", "pp", "--params", str(pp["params"]), "--nodes", "3", "--dtype", "fp32",
+                            "--activations", "4,64,64", "--layers", "3", "--grad-accum", "6", "--link", "1gbe", "--json",
+                            check=True).stdout)[0]["activation_bytes"]
+    expected = (2 * 2 * 6 * act + 2 * pp["vocab"] * 64 * 4) / 3
+    assert abs(pp["wire_tx_bytes_per_step"] / expected - 1) <= 0.05, (pp["wire_tx_bytes_per_step"], expected)
+    # labctl trace: two steps, each stage's micro-batches on its lane and the time between them the bubble
+    trace = json.loads(labctl("trace", "--lab", lab, Path(pp["run_dir"]).name, "--json", check=True).stdout)
+    assert trace["window"][1] - trace["window"][0] == 1 and Path(trace["files"]["png"]).is_file()
+    names = {e["name"] for e in json.loads(Path(trace["files"]["merged_trace"]).read_text())["traceEvents"]}
+    assert {"forward, micro-batch 5", "backward, micro-batch 0", "bubble: waiting for micro-batch 0's activations"} <= names
 
 
 @alone
@@ -198,29 +231,3 @@ def test_a_users_own_pipeline_script_puts_a_stage_on_each_of_three_nodes(lab3):
     assert run_pipeline(lab, 3, "--schedule", "1f1b", "--micro-batches", "4", "--steps", "20") == {
         0: (0, 1), 1: (2, 3), 2: (4, 5)}
 
-
-def test_a_pipeline_of_a_stage_a_node_ends_at_ddps_loss_and_sends_what_the_cost_model_says(lab3):
-    """The issue's command, on gpt of 3 blocks (2 by default: fewer than 3 stages, refused): 1F1B, 6
-    micro-batches a step, a stage a node, against DDP on the same global batches."""
-    lab, _ = lab3
-    shape = ["--steps", "20", "--n-layer", "3", "--global-batch", "24"]
-    ddp = summary_of(labctl("run", "--lab", lab, "--", *GPT, *shape, check=True).stdout)
-    pp = summary_of(labctl("run", "--lab", lab, "--", *GPT, *shape, "--strategy", "pp", "--schedule", "1f1b",
-                           "--micro-batches", "6", check=True).stdout)
-    assert abs(pp["final_loss"] - ddp["final_loss"]) <= 1e-5 * abs(ddp["final_loss"]), (pp["final_loss"], ddp["final_loss"])
-    assert [(s["blocks"], s["state_bytes"] > 0) for s in pp["stages"]] == [([0, 0], True), ([1, 1], True), ([2, 2], True)]
-    assert pp["replicas_consistent"] and pp["bubble_fraction"] == 0.25
-    # Each stage's forward and backward of each micro-batch, in 1F1B's order: the first stage fills the
-    # pipe with 3 forwards; the last alternates from its first
-    for rank, head in ((0, ["forward"] * 3), (2, ["forward", "backward"] * 3)):
-        steps = [json.loads(line) for line in (Path(pp["run_dir"]) / f"metrics-rank{rank}.jsonl").read_text().splitlines()]
-        events = [r["pipeline"] for r in steps if r["kind"] == "step"][-1]
-        assert [e[0] for e in events][:len(head)] == head and sorted(e[1] for e in events) == sorted(list(range(6)) * 2)
-        assert all(t0 <= t1 for _, _, t0, t1 in events), events
-    # What the links sent, per node a step: the activations of a micro-batch (4 x 64 x 64 fp32) forward and
-    # their gradients back across each of the 2 boundaries, and the tied embedding summed by the two ends
-    act = json.loads(labctl("cost", "--strategy", "pp", "--params", str(pp["params"]), "--nodes", "3", "--dtype", "fp32",
-                            "--activations", "4,64,64", "--layers", "3", "--grad-accum", "6", "--link", "1gbe", "--json",
-                            check=True).stdout)[0]["activation_bytes"]
-    expected = (2 * 2 * 6 * act + 2 * pp["vocab"] * 64 * 4) / 3
-    assert abs(pp["wire_tx_bytes_per_step"] / expected - 1) <= 0.05, (pp["wire_tx_bytes_per_step"], expected)
