@@ -6,6 +6,12 @@ alternate: an even split of the global batch, and a split in proportion to each 
 samples per step, so the same gradient: only the waiting changes. The node's limit is put back at
 the end, whatever happened. The median even and balanced runs' timelines (labctl trace) go side by
 side, on one time scale, into straggler-timeline.png in the output folder.
+
+With a pipeline (`--pipeline N`: gpt of N blocks for every run), each round also runs the trainer's
+--strategy pp, a stage a node, on stages of equal blocks and on stages sized by each node's speed
+(--stage-layers auto), the same global batch in 2 micro-batches a stage: the two answers to a slow
+node side by side, data parallelism balanced and a pipeline sized. Their timelines go into
+pipeline-timeline.png.
 """
 
 from __future__ import annotations
@@ -25,6 +31,7 @@ from labctl.session import LabSession
 from labctl.trace import write_comparison
 
 SPLITS = ("even", "balanced")
+PIPELINES = ("pp-even", "pp-auto")  # --pipeline's runs: stages of equal blocks, stages sized by speed
 # The median run's figures reported for each split.
 FIGURES = ("micro_batches", "tokens_per_s", "step_ms", "compute_ms_per_step", "slowest_node", "slowest_compute_ratio",
            "waited_for_slowest_s", "final_loss")
@@ -43,13 +50,16 @@ class StragglerResult:
     repeats: int
     timeline: Path | None = None  # the median runs' timelines side by side (a PNG); None: see timeline_note
     timeline_note: str = ""  # why there is no timeline picture
+    pipeline: dict | None = None  # --pipeline: {"layers", "micro_batches", "pp-even", "pp-auto" (FIGURES + stage_layers),
+    #                               "speedup_auto_vs_even": pp-auto / even tokens/s, "timeline"}
 
     def as_dict(self) -> dict:
         """What --json prints."""
         return {"node": self.node, "cpus": self.cpus, "global_batch": self.global_batch,
                 "rank_micro_batch": self.rank_micro_batch, "even": self.even, "balanced": self.balanced,
                 "speedup": self.speedup, "timeline": self.timeline and str(self.timeline),
-                **({"timeline_note": self.timeline_note} if self.timeline_note else {})}
+                **({"timeline_note": self.timeline_note} if self.timeline_note else {}),
+                **({"pipeline": self.pipeline} if self.pipeline else {})}
 
 
 def _quiet(_message: str) -> None:
@@ -66,6 +76,7 @@ class StragglerOptions:
     micro_batch: int = 16  # --micro-batch: samples per rank per step with the even split
     steps: int = 30  # --steps: optimizer steps per run
     repeats: int = 2  # --repeats: alternated runs of each split; the median is reported
+    pipeline: int | None = None  # --pipeline: gpt of this many blocks, and the pp runs beside DDP's
 
 
 def measure(session: LabSession, options: StragglerOptions = StragglerOptions(), *, out_dir: Path | None = None,
@@ -85,7 +96,9 @@ def measure(session: LabSession, options: StragglerOptions = StragglerOptions(),
     global_batch = micro_batch * len(names)
     base_args = ["--workload", options.workload, "--steps", str(steps), "--global-batch", str(global_batch),
                  "--micro-batch", str(micro_batch), "--threads", "1"]
-    runs: dict[str, list[dict]] = {split: [] for split in SPLITS}
+    staged = pipeline_args(options, len(names), global_batch)
+    base_args += ["--n-layer", str(options.pipeline)] if staged else []
+    runs: dict[str, list[dict]] = {split: [] for split in SPLITS + (PIPELINES if staged else ())}
     override = None
     before = lab_docker.node_cpus_limit(session.client, session.name, node)
     lab_docker.apply_node_cpus(session.client, session.name, node, cpus)
@@ -102,27 +115,67 @@ def measure(session: LabSession, options: StragglerOptions = StragglerOptions(),
             runs["balanced"].append(balanced)
             report(f"round {round_}, balanced {balanced['micro_batches']}: {balanced['tokens_per_s']:,.0f} tokens/s, "
                    f"others waited {balanced['waited_for_slowest_s']:.2f} s")
+            for split, extra in staged.items():
+                summary = run_lab(session, every, base_args + extra, node_env)
+                runs[split].append(summary)
+                report(f"round {round_}, {split} stages {summary['stage_layers']}: {summary['tokens_per_s']:,.0f} "
+                       f"tokens/s")
     finally:
         lab_docker.apply_node_cpus(session.client, session.name, node, before)
         report(f"{node} CPU limit restored to {f'{before:g} CPUs' if before else 'none'}")
     even, balanced = (split_figures(runs[split]) for split in SPLITS)
-    timeline, note = draw_timelines(Path(out_dir or session.directory / "bench-straggler"), runs, node, cpus)
+    folder = Path(out_dir or session.directory / "bench-straggler")
+    timeline, note = draw_timelines(folder, runs, node, cpus)
+    piped = pipeline_result(folder, runs, node, cpus, options.pipeline, even) if staged else None
     return StragglerResult(node, cpus, global_batch, override, even, balanced,
-                           round(balanced["tokens_per_s"] / even["tokens_per_s"], 3), steps, repeats, timeline, note)
+                           round(balanced["tokens_per_s"] / even["tokens_per_s"], 3), steps, repeats, timeline, note,
+                           piped)
 
 
-def draw_timelines(out_dir: Path, runs: dict[str, list[dict]], node: str, cpus: float) -> tuple[Path | None, str]:
-    """(straggler-timeline.png in `out_dir`: the median even run's timeline beside the median balanced
-    run's, or None; why not). The numbers stand without the picture, so a run that left nothing to
-    draw is said, not raised."""
+def pipeline_args(options: StragglerOptions, nodes: int, global_batch: int) -> dict[str, list[str]]:
+    """--pipeline's two runs' extra flags ({} without it): a stage a node, 2 micro-batches a stage
+    (1 where the global batch does not split so); LabError (exit 2) where gpt's blocks cannot make a
+    stage a node."""
+    if options.pipeline is None:
+        return {}
+    if options.workload != "gpt" or options.pipeline < nodes:
+        raise LabError(f"--pipeline {options.pipeline}: the pipeline runs cut gpt's blocks into a stage a node, and "
+                       f"this lab has {nodes} nodes (--workload {options.workload})",
+                       hint=f"--workload gpt --pipeline {max(nodes, options.pipeline)} or more")
+    micro = 2 * nodes if global_batch % (2 * nodes) == 0 else nodes
+    if global_batch % micro:
+        raise LabError(f"--pipeline: the global batch {global_batch} does not split into {micro} equal micro-batches",
+                       hint=f"a --micro-batch that is a multiple of {micro // nodes}")
+    common = ["--strategy", "pp", "--schedule", "1f1b", "--micro-batches", str(micro)]
+    return {"pp-even": common, "pp-auto": common + ["--stage-layers", "auto"]}
+
+
+def pipeline_result(folder: Path, runs: dict[str, list[dict]], node: str, cpus: float, layers: int,
+                    even: dict) -> dict:
+    """--pipeline's part of the result: each pipeline's median run (and its stages), its speed-up
+    over the even split, and their timelines side by side (pipeline-timeline.png)."""
+    figures = {split: {**split_figures(runs[split]), "stage_layers": median_run(runs[split])["stage_layers"]}
+               for split in PIPELINES}
+    out = {"layers": layers, "micro_batches": median_run(runs["pp-even"])["pipeline_micro_batches"], **figures,
+           "speedup_auto_vs_even": round(figures["pp-auto"]["tokens_per_s"] / even["tokens_per_s"], 3)}
+    path, note = draw_timelines(folder, runs, node, cpus, PIPELINES, "pipeline-timeline.png")
+    return {**out, "timeline": path and str(path), **({"timeline_note": note} if note else {})}
+
+
+def draw_timelines(out_dir: Path, runs: dict[str, list[dict]], node: str, cpus: float, splits=SPLITS,
+                   name: str = "straggler-timeline.png") -> tuple[Path | None, str]:
+    """(`name` in `out_dir`: the median runs' timelines of `splits` side by side, the even and balanced
+    ones by default, or None; why not). The numbers stand without the picture, so a run that left
+    nothing to draw is said, not raised."""
     if not have_matplotlib():
         return None, f"no timeline picture: it is drawn with matplotlib; {INSTALL_HINT}"
-    panels = [(f"{split}: micro-batches {pick['micro_batches']}", Path(pick["run_dir"]))
-              for split, pick in ((split, median_run(runs[split])) for split in SPLITS)]
+    panels = [(f"{split}: " + (f"stages {pick['stage_layers']}" if "stage_layers" in pick and pick["stage_layers"]
+                               else f"micro-batches {pick['micro_batches']}"), Path(pick["run_dir"]))
+              for split, pick in ((split, median_run(runs[split])) for split in splits)]
+    what = "before and after balancing" if splits == SPLITS else "a pipeline's stages, equal and sized by speed"
     out_dir.mkdir(parents=True, exist_ok=True)
     try:
-        path = write_comparison(out_dir / "straggler-timeline.png", panels,
-                                title=f"{node} at {cpus:g} CPUs: before and after balancing (median runs)")
+        path = write_comparison(out_dir / name, panels, title=f"{node} at {cpus:g} CPUs: {what} (median runs)")
     except LabError as exc:
         return None, f"no timeline picture: {exc.message}"
     return path, ""

@@ -307,20 +307,24 @@ def bench_predict_cmd(lab, steps, repeats, out_dir, as_json) -> None:
               help="Alternated runs of each split; the median is reported.")
 @click.option("--out", "out_dir", type=FilePath(file_okay=False, path_type=Path),
               help="Where to write straggler-timeline.png [default: .lab/<lab>/bench-straggler].")
+@click.option("--pipeline", "pipeline", type=click.IntRange(2, 256), default=None, metavar="BLOCKS",
+              help="Also run a pipeline (the trainer's --strategy pp, a stage a node), on equal stages and on stages "
+                   "sized by each node's speed (--stage-layers auto); every run trains gpt of BLOCKS blocks.")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
-def bench_straggler_cmd(lab, node, cpus, workload, micro_batch, steps, repeats, out_dir, as_json) -> None:
+def bench_straggler_cmd(lab, node, cpus, workload, micro_batch, steps, repeats, out_dir, pipeline, as_json) -> None:
     """One slow node, before and after balancing the work with --rank-micro-batch.
 
     Slows NODE to --cpus, trains with an even split of the global batch, measures each rank's
     compute time per sample, gives each rank a share of the same global batch in proportion to
     its speed, and trains again: same samples per step, same gradient, less waiting. The node's
     CPU limit is put back at the end. The median runs' timelines, before and after, go side by side
-    into straggler-timeline.png (`labctl trace` draws each run's own).
+    into straggler-timeline.png (`labctl trace` draws each run's own). With --pipeline, a pipeline of
+    equal stages and one sized by speed run in each round too (pipeline-timeline.png).
     """
     from labctl.cli import render_bench
 
     limit = parse_cpu_limit(cpus, "--cpus")
     options = benches.StragglerOptions(node=node, cpus=limit, workload=workload, micro_batch=micro_batch, steps=steps,
-                                       repeats=repeats)
+                                       repeats=repeats, pipeline=pipeline)
     result = benches.straggler(invocation().lab(lab), options, out_dir=out_dir, report=info)
     render_bench.print_straggler(result, as_json)

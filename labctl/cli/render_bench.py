@@ -185,16 +185,25 @@ def print_straggler(result, as_json: bool) -> None:
     for column in ("split", "micro-batches", "tokens/s", "step ms", "slowest", "slowest/median compute",
                    "others waited (s)", "final loss"):
         table.add_column(column, justify="right")
-    for label, r in (("even", result.even), (f"--rank-micro-batch {result.rank_micro_batch}", result.balanced)):
-        table.add_row(label, str(r["micro_batches"]), f"{r['tokens_per_s']:,.0f}", f"{r['step_ms']:.1f}",
+    rows = [("even", result.even), (f"--rank-micro-batch {result.rank_micro_batch}", result.balanced)]
+    piped = result.pipeline
+    if piped:
+        rows += [(f"pp, stages {piped[split]['stage_layers']}", piped[split]) for split in ("pp-even", "pp-auto")]
+    for label, r in rows:
+        table.add_row(escape(label), str(r["micro_batches"]), f"{r['tokens_per_s']:,.0f}", f"{r['step_ms']:.1f}",
                       str(r["slowest_node"]), f"{r['slowest_compute_ratio']:.2f}", f"{r['waited_for_slowest_s']:.2f}",
                       f"{r['final_loss']:.4f}")
     console.print(table)
-    console.print(f"balanced / even tokens/s: [bold]{result.speedup:.2f}x[/bold]", markup=True)
-    if result.timeline:
-        console.print(f"timelines, before and after: {result.timeline}", markup=False)
-    else:
-        info(escape(result.timeline_note))
+    console.print(f"balanced / even tokens/s: [bold]{result.speedup:.2f}x[/bold]"
+                  + (f"; pp on stages by speed / even: [bold]{piped['speedup_auto_vs_even']:.2f}x[/bold] "
+                     f"({piped['layers']} blocks, {piped['micro_batches']} micro-batches a step, 1F1B)" if piped else ""),
+                  markup=True)
+    for pictures, path, note in (("before and after", result.timeline, result.timeline_note),
+                                 ("of the pipelines", piped and piped["timeline"], piped and piped.get("timeline_note"))):
+        if path:
+            console.print(f"timelines, {pictures}: {path}", markup=False)
+        elif note:
+            info(escape(note))
 
 
 def print_start(report, as_json: bool) -> None:

@@ -182,21 +182,29 @@ def test_the_straggler_is_named(lab3):
 
 
 @alone
-def test_bench_straggler_balances_the_same_global_batch(lab3):
+def test_bench_straggler_balances_the_same_global_batch_and_sizes_a_pipeline_to_it(lab3):
     lab, _ = lab3
-    # 48 sequences a rank: about 60 ms of compute a step, well over the 20 ms that 0.2 CPU allows per
-    # 100 ms CFS period, so node2 is throttled inside every step. With 16 (about 20 ms) its compute
-    # could fit the quota refilled while it waited, and once in four suites here it was not the slowest.
-    out = labctl("bench", "straggler", "--lab", lab, "--cpus", "0.2", "--micro-batch", "48", "--steps", "6",
-                 "--repeats", "1", "--json", check=True).stdout
+    # 16 sequences a rank through 6 blocks: about 60 ms of compute a step, well over the 20 ms that 0.2
+    # CPU allows per 100 ms CFS period, so node2 is throttled inside every step. With a third of that
+    # (about 20 ms) its compute could fit the quota refilled while it waited, and once in four suites
+    # here it was not the slowest.
+    out = labctl("bench", "straggler", "--lab", lab, "--cpus", "0.2", "--micro-batch", "16", "--steps", "6",
+                 "--repeats", "1", "--pipeline", "6", "--json", check=True).stdout
     result = json.loads(out)
-    assert result["node"] == "node2" and result["global_batch"] == 144
+    assert result["node"] == "node2" and result["global_batch"] == 48
     even, balanced = result["even"], result["balanced"]
-    assert even["micro_batches"] == [48, 48, 48] and even["slowest_node"] == "node2"
-    assert sum(balanced["micro_batches"]) == 144 and balanced["micro_batches"][2] < 48
-    # the same global batches, however split: the same training
-    assert balanced["final_loss"] == pytest.approx(even["final_loss"], rel=1e-4)
+    assert even["micro_batches"] == [16, 16, 16] and even["slowest_node"] == "node2"
+    assert sum(balanced["micro_batches"]) == 48 and balanced["micro_batches"][2] < 16
+    # the same global batches, however split or pipelined: the same training
+    piped = result["pipeline"]
+    for other in (balanced, piped["pp-even"], piped["pp-auto"]):
+        assert other["final_loss"] == pytest.approx(even["final_loss"], rel=1e-4)
     assert result["speedup"] > 0
+    # the pipeline sized by speed gives node2 the fewest blocks, and goes faster than equal stages
+    assert piped["pp-even"]["stage_layers"] == [2, 2, 2] and piped["micro_batches"] == 6
+    auto = piped["pp-auto"]["stage_layers"]
+    assert sum(auto) == 6 and auto[2] < min(auto[:2]), auto
+    assert piped["pp-auto"]["tokens_per_s"] > piped["pp-even"]["tokens_per_s"], piped
     status = json.loads(labctl("status", "--lab", lab, "--json", check=True).stdout)
     assert status["lab"] == lab  # and node2's limit is lifted again:
     import docker

@@ -189,3 +189,17 @@ def test_compute_per_sample_reads_steady_steps(tmp_path):
 
     with pytest.raises(RunFailed, match="rank 2"):
         straggler.compute_ms_per_sample(tmp_path, [8, 8, 8], 1)
+
+
+def test_bench_straggler_pipeline_runs_a_stage_a_node_in_two_micro_batches_a_stage():
+    from labctl.errors import LabError
+
+    options = straggler.StragglerOptions(pipeline=8)
+    runs = straggler.pipeline_args(options, 3, 48)
+    assert runs["pp-even"] == ["--strategy", "pp", "--schedule", "1f1b", "--micro-batches", "6"]
+    assert runs["pp-auto"] == runs["pp-even"] + ["--stage-layers", "auto"]
+    assert straggler.pipeline_args(options, 3, 45)["pp-even"][-1] == "3"  # 45 does not split in 6: one a stage
+    assert straggler.pipeline_args(straggler.StragglerOptions(), 3, 48) == {}
+    for wrong, nodes in ((straggler.StragglerOptions(pipeline=2), 3), (straggler.StragglerOptions(pipeline=8, workload="toy"), 3)):
+        with pytest.raises(LabError, match="a stage a node"):
+            straggler.pipeline_args(wrong, nodes, 48)
