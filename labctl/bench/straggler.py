@@ -98,28 +98,12 @@ def measure(session: LabSession, options: StragglerOptions = StragglerOptions(),
                  "--micro-batch", str(micro_batch), "--threads", "1"]
     staged = pipeline_args(options, len(names), global_batch)
     base_args += ["--n-layer", str(options.pipeline)] if staged else []
-    runs: dict[str, list[dict]] = {split: [] for split in SPLITS + (PIPELINES if staged else ())}
-    override = None
     before = lab_docker.node_cpus_limit(session.client, session.name, node)
     lab_docker.apply_node_cpus(session.client, session.name, node, cpus)
     report(f"{node} limited to {cpus:g} CPUs")
     try:
-        for round_ in range(1, repeats + 1):
-            even = run_lab(session, every, base_args, node_env)
-            runs["even"].append(even)
-            report(f"round {round_}, even split {even['micro_batches']}: {even['tokens_per_s']:,.0f} tokens/s, "
-                   f"slowest {even['slowest_node']}, others waited {even['waited_for_slowest_s']:.2f} s")
-            if override is None:
-                override = balanced_override(even, global_batch)
-            balanced = run_lab(session, every, base_args + ["--rank-micro-batch", override], node_env)
-            runs["balanced"].append(balanced)
-            report(f"round {round_}, balanced {balanced['micro_batches']}: {balanced['tokens_per_s']:,.0f} tokens/s, "
-                   f"others waited {balanced['waited_for_slowest_s']:.2f} s")
-            for split, extra in staged.items():
-                summary = run_lab(session, every, base_args + extra, node_env)
-                runs[split].append(summary)
-                report(f"round {round_}, {split} stages {summary['stage_layers']}: {summary['tokens_per_s']:,.0f} "
-                       f"tokens/s")
+        runs, override = run_rounds(lambda args: run_lab(session, every, base_args + args, node_env), repeats,
+                                    global_batch, staged, report)
     finally:
         lab_docker.apply_node_cpus(session.client, session.name, node, before)
         report(f"{node} CPU limit restored to {f'{before:g} CPUs' if before else 'none'}")
@@ -130,6 +114,30 @@ def measure(session: LabSession, options: StragglerOptions = StragglerOptions(),
     return StragglerResult(node, cpus, global_batch, override, even, balanced,
                            round(balanced["tokens_per_s"] / even["tokens_per_s"], 3), steps, repeats, timeline, note,
                            piped)
+
+
+def run_rounds(train: Callable[[list[str]], dict], repeats: int, global_batch: int, staged: dict[str, list[str]],
+               report: Callable[[str], None]) -> tuple[dict[str, list[dict]], str]:
+    """`repeats` rounds, alternated: an even run, a balanced one (its split from the first even run),
+    and `staged`'s pipeline runs. `train(extra flags)` runs the trainer and returns its SUMMARY.
+    (every split's summaries, the balanced split as --rank-micro-batch takes it)."""
+    runs: dict[str, list[dict]] = {split: [] for split in SPLITS + tuple(staged)}
+    override = None
+    for round_ in range(1, repeats + 1):
+        even = train([])
+        runs["even"].append(even)
+        report(f"round {round_}, even split {even['micro_batches']}: {even['tokens_per_s']:,.0f} tokens/s, "
+               f"slowest {even['slowest_node']}, others waited {even['waited_for_slowest_s']:.2f} s")
+        override = override or balanced_override(even, global_batch)
+        balanced = train(["--rank-micro-batch", override])
+        runs["balanced"].append(balanced)
+        report(f"round {round_}, balanced {balanced['micro_batches']}: {balanced['tokens_per_s']:,.0f} tokens/s, "
+               f"others waited {balanced['waited_for_slowest_s']:.2f} s")
+        for split, extra in staged.items():
+            summary = train(extra)
+            runs[split].append(summary)
+            report(f"round {round_}, {split} stages {summary['stage_layers']}: {summary['tokens_per_s']:,.0f} tokens/s")
+    return runs, override
 
 
 def pipeline_args(options: StragglerOptions, nodes: int, global_batch: int) -> dict[str, list[str]]:
