@@ -37,15 +37,16 @@ PNG_MAGIC = b"\x89PNG\r\n\x1a\n"  # the first 8 bytes of every PNG file: a pictu
 INTEGRATION_TIMEOUT_S = 900
 
 
-# The longest modules (a minute or more each, measured on 2026-11-27, longest first), handed out
-# first: `make test` spreads the integration tests over its workers a module at a time
-# (pytest-xdist --dist loadfile --no-loadscope-reorder: xdist would otherwise deal the modules with
-# the most tests first), and a long module dealt last would run on alone while the other workers
-# idle. Only the order changes.
-LONG_FIRST = ("test_slurm_cluster.py", "test_scenarios.py", "test_faults.py", "test_scenarios_mesh.py",
-              "test_pytest_plugin.py", "test_other_python.py", "test_warm.py", "test_packages.py", "test_ci_workflow.py", "test_lab.py",
-              "test_hosts.py", "test_netem_kernel.py", "test_packaging.py", "test_failed_runs.py",
-              "test_packages_lightning.py", "test_equivalence.py")
+# The longest modules (their tests' time in the part run three at a time, measured on 2026-12-07,
+# longest first; tests/docs' page tests are test_docs.py's), handed out first: `make test` spreads
+# the integration tests over its workers a module at a time (pytest-xdist --dist loadfile
+# --no-loadscope-reorder: xdist would otherwise deal the modules with the most tests first), and a
+# long module dealt last would run on alone while the other workers idle. Only the order changes.
+LONG_FIRST = ("test_slurm_cluster.py", "test_scenarios.py", "test_pytest_plugin.py", "test_docs.py",
+              "test_scenarios_mesh.py", "test_hosts.py", "test_faults.py", "test_compile.py", "test_ci_workflow.py",
+              "test_training.py", "test_lab.py", "test_overlay.py", "test_packages.py", "test_latency_shaping.py",
+              "test_warm.py", "test_packages_lightning.py", "test_packaging.py", "test_lab_api.py", "test_kubernetes.py",
+              "test_other_python.py", "test_known_limits.py", "test_failed_runs.py", "test_netem_kernel.py")
 
 
 def pytest_collection_modifyitems(items):

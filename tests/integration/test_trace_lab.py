@@ -1,7 +1,8 @@
 """`labctl trace` on a real lab with a straggler (node2 at a quarter of a CPU): the picture, the table
 naming node2, its waiting total against SUMMARY's, the clocks aligned within 1 ms, the merged trace's
-format, the refusals; and where trace is used: bench straggler's before/after picture (the straggler
-scenario's diagnosis with the timeline is tests/integration/test_scenarios.py's)."""
+format. Where else trace is used: bench straggler's pictures (test_training.py's bench test), the
+straggler scenario's diagnosis (test_scenarios.py); its refusals and an fsdp run's collectives, which
+need no straggler and no quiet machine, are test_training.py's too."""
 
 from __future__ import annotations
 
@@ -73,38 +74,3 @@ def test_the_merged_trace_is_chrome_trace_json_one_process_per_rank(traced):
         assert e["ph"] != "X" or e["dur"] >= 0, e
     names = {e["pid"]: e["args"]["name"] for e in merged["traceEvents"] if e["ph"] == "M" and e["name"] == "process_name"}
     assert names == {0: "rank 0 (node0)", 1: "rank 1 (node1)", 2: "rank 2 (node2)"}
-
-
-def test_trace_refuses_a_run_without_metrics_and_a_folder_that_does_not_exist(straggler_lab):
-    traced_too = labctl("run", "--lab", straggler_lab, "--trace", "--", "-m", "trainer", "--epochs", "1",
-                        "--no-metrics")  # the run succeeds; its trace has nothing to draw
-    assert traced_too.returncode == 1 and "SUMMARY" in traced_too.stdout, traced_too.stderr
-    assert "holds no metrics and no profiler traces" in traced_too.stderr
-    empty = labctl("trace", "--lab", straggler_lab)
-    assert empty.returncode == 1 and "holds no metrics and no profiler traces" in empty.stderr
-    assert "metrics-rank<R>.jsonl" in " ".join(empty.stderr.split())
-    missing = labctl("trace", "--lab", straggler_lab, "no-such-run")
-    assert missing.returncode == 2 and "no run 'no-such-run'" in missing.stderr
-    bad = labctl("trace", "--lab", straggler_lab, "--steps", "9:3")
-    assert bad.returncode == 2 and "must be A:B" in bad.stderr
-
-
-def test_bench_straggler_draws_before_and_after_side_by_side(straggler_lab, tmp_path):
-    out = labctl("bench", "straggler", "--lab", straggler_lab, "--cpus", "0.2", "--micro-batch", "48", "--steps", "6",
-                 "--repeats", "1", "--out", str(tmp_path), "--json", check=True).stdout
-    result = json.loads(out)
-    assert result["timeline"] == str(tmp_path / "straggler-timeline.png")
-    assert Path(result["timeline"]).read_bytes()[:8] == PNG_MAGIC
-
-
-
-def test_an_fsdp_run_traced_names_its_all_gathers_and_reduce_scatters_on_every_rank(straggler_lab):
-    out = labctl("run", "--lab", straggler_lab, "--trace", "--", "-m", "trainer", "--workload", "gpt", "--steps", "6",
-                 "--strategy", "fsdp", check=True).stdout
-    run_dir = Path(summary_of(out)["run_dir"])
-    assert (run_dir / "timeline.png").read_bytes()[:8] == PNG_MAGIC
-    events = json.loads((run_dir / "trace-merged.json").read_text())["traceEvents"]
-    for rank in range(3):
-        named = [e["name"] for e in events if e["pid"] == rank and e.get("cat") == "collective"]
-        # gpt's 2 blocks gathered twice a step and the root once; every unit's gradients once; 6 steps
-        assert (named.count("all_gather"), named.count("reduce_scatter")) == (6 * 5, 6 * 3), (rank, named[:10])

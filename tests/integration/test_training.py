@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import labctl, run_pipeline, summary_of
+from conftest import PNG_MAGIC, labctl, run_pipeline, summary_of
 
 # Its straggler and step-model rows are CPU shares and step times: those tests run `alone`. The ones
 # that check losses, byte counts, what the lab keeps and that bench scaling makes every row (no number
@@ -182,15 +182,19 @@ def test_the_straggler_is_named(lab3):
 
 
 @alone
-def test_bench_straggler_balances_the_same_global_batch_and_sizes_a_pipeline_to_it(lab3):
+def test_bench_straggler_balances_the_same_global_batch_and_sizes_a_pipeline_to_it(lab3, tmp_path):
     lab, _ = lab3
     # 16 sequences a rank through 6 blocks: about 60 ms of compute a step, well over the 20 ms that 0.2
     # CPU allows per 100 ms CFS period, so node2 is throttled inside every step. With a third of that
     # (about 20 ms) its compute could fit the quota refilled while it waited, and once in four suites
     # here it was not the slowest.
     out = labctl("bench", "straggler", "--lab", lab, "--cpus", "0.2", "--micro-batch", "16", "--steps", "6",
-                 "--repeats", "1", "--pipeline", "6", "--json", check=True).stdout
+                 "--repeats", "1", "--pipeline", "6", "--out", str(tmp_path), "--json", check=True).stdout
     result = json.loads(out)
+    # the median runs' timelines side by side, where --out says: DDP's two splits, and the two pipelines
+    assert result["timeline"] == str(tmp_path / "straggler-timeline.png")
+    assert result["pipeline"]["timeline"] == str(tmp_path / "pipeline-timeline.png")
+    assert all(Path(p).read_bytes()[:8] == PNG_MAGIC for p in (result["timeline"], result["pipeline"]["timeline"]))
     assert result["node"] == "node2" and result["global_batch"] == 48
     even, balanced = result["even"], result["balanced"]
     assert even["micro_batches"] == [16, 16, 16] and even["slowest_node"] == "node2"
@@ -239,3 +243,30 @@ def test_a_users_own_pipeline_script_puts_a_stage_on_each_of_three_nodes(lab3):
     assert run_pipeline(lab, 3, "--schedule", "1f1b", "--micro-batches", "4", "--steps", "20") == {
         0: (0, 1), 1: (2, 3), 2: (4, 5)}
 
+
+def test_trace_refuses_a_run_without_metrics_and_a_folder_that_does_not_exist(lab3):
+    lab, _ = lab3
+    traced_too = labctl("run", "--lab", lab, "--trace", "--", "-m", "trainer", "--epochs", "1",
+                        "--no-metrics")  # the run succeeds; its trace has nothing to draw
+    assert traced_too.returncode == 1 and "SUMMARY" in traced_too.stdout, traced_too.stderr
+    assert "holds no metrics and no profiler traces" in traced_too.stderr
+    empty = labctl("trace", "--lab", lab)
+    assert empty.returncode == 1 and "holds no metrics and no profiler traces" in empty.stderr
+    assert "metrics-rank<R>.jsonl" in " ".join(empty.stderr.split())
+    missing = labctl("trace", "--lab", lab, "no-such-run")
+    assert missing.returncode == 2 and "no run 'no-such-run'" in missing.stderr
+    bad = labctl("trace", "--lab", lab, "--steps", "9:3")
+    assert bad.returncode == 2 and "must be A:B" in bad.stderr
+
+
+def test_an_fsdp_run_traced_names_its_all_gathers_and_reduce_scatters_on_every_rank(lab3):
+    lab, _ = lab3
+    out = labctl("run", "--lab", lab, "--trace", "--", "-m", "trainer", "--workload", "gpt", "--steps", "6",
+                 "--strategy", "fsdp", check=True).stdout
+    run_dir = Path(summary_of(out)["run_dir"])
+    assert (run_dir / "timeline.png").read_bytes()[:8] == PNG_MAGIC
+    events = json.loads((run_dir / "trace-merged.json").read_text())["traceEvents"]
+    for rank in range(3):
+        named = [e["name"] for e in events if e["pid"] == rank and e.get("cat") == "collective"]
+        # gpt's 2 blocks gathered twice a step and the root once; every unit's gradients once; 6 steps
+        assert (named.count("all_gather"), named.count("reduce_scatter")) == (6 * 5, 6 * 3), (rank, named[:10])
