@@ -88,7 +88,10 @@ def find_run(lab_directory: Path, run: str | None = None, cwd: Path | None = Non
     runs = lab_directory / "runs"
     if "/" not in run and run not in (".", "..") and is_folder(runs / run):
         return (runs / run).resolve()
-    path = Path(run).expanduser()
+    try:
+        path = Path(run).expanduser()
+    except RuntimeError:  # ~name of a user who does not exist: a name like any other, then
+        path = Path(run)
     path = path if path.is_absolute() else (cwd or Path.cwd()) / path
     if is_folder(path):
         return path.resolve()

@@ -262,6 +262,8 @@ def test_find_run_takes_a_run_id_the_latest_or_a_path(tmp_path):
     with pytest.raises(LabError, match="no run 'nope': neither a run id in") as caught:
         find_run(lab, "nope", cwd=tmp_path)
     assert caught.value.hint == "runs here: 20261125-100000-aaaa" and caught.value.exit_code == 2
+    with pytest.raises(LabError, match="no run '~no-such-user-0'"):  # not a home folder: a name like any other
+        find_run(lab, "~no-such-user-0", cwd=tmp_path)
     with pytest.raises(LabError, match="RUN is empty"):
         find_run(lab, " ")
     with pytest.raises(LabError, match="no run yet"):
