@@ -224,9 +224,15 @@ def too_short(band: list[float], predicted_ms: float) -> str:
 
 def prediction_line(prediction, calibration: dict) -> str:
     """The step model's prediction in words, printed before step 1; a step shorter than the noise its
-    calibration measured gets why it is not predicted instead; a pipeline's (None) says where it is priced."""
-    if prediction is None:
-        return "step model: a pipeline's steps are not predicted in the run yet; labctl cost --strategy pp prices them"
+    calibration measured gets why it is not predicted instead; a pipeline's names its stages."""
+    if calibration.get("pipeline"):
+        stages = ", ".join(f"{f:.1f}+{b:.1f}" for f, b in calibration["stage_ms"])
+        sampled, played = calibration["sampled_ms"], calibration["played_out_ms"]
+        return (f"step model: predicted {prediction.step_ms:.1f} ms a step = the schedule sampled {sampled:.1f} "
+                f"({calibration['calibration_steps']} steps before the first, {calibration['accum']} micro-batches) + "
+                f"optimizer {prediction.optimizer_ms:.1f}; played out from its stages' forward+backward ({stages} ms "
+                f"a micro-batch) and transfers ({', '.join(f'{t:.2f}' for t in calibration['transfer_ms'])} ms) "
+                f"{played:.1f}, the other {sampled - played:.1f} neither compute nor transfer")
     if not calibration.get("trusted", True):
         return f"step model: {too_short(calibration['band_ms'], prediction.step_ms)}{links_note(calibration)}"
     link = calibration.get("link") or {}

@@ -86,3 +86,54 @@ def tensor_cost(ranks: int, layers: int, step: Step, link) -> TensorCost:
     comm = count * link.textbook_s("all_reduce", act, ranks, step.backend, step.efficiency)
     total = step.micro_batches * step.compute_s / ranks + comm if step.compute_s is not None else None
     return TensorCost(ranks, count, sent, comm, total)
+
+
+def stage_order(schedule: str, stages: int, rank: int, micro_batches: int) -> list[tuple[str, int]]:
+    """The order in which stage `rank` runs its forwards and backwards: GPipe's every forward, then
+    every backward; 1F1B's (torch.distributed.pipelining's Schedule1F1B) as many forwards as there
+    are stages from it to the last (the pipe filling), then a backward and a forward in turn, then
+    the backwards left."""
+    if schedule == "gpipe":
+        return [("forward", i) for i in range(micro_batches)] + [("backward", i) for i in range(micro_batches)]
+    warm = min(micro_batches, stages - rank)
+    order, forwards = [("forward", i) for i in range(warm)], warm
+    for i in range(micro_batches):
+        order.append(("backward", i))
+        if forwards < micro_batches:
+            order.append(("forward", forwards))
+            forwards += 1
+    return order
+
+
+def simulate_pipeline(stage_ms: list[tuple[float, float]], schedule: str, micro_batches: int,
+                      transfer_ms: list[float]) -> float:
+    """A pipeline step's forwards and backwards, played out: stage r takes stage_ms[r] (forward,
+    backward) for each micro-batch, in stage_order's order, a forward once the stage before it has
+    sent that micro-batch's activations, a backward once the stage after it has sent the gradients
+    (transfer_ms[r]: one way across the boundary between stages r and r + 1). The time until the
+    last stage to finish has run its last backward, in ms."""
+    stages = len(stage_ms)
+    orders = [stage_order(schedule, stages, r, micro_batches) for r in range(stages)]
+    done: dict[tuple[str, int, int], float] = {}
+    clock, at = [0.0] * stages, [0] * stages
+    while any(at[r] < len(orders[r]) for r in range(stages)):
+        moved = False
+        for r in range(stages):
+            while at[r] < len(orders[r]):
+                kind, i = orders[r][at[r]]
+                if kind == "forward":
+                    ready = 0.0 if r == 0 else done.get(("forward", r - 1, i), None)
+                    ready = ready if ready is None or r == 0 else ready + transfer_ms[r - 1]
+                else:
+                    ready = (done.get(("forward", r, i)) if r == stages - 1
+                             else done.get(("backward", r + 1, i)))
+                    ready = ready if ready is None or r == stages - 1 else ready + transfer_ms[r]
+                if ready is None:
+                    break
+                clock[r] = max(clock[r], ready) + stage_ms[r][0 if kind == "forward" else 1]
+                done[(kind, r, i)] = clock[r]
+                at[r] += 1
+                moved = True
+        if not moved:
+            raise ValueError(f"the {schedule} schedule of {stages} stages and {micro_batches} micro-batches cannot go on")
+    return max(clock)

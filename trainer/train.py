@@ -25,7 +25,7 @@ from pathlib import Path
 
 import torch
 
-from trainer import checkpoint, collectives, pipeline, strategy, wire
+from trainer import checkpoint, collectives, pipeline, pipepredict, strategy, wire
 from trainer.calibrate import predict_run
 from trainer.ddp import param_checksum
 from trainer.dist import (all_gather, all_reduce_sum, compute_cleanup, compute_init, get_dist_info, print0,
@@ -59,17 +59,17 @@ def main(argv=None):
     with open_metrics(run_dir, rank, enabled=not args.no_metrics) as metrics:
         run, as_built = setup(args, run_dir, metrics)
         schedule = schedule_for(run)  # epochs or global batches; may resume from a checkpoint
-        # The step model's prediction of every step, from a calibration before the first (trainer/calibrate.py);
-        # none yet for a pipeline's steps (labctl cost --strategy pp prices them)
-        prediction, calibration = predict_run(run, schedule, as_built) if not run.pipeline else (None, {})
+        # The step model's prediction of every step, from a calibration before the first (trainer/calibrate.py;
+        # a pipeline's, trainer/pipepredict.py)
+        prediction, calibration = (pipepredict.predict(run, schedule) if run.pipeline
+                                   else predict_run(run, schedule, as_built))
         del as_built  # fsdp's unsharded copy
         print0(f"{run.tag} {prediction_line(prediction, calibration)}")
 
         # Every rank leaves a barrier at almost the same moment, which makes it the mark that lines up
         # the ranks' clocks in the metrics; the end of the run has its twin, in compute_cleanup.
         log_clock(run, "start")
-        if prediction:  # labctl trace shows it per rank
-            metrics.log(kind="prediction", rank=run.c.rank, **prediction.record())
+        metrics.log(kind="prediction", rank=run.c.rank, **prediction.record())  # labctl trace shows it per rank
         with run.prof:
             result = train(run, schedule)
         return finish(run, result, prediction, calibration)
@@ -225,8 +225,7 @@ def finish(run, result, prediction, calibration):
         "samples_per_s": round(total_samples / result.elapsed_s, 1),
         "samples": total_samples,
         **perf,
-        **(step_model_fields(prediction, calibration, perf.get("step_ms"), steady(result.timings)) if prediction
-           else {"predicted_step_ms": None, "step_model_error": None}),
+        **step_model_fields(prediction, calibration, perf.get("step_ms"), steady(result.timings)),
         "run_dir": str(run.run_dir),
     }
     for line in (straggler_line(summary), checked_line(summary)):

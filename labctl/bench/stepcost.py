@@ -133,6 +133,10 @@ def run_inputs(run_dir: Path) -> dict:
                          hint="labctl cost --from-run RUN once the run has ended")
     summary = result.get("summary") or {}
     inputs = (summary.get("step_model") or {}).get("inputs") if isinstance(summary, dict) else None
+    if isinstance(summary, dict) and summary.get("strategy") == "pp":
+        raise StateError(f"run {run_dir.name} is a pipeline: its step was played out from its own stages' times "
+                         "(trainer/pipepredict.py), which --from-run does not price on other links",
+                         hint="labctl cost --strategy pp --activations B,S,H --layers L prices a pipeline on any link")
     if not inputs:
         raise StateError(f"run {run_dir.name} has no step model to price: only the trainer's runs (python -m trainer) "
                          "predict their steps (and a trainer older than this labctl kept no inputs)",

@@ -82,4 +82,9 @@ def test_a_pipeline_of_three_stages_ends_at_ddps_loss_in_either_order(tmp_path):
         # fp32 weights, gradients and Adam's two moments, and Adam's step count per tensor
         assert all(0 < s["state_bytes"] - 16 * s["params"] < 4096 for s in pp["stages"]), pp["stages"]
         assert pp["replicas_consistent"] and pp["tied_embedding_consistent"], pp
-        assert pp["bubble_fraction"] == round(2 / 8, 4) and "step model: a pipeline's steps are not predicted" in out
+        assert pp["bubble_fraction"] == round(2 / 8, 4)
+        # its step predicted before the first: sampled from its own schedule, and played out from its stages'
+        # forward and backward and its transfers
+        calibration = pp["step_model"]["calibration"]
+        assert "= the schedule sampled" in out and pp["predicted_step_ms"] > calibration["played_out_ms"] > 0, out[-2000:]
+        assert len(calibration["stage_ms"]) == 3 and len(calibration["transfer_ms"]) == 2

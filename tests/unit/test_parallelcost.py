@@ -7,7 +7,7 @@ import pytest
 
 from labctl.api.bench import CostQuery, estimate
 from labctl.errors import ConfigError
-from trainer.parallelcost import Step, bubble, pipeline_cost, tensor_cost
+from trainer.parallelcost import Step, bubble, pipeline_cost, simulate_pipeline, stage_order, tensor_cost
 from trainer.stepmodel import Link
 
 GBE = Link(1e9, stack_s=50e-6, name="1GbE")
@@ -62,3 +62,28 @@ def test_labctl_cost_prices_pp_and_tp_steps_with_the_same_arithmetic():
 def test_what_pp_and_tp_need_is_asked_for_by_name(query, fragment):
     with pytest.raises(ConfigError, match=fragment):
         estimate(query)
+
+
+def test_each_schedule_runs_a_stages_micro_batches_in_torchs_order():
+    # 1F1B on 3 stages of 6: the first stage fills the pipe with 3 forwards, the last turns each around
+    assert stage_order("1f1b", 3, 0, 6) == [("forward", 0), ("forward", 1), ("forward", 2), ("backward", 0),
+                                            ("forward", 3), ("backward", 1), ("forward", 4), ("backward", 2),
+                                            ("forward", 5), ("backward", 3), ("backward", 4), ("backward", 5)]
+    assert stage_order("1f1b", 3, 2, 2) == [("forward", 0), ("backward", 0), ("forward", 1), ("backward", 1)]
+    assert stage_order("gpipe", 2, 1, 2) == [("forward", 0), ("forward", 1), ("backward", 0), ("backward", 1)]
+
+
+@pytest.mark.parametrize("schedule", ["gpipe", "1f1b"])
+def test_equal_stages_played_out_take_the_slots_of_the_textbook(schedule):
+    # p stages of (f, b) = (1, 2) ms, m micro-batches, nothing to send: (m + p - 1) x (f + b)
+    assert simulate_pipeline([(1.0, 2.0)] * 3, schedule, 6, [0.0, 0.0]) == pytest.approx((6 + 3 - 1) * 3)
+    assert simulate_pipeline([(1.0, 2.0)] * 4, schedule, 8, [0.0] * 3) == pytest.approx((8 + 4 - 1) * 3)
+
+
+def test_the_slowest_stage_sets_the_pace_and_each_boundary_adds_its_transfers():
+    # by hand, GPipe on 2 stages of 2 micro-batches, stage 1 twice as slow, 0.5 ms across:
+    # stage 0 forwards at 0-1 and 1-2; stage 1 forwards at 1.5-3.5 and 3.5-5.5, backwards 5.5-9.5 and
+    # 9.5-13.5; stage 0's backwards once the gradients arrive: 10-12 and 14-16
+    assert simulate_pipeline([(1.0, 2.0), (2.0, 4.0)], "gpipe", 2, [0.5]) == pytest.approx(16.0)
+    one_slow = simulate_pipeline([(1.0, 2.0), (1.0, 2.0), (4.0, 8.0)], "1f1b", 6, [0.0, 0.0])
+    assert one_slow >= 6 * 12.0  # every micro-batch passes the slow stage once each way
