@@ -2,7 +2,7 @@
 
 Every stage runs a few steps of the run's own schedule on the first step's batch, their gradients
 dropped (CALIBRATION_STEPS, after one to warm up), and times its optimizer's step on copies of its
-parameters: the prediction is the sampled step (the median of the slowest stage's) plus the slowest
+parameters: the prediction is the sampled step (the mean of the slowest stage's) plus the slowest
 optimizer. It is taken apart too: each stage's forward and backward of a micro-batch as the schedule
 ran them (medians), each pair of neighbours timing a micro-batch's activations there and back (gloo's
 send and recv), and the step played out from those (parallelcost.simulate_pipeline: each stage's
@@ -24,7 +24,7 @@ from trainer.dist import all_gather, barrier
 from trainer.parallelcost import bubble, simulate_pipeline
 
 PING_REPS, PING_WARMUP = 8, 2
-CALIBRATION_STEPS = 3  # of the schedule itself, after one to warm up
+CALIBRATION_STEPS = 4  # of the schedule itself, after one to warm up
 
 
 def schedule_steps(pipe, x, y, steps: int = CALIBRATION_STEPS) -> tuple[list[list], list[float]]:
@@ -82,7 +82,8 @@ def predict(run, schedule) -> tuple[stepmodel.Prediction, dict]:
     mine = [statistics.median((t1 - t0) * 1e3 for kind, _, t0, t1 in events if kind == which)
             for which in ("forward", "backward")]
     step = optimizer_copy(held_parameters(run.model, run.optimizer), args.lr).step
-    mine += [statistics.median(timed(step) for _ in range(PING_REPS)), statistics.median(walls)]
+    # the sampled steps' mean, as the run reports its mean step: a node held by its CPU quota has a long tail
+    mine += [statistics.median(timed(step) for _ in range(PING_REPS)), statistics.fmean(walls)]
     everyone = all_gather(mine)
     transfer = ping_ms(pipe, torch.zeros(micro, args.block_size, args.n_embd, device=c.device))
     stage_ms = [(f, b) for f, b, _, _ in everyone]

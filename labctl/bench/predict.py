@@ -33,6 +33,7 @@ from labctl.session import LabSession
 from labctl.spec.units import parse_rate
 
 LARGER = ("--n-embd", "128", "--n-layer", "4")  # 3.2 MB of gradients: buckets of 1 MiB make several
+PIPELINE = ("--strategy", "pp", "--n-layer", "6", "--micro-batches", "6")  # a stage a node, 6 micro-batches
 
 
 @dataclass(frozen=True)
@@ -58,7 +59,7 @@ class Case:
 
 
 def grid(max_nodes: int) -> list[Case]:
-    """The default grid, each case on no more nodes than the lab has (33 on 8 nodes, 27 on 4, 12 on 2):
+    """The default grid, each case on no more nodes than the lab has (36 on 8 nodes, 30 on 4, 16 on 3, 12 on 2):
     first make demo's own run (the toy workload, 3 nodes, unshaped), the first prediction a newcomer
     sees; then the gpt's."""
     cases = [Case(3, None, ("--epochs", "3"), workload="toy")]
@@ -70,6 +71,8 @@ def grid(max_nodes: int) -> list[Case]:
     cases += [Case(n, "1gbit", slow_cpus=0.5) for n in (2, 4)]
     cases += [Case(4, "1gbit", ("--strategy", strategy)) for strategy in ("zero", "fsdp")]
     cases += [Case(n, "1gbit", args, spine="100mbit") for n, args in ((4, ()), (4, LARGER), (8, ()))]
+    cases += [Case(3, bw, PIPELINE) for bw in (None, "100mbit")]
+    cases += [Case(3, "1gbit", (*PIPELINE, "--stage-layers", "auto"), slow_cpus=0.25)]
     return [c for c in cases if c.nodes <= max_nodes]
 
 

@@ -11,13 +11,17 @@ def test_the_grid_covers_what_the_issue_asks_and_fits_the_lab():
     # make demo's own run first: the first prediction a newcomer sees
     assert (cases[0].workload, cases[0].nodes, cases[0].bw, cases[0].args) == ("toy", 3, None, ("--epochs", "3"))
     assert cases[0].name == "3 nodes, unshaped, toy --epochs 3 (make demo's run)"
-    assert {c.nodes for c in cases[1:]} == {2, 4, 8} and {c.workload for c in cases[1:]} == {"gpt"}
+    assert {c.nodes for c in cases[1:]} == {2, 3, 4, 8} and {c.workload for c in cases[1:]} == {"gpt"}
     assert {c.bw for c in cases} == {None, "1gbit", "100mbit"}
     assert {"1", "25"} <= {c.args[c.args.index("--bucket-cap-mb") + 1] for c in cases if "--bucket-cap-mb" in c.args}
     assert any("--global-batch" in c.args for c in cases)  # accumulation 4
     assert any(c.nproc_per_node == 2 for c in cases) and any(c.slow_cpus for c in cases)
     assert {"zero", "fsdp"} <= {c.args[-1] for c in cases if "--strategy" in c.args}
     assert [c.nodes for c in cases if c.spine] == [4, 4, 8]  # two groups joined by a slower link
+    # a pipeline of a stage a node: equal stages unshaped and at 100mbit, stages by speed beside a straggler
+    piped = [c for c in cases if "pp" in c.args]
+    assert [(c.nodes, c.bw, c.slow_cpus, "auto" in c.args) for c in piped] == [
+        (3, None, None, False), (3, "100mbit", None, False), (3, "1gbit", 0.25, True)]
     assert all(c.nodes <= 4 for c in grid(5)) and grid(1) == []
     assert len({c.name for c in cases}) == len(cases)  # every case says what it is
 
