@@ -155,11 +155,15 @@ def neighbours(client, lab: str, node: str) -> dict[str, tuple[str, str]]:
 
 def permanent_peers(client, lab: str, nodes: list[dict]) -> dict[str, bool]:
     """Whether each node holds a permanent entry with the right MAC for every peer and nothing else
-    (labctl.net.neighbors); `nodes` as `status --json` lists them."""
+    (labctl.net.neighbors); `nodes` as `status --json` lists them. The bridge's own address, the
+    host's side of the network, is no peer: a node that has answered the host (a run's first, rank 0)
+    has learnt it by ARP, as it should."""
+    settings = client.containers.get(f"{lab}-{nodes[0]['name']}").attrs["NetworkSettings"]["Networks"]
+    gateway = settings[f"{lab}-net"]["Gateway"]  # the engine's choice, the subnet's first address
     macs = {n["ip"]: client.containers.get(f"{lab}-{n['name']}").exec_run(["cat", "/sys/class/net/eth0/address"])
             .output.decode().strip() for n in nodes}
-    return {n["name"]: neighbours(client, lab, n["name"]) == {ip: (mac, "PERMANENT") for ip, mac in macs.items()
-                                                            if ip != n["ip"]} for n in nodes}
+    return {n["name"]: {ip: entry for ip, entry in neighbours(client, lab, n["name"]).items() if ip != gateway}
+            == {ip: (mac, "PERMANENT") for ip, mac in macs.items() if ip != n["ip"]} for n in nodes}
 
 
 PS = ["ps", "-eo", "pid=,ppid=,args="]
