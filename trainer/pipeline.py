@@ -27,6 +27,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from trainer.parallelcost import bubble
+
 SCHEDULES = ("gpipe", "1f1b")  # --schedule
 AUTO = "auto"
 AUTO_BUDGET_S = 0.4  # `--stage-layers auto` times a block for this long: several periods of a CPU quota (100 ms)
@@ -129,14 +131,15 @@ def mean_loss(logits, y):
 class Pipeline:
     """This rank's stage and the schedule that runs it, plus the tied embedding's group."""
 
-    def __init__(self, model, layers: list[int], rank: int, args, device):
+    def __init__(self, model, layers: list[int], rank: int, args, device, speeds: list[float] | None = None):
         from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
 
         self.layers, self.rank, self.stages = layers, rank, len(layers)
         self.first_layer = sum(layers[:rank])
         self.is_first, self.is_last = rank == 0, rank == self.stages - 1
         self.module = GPTStage(model, self.first_layer, layers[rank], self.is_first, self.is_last)
-        self.micro_batches, self.schedule_name, self.speeds = args.micro_batches, args.schedule, None
+        self.micro_batches, self.schedule_name = args.micro_batches, args.schedule
+        self.speeds = speeds  # each rank's blocks a second, where --stage-layers auto measured them
         self.stage = PipelineStage(self.module, rank, self.stages, device)
         kind = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B}[args.schedule]
         self.schedule = kind(self.stage, n_microbatches=self.micro_batches, loss_fn=mean_loss)
@@ -204,7 +207,7 @@ def measure_speed(model, args, device) -> float:
     return done / (time.perf_counter() - t0)
 
 
-def stage_layers(model, args, rank: int, world: int, device) -> tuple[list[int], list[float] | None]:
+def stage_layers(model, args, world: int, device) -> tuple[list[int], list[float] | None]:
     """(each stage's blocks, each rank's measured speed or None): --stage-layers as given, an even
     split, or `auto` from every rank's measure_speed. Collective under `auto`."""
     from trainer.dist import all_gather, barrier
@@ -226,10 +229,8 @@ def resolve(args, world: int) -> None:
 def build(model, args, c):
     """This rank's Pipeline over the gpt `model` as built (every rank builds the whole model from one
     seed and keeps its stage), its stages sized by stage_layers. Collective."""
-    layers, speeds = stage_layers(model, args, c.rank, c.world_size, c.device)
-    pipe = Pipeline(model, layers, c.rank, args, c.device)
-    pipe.speeds = speeds
-    return pipe
+    layers, speeds = stage_layers(model, args, c.world_size, c.device)
+    return Pipeline(model, layers, c.rank, args, c.device, speeds)
 
 
 def train_step(run, batch):
@@ -269,9 +270,8 @@ def summary(pipe, held: list[dict]) -> dict:
     stages = all_gather(pipe.describe())
     tied = pipe.tied()
     ends = [h for h in all_gather(param_checksum(nn.ParameterList([tied])) if tied is not None else None) if h]
-    p, m = pipe.stages, pipe.micro_batches
     return {"stages": [{**s, "state_bytes": sum(h.values())} for s, h in zip(stages, held)],
             "stage_layers": pipe.layers, "stage_speeds": [round(v, 1) for v in pipe.speeds] if pipe.speeds else None,
-            "schedule": pipe.schedule_name, "pipeline_micro_batches": m,
-            "bubble_fraction": round((p - 1) / (m + p - 1), 4),
+            "schedule": pipe.schedule_name, "pipeline_micro_batches": pipe.micro_batches,
+            "bubble_fraction": round(bubble(pipe.stages, pipe.micro_batches), 4),
             "tied_embedding_consistent": len(ends) == 2 and ends[0] == ends[1]}
