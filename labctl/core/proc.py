@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import shlex
 import subprocess
@@ -28,3 +29,11 @@ def run(argv: list[str], *, cwd: Path | None = None, check: bool = True, capture
     if check and result.returncode != 0:
         raise CommandError(argv, result.returncode, result.stdout or "", result.stderr or "")
     return result
+
+
+def last_json_line(output: str) -> dict | None:
+    """The report a script run in a node or on a host printed as its last JSON object line (what
+    pip or Python said before it does not count), parsed; None where it printed none. A line that
+    starts like JSON but is not raises ValueError (json's), as a broken report should."""
+    line = next((ln for ln in reversed(output.strip().splitlines()) if ln.startswith("{")), "")
+    return json.loads(line) if line else None

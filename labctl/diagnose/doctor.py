@@ -42,6 +42,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Callable
 
 from labctl import remote
+from labctl.core.proc import last_json_line
 from labctl.diagnose import slurm as slurm_checks
 from labctl.diagnose.compiler import check_compiler
 from labctl.diagnose.findings import Diagnosis, Finding
@@ -258,10 +259,10 @@ def container_env(client, lab: str, node: str) -> dict[str, str]:
 
 
 def _parse_json(node: str, output: str) -> dict:
-    for line in reversed(output.strip().splitlines()):
-        if line.startswith("{"):
-            return json.loads(line)
-    raise ValueError(f"{node}: no report ({output.strip()[-200:]})")
+    report = last_json_line(output)
+    if report is None:
+        raise ValueError(f"{node}: no report ({output.strip()[-200:]})")
+    return report
 
 
 def node_info(nodes, node: str, path: tuple[str, ...] = ()) -> dict:

@@ -18,6 +18,7 @@ import random
 from concurrent.futures import ThreadPoolExecutor
 
 from labctl import remote
+from labctl.core.proc import last_json_line
 from labctl.diagnose.findings import Finding
 
 PROBE_PORTS = (40000, 59999)  # UDP, drawn at random as the reachability probe's TCP port is
@@ -54,8 +55,8 @@ def probe_mtu(nodes, info: dict[str, dict], iface: str) -> dict[str, dict]:
 
     def one(node: str) -> dict:
         _, output = nodes.run(node, ["python", "-c", SCRIPT, json.dumps(probe_config(node, iface, port, targets))])
-        line = next((x for x in reversed(output.strip().splitlines()) if x.startswith("{")), "")
-        return json.loads(line) if line else {"error": output.strip()[-200:]}
+        report = last_json_line(output)
+        return report if report is not None else {"error": output.strip()[-200:]}
 
     with ThreadPoolExecutor(max_workers=16) as pool:
         return dict(zip(targets, pool.map(one, list(targets))))

@@ -12,13 +12,12 @@ host's Python has, and nothing of the host's own environment changes.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
 from labctl import remote
-from labctl.core.proc import run
+from labctl.core.proc import last_json_line, run
 from labctl.diagnose.doctor import node_info
 from labctl.errors import CommandError, LabError, StateError
 from labctl.hosts.inventory import Inventory
@@ -57,11 +56,11 @@ def with_pythonpath(env_texts: dict[str, str], path: str) -> dict[str, str]:
 
 def host_target(hosts: SSHHosts, name: str) -> Target:
     code, output = hosts.run(name, ["python", "-c", TARGET_SCRIPT])
-    line = next((ln for ln in reversed(output.strip().splitlines()) if ln.startswith("{")), "")
-    if code != 0 or not line:
+    report = last_json_line(output)
+    if code != 0 or report is None:
         raise StateError(f"{name}: its Python did not say what it is: {output.strip()[-300:]}",
                          hint=f"check python for {name} in {hosts.inventory.path}")
-    return target_from_probe(json.loads(line))
+    return target_from_probe(report)
 
 
 def hosts_lock_path(workspace: Path, inventory: Inventory) -> Path:

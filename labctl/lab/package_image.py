@@ -16,7 +16,6 @@ node image (a trainer change, another torch) makes the package image again, unde
 from __future__ import annotations
 
 import io
-import json
 import tarfile
 import time
 from pathlib import Path
@@ -24,6 +23,7 @@ from typing import Callable
 
 from labctl import remote
 from labctl.core import assets
+from labctl.core.proc import last_json_line
 from labctl.errors import LabError
 from labctl.lab.base import TARGET_CACHE, find_image, node_target
 from labctl.lab.builder import remove_replaced
@@ -42,10 +42,10 @@ def installed_packages(container) -> dict[str, str]:
     """{name: version} of every distribution the container's Python sees (node_info.py's report)."""
     code, output = container.exec_run(["python", "-c", INFO_SCRIPT], user="0:0")
     text = output.decode(errors="replace")
-    line = next((ln for ln in reversed(text.strip().splitlines()) if ln.startswith("{")), "")
-    if code != 0 or not line:
+    report = last_json_line(text)
+    if code != 0 or report is None:
         raise LabError(f"the node image's Python did not list its packages (exit {code}): {text[-300:]}")
-    return json.loads(line)["packages"]
+    return report["packages"]
 
 
 def wheels_tar(paths: list[Path], requirements: str) -> bytes:
