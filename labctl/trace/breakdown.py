@@ -49,6 +49,8 @@ class Segment:
     what: str  # in words, for the merged trace: "optimizer", "waiting for rank 2", ...
     start: float  # aligned unix seconds
     end: float
+    shade: str = ""  # how the picture tells it apart within its kind: "exposed", "forward", "backward", "bubble"
+    micro: int | None = None  # a pipeline stage's micro-batch, written on its bar
 
 
 @dataclass(frozen=True)
@@ -163,7 +165,7 @@ def step_segments(s: Step, offset: float, latest: tuple[float, int]) -> list[Seg
         parts = [Segment(COMPUTE, "forward and backward", start, comm_start),
                  Segment(OVERLAP, "backward, all-reduce in flight", comm_start, arrived),
                  Segment(WAITING, f"waiting for rank {latest[1]}", arrived, waited_until),
-                 Segment(WAITING, EXPOSED, waited_until, backward_end)]
+                 Segment(WAITING, EXPOSED, waited_until, backward_end, "exposed")]
     parts.append(Segment(COMPUTE, "optimizer", backward_end, end))
     return [p for p in parts if p.end > p.start]
 
@@ -175,11 +177,11 @@ def stage_segments(s: Step, offset: float) -> list[Segment]:
     for work in s.pipeline:
         begin, finish = max(work.start - offset, at), max(work.end - offset, at)
         needs = "activations" if work.kind == "forward" else "gradients"
-        parts.append(Segment(WAITING, f"{BUBBLE}: waiting for micro-batch {work.micro}'s {needs}", at, begin))
-        parts.append(Segment(COMPUTE, f"{work.kind}, micro-batch {work.micro}", begin, finish))
+        parts.append(Segment(WAITING, f"{BUBBLE}: waiting for micro-batch {work.micro}'s {needs}", at, begin, BUBBLE))
+        parts.append(Segment(COMPUTE, f"{work.kind}, micro-batch {work.micro}", begin, finish, work.kind, work.micro))
         at = finish
     end = max(s.t_backward_end - offset, at)
-    return parts + [Segment(WAITING, f"{BUBBLE}: the last sends, the tied embedding's sum", at, end)]
+    return parts + [Segment(WAITING, f"{BUBBLE}: the last sends, the tied embedding's sum", at, end, BUBBLE)]
 
 
 def is_pipeline(ranks: list[RankRecords]) -> bool:

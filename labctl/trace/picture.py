@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from labctl.trace.breakdown import BUBBLE, EXPOSED, RankRow, Segment, rank_row
+from labctl.trace.breakdown import RankRow, Segment, rank_row
 from labctl.trace.records import RunRecords, Step
 
 # The picture's bar kinds: breakdown's three, its waiting drawn in two shades (the kind's colour,
@@ -44,13 +44,8 @@ def lane_note(row: RankRow, staged: bool = False) -> str:
 
 def bar_kind(p: Segment) -> str:
     """The picture's kind of a segment: breakdown's, with the exposed all-reduce, a stage's forward and
-    backward, and its bubble told apart."""
-    if p.what == EXPOSED:
-        return "exposed"
-    if p.what.startswith(BUBBLE):
-        return "bubble"
-    head = p.what.split(",")[0]
-    return head if head in ("forward", "backward") and "micro-batch" in p.what else p.kind
+    backward, and its bubble told apart (the segment's shade)."""
+    return p.shade or p.kind
 
 
 def build_picture(run: RunRecords, steps: dict[int, list[tuple[Step, list[Segment]]]], waited_for: int | None,
@@ -68,8 +63,8 @@ def build_picture(run: RunRecords, steps: dict[int, list[tuple[Step, list[Segmen
             for p in parts:
                 kind = bar_kind(p)
                 bars[kind].append(((p.start - zero) * 1e3, (p.end - p.start) * 1e3))
-                if kind in ("forward", "backward"):
-                    marks.append((((p.start + p.end) / 2 - zero) * 1e3, p.what.rsplit(" ", 1)[1]))
+                if p.micro is not None:
+                    marks.append((((p.start + p.end) / 2 - zero) * 1e3, str(p.micro)))
         staged = any(s.pipeline for s, _ in chosen)
         lanes.append(Lane(r.label, bars, r.rank == waited_for,
                           lane_note(rank_row(r, chosen), staged) if chosen else "no steps", marks))
