@@ -88,7 +88,7 @@ def refusal(args, world: int) -> str | None:
     if given:
         return (f"error: {given[0]} does not go with --strategy pp in this trainer (it compiles, checkpoints or "
                 "balances DDP's replicas, and a pipeline has none): leave it out, or use --strategy ddp")
-    micro = args.micro_batches or 2 * world
+    micro = micro_batches(args, world)
     if args.global_batch and args.global_batch % micro:
         return (f"error: --global-batch {args.global_batch} does not split into --micro-batches {micro} of equal "
                 "size: give a multiple of it")
@@ -220,9 +220,14 @@ def stage_layers(model, args, world: int, device) -> tuple[list[int], list[float
     return plan_stages(args.n_layer, world, speeds=speeds), speeds
 
 
+def micro_batches(args, world: int) -> int:
+    """--micro-batches, or its default: two a stage."""
+    return args.micro_batches or 2 * world
+
+
 def resolve(args, world: int) -> None:
-    """--micro-batches' default (two a stage) and --global-batch's (--micro-batch samples in each), in place."""
-    args.micro_batches = args.micro_batches or 2 * world
+    """--micro-batches' default and --global-batch's (--micro-batch samples in each), in place."""
+    args.micro_batches = micro_batches(args, world)
     args.global_batch = args.global_batch or args.micro_batch * args.micro_batches
 
 

@@ -177,7 +177,7 @@ def draw_timelines(out_dir: Path, runs: dict[str, list[dict]], node: str, cpus: 
     nothing to draw is said, not raised."""
     if not have_matplotlib():
         return None, f"no timeline picture: it is drawn with matplotlib; {INSTALL_HINT}"
-    panels = [(f"{split}: " + (f"stages {pick['stage_layers']}" if "stage_layers" in pick and pick["stage_layers"]
+    panels = [(f"{split}: " + (f"stages {pick['stage_layers']}" if pick.get("stage_layers")
                                else f"micro-batches {pick['micro_batches']}"), Path(pick["run_dir"]))
               for split, pick in ((split, median_run(runs[split])) for split in splits)]
     what = "before and after balancing" if splits == SPLITS else "a pipeline's stages, equal and sized by speed"
