@@ -16,6 +16,11 @@ without a profiler. Between start_step() and end_step() each call becomes one Ca
   bytes     the message's size as nccl-tests counts it: the tensor for all_reduce and broadcast, the
             whole gathered output for all_gather, the whole input for reduce_scatter and all_to_all
 
+Tensor parallelism's all-reduces (--strategy tp: DTensor's, inside a node) go through torch's
+functional collectives instead, `_functional_collectives.all_reduce`, which hands back a tensor whose
+result is waited for where it is first used; recorded, it is waited for at once (the next layer
+needs it anyway), as kind tp_all_reduce, apart from the gradients' all-reduce across nodes.
+
 Outside a step (the summary's own gathers, checkpoints) nothing is recorded. On NCCL a blocking
 call returns once its kernel is queued on the GPU's stream, so there its time is the launch's, not
 the transfer's; the lab's CPU nodes run gloo, whose blocking calls return when the data is there.
@@ -40,7 +45,7 @@ RECORDED = {
     "reduce_scatter_tensor": ("reduce_scatter", "input", 1),
     "all_to_all_single": ("all_to_all", "input", 1),
 }
-KINDS = ("all_reduce", "all_gather", "reduce_scatter", "broadcast", "all_to_all")
+KINDS = ("all_reduce", "all_gather", "reduce_scatter", "broadcast", "all_to_all", "tp_all_reduce")
 
 
 @dataclass
@@ -79,6 +84,9 @@ class CollectiveLog:
             for name, (kind, arg, position) in RECORDED.items():
                 if hasattr(dist, name):
                     setattr(dist, name, log.wrap(getattr(dist, name), kind, arg, position))
+            import torch.distributed._functional_collectives as funcol
+
+            funcol.all_reduce = log.wrap_functional(funcol.all_reduce)
             cls._installed = log
         return cls._installed
 
@@ -97,6 +105,23 @@ class CollectiveLog:
             else:
                 self._stamp_when_done(work, call)
             return work
+
+        return recorded
+
+    def wrap_functional(self, fn):
+        """A functional all-reduce (DTensor's, for tensor parallelism), waited for at once and recorded."""
+
+        @functools.wraps(fn)
+        def recorded(tensor, *args, **kwargs):
+            if not self.active:
+                return fn(tensor, *args, **kwargs)
+            call = Call("tp_all_reduce", time.perf_counter(), tensor.numel() * tensor.element_size())
+            out = fn(tensor, *args, **kwargs)
+            out = out.wait() if hasattr(out, "wait") else out  # an AsyncCollectiveTensor: its result
+            call.done = time.perf_counter()
+            with self._lock:
+                self.calls.append(call)
+            return out
 
         return recorded
 

@@ -85,7 +85,9 @@ def parse_args(argv=None):
              "shards the optimizer state (ZeroRedundancyOptimizer); fsdp shards parameters, gradients and "
              "optimizer state (FSDP2 fully_shard per block); hsdp shards within a node's processes and replicates "
              "across nodes (--nproc-per-node 2 or more); pp cuts gpt's blocks into a pipeline of stages, one per "
-             "rank (--schedule, --micro-batches, --stage-layers). Same data, same loss (default ddp)")
+             "rank (--schedule, --micro-batches, --stage-layers); tp splits each of gpt's blocks over a node's "
+             "processes (--nproc-per-node 2 or more) and replicates them across nodes, fsdp+tp shards them across "
+             "nodes. Same data, same loss (default ddp)")
     # pipeline parallelism (trainer/pipeline.py)
     add("--schedule", choices=["gpipe", "1f1b"], default="1f1b",
         help="--strategy pp: the pipeline's order: gpipe runs every micro-batch's forward, then every backward; "

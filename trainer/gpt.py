@@ -27,7 +27,7 @@ from trainer import corpus as corpus_mod
 class Block(nn.Module):
     def __init__(self, n_embd: int, n_head: int):
         super().__init__()
-        self.n_head = n_head
+        self.head_dim = n_embd // n_head
         self.ln1 = nn.LayerNorm(n_embd)
         self.qkv = nn.Linear(n_embd, 3 * n_embd)
         self.proj = nn.Linear(n_embd, n_embd)
@@ -35,12 +35,14 @@ class Block(nn.Module):
         self.mlp = nn.Sequential(nn.Linear(n_embd, 4 * n_embd), nn.GELU(), nn.Linear(4 * n_embd, n_embd))
 
     def forward(self, x):
-        b, t, c = x.shape
-        q, k, v = self.qkv(self.ln1(x)).split(c, dim=2)
-        # [b, t, c] -> [b, heads, t, c/heads]
-        q, k, v = (z.view(b, t, self.n_head, c // self.n_head).transpose(1, 2) for z in (q, k, v))
+        b, t, _ = x.shape
+        # q, k and v side by side; under tensor parallelism (trainer/tensorparallel.py) only this rank's
+        # heads' q, k and v, whose rows it holds
+        q, k, v = self.qkv(self.ln1(x)).chunk(3, dim=2)
+        # [b, t, heads x head_dim] -> [b, heads, t, head_dim]: every head, or this rank's
+        q, k, v = (z.view(b, t, -1, self.head_dim).transpose(1, 2) for z in (q, k, v))
         y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-        x = x + self.proj(y.transpose(1, 2).reshape(b, t, c))
+        x = x + self.proj(y.transpose(1, 2).reshape(b, t, -1))
         return x + self.mlp(self.ln2(x))
 
 

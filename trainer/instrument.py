@@ -224,7 +224,8 @@ def too_short(band: list[float], predicted_ms: float) -> str:
 
 def prediction_line(prediction, calibration: dict) -> str:
     """The step model's prediction in words, printed before step 1; a step shorter than the noise its
-    calibration measured gets why it is not predicted instead; a pipeline's names its stages."""
+    calibration measured gets why it is not predicted instead; a pipeline's names its stages, a tensor-parallel
+    run its all-reduces."""
     if calibration.get("pipeline"):
         stages = ", ".join(f"{f:.1f}+{b:.1f}" for f, b in calibration["stage_ms"])
         sampled, played = calibration["sampled_ms"], calibration["played_out_ms"]
@@ -233,6 +234,13 @@ def prediction_line(prediction, calibration: dict) -> str:
                 f"optimizer {prediction.optimizer_ms:.1f}; played out from its stages' forward+backward ({stages} ms "
                 f"a micro-batch) and transfers ({', '.join(f'{t:.2f}' for t in calibration['transfer_ms'])} ms) "
                 f"{played:.1f}, the other {sampled - played:.1f} neither compute nor transfer")
+    if calibration.get("tensor_parallel"):
+        return (f"step model: predicted {prediction.step_ms:.1f} ms a step = the step sampled ({calibration['calibration_steps']} "
+                f"steps before the first, {calibration['accum']} micro-batches, the optimizer on copies); of it, optimizer "
+                f"{prediction.optimizer_ms:.1f}, the blocks' {calibration['tp_all_reduces']} "
+                f"all-reduces inside the node {calibration['tp_all_reduce_ms']:.1f} (the cost model counts "
+                f"{calibration['tp_all_reduces_priced']}), the gradients across nodes {calibration['across_nodes_ms']:.1f}, "
+                f"compute {prediction.compute_ms:.1f}")
     if not calibration.get("trusted", True):
         return f"step model: {too_short(calibration['band_ms'], prediction.step_ms)}{links_note(calibration)}"
     link = calibration.get("link") or {}

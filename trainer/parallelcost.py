@@ -80,12 +80,19 @@ def pipeline_cost(stages: int, step: Step, link) -> PipelineCost:
 def tensor_cost(ranks: int, layers: int, step: Step, link) -> TensorCost:
     """One optimizer step's activation all-reduces among `ranks` sharing each of `layers` blocks, on
     `link`, the link inside a node."""
-    count = 4 * layers * step.micro_batches
+    count = tp_all_reduces(layers, step.micro_batches)
     act = step.activation_bytes
     sent = count * ring_cost("all_reduce", ranks, step.backend).wire * act
     comm = count * link.textbook_s("all_reduce", act, ranks, step.backend, step.efficiency)
     total = step.micro_batches * step.compute_s / ranks + comm if step.compute_s is not None else None
     return TensorCost(ranks, count, sent, comm, total)
+
+
+def tp_all_reduces(layers: int, micro_batches: int) -> int:
+    """A step's all-reduces of activations under tensor parallelism: two a block in forward (after
+    attention's output projection and the MLP's second layer), two in backward (the input gradients
+    of the qkv projection and the MLP's first layer), for each micro-batch."""
+    return 4 * layers * micro_batches
 
 
 def stage_order(schedule: str, stages: int, rank: int, micro_batches: int) -> list[tuple[str, int]]:

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 import torch
 from torch.utils.data import DataLoader, DistributedSampler
 
-from trainer import checkpoint
+from trainer import checkpoint, tensorparallel
 from trainer.batching import BatchError, global_batch_indices, parse_rank_micro, plan_micro_batches, rank_share
 from trainer.ddp import param_checksum
 from trainer.dist import all_gather, all_reduce_sum, print0, println
@@ -50,12 +50,15 @@ class GlobalBatches:
     def __init__(self, run):
         args, c, workload = run.args, run.c, run.workload
         self.run = run
-        self.global_batch = args.global_batch or args.micro_batch * c.world_size  # pp: flags resolved it
+        # the data's shares: a rank each, or a node each under tensor parallelism (its processes share one)
+        self.share, shares = tensorparallel.data_share(args, c)
+        self.counted = tensorparallel.counts_samples(args, c)
+        self.global_batch = args.global_batch or args.micro_batch * shares  # pp: flags resolved it
         self.staged = run.pipeline is not None  # pp: every stage walks the whole batch, in M micro-batches
         try:
             self.accum, self.sizes = (
                 (args.micro_batches, [self.global_batch // args.micro_batches] * c.world_size) if self.staged
-                else plan_micro_batches(self.global_batch, args.micro_batch, c.world_size,
+                else plan_micro_batches(self.global_batch, args.micro_batch, shares,
                                         parse_rank_micro(args.rank_micro_batch)))
             global_batch_indices(workload.n_samples, self.global_batch, args.seed, 1)  # too big a batch fails here
         except BatchError as exc:
@@ -65,7 +68,7 @@ class GlobalBatches:
         self.tokens_per_step = self.global_batch * workload.tokens_per_sample
         self.loss = None  # the global loss, on the steps that print it
         self.step1_consistent = None  # unknown when resuming past step 1
-        self.micro_samples = self.sizes[c.rank]  # this rank's micro-batch (the step model calibrates one)
+        self.micro_samples = self.sizes[self.share]  # this rank's micro-batch (the step model calibrates one)
         print0(f"{run.tag} global batch {self.global_batch} = {self.accum} accumulation steps x micro-batches "
                f"{self.sizes}" + (f" x {workload.tokens_per_sample} tokens" if workload.tokens_per_sample > 1 else ""))
 
@@ -75,18 +78,19 @@ class GlobalBatches:
         if self.staged:  # the whole batch, which the schedule cuts; its samples counted once, by the loss's stage
             last = c.rank == c.world_size - 1
             return Batch([workload.batch(indices)], 1.0, self.tokens_per_step, self.global_batch if last else 0)
-        micros = [workload.batch(m) for m in rank_share(indices, self.sizes, self.accum, c.rank)]
-        # Scale so that DDP's average over ranks is the mean over the step's tokens (see batching.py).
-        return Batch(micros, c.world_size / self.tokens_per_step, self.tokens_per_step, self.accum * self.sizes[c.rank])
+        micros = [workload.batch(m) for m in rank_share(indices, self.sizes, self.accum, self.share)]
+        # Scale so that DDP's average over the shares is the mean over the step's tokens (see batching.py).
+        return Batch(micros, len(self.sizes) / self.tokens_per_step, self.tokens_per_step,
+                     self.accum * self.sizes[self.share] if self.counted else 0)
 
     def log(self, step, batch, loss_sum, timing, record):
         """Every step's record carries this rank's loss; the steps that print also the global one."""
         run = self.run
-        # pp: only the last stage has a loss
+        # pp: only the last stage has a loss; tp: a node's first process counts its node's
         record["rank_loss"] = loss_sum.item() / (batch.samples * run.workload.tokens_per_sample) if batch.samples else None
         if step == self.steps or (run.args.log_every and step % run.args.log_every == 0):
             # The global loss is a collective; only on the steps that print, to keep steps comm-clean.
-            self.loss = all_reduce_sum(loss_sum.item(), run.c.device) / self.tokens_per_step
+            self.loss = all_reduce_sum(loss_sum.item() if batch.samples else 0.0, run.c.device) / self.tokens_per_step
             record["loss"] = self.loss
             println(f"{run.tag} step {step}/{self.steps} loss {self.loss:.6f} "
                     f"({timing.step_ms:.0f} ms: compute {timing.compute_ms:.0f}, comm wait {timing.comm_wait_ms:.0f})")
@@ -96,7 +100,8 @@ class GlobalBatches:
         # The check people are told to do by hand: after the first step every replica is identical.
         if self.staged:
             return  # a pipeline's stages hold different layers; its SUMMARY checks the tied embedding
-        self.step1_consistent = len(set(all_gather(param_checksum(self.run.workload.model)))) == 1
+        self.step1_consistent = tensorparallel.replicas_agree(all_gather(param_checksum(self.run.workload.model)),
+                                                              self.run.args)
 
     def final_loss(self):
         return self.loss  # the last step always prints, so this is its global loss

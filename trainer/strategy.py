@@ -13,8 +13,11 @@
           inside a node, and only the gradient shards are all-reduced between nodes
     pp    a pipeline (trainer/pipeline.py): each rank holds a stage of gpt's blocks, whole, and
           the activations pass from stage to stage; nothing is replicated but the tied embedding
+    tp    tensor parallelism (trainer/tensorparallel.py): each block's layers split over a node's
+          processes (Megatron-LM's), the model replicated across nodes (FSDP2's replicate, DDP's job)
+    fsdp+tp  the same split, sharded across nodes with FSDP2 (torchtitan's 2-D)
 
-The loop, the data order and the loss are the same for all five, so they end at the same loss up
+The loop, the data order and the loss are the same for all seven, so they end at the same loss up
 to the order in which floating-point sums are taken. A single process wraps nothing, as with DDP.
 """
 
@@ -23,9 +26,10 @@ from contextlib import contextmanager
 
 import torch
 
+from trainer import tensorparallel
 from trainer.ddp import wrap_ddp
 
-STRATEGIES = ("ddp", "zero", "fsdp", "hsdp", "pp")  # --strategy
+STRATEGIES = ("ddp", "zero", "fsdp", "hsdp", "pp", "tp", "fsdp+tp")  # --strategy
 SHARDED = ("fsdp", "hsdp")  # FSDP2: parameters, gradients and optimizer state in shards
 
 
@@ -41,6 +45,8 @@ def refusal(args):
         from trainer.pipeline import refusal as pipeline_refusal
 
         return pipeline_refusal(args, int(os.environ.get("WORLD_SIZE", 1)))
+    if args.strategy in tensorparallel.TP_STRATEGIES:
+        return tensorparallel.refusal(args, int(os.environ.get("WORLD_SIZE", 1)), tensorparallel.tp_size())
     if args.strategy in SHARDED and (args.comm_hook != "none" or args.static_graph):
         given = "--comm-hook " + args.comm_hook if args.comm_hook != "none" else "--static-graph"
         return f"error: {given} is a DDP setting, and --strategy {args.strategy} has no DDP: use --strategy ddp or zero"
@@ -58,6 +64,8 @@ def wrap_model(model, c, args, timer):
         model = torch.compile(model)
     if c.world_size == 1:
         return model
+    if args.strategy in tensorparallel.TP_STRATEGIES:
+        return tensorparallel.parallelize(model, c, args, timer)
     if args.strategy in SHARDED:
         return shard_fully(model, c, hybrid=args.strategy == "hsdp")
     return wrap_ddp(model, c, args.bucket_cap_mb, args.comm_hook, args.static_graph, timer)

@@ -25,7 +25,7 @@ from pathlib import Path
 
 import torch
 
-from trainer import checkpoint, collectives, pipeline, pipepredict, strategy, wire
+from trainer import checkpoint, collectives, pipeline, pipepredict, strategy, tensorparallel, tppredict, wire
 from trainer.calibrate import predict_run
 from trainer.ddp import param_checksum
 from trainer.dist import (all_gather, all_reduce_sum, compute_cleanup, compute_init, get_dist_info, print0,
@@ -59,10 +59,8 @@ def main(argv=None):
     with open_metrics(run_dir, rank, enabled=not args.no_metrics) as metrics:
         run, as_built = setup(args, run_dir, metrics)
         schedule = schedule_for(run)  # epochs or global batches; may resume from a checkpoint
-        # The step model's prediction of every step, from a calibration before the first (trainer/calibrate.py;
-        # a pipeline's, trainer/pipepredict.py)
-        prediction, calibration = (pipepredict.predict(run, schedule) if run.pipeline
-                                   else predict_run(run, schedule, as_built))
+        # The step model's prediction of every step, from a calibration before the first
+        prediction, calibration = predict(run, schedule, as_built)
         del as_built  # fsdp's unsharded copy
         print0(f"{run.tag} {prediction_line(prediction, calibration)}")
 
@@ -98,6 +96,17 @@ def setup(args, run_dir, metrics):
     prof = profiler_for(args.profile, c.device.type, Path(run_dir) / f"trace-rank{c.rank}.json")
     return Run(args=args, c=c, tag=tag, run_dir=run_dir, workload=workload, model=model, optimizer=optimizer,
                timer=timer, collectives=log, metrics=metrics, prof=prof, pipeline=pipe), as_built
+
+
+def predict(run, schedule, as_built):
+    """The step model's prediction of every step, from a calibration before the first: (prediction,
+    calibration). Sampled from the run's own steps for a pipeline (trainer/pipepredict.py) and for
+    tensor parallelism (trainer/tppredict.py); modelled from its parts for the others (calibrate.py)."""
+    if run.pipeline:
+        return pipepredict.predict(run, schedule)
+    if run.args.strategy in tensorparallel.TP_STRATEGIES and run.c.world_size > 1:
+        return tppredict.predict(run, schedule)
+    return predict_run(run, schedule, as_built)
 
 
 def train(run, schedule):
@@ -205,7 +214,9 @@ def finish(run, result, prediction, calibration):
         "strategy": run.args.strategy,
         "param_checksum": checksum,  # of the whole parameters: a sharded run's are gathered first (pp: rank 0's stage)
         # pp: its stages differ by design; the one parameter it replicates, the tied embedding, must not
-        "replicas_consistent": staged["tied_embedding_consistent"] if staged else len(set(checksums)) == 1,
+        # tp: each rank's shard, the same as its counterparts' on the other nodes
+        "replicas_consistent": (staged["tied_embedding_consistent"] if staged
+                                else tensorparallel.replicas_agree(checksums, run.args)),
         # Parameters, gradients and optimizer state on the rank that holds the most, and what they are.
         "state_bytes_per_rank": sum(fullest.values()),
         "state_bytes": fullest,
@@ -219,6 +230,7 @@ def finish(run, result, prediction, calibration):
         "cpu_capability": torch.backends.cpu.get_cpu_capability(),
         **compiled,
         **staged,
+        **tensorparallel.summary(run.args, c),
         **result.extra,
         **run.workload.extra,
         "elapsed_s": round(result.elapsed_s, 3),

@@ -34,6 +34,8 @@ from labctl.spec.units import parse_rate
 
 LARGER = ("--n-embd", "128", "--n-layer", "4")  # 3.2 MB of gradients: buckets of 1 MiB make several
 PIPELINE = ("--strategy", "pp", "--n-layer", "6", "--micro-batches", "6")  # a stage a node, 6 micro-batches
+# each block split over a node's 2 processes, replicated (tp) or sharded (fsdp+tp) across nodes
+TENSOR = (("--strategy", "tp"), ("--strategy", "fsdp+tp"))
 
 
 @dataclass(frozen=True)
@@ -59,7 +61,7 @@ class Case:
 
 
 def grid(max_nodes: int) -> list[Case]:
-    """The default grid, each case on no more nodes than the lab has (36 on 8 nodes, 30 on 4, 16 on 3, 12 on 2):
+    """The default grid, each case on no more nodes than the lab has (39 on 8 nodes, 33 on 4, 19 on 3, 15 on 2):
     first make demo's own run (the toy workload, 3 nodes, unshaped), the first prediction a newcomer
     sees; then the gpt's."""
     cases = [Case(3, None, ("--epochs", "3"), workload="toy")]
@@ -73,6 +75,8 @@ def grid(max_nodes: int) -> list[Case]:
     cases += [Case(n, "1gbit", args, spine="100mbit") for n, args in ((4, ()), (4, LARGER), (8, ()))]
     cases += [Case(3, bw, PIPELINE) for bw in (None, "100mbit")]
     cases += [Case(3, "1gbit", (*PIPELINE, "--stage-layers", "auto"), slow_cpus=0.25)]
+    cases += [Case(2, bw, TENSOR[0], nproc_per_node=2) for bw in (None, "100mbit")]
+    cases += [Case(2, "1gbit", TENSOR[1], nproc_per_node=2)]
     return [c for c in cases if c.nodes <= max_nodes]
 
 
@@ -216,7 +220,8 @@ def measure(session: LabSession, steps: int = 20, repeats: int = 1, *, out_dir: 
     cases = grid(len(names))
     if len(cases) < 2:
         raise StateError(f"lab {session.name} has {len(names)} node; the grid's cases need 2 or more",
-                         hint=f"labctl up --lab {session.name} --nodes 8 (all 33 cases; 2 nodes run 12 of them)")
+                         hint=f"labctl up --lab {session.name} --nodes 8 (all {len(grid(8))} cases; 2 nodes run "
+                              f"{len(grid(2))} of them)")
     node_env = session.node_env(names)
     runs: dict[Case, list[dict]] = {c: [] for c in cases}
     iface = session.config.iface

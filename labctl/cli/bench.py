@@ -283,9 +283,9 @@ def bench_predict_cmd(lab, steps, repeats, out_dir, as_json) -> None:
 
     Runs make demo's own run (the toy workload on 3 nodes), then the trainer's gpt on the lab's first
     2, 4 and 8 nodes, unshaped and at 1gbit and 100mbit, with accumulation, buckets of 1 and 25 MiB,
-    2 ranks a node, a straggler, the sharded strategies, two groups of nodes joined by 100mbit and a
-    pipeline of a stage a node on 3 (the cases the lab has nodes for: 12 on 2 nodes, 16 on 3, 30 on
-    4, all 36 on 8), and prints each case's
+    2 ranks a node, a straggler, the sharded strategies, two groups of nodes joined by 100mbit, a
+    pipeline of a stage a node on 3 and tensor parallelism over 2 ranks a node on 2 (the cases the lab
+    has nodes for: 15 on 2 nodes, 19 on 3, 33 on 4, all 39 on 8), and prints each case's
     predicted and measured step with its runs' spread, and the median and 90th percentile of the
     absolute error of the cases predicted (a case too short to predict is counted apart).
     The lab's links must be unshaped: the bench shapes and clears them itself.

@@ -33,8 +33,11 @@ def test_a_sharded_run_checkpoints_and_resumes_to_the_loss_of_one_that_never_sto
     assert abs(resumed["final_loss"] - whole["final_loss"]) <= 1e-5 * abs(whole["final_loss"]), (resumed, whole)
 
 
-def test_hsdp_on_two_nodes_of_two_processes_shards_within_a_node_and_ends_at_ddps_loss(tmp_path):
-    """Two torchrun agents on this machine stand for two nodes of two processes each."""
+def test_hsdp_and_tensor_parallelism_on_two_nodes_of_two_processes_end_at_ddps_loss(tmp_path):
+    """Two torchrun agents on this machine stand for two nodes of two processes each. hsdp shards within
+    a node; tp splits each block over a node's two processes (and replicates across nodes), fsdp+tp
+    shards those halves across nodes too: each ends at DDP's loss for the same global batches, two
+    micro-batches a step under tp (a node's processes share one share of the data)."""
     import socket
 
     with socket.socket() as s:
@@ -42,24 +45,40 @@ def test_hsdp_on_two_nodes_of_two_processes_shards_within_a_node_and_ends_at_ddp
         port = s.getsockname()[1]
     env = host_env()
     runs = {}
-    for strategy in ("ddp", "hsdp"):
+    for strategy in ("ddp", "hsdp", "tp", "fsdp+tp"):
         agents = [subprocess.Popen(
             [sys.executable, "-m", "torch.distributed.run", "--nnodes=2", "--nproc_per_node=2", f"--node_rank={node}",
              "--rdzv_backend=c10d", f"--rdzv_endpoint=127.0.0.1:{port}", f"--rdzv_id={strategy}", "--log-dir",
              str(tmp_path / f"torchrun-{strategy}-{node}"), "-m", "trainer", "--workload", "gpt", "--steps", "4",
-             "--strategy", strategy, "--run-dir", str(tmp_path / strategy), "--data-dir", str(tmp_path / "data"),
+             "--global-batch", "32", "--strategy", strategy, "--run-dir", str(tmp_path / strategy), "--data-dir", str(tmp_path / "data"),
              "--no-metrics"], cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
             for node in (0, 1)]
         outs = [agent.communicate(timeout=300) for agent in agents]
         assert all(a.returncode == 0 for a in agents), [o[1][-2000:] for o in outs]
         line = next(line for out, _ in outs for line in out.splitlines() if "SUMMARY " in line)
         runs[strategy] = json.loads(line.split("SUMMARY ", 1)[1])
+        runs[strategy]["printed"] = outs[0][0]
     ddp, hsdp = runs["ddp"], runs["hsdp"]
     assert hsdp["world_size"] == 4 and hsdp["replicas_consistent"]
     assert abs(hsdp["final_loss"] - ddp["final_loss"]) <= 1e-5 * abs(ddp["final_loss"])
     # sharded over a node's 2 processes: about half of DDP's state; the gradient shards all-reduced across nodes
     assert hsdp["state_bytes_per_rank"] <= ddp["state_bytes_per_rank"] / 2 + 8192
     assert set(hsdp["collectives_per_step"]) == {"all_gather", "reduce_scatter", "all_reduce"}
+    blocks = 2 * 64 * (3 * 64 + 64 + 4 * 64 + 4 * 64) * 4  # gpt's two blocks' weights, fp32: what tp halves
+    for name, across in (("tp", {"all_reduce"}), ("fsdp+tp", {"all_gather", "reduce_scatter"})):
+        tp = runs[name]
+        assert tp["world_size"] == 4 and tp["replicas_consistent"] and tp["replicas_consistent_after_step1"], tp
+        assert abs(tp["final_loss"] - ddp["final_loss"]) <= 1e-5 * abs(ddp["final_loss"]), (name, tp, ddp)
+        assert tp["tp_size"] == 2 and tp["dp_size"] == 2 and tp["micro_batches"] == [8, 8] and tp["accum_steps"] == 2
+        # the blocks' weights halved inside a node (fsdp+tp: and halved again across nodes)
+        params = ddp["state_bytes"]["params"] - blocks / 2 if name == "tp" else (ddp["state_bytes"]["params"] - blocks / 2) / 2
+        assert abs(tp["state_bytes"]["params"] - params) < 2048, (name, tp["state_bytes"], ddp["state_bytes"])
+        # 4 all-reduces of a micro-batch's activations (8 x 64 x 64 fp32) a block and micro-batch, as the cost model counts
+        calls = tp["collectives_per_step"]
+        assert set(calls) == across | {"tp_all_reduce"}, calls
+        assert calls["tp_all_reduce"]["calls"] == 4 * 2 * 2 and calls["tp_all_reduce"]["bytes"] == 16 * 8 * 64 * 64 * 4
+        assert "16 all-reduces inside the node" in tp["printed"] and "the cost model counts 16" in tp["printed"]
+        assert tp["predicted_step_ms"] > tp["step_model"]["calibration"]["tp_all_reduce_ms"] > 0
 
 
 def test_a_pipeline_of_three_stages_ends_at_ddps_loss_in_either_order(tmp_path):

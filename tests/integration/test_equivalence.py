@@ -42,18 +42,24 @@ GPT = ["-m", "trainer", "--workload", "gpt", "--steps", "20", "--seed", "0", "--
        "--micro-batch", "8"]
 
 
-def test_gpt_on_two_nodes_trains_on_the_same_text_to_the_same_loss_as_one_process_on_the_host(lab2, tmp_path):
-    from trainer.corpus import CORPUS_SHA256
-
-    # The host computes with the nodes' CPU kernels (AVX2 by default, labctl.spec.labspec.CPU_KERNEL_ENV): with
-    # its own best (AVX-512 here) the loss differs in the seventh digit.
-    kernels = LabSpec().node_env
+@pytest.fixture(scope="module")
+def gpt_on_host(tmp_path_factory) -> dict:
+    """GPT's SUMMARY in one process on the host under torchrun. The host computes with the nodes' CPU
+    kernels (AVX2 by default, labctl.spec.labspec.CPU_KERNEL_ENV): with its own best (AVX-512 here) the
+    loss differs in the seventh digit."""
+    tmp_path = tmp_path_factory.mktemp("gpt-on-host")
     host = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=1",
                            "--log-dir", str(tmp_path / "torchrun"), *GPT,
                            "--data-dir", str(tmp_path / "data"), "--run-dir", str(tmp_path / "run")],
-                          cwd=REPO, capture_output=True, text=True, timeout=300, env={**os.environ, **kernels})
+                          cwd=REPO, capture_output=True, text=True, timeout=300, env={**os.environ, **LabSpec().node_env})
     assert host.returncode == 0, host.stderr
-    on_host = summary_of(host.stdout)
+    return summary_of(host.stdout)
+
+
+def test_gpt_on_two_nodes_trains_on_the_same_text_to_the_same_loss_as_one_process_on_the_host(lab2, gpt_on_host):
+    from trainer.corpus import CORPUS_SHA256
+
+    on_host = gpt_on_host
     on_nodes = summary_of(labctl("run", "--lab", lab2, "--", *GPT, check=True).stdout)
     assert (on_host["world_size"], on_nodes["world_size"]) == (1, 2)
     assert on_host["corpus_sha256"] == on_nodes["corpus_sha256"] == CORPUS_SHA256
@@ -64,6 +70,20 @@ def test_gpt_on_two_nodes_trains_on_the_same_text_to_the_same_loss_as_one_proces
     # most 6e-7), and by how much depends on the CPU's kernels, so the bound is relative.
     assert on_nodes["final_loss"] == pytest.approx(on_host["final_loss"], rel=1e-6, abs=0)
     assert on_nodes["replicas_consistent"] is True
+
+
+def test_tensor_parallelism_on_two_processes_a_node_trains_to_the_same_loss(lab2, gpt_on_host):
+    """--strategy tp on 2 nodes of 2 processes: each block split over a node's two (4 all-reduces of the
+    activations a block and micro-batch, inside the node), the halves replicated across the nodes. The
+    same global batches, a node's two processes sharing its share: the same loss to within 1e-5
+    (each layer's sums split in two and added in another order)."""
+    tp = summary_of(labctl("run", "--lab", lab2, "--nproc-per-node", "2", "--", *GPT, "--strategy", "tp",
+                           check=True).stdout)
+    assert (tp["world_size"], tp["tp_size"], tp["dp_size"], tp["micro_batches"]) == (4, 2, 2, [8, 8])
+    assert tp["replicas_consistent"] is True and tp["cpu_kernels"] == gpt_on_host["cpu_kernels"]
+    assert tp["final_loss"] == pytest.approx(gpt_on_host["final_loss"], rel=1e-5, abs=0)
+    calls = tp["collectives_per_step"]
+    assert calls["tp_all_reduce"]["calls"] == 4 * 2 * 2 and calls["all_reduce"]["calls"] >= 1, calls
 
 
 def test_indivisible_batch_is_refused(lab2):

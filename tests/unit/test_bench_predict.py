@@ -22,6 +22,12 @@ def test_the_grid_covers_what_the_issue_asks_and_fits_the_lab():
     piped = [c for c in cases if "pp" in c.args]
     assert [(c.nodes, c.bw, c.slow_cpus, "auto" in c.args) for c in piped] == [
         (3, None, None, False), (3, "100mbit", None, False), (3, "1gbit", 0.25, True)]
+    # tensor parallelism, each block over a node's 2 processes: replicated across 2 nodes unshaped and at
+    # 100mbit, sharded across them at 1gbit
+    split = [c for c in cases if c.args and "tp" in c.args[-1]]
+    assert [(c.nodes, c.nproc_per_node, c.bw, c.args[-1]) for c in split] == [
+        (2, 2, None, "tp"), (2, 2, "100mbit", "tp"), (2, 2, "1gbit", "fsdp+tp")]
+    assert len(grid(8)) == 39 and len(grid(2)) == 15
     assert all(c.nodes <= 4 for c in grid(5)) and grid(1) == []
     assert len({c.name for c in cases}) == len(cases)  # every case says what it is
 
