@@ -2,13 +2,13 @@
 calibration, for blocks split over a node's processes.
 
 Every rank runs a few steps of the run's own model on the first step's micro-batches, after one to
-warm up, their gradients dropped (no optimizer step: the run never sees them): forward and backward
-through the split blocks with their all-reduces inside the node, and the gradients' all-reduce (or
-FSDP2's gathers and reduce-scatters) across nodes, as the steps will. The prediction is the sampled
-step (the mean of the slowest rank's) plus the slowest optimizer, timed on copies of what each rank
-holds. It is taken apart from the sample's own collectives: the blocks' all-reduces (tp_all_reduce),
-which the cost model counts too (parallelcost.tensor_cost: 4 a block and micro-batch, the
-activations' bytes each), and the rest of the communication across nodes.
+warm up, their gradients dropped (the optimizer steps copies: the run never sees them): forward and
+backward through the split blocks with their all-reduces inside the node, and the gradients'
+all-reduce (or FSDP2's gathers and reduce-scatters) across nodes, as the steps will. The prediction
+is the sampled step (the trimmed mean of the slowest rank's), with those steps' 10th to 90th
+percentile for its band. It is taken apart from the sample's own collectives: the blocks'
+all-reduces (tp_all_reduce), which the cost model counts too (parallelcost.tp_all_reduces: 4 a
+block and micro-batch), the rest of the communication across nodes, and the optimizer timed alone.
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ from trainer import parallelcost, stepmodel, strategy
 from trainer.calibrate import held_parameters, optimizer_copy
 from trainer.collectives import in_flight_ms
 from trainer.dist import all_gather, barrier
+from trainer.instrument import deciles  # the spread the run's measured steps are given, the same way
 from trainer.pipepredict import PING_REPS, timed
 from trainer.tensorparallel import tp_size
 
@@ -69,16 +70,18 @@ def predict(run, schedule) -> tuple[stepmodel.Prediction, dict]:
     block = statistics.median(in_flight_ms([k for k in step if k.kind == "tp_all_reduce"]) for step in calls)
     across = statistics.median(in_flight_ms([k for k in step if k.kind != "tp_all_reduce"]) for step in calls)
     mine = [trimmed_mean(walls), statistics.median(timed(optimizer_step) for _ in range(PING_REPS)), block, across,
-            len([k for k in calls[0] if k.kind == "tp_all_reduce"])]
+            len([k for k in calls[0] if k.kind == "tp_all_reduce"]), deciles(walls)]
     everyone = all_gather(mine)
     sampled, optimizer_ms = max(w for w, *_ in everyone), max(o for _, o, *_ in everyone)
-    _, _, block_ms, across_ms, made = everyone[c.rank]
+    band = max(everyone, key=lambda m: m[0])[-1]  # the slowest rank's sampled steps, p10 to p90
+    _, _, block_ms, across_ms, made, _ = everyone[c.rank]
     comm = block_ms + across_ms
     # the sample holds the optimizer's step; it is shown apart, timed alone
     prediction = stepmodel.Prediction(step_ms=sampled, compute_ms=sampled - comm - optimizer_ms, waiting_ms=0.0,
                                       optimizer_ms=optimizer_ms, comm_ms=comm, exposed_comm_ms=comm,
                                       terms={"tp_all_reduce_ms": block_ms, "across_nodes_ms": across_ms})
     return prediction, {"sampled_ms": round(sampled, 3), "sampled_steps_ms": [round(w, 3) for w in walls],
+                        "band_ms": [round(edge, 3) for edge in band],
                         "tp_all_reduce_ms": round(block_ms, 3), "across_nodes_ms": round(across_ms, 3), "tp_all_reduces": made,
                         "tp_all_reduces_priced": parallelcost.tp_all_reduces(args.n_layer, len(micros)),
                         "tp_size": tp_size(), "accum": len(micros),
