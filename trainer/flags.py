@@ -34,6 +34,7 @@ def above_zero(text):
 
 
 def parse_args(argv=None):
+    from trainer.pipeline import SCHEDULES
     from trainer.strategy import STRATEGIES, refusal  # with torch: the parser is made where the run is
 
     p = argparse.ArgumentParser(
@@ -89,7 +90,7 @@ def parse_args(argv=None):
              "processes (--nproc-per-node 2 or more) and replicates them across nodes, fsdp+tp shards them across "
              "nodes. Same data, same loss (default ddp)")
     # pipeline parallelism (trainer/pipeline.py)
-    add("--schedule", choices=["gpipe", "1f1b"], default="1f1b",
+    add("--schedule", choices=SCHEDULES, default="1f1b",
         help="--strategy pp: the pipeline's order: gpipe runs every micro-batch's forward, then every backward; "
              "1f1b alternates them once the pipe is full, holding fewer activations (default 1f1b)")
     add("--micro-batches", type=at_least(1), default=None,

@@ -13,7 +13,6 @@ all read the same file and check its hash agrees.
 
 from __future__ import annotations
 
-import math
 import os
 from pathlib import Path
 
@@ -129,8 +128,3 @@ class TextWindows:
 
 def param_count(model: nn.Module) -> int:
     return sum(p.numel() for p in model.parameters())
-
-
-def ideal_loss(vocab_size: int) -> float:
-    """Cross-entropy of a uniform guess: where an untrained model starts."""
-    return math.log(vocab_size)

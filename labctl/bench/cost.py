@@ -99,12 +99,6 @@ def op_cost(op: str, n: int, backend: str = "nccl") -> OpCost:
     return ring_cost(op, n, backend)
 
 
-def busbw_factor(n: int, collective: str = "allreduce") -> float:
-    """nccl-tests' bus-bandwidth factor; 0 for one rank (nothing crosses a link)."""
-    _check_collective(collective)
-    return op_cost(SPELLED[collective], n).busbw
-
-
 def bytes_per_rank(payload_bytes: float, n: int, collective: str = "allreduce", backend: str = "nccl") -> float:
     _check_collective(collective)
     return op_cost(SPELLED[collective], n, backend).wire * payload_bytes

@@ -18,6 +18,7 @@ from typing import Callable
 
 from labctl import remote
 from labctl.core.proc import last_json_line, run
+from labctl.core.ui import Report
 from labctl.diagnose.doctor import node_info
 from labctl.errors import CommandError, LabError, StateError
 from labctl.hosts.inventory import Inventory
@@ -27,8 +28,6 @@ from labctl.lab.packages import LOCK_FILE, Declaration
 from labctl.lab.resolve import ensure_lock, fetch_wheels, write_atomic
 from labctl.lab.wheelhouse import Target, target_from_probe
 
-Report = Callable[[str], None]
-MARK = ".ddplab-lock"  # in a host's packages folder: the digest of the lock it holds
 HOSTS_LOCK = "hosts-pylock.toml"  # beside the lab's own lock, which it takes the place of for the hosts
 INSTALL_SCRIPT = remote.load("install-packages.sh")
 TARGET_SCRIPT = remote.load("python_target.py")

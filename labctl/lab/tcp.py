@@ -26,7 +26,6 @@ from pathlib import Path
 from labctl.errors import StateError
 
 SYSCTL = "net.ipv4.tcp_congestion_control"
-DEFAULT = "cubic"
 HOST = "host"  # keep the host's default
 PROC = Path("/proc/sys/net/ipv4")
 

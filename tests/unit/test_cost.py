@@ -5,11 +5,12 @@ import pytest
 from labctl.bench import cost
 from labctl.bench.cost import (
     PRESETS,
+    SPELLED,
     CostQuery,
     Link,
-    busbw_factor,
     bytes_per_rank,
     collective_time_s,
+    op_cost,
     parse_params,
     resolve_link,
     step_report,
@@ -33,7 +34,7 @@ def test_gpt2_760m_bf16_two_ranks():
     (4, "reduce_scatter", 0.75), (4, "allgather", 0.75), (1, "allreduce", 0.0),
 ])
 def test_busbw_factors(n, collective, factor):
-    assert busbw_factor(n, collective) == factor
+    assert op_cost(SPELLED[collective], n).busbw == factor
     assert bytes_per_rank(1000.0, n, collective) == pytest.approx(1000.0 * factor)
 
 
@@ -64,7 +65,7 @@ def test_parse_params(text, params):
     (lambda: step_report(CostQuery(1e6, "int8"), 2, [PRESETS["1gbe"]]), "--dtype"),
     (lambda: step_report(CostQuery(1e6, "fp32", efficiency=1.5), 2, [PRESETS["1gbe"]]), "--efficiency"),
     (lambda: step_report(CostQuery(1e6, "fp32", grad_accum=0), 2, [PRESETS["1gbe"]]), "--grad-accum"),
-    (lambda: busbw_factor(2, "alltoall"), "--collective"),
+    (lambda: bytes_per_rank(1.0, 2, "alltoall"), "--collective"),
 ])
 def test_errors(call, fragment):
     with pytest.raises(ConfigError, match=fragment):
