@@ -304,7 +304,7 @@ def predict_run(run, schedule, module) -> tuple[stepmodel.Prediction, dict]:
     hooks_ms = (fsdp_hooks_ms(module, lambda m: micro_step(m, run.workload, x.to(c.device), y.to(c.device)))
                 if args.strategy in ("fsdp", "hsdp") and is_group() else 0.0)
     hooks_ms *= max(1.0, lockstep_ms / max(accum * mine["cpu"], 1e-6))  # CPU time, as the ranks share the cores
-    compute = stepmodel.Compute(everyone[slowest]["forward"], everyone[slowest]["backward"], mine["optimizer"],
+    compute = stepmodel.ComputeTimes(everyone[slowest]["forward"], everyone[slowest]["backward"], mine["optimizer"],
                                 accum * (mine["forward"] + mine["backward"]), lockstep_ms, hooks_ms)
     grads = [p.numel() * p.element_size() for p in reversed(list(module.parameters())) if p.requires_grad]
     squeeze = 2 if args.comm_hook in ("fp16", "bf16") else 1  # compression halves what is sent

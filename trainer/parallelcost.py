@@ -26,7 +26,7 @@ from trainer.ring import ring_cost
 
 
 @dataclass(frozen=True)
-class Step:
+class ParallelStep:
     """What both price: a step's micro-batches, one micro-batch's activations at a boundary (bytes),
     the share of a link's rate the stack reaches, one micro-batch's forward and backward through the
     whole model on one rank (seconds; None: not known), and whose algorithms (ring.py's backends)."""
@@ -67,7 +67,7 @@ def bubble(stages: int, micro_batches: int) -> float:
     return (stages - 1) / (micro_batches + stages - 1)
 
 
-def pipeline_cost(stages: int, step: Step, link) -> PipelineCost:
+def pipeline_cost(stages: int, step: ParallelStep, link) -> PipelineCost:
     """One optimizer step of a pipeline of `stages` on `link` (a stepmodel.Link)."""
     m, act = step.micro_batches, step.activation_bytes
     slots = m + stages - 1
@@ -77,7 +77,7 @@ def pipeline_cost(stages: int, step: Step, link) -> PipelineCost:
     return PipelineCost(stages, m, sends * m * act, one, slots * 2 * one, bubble(stages, m), total)
 
 
-def tensor_cost(ranks: int, layers: int, step: Step, link) -> TensorCost:
+def tensor_cost(ranks: int, layers: int, step: ParallelStep, link) -> TensorCost:
     """One optimizer step's activation all-reduces among `ranks` sharing each of `layers` blocks, on
     `link`, the link inside a node."""
     count = tp_all_reduces(layers, step.micro_batches)

@@ -38,7 +38,7 @@ DTYPES = ("bool", "uint8", "int8", "int16", "int32", "int64", "uint16", "uint32"
 OK, WRONG, NA = "ok", "wrong", "n/a"
 
 
-class Case:
+class OpCase:
     """One operation on this rank: `call(async_op)` issues it (returning its work, or a list of works
     for batch_isend_irecv), `check()` says whether its outputs are what every rank expects."""
 
@@ -66,27 +66,27 @@ def reduce_op(op: str):
     return dist._make_nccl_premul_sum(PREMUL_FACTOR) if op == "PREMUL_SUM" else getattr(dist.ReduceOp, op)
 
 
-def reducing_cases(op: str, rank: int, world: int, device) -> dict[str, Case]:
+def reducing_cases(op: str, rank: int, world: int, device) -> dict[str, OpCase]:
     """all_reduce and reduce_scatter_tensor under reduce op `op` (integers for the bitwise ones)."""
     dtype = torch.int64 if op.startswith("B") else torch.float32
     expected = reduced(op, world)
     ar = _values(rank, world, dtype).to(device)
     rs_in, rs_out = _values(rank, world, dtype).to(device), torch.empty(4, dtype=dtype, device=device)
     return {
-        "all_reduce": Case(lambda a: dist.all_reduce(ar, op=reduce_op(op), async_op=a),
+        "all_reduce": OpCase(lambda a: dist.all_reduce(ar, op=reduce_op(op), async_op=a),
                            lambda: bool((ar == expected).all())),
-        "reduce_scatter_tensor": Case(lambda a: dist.reduce_scatter_tensor(rs_out, rs_in, op=reduce_op(op), async_op=a),
+        "reduce_scatter_tensor": OpCase(lambda a: dist.reduce_scatter_tensor(rs_out, rs_in, op=reduce_op(op), async_op=a),
                                       lambda: bool((rs_out == expected).all())),
     }
 
 
-def dtype_case(name: str, world: int, device) -> Case:
+def dtype_case(name: str, world: int, device) -> OpCase:
     """all_reduce (SUM) of ones of dtype `name`: `world` everywhere after (True for bool)."""
     dtype = getattr(torch, name)
     t = torch.ones(8, dtype=dtype, device=device)
     expected = torch.full((8,), world if dtype != torch.bool else 1).to(torch.float64)
     as_float = (lambda: t.real.to(torch.float64)) if t.is_complex() else (lambda: t.to(torch.float64))
-    return Case(lambda a: dist.all_reduce(t, async_op=a), lambda: bool((as_float().cpu() == expected).all()))
+    return OpCase(lambda a: dist.all_reduce(t, async_op=a), lambda: bool((as_float().cpu() == expected).all()))
 
 
 def one_block_per_rank(out: torch.Tensor, world: int) -> bool:
@@ -95,7 +95,7 @@ def one_block_per_rank(out: torch.Tensor, world: int) -> bool:
     return bool((out.view(world, -1)[:, 0].cpu() == torch.arange(1, world + 1, dtype=torch.float32)).all())
 
 
-def plain_cases(rank: int, world: int, device) -> dict[str, Case]:
+def plain_cases(rank: int, world: int, device) -> dict[str, OpCase]:
     """Every operation of the table with SUM where it reduces, each with fresh buffers."""
     peer_to, peer_from = (rank + 1) % world, (rank - 1) % world
     x = _values(rank, world).to(device)
@@ -115,15 +115,15 @@ def plain_cases(rank: int, world: int, device) -> dict[str, Case]:
         return dist.batch_isend_irecv([dist.P2POp(dist.isend, sent, peer_to), dist.P2POp(dist.irecv, got, peer_from)])
 
     cases.update({
-        "all_gather_into_tensor": Case(lambda a: dist.all_gather_into_tensor(gathered, x, async_op=a),
+        "all_gather_into_tensor": OpCase(lambda a: dist.all_gather_into_tensor(gathered, x, async_op=a),
                                        lambda: one_block_per_rank(gathered, world)),
-        "all_to_all_single": Case(lambda a: dist.all_to_all_single(a2a_out, x, async_op=a),
+        "all_to_all_single": OpCase(lambda a: dist.all_to_all_single(a2a_out, x, async_op=a),
                                   lambda: one_block_per_rank(a2a_out, world)),
-        "broadcast": Case(lambda a: dist.broadcast(bcast, 0, async_op=a), lambda: bool((bcast == 1).all())),
-        "send/recv": Case(send_recv, lambda: bool((got == peer_from + 1).all())),
-        "batch_isend_irecv": Case(batch, lambda: bool((got == peer_from + 1).all()), ("async_wait", "get_future")),
-        "barrier": Case(lambda a: dist.barrier(async_op=a), lambda: True),
-        "monitored_barrier": Case(lambda a: dist.monitored_barrier(timeout=timedelta(seconds=30)), lambda: True,
+        "broadcast": OpCase(lambda a: dist.broadcast(bcast, 0, async_op=a), lambda: bool((bcast == 1).all())),
+        "send/recv": OpCase(send_recv, lambda: bool((got == peer_from + 1).all())),
+        "batch_isend_irecv": OpCase(batch, lambda: bool((got == peer_from + 1).all()), ("async_wait", "get_future")),
+        "barrier": OpCase(lambda a: dist.barrier(async_op=a), lambda: True),
+        "monitored_barrier": OpCase(lambda a: dist.monitored_barrier(timeout=timedelta(seconds=30)), lambda: True,
                                   ("sync",)),
     })
     return cases
@@ -134,7 +134,7 @@ def first_line(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {text[0] if text else ''}".strip()
 
 
-def attempt(case: Case, mode: str) -> str:
+def attempt(case: OpCase, mode: str) -> str:
     """The cell for one case in one mode, on this rank."""
     if mode not in case.forms:
         return NA

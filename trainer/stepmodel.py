@@ -10,7 +10,7 @@ the inputs) and `labctl cost --step` answers what-if questions for fabrics the l
          + optimizer                          Adam over what this rank holds
          + the strategy's collectives outside backward (zero's broadcasts of the updated shards;
            fsdp's all-gathers before each micro-step's forward and backward, and its reduce-scatter),
-           and for fsdp FSDP2's own work around each unit (Compute.wrapper_ms)
+           and for fsdp FSDP2's own work around each unit (ComputeTimes.wrapper_ms)
 
 DDP hands its gradient buckets to the all-reduce from inside the last micro-step's backward, in the
 order backward produces them, about the reverse of the parameters' order. Bucket k is ready when
@@ -86,7 +86,7 @@ class Link:
 
 
 @dataclass(frozen=True)
-class Compute:
+class ComputeTimes:
     """Calibrated compute, in milliseconds: one micro-step's forward and backward on the slowest rank,
     and the optimizer's step on the rank whose steps are predicted."""
 
@@ -134,7 +134,7 @@ class Prediction:
         return {k: round(v, 3) if isinstance(v, float) else v for k, v in asdict(self).items()}
 
 
-def inputs_record(job: Job, compute: Compute, link: Link | None) -> dict:
+def inputs_record(job: Job, compute: ComputeTimes, link: Link | None) -> dict:
     """What predict() was given, as JSON: a run's SUMMARY keeps it (step_model.inputs), and `labctl
     cost --from-run` prices the same step again with it, on the run's link or on others."""
     def plain(record: dict) -> dict:  # JSON's own types: a tuple reads back as a list
@@ -143,11 +143,11 @@ def inputs_record(job: Job, compute: Compute, link: Link | None) -> dict:
     return {"job": plain(asdict(job)), "compute": plain(asdict(compute)), "link": plain(asdict(link)) if link else None}
 
 
-def from_record(record: dict) -> tuple[Job, Compute, Link | None]:
+def from_record(record: dict) -> tuple[Job, ComputeTimes, Link | None]:
     """inputs_record's (job, compute, link) again; KeyError or TypeError where it is not one."""
     job = {**record["job"], "buckets": tuple(record["job"]["buckets"]), "units": tuple(record["job"]["units"])}
     link = record.get("link")
-    return (Job(**job), Compute(**record["compute"]),
+    return (Job(**job), ComputeTimes(**record["compute"]),
             Link(**{**link, "slow_senders": tuple(link["slow_senders"])}) if link else None)
 
 
@@ -179,7 +179,7 @@ def overlap_ms(buckets: tuple[int, ...], backward_ms: float, idle_ms: float, lin
     return busy_ms, max(0.0, (end_ms or 0.0) - backward_ms)
 
 
-def predict(job: Job, compute: Compute, link: Link | None) -> Prediction:
+def predict(job: Job, compute: ComputeTimes, link: Link | None) -> Prediction:
     """The step's time (see the module's docstring); `link` None: one rank, nothing to send."""
     own = compute.own_ms if compute.own_ms is not None else job.accum * (compute.forward_ms + compute.backward_ms)
     compute_ms = compute.lockstep_ms if compute.lockstep_ms is not None else own

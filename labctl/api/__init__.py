@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any, Callable, Literal, Mapping
 
 from labctl.api.bringup import UpResult, bring_up, plan_up
+from labctl.core.ui import Report
 from labctl.diagnose.doctor import diagnose
 from labctl.diagnose.findings import Diagnosis
 from labctl.diagnose.ops import OpsReport, probe_ops
@@ -43,7 +44,7 @@ from labctl.net.apply import apply_routes, apply_shape, clear_shape, node_addres
 from labctl.net.faults import inject
 from labctl.net.overlay_apply import OverlayState, read_overlay
 from labctl.net.routes import build_node, routes_of
-from labctl.net.tc import LinkState, Shape, ShapePlan, build_plan, check_to, describe, parse_shape
+from labctl.net.tc import LinkState, Shape, ShapePlan, build_plan, check_to, describe_link, parse_shape
 from labctl.run.launch import Elastic, job_args, parse_nnodes
 from labctl.run.plan import Launcher, RunOptions, RunPlan
 from labctl.run.result import RunResult
@@ -55,7 +56,6 @@ from labctl.trace import TraceReport, find_run, write_trace
 from labctl.trace.breakdown import parse_steps
 
 Fault = Literal["kill", "crash", "pause", "unpause", "partition", "heal"]
-Report = Callable[[str], None]
 
 __all__ = ["Lab", "LabSpec", "lab_spec", "Hosts", "SyncResult", "RunResult", "RunPlan", "RunOptions", "Diagnosis",
            "UpResult", "Fault", "gc_labs", "gc_images", "labs", "inventory_hosts", "docker_client"]
@@ -92,7 +92,7 @@ def inventory_hosts(workspace: str | Path, config: LabSpec, *, accept_new: bool 
 def labs(client=None) -> list[LabListing]:
     """Every lab on the engine, whoever brought it up, with its running nodes' links read back (`labctl ls`)."""
     def link_of(lab: str, node: str) -> str:
-        return describe(read_link(client, lab, node, "eth0"))
+        return describe_link(read_link(client, lab, node, "eth0"))
 
     client = client or docker_client()
     return list_labs(client, link_of)

@@ -11,8 +11,9 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Callable, Mapping
+from typing import Mapping
 
+from labctl.core.ui import Report
 from labctl.engine import detect as engine_mod
 from labctl.engine.docker import lab_nodes
 from labctl.errors import LabError
@@ -31,9 +32,9 @@ from labctl.run.warm import plan_servers, start_servers, stop_servers
 from labctl.session import LabSession
 from labctl.slurm import cluster
 from labctl.slurm.conf import SlurmNode, build_slurm_conf
-from labctl.spec.labspec import LabSpec, node_ip, shown_key, shown_source
+from labctl.spec.addresses import node_ip
+from labctl.spec.labspec import LabSpec, shown_key, shown_source
 
-Report = Callable[[str], None]
 SLURM_CONF = "slurm/slurm.conf"  # in the lab's folder, where the nodes' entry point reads it
 PRELOAD_FILE = "preload"  # in the lab's folder: the modules `up --preload` named, one per line
 
@@ -105,7 +106,7 @@ class SlurmServices:
         names = plan.config.node_names
         if plan.existing:  # nodes that were not recreated keep their daemons, on the old slurm.conf
             cluster.restart(self.client, plan.config.lab, names)
-        cluster.wait_ready(self.client, plan.config.lab, names)
+        cluster.wait_cluster_ready(self.client, plan.config.lab, names)
         self.report(f"slurm: {len(names)} nodes idle, controller {cluster.CONTROLLER}")
 
 

@@ -4,14 +4,13 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Callable
 
+from labctl.core.ui import Report
 from labctl.lab import image as image_mod
 from labctl.lab.envfiles import check_rdzv_id, parse_hosts, write_host_env_files
 from labctl.lab.image import BuildInputs, build_images
 from labctl.spec.labspec import LabSpec
 
-Report = Callable[[str], None]
 
 __all__ = ["build_images", "image_inputs", "write_host_env"]
 

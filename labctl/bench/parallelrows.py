@@ -14,7 +14,7 @@ from __future__ import annotations
 from labctl.bench.cost import DTYPE_BYTES, CostQuery, CostReport, check_query, report_of, resolve, state_bytes_per_rank
 from labctl.errors import ConfigError
 from labctl.session import LabSession
-from trainer.parallelcost import Step, pipeline_cost, tensor_cost
+from trainer.parallelcost import ParallelStep, pipeline_cost, tensor_cost
 from trainer.stepmodel import Link
 
 PARALLEL = ("pp", "tp")  # the strategies this module prices
@@ -60,7 +60,7 @@ def parallel_rows(query: CostQuery, n: int, links: list[Link]) -> list[dict]:
     b, s, h = activation_shape(query.activations, query.strategy)
     act = b * s * h * DTYPE_BYTES[query.dtype]
     payload, m = query.params * DTYPE_BYTES[query.dtype], query.grad_accum
-    step = Step(m, act, query.efficiency, query.compute_s, query.backend)
+    step = ParallelStep(m, act, query.efficiency, query.compute_s, query.backend)
     rows = []
     for link in links:
         row = {"link": link.name, "rate_bps": link.rate_bps, "payload_bytes": payload, "strategy": query.strategy,

@@ -95,7 +95,7 @@ def step_rows(query: CostQuery, n: int, links: list[Link], step: StepQuery) -> l
     (the parameters and their dtype, the strategy, backend, accumulation, efficiency, ranks a node)."""
     compute_s, source = micro_step_s(query.params, step)
     payload = query.params * DTYPE_BYTES[query.dtype]
-    compute = stepmodel.Compute(compute_s * (1 - BACKWARD_SHARE) * 1e3, compute_s * BACKWARD_SHARE * 1e3,
+    compute = stepmodel.ComputeTimes(compute_s * (1 - BACKWARD_SHARE) * 1e3, compute_s * BACKWARD_SHARE * 1e3,
                                 step.optimizer_s * 1e3)
     # fsdp's units: the model as one block whose gathers and scatter the step model counts
     job = stepmodel.Job(world=n, strategy=query.strategy or "ddp", backend=query.backend, accum=query.grad_accum,
@@ -105,7 +105,7 @@ def step_rows(query: CostQuery, n: int, links: list[Link], step: StepQuery) -> l
             for link in links]
 
 
-def step_row(job: stepmodel.Job, compute: stepmodel.Compute, link: Link, rate_bps: float, source: str) -> dict:
+def step_row(job: stepmodel.Job, compute: stepmodel.ComputeTimes, link: Link, rate_bps: float, source: str) -> dict:
     """One predicted step on `link` (its rate as the model takes it), its terms in seconds; `rate_bps`
     the link's rate as shown."""
     p = stepmodel.predict(job, compute, link)

@@ -14,7 +14,7 @@ from labctl.diagnose.gpus import gpu_text
 from labctl.lab.compose import render_compose
 from labctl.lab.listing import age_text, shaping_text
 from labctl.net.apply import helper_script
-from labctl.net.tc import describe
+from labctl.net.tc import describe_link
 
 
 def emit_json(value) -> None:
@@ -50,7 +50,7 @@ def nodes_table(lab: str, nodes, title: str | None = None, links: dict | None = 
         cells = [node.name, node.ip, node.torch, f"[{colour}]{node.state}[/{colour}]"] + ([node.gpus or "-"] if gpus else [])
         cells += [node.packages or "-"] if packages else []
         if links:
-            cells.append(describe(links[node.name], names) if node.name in links else "-")
+            cells.append(describe_link(links[node.name], names) if node.name in links else "-")
         table.add_row(*cells)
     return table
 
@@ -64,7 +64,7 @@ def status_json(lab: str, nodes, links: dict | None = None, calibrated: dict | N
         if n.gpus:
             row["gpus"] = [int(i) for i in n.gpus.split(",")]
         if links is not None and n.name in links:
-            row["link"] = describe(links[n.name], names)
+            row["link"] = describe_link(links[n.name], names)
             if links[n.name].routes:
                 row["links_to"] = [route_json(route, names) for route in links[n.name].routes]
         rows.append(row)
@@ -110,7 +110,7 @@ def links_table(links: dict, title: str, names: dict | None = None) -> Table:
     table.add_column("node")
     table.add_column("link (read back from the kernel)")
     for node, state in links.items():
-        table.add_row(node, describe(state, names))
+        table.add_row(node, describe_link(state, names))
     return table
 
 
@@ -126,7 +126,7 @@ def route_json(route, names: dict | None = None) -> dict:
 
 def link_json(node: str, state, names: dict | None = None) -> dict:
     inbound = state.inbound
-    return {"node": node, "shaping": describe(state, names), **_values(state), "ingress": state.ingress,
+    return {"node": node, "shaping": describe_link(state, names), **_values(state), "ingress": state.ingress,
             "ingress_shaping": None if inbound is None else _values(inbound),
             "links_to": [route_json(route, names) for route in state.routes]}
 

@@ -7,6 +7,11 @@ from __future__ import annotations
 import os
 import sys
 from functools import cache
+from typing import Callable
+
+# Where a long call's progress lines go, one at a time: labctl's stderr (cli), a test's list.append,
+# a notebook's print, or nowhere. The one spelling every layer takes it by.
+Report = Callable[[str], None]
 
 PIPED_WIDTH = 200  # columns for output that is not a terminal, unless COLUMNS says otherwise
 

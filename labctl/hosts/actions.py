@@ -26,6 +26,7 @@ from typing import Callable, TypeVar
 from dotenv import dotenv_values
 
 from labctl.core.proc import run
+from labctl.core.ui import Report
 from labctl.diagnose.doctor import (
     check_env,
     check_iface,
@@ -55,7 +56,6 @@ from labctl.lab.lockfile import Lock
 from labctl.run.executor import execute
 from labctl.run.plan import RunOptions, RunPlan, build_run_plan
 
-Report = Callable[[str], None]
 T = TypeVar("T")
 PROBE_CONNECT_S = 3.0  # hosts start their probes over separate SSH sessions, up to a second or so apart
 SYNC_TIMEOUT_S = 1800

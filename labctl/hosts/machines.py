@@ -13,9 +13,10 @@ import shlex
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Mapping
+from typing import Mapping
 
 from labctl.core import assets
+from labctl.core.ui import Report
 from labctl.diagnose.findings import Diagnosis
 from labctl.hosts import actions
 from labctl.hosts.inventory import Inventory, load_inventory
@@ -28,7 +29,6 @@ from labctl.run.plan import Launcher, RunOptions
 from labctl.run.result import RunResult
 from labctl.spec.labspec import check_nproc
 
-Report = Callable[[str], None]
 
 
 def _quiet(_message: str) -> None:

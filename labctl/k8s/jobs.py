@@ -21,7 +21,7 @@ from labctl.engine.labels import container_name
 from labctl.errors import ConfigError, StateError
 from labctl.k8s.export import KINDS, ExportJob, default_name, manifest_name, render_manifest
 from labctl.k8s.manifest import ManifestError, PodJob, load_manifest
-from labctl.k8s.pods import describe, pod_argv, pod_env, read_job, warm
+from labctl.k8s.pods import describe_job, pod_argv, pod_env, read_job, warm
 from labctl.net.apply import node_addresses
 from labctl.run.launch import PG_TIMEOUT_VAR, Launch, run_env, threads_per_process
 from labctl.run.plan import RunPlan, new_run
@@ -153,7 +153,7 @@ class Kubernetes:
         """The lab's run of the manifest at `path`: nothing starts."""
         job = self.read(path)
         names = self.session.node_names()
-        lines = [*describe(job), *self._check(job, names, ignore_image)]
+        lines = [*describe_job(job), *self._check(job, names, ignore_image)]
         names = names[: job.nodes]
         node_env = self.session.node_env(names)
         found = node_addresses(self.session.client, self.session.name)

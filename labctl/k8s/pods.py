@@ -186,7 +186,7 @@ def shown_command(job: PodJob) -> str:
                       for part in (*job.command, *job.args))
 
 
-def describe(job: PodJob) -> list[str]:
+def describe_job(job: PodJob) -> list[str]:
     """What the lab takes from the manifest, as `k8s run --dry-run` shows it."""
     limits = [f"{job.cpus:g} CPUs" if job.cpus is not None else "", f"{job.memory_bytes / 2**30:.3g} GiB memory"
               if job.memory_bytes else "", f"{job.gpus} GPU(s)" if job.gpus else ""]

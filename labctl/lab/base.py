@@ -16,14 +16,13 @@ import shutil
 import subprocess
 import tempfile
 from pathlib import Path
-from typing import Callable
 
 from labctl.core.proc import run
+from labctl.core.ui import Report
 from labctl.errors import CommandError, LabError
 from labctl.lab.wheelhouse import Target, target_from_probe
 from labctl.spec.labspec import LabSpec
 
-Report = Callable[[str], None]
 
 TARGET_CACHE = "node-python.json"  # in the cache folder: the base image's Python, by base image id
 TARGET_PROBE = Path(__file__).resolve().parents[1] / "remote" / "python_target.py"

@@ -15,15 +15,15 @@ from __future__ import annotations
 
 import io
 import re
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
+from labctl.core.ui import Report
 from labctl.errors import LabError
 from labctl.spec.units import format_bytes
 
 STEP_RE = re.compile(r"^Step (\d+)/(\d+) : (.*)$")
 
-Report = Callable[[str], None]
 
 
 # --------------------------------------------------------------------------------------- pure

@@ -24,7 +24,8 @@ from labctl.engine.labels import (
 )
 from labctl.lab import tcp
 from labctl.lab.gpus import GpuPlan
-from labctl.spec.labspec import LabSpec, node_ip, node_mac
+from labctl.spec.addresses import node_ip, node_mac
+from labctl.spec.labspec import LabSpec
 
 SSH_KEY_VAR = "DDPLAB_SSH_AUTHORIZED_KEY"  # the lab's public key; the node's entry point starts sshd for it
 

@@ -38,9 +38,10 @@ import tarfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterable, Iterator
+from typing import Iterable, Iterator
 
 from labctl.core import assets
+from labctl.core.ui import Report
 from labctl.errors import CommandError, LabError
 from labctl.lab.base import TARGET_CACHE, ensure_base, find_image, image_exists, node_target
 from labctl.lab.builder import BuildSource, NullProgress, docker_build, remove_replaced, remove_stages
@@ -61,7 +62,6 @@ LABEL_RUNTIME_HASH = "io.ddplab.runtime-hash"
 RUNTIME_STAGE = "runtime"  # the Dockerfile's stage with torch installed: `FROM runtime` begins the node's own files
 RUNTIME_REPOSITORY = "ddplab-runtime"
 
-Report = Callable[[str], None]
 
 
 @dataclass(frozen=True)

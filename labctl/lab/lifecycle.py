@@ -15,8 +15,8 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 
+from labctl.core.ui import Report
 from labctl.engine import detect as engine_mod
 from labctl.engine.detect import Engine
 from labctl.engine.docker import (
@@ -45,7 +45,6 @@ READY_PREFIX = "DDPLAB_READY"
 NOT_READY_PREFIX = "DDPLAB_NOT_READY"
 READY_TIMEOUT_S = 60.0
 
-Report = Callable[[str], None]
 
 
 @dataclass(frozen=True)
@@ -124,7 +123,7 @@ def apply_up(client, config: LabSpec, workspace: Path, document: dict, env_files
     try:
         if started:
             report(started)
-        return wait_ready(client, config.lab, config.node_names, compose, argv)
+        return wait_nodes_ready(client, config.lab, config.node_names, compose, argv)
     except (CommandError, LabError, KeyboardInterrupt):
         compose.kill()
         compose.wait()
@@ -160,8 +159,8 @@ def _ready_line(client, name: str) -> str | None:
     return None
 
 
-def wait_ready(client, lab: str, names: list[str], compose: subprocess.Popen, argv: list[str],
-               timeout_s: float = READY_TIMEOUT_S) -> list[NodeState]:
+def wait_nodes_ready(client, lab: str, names: list[str], compose: subprocess.Popen, argv: list[str],
+                     timeout_s: float = READY_TIMEOUT_S) -> list[NodeState]:
     """Wait for Compose, then poll each node's log for the line its entry point prints once its
     Python finds torch.
 

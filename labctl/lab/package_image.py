@@ -19,11 +19,11 @@ import io
 import tarfile
 import time
 from pathlib import Path
-from typing import Callable
 
 from labctl import remote
 from labctl.core import assets
 from labctl.core.proc import last_json_line
+from labctl.core.ui import Report
 from labctl.errors import LabError
 from labctl.lab.base import TARGET_CACHE, find_image, node_target
 from labctl.lab.builder import remove_replaced
@@ -33,7 +33,6 @@ from labctl.lab.resolve import ensure_lock, fetch_wheels
 from labctl.lab.up import UpPlan
 from labctl.lab.wheelhouse import Target
 
-Report = Callable[[str], None]
 INSTALL_DIR = "/tmp/ddplab-packages"
 INFO_SCRIPT = remote.load("node_info.py")
 

@@ -27,10 +27,11 @@ import shutil
 import sys
 import tempfile
 from pathlib import Path
-from typing import Callable, Iterable
+from typing import Iterable
 from urllib.parse import unquote, urlsplit
 
 from labctl.core.proc import run
+from labctl.core.ui import Report
 from labctl.errors import CommandError, LabError, StateError
 from labctl.lab.image import wheel_requirements
 from labctl.lab.lockfile import (
@@ -62,7 +63,6 @@ from labctl.lab.wheelhouse import (
     wheel_closure,
 )
 
-Report = Callable[[str], None]
 PIP_TIMEOUT_S = 900
 
 

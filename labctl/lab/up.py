@@ -15,8 +15,9 @@ import shutil
 import sys
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Callable, Iterable, Mapping, Protocol
+from typing import Iterable, Mapping, Protocol
 
+from labctl.core.ui import Report
 from labctl.engine import detect as engine_mod
 from labctl.engine.detect import Engine
 from labctl.engine.docker import check_cpu_limits, lab_networks, network_subnets
@@ -32,20 +33,16 @@ from labctl.lab.lifecycle import NodeState, apply_down, apply_up, invoking_user,
 from labctl.lab.lockfile import Lock
 from labctl.lab.owner import owner_labels
 from labctl.lab.packages import LABEL_PACKAGES, LOCK_FILE, Declaration, base_of
+from labctl.spec.addresses import check_fits, node_ip, overlaps, pick_free_subnet
 from labctl.spec.labspec import (
     AUTO,
     LabSpec,
-    check_fits,
     check_node_cpus,
-    node_ip,
-    overlaps,
-    pick_free_subnet,
     shown_key,
     shown_source,
 )
 
 SUBNET_ATTEMPTS = 4  # `up` picks again when a concurrent `up` took the same free subnet
-Report = Callable[[str], None]
 
 
 @dataclass(frozen=True)

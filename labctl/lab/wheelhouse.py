@@ -33,6 +33,7 @@ from typing import Callable, Iterable, Mapping
 from urllib.parse import unquote, urlsplit
 
 from labctl.core.proc import run
+from labctl.core.ui import Report
 from labctl.engine.detect import normalize_machine
 from labctl.errors import CommandError, LabError
 
@@ -40,7 +41,6 @@ STAMP = "ddplab-wheelhouse.json"
 MAX_ROUNDS = 4  # fetch what pip skipped, then check again; real dependency chains settle in one or two
 OLDEST_GLIBC_MINOR = 17  # manylinux2014: older wheels than that have not been published for years
 
-Report = Callable[[str], None]
 
 
 @dataclass(frozen=True)

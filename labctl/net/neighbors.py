@@ -12,7 +12,7 @@ drops). Resolving every address once at `up` did not help: the next run failed t
 node's table, left idle, soon held 2 of its 63 peers (unused entries age out).
 
 So labctl resolves nothing at run time. Each node's MAC address is fixed by its IP
-(labctl.spec.labspec.node_mac, set in the Compose file), and at `up` every node gets a permanent entry
+(labctl.spec.addresses.node_mac, set in the Compose file), and at `up` every node gets a permanent entry
 for every peer (`ip neigh replace ... nud permanent`), from a helper with NET_ADMIN in its
 namespace, as shaping does; a healed partition gets its entries back (labctl.net.faults). No ARP
 remains on the lab's links, at any size.
@@ -21,7 +21,7 @@ remains on the lab's links, at any size.
 from __future__ import annotations
 
 from labctl.net.tc import Command
-from labctl.spec.labspec import node_mac
+from labctl.spec.addresses import node_mac
 
 
 def build_neighbors(addresses: dict[str, str], node: str, iface: str) -> list[Command]:

@@ -24,9 +24,9 @@ import tarfile
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 
 from labctl.core.assets import overlay_dockerfile
+from labctl.core.ui import Report
 from labctl.engine.docker import exec_in
 from labctl.engine.labels import container_name
 from labctl.errors import LabError, StateError
@@ -37,7 +37,6 @@ from labctl.net import overlay as ov
 from labctl.net.apply import helper_name, helper_script, kept_helper, lab_helpers
 from labctl.spec.labspec import LabSpec
 
-Report = Callable[[str], None]
 ROLE = "overlay"  # the role label of a node's overlay helper
 LABEL_IFACE = "io.ddplab.overlay-iface"  # on a helper: the tunnel it makes (tailscale0, wg0)
 KEYS_FILE = "keys.json"

@@ -323,7 +323,7 @@ def _describe_one(state: LinkState) -> list[str]:
     return parts
 
 
-def describe(state: LinkState, names: Mapping[str, str] | None = None) -> str:
+def describe_link(state: LinkState, names: Mapping[str, str] | None = None) -> str:
     """A table cell: 'unshaped', '100mbit', '100mbit in+out +10ms±2ms 1% loss', '+10ms 1% loss'; an
     ingress that differs from the egress is named apart: '100mbit (in: 50mbit +5ms)'; links to some
     destinations follow, each named by `names` (address -> node) where it knows them:

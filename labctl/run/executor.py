@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Protocol
 
-from labctl.core.ui import node_colour, stderr_console, stdout_console
+from labctl.core.ui import node_colour, stdout_console
 from labctl.errors import RunFailed, StateError
 from labctl.run.launch import (
     PORT_CHECK_SCRIPT,
@@ -30,14 +30,13 @@ from labctl.run.launch import (
     store_launch,
 )
 from labctl.run.plan import RunPlan
+from labctl.run.output import Echo, NodeLogs, OutputStream
 from labctl.run.result import RESULT_FILE, Outcome, RunResult
-from labctl.run.terminal import TerminalFilter
 
 FAIL_GRACE_S = 10.0  # after one node fails, how long the others get to notice and exit on their own
 STOP_GRACE_S = 3.0  # SIGTERM -> SIGKILL
 STORE_START_TIMEOUT_S = 60.0
 STOP_REPORT = "DDPLAB_STOP"  # stop.py's first line: the ranks still alive, the node's OOM kills
-_PRINT_LOCK = threading.Lock()
 
 
 class Nodes(Protocol):
@@ -115,8 +114,8 @@ def port_taken(nodes: Nodes, first: str, port: str, why: str) -> StateError:
                           f"torchrun`, or {nodes.port_hint}")
 
 
-def stop_run(nodes: Nodes, names: list[str], run_id: str,
-             report_first: bool = False) -> dict[str, tuple[list[int], int | None]]:
+def stop_on_nodes(nodes: Nodes, names: list[str], run_id: str,
+                  report_first: bool = False) -> dict[str, tuple[list[int], int | None]]:
     """Stop the run on every node; what each said first: (the ranks it still ran, its OOM kills).
     `report_first`: every node reports before any is stopped, so a rank that dies because a peer on
     another node was stopped first still counts as running (a timed-out run names them all)."""
@@ -142,78 +141,6 @@ def parse_stop_report(output: str) -> tuple[list[int], int | None] | None:
             kills = fields.get("oom_kills", "-")
             return ranks, int(kills) if kills.isdigit() else None
     return None
-
-
-class Echo:
-    """Whether node output still goes to the terminal (stdout, or stderr for `--json`): once labctl
-    stops a run, the nodes' shutdown chatter (torchrun's SignalException stacks) goes to the logs only."""
-
-    def __init__(self, on: bool | str = True):
-        self.on = bool(on)
-        self.console = stderr_console() if on == "stderr" else stdout_console()
-
-    def note(self, line: str) -> None:
-        """A line of the launcher's own (salloc's, srun's), dimmed, on stderr."""
-        from rich.markup import escape
-
-        with _PRINT_LOCK:
-            stderr_console().print(f"[dim]{escape(line)}[/dim]", markup=True, soft_wrap=True)
-
-    def mute(self) -> None:
-        if self.on:
-            self.on = False
-            self.console.print("[dim]labctl: further output of this run is in its logs[/dim]", markup=True)
-
-
-class NodeLogs:
-    """The run's log files, one per node (static launches may put several processes on one node):
-    <run dir>/<node>.log."""
-
-    def __init__(self, run_dir: Path):
-        self.run_dir = run_dir
-        self.files: dict[str, object] = {}
-        self.lock = threading.Lock()
-
-    def write(self, node: str, text: str) -> None:
-        with self.lock:
-            if node not in self.files:
-                self.files[node] = open(self.run_dir / f"{node}.log", "a", buffering=1)
-            self.files[node].write(text)
-
-    def close(self) -> None:
-        for f in self.files.values():
-            f.close()
-
-
-class OutputStream:
-    """One process's output, line by line: kept in its Outcome (the verdict reads it), written to its
-    node's log, and shown on the terminal behind its label in the node's colour, filtered
-    (labctl.run.terminal). Every launcher's runs write through this: the lab's, real hosts', Slurm's."""
-
-    def __init__(self, outcome: Outcome, logs: NodeLogs, colour: str, echo: Echo | None, on_line=None):
-        self.outcome, self.logs, self.echo, self.on_line = outcome, logs, echo, on_line
-        self.prefix = f"[{colour}]{outcome.launch.label:>8} |[/{colour}] "
-        self.shown = TerminalFilter()
-
-    def line(self, line: str) -> None:
-        line = line.rstrip("\r")
-        outcome = self.outcome
-        outcome.lines.append(line)
-        label = "" if outcome.launch.label == outcome.launch.node else f"{outcome.launch.label} "
-        self.logs.write(outcome.launch.node, f"{label}{line}\n")
-        if self.on_line:
-            self.on_line(line)
-        if self.echo and self.echo.on:
-            _print(self.echo, self.prefix, self.shown.feed(line))
-
-    def end(self, exit_code: int | None) -> None:
-        """The process has ended: its status and when, and whatever the filter still held."""
-        outcome = self.outcome
-        if exit_code is not None:
-            outcome.exit_code = exit_code
-        outcome.ended, outcome.ended_at = time.monotonic(), time.time()
-        if self.echo and self.echo.on:
-            _print(self.echo, self.prefix, self.shown.flush())
 
 
 def _stream(nodes: Nodes, outcome: Outcome, logs: NodeLogs, colour: str, echo: Echo | None, on_line=None) -> None:
@@ -245,14 +172,6 @@ def _stream(nodes: Nodes, outcome: Outcome, logs: NodeLogs, colour: str, echo: E
         exit_code = outcome.exit_code if outcome.exit_code is not None else 255
     finally:
         out.end(exit_code)
-
-
-def _print(echo: Echo, prefix: str, lines: list[str]) -> None:
-    from rich.markup import escape  # markup in the nodes' lines ([file:line] tags) is printed as it is
-
-    with _PRINT_LOCK:  # whole lines at a time, whichever node's thread prints
-        for line in lines:
-            echo.console.print(prefix + escape(line), markup=True, soft_wrap=True)
 
 
 def run_all(nodes: Nodes, launches: list[Launch], run_dir: Path, run_id: str, *, store: Launch | None,
@@ -292,7 +211,7 @@ def run_all(nodes: Nodes, launches: list[Launch], run_dir: Path, run_id: str, *,
             store_thread.join(timeout=STOP_GRACE_S)
             reports = {} if not store_thread.is_alive() else None
         if reports is None:
-            reports = stop_run(nodes, names, run_id)
+            reports = stop_on_nodes(nodes, names, run_id)
         if store_thread:
             store_thread.join(timeout=5)
         nodes.close()
@@ -328,7 +247,7 @@ def _start_store(nodes: Nodes, launch: Launch, run_dir: Path, logs: NodeLogs):
     thread = threading.Thread(target=stream, daemon=True)
     thread.start()
 
-    def wait_ready() -> None:
+    def wait_store() -> None:
         if not ready.wait(STORE_START_TIMEOUT_S) or not any(line.startswith(STORE_READY) for line in outcome.lines):
             detail = next((line for line in outcome.lines if line.startswith(STORE_FAILED)), "no answer")
             if "in use" in detail:  # the port is taken: by what, as before a run without a store
@@ -336,7 +255,7 @@ def _start_store(nodes: Nodes, launch: Launch, run_dir: Path, logs: NodeLogs):
             raise StateError(f"could not start the rendezvous store on {node}:{master_port}: {detail}",
                              hint=f"see {run_dir}/{node}.log")
 
-    return thread, wait_ready
+    return thread, wait_store
 
 
 @dataclass(frozen=True)
@@ -395,7 +314,7 @@ def _stop_remaining(run: RunInFlight, report_first: bool = False) -> dict[str, l
     for outcome in run.outcomes:
         if outcome.exit_code is None:
             outcome.stopped = True
-    reports = stop_run(run.nodes, run.names, run.run_id, report_first)
+    reports = stop_on_nodes(run.nodes, run.names, run.run_id, report_first)
     return {node: ranks for node, (ranks, _) in reports.items() if ranks}
 
 

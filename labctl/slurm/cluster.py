@@ -77,7 +77,7 @@ def node_states(client, lab: str) -> dict[str, str]:
     return dict(line.split(None, 1) for line in output.splitlines() if len(line.split()) == 2)
 
 
-def wait_ready(client, lab: str, names: list[str], timeout_s: float = READY_TIMEOUT_S) -> dict[str, str]:
+def wait_cluster_ready(client, lab: str, names: list[str], timeout_s: float = READY_TIMEOUT_S) -> dict[str, str]:
     """Until every node of `names` is idle in sinfo; a StateError naming those that are not."""
     deadline = time.monotonic() + timeout_s
     states: dict[str, str] = {}

@@ -34,7 +34,8 @@ from labctl.engine.labels import LABEL_SCHEDULER, container_name
 from labctl.errors import ConfigError, LabError, StateError
 from labctl.lab.lockfile import hash_requirements, read_lab_lock
 from labctl.lab.packages import LOCK_FILE, TORCH
-from labctl.run.executor import Echo, NodeLogs, OutputStream, conclude, link_latest, save_result
+from labctl.run.executor import conclude, link_latest, save_result
+from labctl.run.output import Echo, NodeLogs, OutputStream
 from labctl.run.launch import PG_TIMEOUT_VAR, Launch, parse_nnodes, run_env, threads_per_process
 from labctl.run.plan import new_run
 from labctl.run.result import Outcome, RunResult

@@ -5,16 +5,12 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from labctl.errors import ConfigError
+from labctl.spec.addresses import check_fits, node_ip, overlaps, pick_free_subnet, subnet_capacity
 from labctl.spec.labspec import (
     AUTO,
     LabSpec,
-    check_fits,
     load_config,
-    node_ip,
-    overlaps,
-    pick_free_subnet,
     resolve_config,
-    subnet_capacity,
 )
 
 

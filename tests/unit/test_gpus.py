@@ -19,7 +19,8 @@ from labctl.lab import up as up_mod
 from labctl.lab.compose import ComposePlan, build_compose, load_template, render_compose
 from labctl.lab.envfiles import build_env_files, topology_for_lab
 from labctl.lab.gpus import Gpu, build_gpu_plan, detect_gpus, parse_nvidia_smi
-from labctl.spec.labspec import LabSpec, node_ip, resolve_config
+from labctl.spec.addresses import node_ip
+from labctl.spec.labspec import LabSpec, resolve_config
 from labctl.spec.parsers import parse_cuda, parse_gpus
 
 # What nvidia-smi --query-gpu=index,name,uuid --format=csv,noheader prints on a 4-GPU machine.

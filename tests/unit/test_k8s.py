@@ -16,7 +16,7 @@ from test_render import check_golden
 from labctl.cli import main
 from labctl.k8s.export import ExportJob, build_manifest, default_name, manifest_name, render_manifest
 from labctl.k8s.manifest import INDEX, ManifestError, image_torch, load_manifest, quantity
-from labctl.k8s.pods import describe, expand, pod_argv, pod_env, read_job, warm
+from labctl.k8s.pods import describe_job, expand, pod_argv, pod_env, read_job, warm
 from labctl.k8s.schema import schema_errors
 from labctl.run.launch import TORCHRUN_MODULE, Launch, warm_argv
 
@@ -190,7 +190,7 @@ def test_what_the_lab_cannot_honour_is_listed_not_dropped():
                    command=["python", "train.py"])
     doc["spec"]["runtimePatches"] = [{"manager": "me", "trainingRuntimeSpec": {}}]
     doc["spec"]["suspend"] = True
-    lines = describe(read(doc))
+    lines = describe_job(read(doc))
     assert any("not torchrun" in line for line in lines)
     assert any(line.startswith("not honoured: spec.runtimePatches") for line in lines)
     assert any("TOKEN: valueFrom secretKeyRef" in line for line in lines)
@@ -201,7 +201,7 @@ def test_a_jobsets_volumes_and_node_selector_are_listed_as_not_honoured():
     doc = build_manifest("jobset", JOB)
     pod = doc["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["spec"]
     pod.update(volumes=[{"name": "data", "emptyDir": {}}], nodeSelector={"gpu": "h100"})
-    lines = describe(read(doc))
+    lines = describe_job(read(doc))
     assert any(line.endswith("template.spec.volumes") for line in lines)
     assert any(line.endswith("template.spec.nodeSelector") for line in lines)
 

@@ -193,9 +193,11 @@ def test_importing_labctl_stays_light(module):
 
 
 def test_no_two_public_classes_share_a_name():
-    """One name, one thing: a reader who meets `Verdict` or `Row` knows which one it is."""
+    """One name, one thing: a reader who meets `Verdict` or `Row` knows which one it is, in labctl and in
+    the trainer that labctl imports (`trainer.dist.Compute`, `trainer.stepmodel.ComputeTimes`)."""
     where: dict[str, list[str]] = defaultdict(list)
-    for module, tree in modules().items():
+    trainer = {f"trainer.{p.stem}": ast.parse(p.read_text(), str(p)) for p in sorted((ROOT.parent / "trainer").glob("*.py"))}
+    for module, tree in {**modules(), **trainer}.items():
         for node in tree.body:
             if isinstance(node, ast.ClassDef) and not node.name.startswith("_"):
                 where[node.name].append(module)

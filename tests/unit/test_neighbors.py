@@ -6,7 +6,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from labctl.net.neighbors import build_neighbors
-from labctl.spec.labspec import LabSpec, node_ip, node_mac
+from labctl.spec.addresses import node_ip, node_mac
+from labctl.spec.labspec import LabSpec
 
 
 def test_node_mac_is_docker_2010s_scheme_for_the_address():

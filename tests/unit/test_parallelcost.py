@@ -7,7 +7,7 @@ import pytest
 
 from labctl.api.bench import CostQuery, estimate
 from labctl.errors import ConfigError
-from trainer.parallelcost import Step, bubble, pipeline_cost, simulate_pipeline, stage_order, tensor_cost
+from trainer.parallelcost import ParallelStep, bubble, pipeline_cost, simulate_pipeline, stage_order, tensor_cost
 from trainer.stepmodel import Link
 
 GBE = Link(1e9, stack_s=50e-6, name="1GbE")
@@ -19,7 +19,7 @@ def test_a_pipelines_bubble_is_its_stages_less_one_over_its_slots():
 
 
 def test_a_four_stage_pipeline_of_eight_micro_batches_by_hand():
-    c = pipeline_cost(4, Step(8, A, 0.85, compute_s=0.4), GBE)
+    c = pipeline_cost(4, ParallelStep(8, A, 0.85, compute_s=0.4), GBE)
     one = A * 8 / (1e9 * 0.85) + 50e-6  # 118.4 ms: one micro-batch's activations across one boundary
     assert c.transfer_s == pytest.approx(one)
     assert c.comm_s == pytest.approx(11 * 2 * one)  # 8 + 4 - 1 slots, a transfer in and one out in each
@@ -28,14 +28,14 @@ def test_a_four_stage_pipeline_of_eight_micro_batches_by_hand():
 
 
 def test_two_stages_send_once_a_micro_batch_and_one_stage_sends_nothing():
-    assert pipeline_cost(2, Step(4, A), GBE).bytes_per_rank == 4 * A
-    alone = pipeline_cost(1, Step(4, A, compute_s=0.1), GBE)
+    assert pipeline_cost(2, ParallelStep(4, A), GBE).bytes_per_rank == 4 * A
+    alone = pipeline_cost(1, ParallelStep(4, A, compute_s=0.1), GBE)
     assert alone.bytes_per_rank == 0 and alone.comm_s == 0 and alone.step_s == pytest.approx(0.4)
 
 
 def test_tensor_parallelism_all_reduces_the_activations_four_times_a_block_and_micro_batch():
     ten = Link(10e9, stack_s=20e-6)
-    c = tensor_cost(2, 12, Step(8, A, 0.85, compute_s=0.4), ten)
+    c = tensor_cost(2, 12, ParallelStep(8, A, 0.85, compute_s=0.4), ten)
     assert c.all_reduces == 4 * 12 * 8  # 384: two in forward, two in backward, each of 12 blocks, 8 micro-batches
     one = 2 * (2 - 1) / 2 * A * 8 / (10e9 * 0.85) + 2 * (2 - 1) * 20e-6  # the ring over 2 ranks: 11.9 ms
     assert c.comm_s == pytest.approx(384 * one) and c.bytes_per_rank == pytest.approx(384 * A)
@@ -45,11 +45,11 @@ def test_tensor_parallelism_all_reduces_the_activations_four_times_a_block_and_m
 def test_labctl_cost_prices_pp_and_tp_steps_with_the_same_arithmetic():
     pp = estimate(CostQuery(124e6, "bf16", "4", ["1GbE"], 0.4, 8, strategy="pp", activations="8,1024,768"))
     [row] = pp.rows
-    assert row["step_s"] == pytest.approx(pipeline_cost(4, Step(8, A, 0.85, 0.4), GBE).step_s)
+    assert row["step_s"] == pytest.approx(pipeline_cost(4, ParallelStep(8, A, 0.85, 0.4), GBE).step_s)
     assert row["bubble"] == pytest.approx(3 / 11) and row["state_bytes_per_rank"] == pytest.approx(124e6 / 4 * 16)
     tp = estimate(CostQuery(124e6, "bf16", "4", ["10GbE"], 0.4, 8, strategy="tp", activations="8,1024,768",
                             layers=12, nproc_per_node=2))
-    assert tp.rows[0]["comm_s"] == pytest.approx(tensor_cost(2, 12, Step(8, A, 0.85), Link(10e9, stack_s=20e-6)).comm_s)
+    assert tp.rows[0]["comm_s"] == pytest.approx(tensor_cost(2, 12, ParallelStep(8, A, 0.85), Link(10e9, stack_s=20e-6)).comm_s)
 
 
 @pytest.mark.parametrize("query, fragment", [

@@ -197,7 +197,7 @@ def test_stop_kills_what_ignores_sigterm_once_the_grace_is_over(spawn):
 def test_the_executor_stops_a_run_on_a_host(spawn, host):
     run_id = new_run_id()
     member, bystander = spawn({RUN_ID_VAR: run_id}), spawn({RUN_ID_VAR: new_run_id()})
-    executor.stop_run(host, ["node0"], run_id)
+    executor.stop_on_nodes(host, ["node0"], run_id)
     assert member.wait(timeout=TIMEOUT_S) == -signal.SIGTERM and alive(bystander)
 
 

@@ -19,7 +19,8 @@ from labctl.lab.envfiles import (
     parse_hosts,
     topology_for_lab,
 )
-from labctl.spec.labspec import LabSpec, node_ip
+from labctl.spec.addresses import node_ip
+from labctl.spec.labspec import LabSpec
 
 GOLDEN = Path(__file__).resolve().parents[1] / "golden"
 

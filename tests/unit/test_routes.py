@@ -9,7 +9,7 @@ from test_shaping import as_text
 from labctl.errors import LabError
 from labctl.net.apply import slowest_link
 from labctl.net.routes import Route, build_node, lab_ring, merge_routes, parse_routed_link, routes_of, shape_of
-from labctl.net.tc import LinkState, RouteState, Shape, check_to, describe
+from labctl.net.tc import LinkState, RouteState, Shape, check_to, describe_link
 from trainer.tclinks import parse_classes, parse_qdiscs, ring_steps
 from trainer.tclinks import ring_hops as trainer_hops
 
@@ -67,22 +67,22 @@ def test_a_routed_link_reads_back_as_the_rest_and_its_routes():
     state = parse_routed_link(QDISCS, CLASSES, FILTERS)
     assert (state.kind, state.rate_bps) == ("htb", 10**9)
     assert [(r.dsts, r.state.rate_bps, r.state.delay_us) for r in state.routes] == [((A, B), 10**8, None)]
-    assert describe(state, NAMES) == "1gbit; to node2,node3: 100mbit"
-    assert describe(state) == f"1gbit; to {A},{B}: 100mbit"
+    assert describe_link(state, NAMES) == "1gbit; to node2,node3: 100mbit"
+    assert describe_link(state) == f"1gbit; to {A},{B}: 100mbit"
     with_delay = parse_routed_link(QDISCS + NETEM_2, CLASSES, FILTERS)
-    assert describe(with_delay, NAMES) == "1gbit; to node2,node3: 100mbit +5ms"
+    assert describe_link(with_delay, NAMES) == "1gbit; to node2,node3: 100mbit +5ms"
     assert routes_of(with_delay) == [Route((A, B), Shape(10**8, delay_us=5_000))]
     assert shape_of(with_delay) == Shape(10**9)
 
 
 def test_every_rate_reads_back_whatever_unit_tc_prints_its_bucket_in():
     classes = CLASSES.replace("100Mbit", "50Mbit").replace("131050b", "128Kb")
-    assert describe(parse_routed_link(QDISCS, classes, FILTERS), NAMES) == "1gbit; to node2,node3: 50mbit"
+    assert describe_link(parse_routed_link(QDISCS, classes, FILTERS), NAMES) == "1gbit; to node2,node3: 50mbit"
 
 
 def test_a_routed_link_with_an_unshaped_rest():
     state = parse_routed_link(QDISCS.replace(" default 0x1", ""), CLASSES.splitlines()[1], FILTERS)
-    assert describe(state, NAMES) == "unshaped; to node2,node3: 100mbit"
+    assert describe_link(state, NAMES) == "unshaped; to node2,node3: 100mbit"
     assert shape_of(state) is None
 
 

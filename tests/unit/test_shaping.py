@@ -16,7 +16,7 @@ from labctl.net.tc import (
     build_plan,
     build_undo,
     burst_bytes,
-    describe,
+    describe_link,
     netem_limit,
     netem_missing,
     parse_link_state,
@@ -180,7 +180,7 @@ SMALL_FIRST = ("qdisc bfifo 21: parent 20:1 limit 381072b\n"
 def test_parse_link_state(qdiscs, ifb, expected, text):
     state = parse_link_state(qdiscs, ifb)
     assert state == expected
-    assert describe(state) == text
+    assert describe_link(state) == text
 
 
 def test_netem_missing_recognises_tc():

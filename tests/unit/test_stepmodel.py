@@ -6,7 +6,7 @@ import pytest
 
 from trainer import stepmodel
 from trainer.tclinks import parse_qdiscs, ring_hops
-from trainer.stepmodel import Compute, Job, Link, ddp_buckets, predict
+from trainer.stepmodel import ComputeTimes, Job, Link, ddp_buckets, predict
 
 MB = 1 << 20
 
@@ -18,21 +18,21 @@ def test_buckets_close_once_they_reach_the_cap():
 
 
 def test_one_rank_is_compute_and_optimizer():
-    p = predict(Job(world=1), Compute(4.0, 6.0, 1.5), None)
+    p = predict(Job(world=1), ComputeTimes(4.0, 6.0, 1.5), None)
     assert (p.step_ms, p.comm_ms, p.exposed_comm_ms) == (11.5, 0.0, 0.0)
 
 
 def test_accumulation_multiplies_the_compute_not_the_allreduce():
     link = Link(rate_bps=100e6)
-    one = predict(Job(world=2, buckets=(1_000_000,)), Compute(4.0, 6.0, 1.0), link)
-    four = predict(Job(world=2, accum=4, buckets=(1_000_000,)), Compute(4.0, 6.0, 1.0), link)
+    one = predict(Job(world=2, buckets=(1_000_000,)), ComputeTimes(4.0, 6.0, 1.0), link)
+    four = predict(Job(world=2, accum=4, buckets=(1_000_000,)), ComputeTimes(4.0, 6.0, 1.0), link)
     assert four.step_ms - one.step_ms == pytest.approx(30.0)
     assert four.comm_ms == one.comm_ms == pytest.approx(1_000_000 * 8 / 100e6 * 1e3)  # 2(n-1)/n = 1 at n=2
 
 
 def test_one_bucket_is_all_exposed_and_small_buckets_hide_behind_backward():
     link = Link(rate_bps=1e9)
-    compute = Compute(forward_ms=10.0, backward_ms=40.0, optimizer_ms=0.0)
+    compute = ComputeTimes(forward_ms=10.0, backward_ms=40.0, optimizer_ms=0.0)
     one = predict(Job(world=2, buckets=(4_000_000,)), compute, link)
     assert one.exposed_comm_ms == pytest.approx(32.0)  # ready when backward ends: nothing hides
     four = predict(Job(world=2, buckets=(1_000_000,) * 4), compute, link)
@@ -58,14 +58,14 @@ def test_a_banked_burst_passes_unpaced():
 
 
 def test_the_lockstep_compute_shows_as_waiting_for_the_slowest_rank():
-    compute = Compute(5.0, 10.0, 2.0, own_ms=15.0, lockstep_ms=21.0)
+    compute = ComputeTimes(5.0, 10.0, 2.0, own_ms=15.0, lockstep_ms=21.0)
     p = predict(Job(world=3, buckets=(100,)), compute, Link(rate_bps=1e9))
     assert p.waiting_ms == pytest.approx(6.0)
     assert p.step_ms == pytest.approx(21.0 + p.exposed_comm_ms - 6.0 + 2.0)
 
 
 def test_zero_adds_its_broadcasts_and_fsdp_its_gathers_outside_backward():
-    link, compute = Link(rate_bps=1e9), Compute(5.0, 10.0, 1.0)
+    link, compute = Link(rate_bps=1e9), ComputeTimes(5.0, 10.0, 1.0)
     ddp = predict(Job(world=3, buckets=(3_000_000,), param_bytes=3_000_000), compute, link)
     zero = predict(Job(world=3, strategy="zero", buckets=(3_000_000,), param_bytes=3_000_000), compute, link)
     # gloo's binomial broadcast of each rank's third: 2 rounds of 1 MB at 1 Gbit/s
@@ -83,7 +83,7 @@ def test_zeros_broadcasts_pay_each_calls_latency_two_at_a_time_on_gloo():
     job = Job(world=4, strategy="zero", buckets=(100,), param_bytes=100, tensors=28)
     # 28 calls of 2 rounds (a binomial tree over 4 ranks) of 1 ms, gloo's two threads at once
     assert stepmodel.zero_broadcast_ms(job, link) == pytest.approx(28.0, rel=1e-3)
-    assert predict(job, Compute(1.0, 1.0, 0.0), link).terms["broadcast_ms"] == pytest.approx(28.0, rel=1e-3)
+    assert predict(job, ComputeTimes(1.0, 1.0, 0.0), link).terms["broadcast_ms"] == pytest.approx(28.0, rel=1e-3)
 
 
 def test_a_calibrated_link_prices_zeros_broadcasts_at_its_measured_turn_in_a_queue():
@@ -97,7 +97,7 @@ def test_a_calibrated_link_prices_zeros_broadcasts_at_its_measured_turn_in_a_que
     slow = Link(rate_bps=1e9, queue_s=0.0009)
     assert stepmodel.zero_broadcast_ms(big, slow) == pytest.approx(28 * 0.9 + 2 * 1e6 * 8 / 1e9 * 1e3, rel=1e-3)
     # a run's inputs read back give the same link, its measured turn included (`labctl cost --from-run`)
-    assert stepmodel.from_record(stepmodel.inputs_record(big, Compute(1.0, 1.0, 0.0), slow))[2] == slow
+    assert stepmodel.from_record(stepmodel.inputs_record(big, ComputeTimes(1.0, 1.0, 0.0), slow))[2] == slow
 
 
 def test_tc_json_gives_the_slowest_tbf_each_way_and_netem_delay():
@@ -168,7 +168,7 @@ def test_a_ring_with_faster_hops_sends_chunks_while_waiting_for_the_last_rank():
     ready as that rank sits steps up the ring, the least over the slow hops, averaged over which
     rank is last; with every hop as slow, nothing is gained."""
     job = Job(world=4, buckets=(400_000,), param_bytes=400_000)
-    compute = Compute(10.0, 10.0, 0.0, lockstep_ms=40.0)  # 20 ms of waiting for the slowest rank
+    compute = ComputeTimes(10.0, 10.0, 0.0, lockstep_ms=40.0)  # 20 ms of waiting for the slowest rank
     chunk_ms = 100_000 * 8 / 1e8 * 1e3  # 8 ms
     one_slow = Link(rate_bps=1e8, slow_senders=(0,))  # rank 0 -> rank 3 only: 0, 1, 2, 3 chunks ahead
     assert predict(job, compute, one_slow).sent_while_waiting_ms == pytest.approx((0 + 8 + 16 + 20) / 4)  # capped at the wait
@@ -179,16 +179,16 @@ def test_a_ring_with_faster_hops_sends_chunks_while_waiting_for_the_last_rank():
     assert predict(job, compute, unknown).step_ms - predict(job, compute, two_slow).step_ms == pytest.approx(chunk_ms / 2)
     forward = Link(rate_bps=1e8, slow_senders=(0,), ring_step=1)  # a ring turning the other way: 0, 3, 2, 1 ahead
     assert predict(job, compute, forward).sent_while_waiting_ms == pytest.approx((0 + 20 + 16 + 8) / 4)
-    assert predict(job, Compute(10.0, 10.0, 0.0), one_slow).sent_while_waiting_ms == 0.0  # nobody to wait for
+    assert predict(job, ComputeTimes(10.0, 10.0, 0.0), one_slow).sent_while_waiting_ms == 0.0  # nobody to wait for
 
 
 def test_fsdp_pays_its_own_hooks_each_micro_step():
     """FSDP2's work around each unit, calibrated on a one-rank mesh, is a term of its own, paid each micro-step."""
     job = Job(world=4, strategy="fsdp", accum=2, param_bytes=400_000, units=(100_000, 100_000, 200_000))
     link = Link(rate_bps=1e9)
-    bare = predict(job, Compute(5.0, 5.0, 1.0), link)
-    hooked = predict(job, Compute(5.0, 5.0, 1.0, wrapper_ms=20.0), link)
+    bare = predict(job, ComputeTimes(5.0, 5.0, 1.0), link)
+    hooked = predict(job, ComputeTimes(5.0, 5.0, 1.0, wrapper_ms=20.0), link)
     assert hooked.terms["fsdp_hooks_ms"] == 40.0 and "fsdp_hooks_ms" not in bare.terms
     assert hooked.step_ms - bare.step_ms == pytest.approx(40.0)
-    ddp = predict(Job(world=4, buckets=(400_000,)), Compute(5.0, 5.0, 1.0, wrapper_ms=20.0), link)
+    ddp = predict(Job(world=4, buckets=(400_000,)), ComputeTimes(5.0, 5.0, 1.0, wrapper_ms=20.0), link)
     assert "fsdp_hooks_ms" not in ddp.terms  # ddp's hooks are in the bare compute's measure, nothing FSDP adds
