@@ -51,11 +51,8 @@ def test_more_stages_than_blocks_is_refused():
     (2, ["--workload", "gpt", "--strategy", "pp", "--compile"], "--compile does not go with --strategy pp"),
     (2, ["--workload", "gpt", "--strategy", "pp", "--ckpt-every", "5"], "--ckpt-every does not go with --strategy pp"),
 ])
-def test_a_pipeline_that_cannot_run_is_refused_before_anything_starts(world, argv, fragment, monkeypatch, capsys):
-    monkeypatch.setenv("WORLD_SIZE", str(world))
-    with pytest.raises(SystemExit) as exc:
-        parse_args(argv)
-    assert exc.value.code == 2 and fragment in capsys.readouterr().err
+def test_a_pipeline_that_cannot_run_is_refused_before_anything_starts(world, argv, fragment, refusal):
+    assert fragment in refusal(argv, world=world)
 
 
 def test_the_defaults_are_two_micro_batches_a_stage_of_micro_batch_samples(monkeypatch):

@@ -15,10 +15,8 @@ from trainer.flags import parse_args
     (["--strategy", "fsdp", "--compile"], "--compile compiles the model before DDP wraps it, and --strategy fsdp"),
     (["--strategy", "hsdp", "--compile"], "use --strategy ddp or zero"),
 ])
-def test_flags_that_do_not_go_with_a_strategy_are_refused_before_anything_starts(argv, fragment, capsys):
-    with pytest.raises(SystemExit) as exc:
-        parse_args(argv)
-    assert exc.value.code == 2 and fragment in capsys.readouterr().err
+def test_flags_that_do_not_go_with_a_strategy_are_refused_before_anything_starts(argv, fragment, refusal):
+    assert fragment in refusal(argv)
 
 
 def test_compile_goes_with_ddp_and_zero():
@@ -26,12 +24,8 @@ def test_compile_goes_with_ddp_and_zero():
     assert not parse_args([]).compile
 
 
-def test_hsdp_needs_more_than_one_process_on_a_node(monkeypatch, capsys):
-    monkeypatch.setenv("WORLD_SIZE", "3")
-    monkeypatch.setenv("LOCAL_WORLD_SIZE", "1")
-    with pytest.raises(SystemExit) as exc:
-        parse_args(["--strategy", "hsdp"])
-    assert exc.value.code == 2 and "labctl run --nproc-per-node 2" in capsys.readouterr().err
+def test_hsdp_needs_more_than_one_process_on_a_node(refusal):
+    assert "labctl run --nproc-per-node 2" in refusal(["--strategy", "hsdp"], world=3)
 
 
 @pytest.mark.parametrize("local, argv, fragment", [
@@ -43,13 +37,8 @@ def test_hsdp_needs_more_than_one_process_on_a_node(monkeypatch, capsys):
      "--compile, --comm-hook fp16 is not wired for --strategy tp"),
     (2, ["--strategy", "fsdp+tp", "--workload", "gpt", "--ckpt-every", "5"], "--ckpt-every is not wired"),
 ])
-def test_tensor_parallelism_that_cannot_run_is_refused_before_anything_starts(local, argv, fragment, monkeypatch,
-                                                                               capsys):
-    monkeypatch.setenv("WORLD_SIZE", "4")
-    monkeypatch.setenv("LOCAL_WORLD_SIZE", str(local))
-    with pytest.raises(SystemExit) as exc:
-        parse_args(argv)
-    assert exc.value.code == 2 and fragment in capsys.readouterr().err
+def test_tensor_parallelism_that_cannot_run_is_refused_before_anything_starts(local, argv, fragment, refusal):
+    assert fragment in refusal(argv, world=4, local=local)
 
 
 def test_tensor_parallelism_goes_with_gpt_on_two_processes_a_node(monkeypatch):
