@@ -65,7 +65,7 @@ def wrap_model(model, c, args, timer):
     if c.world_size == 1:
         return model
     if args.strategy in tensorparallel.TP_STRATEGIES:
-        return tensorparallel.parallelize(model, c, args, timer)
+        return tensorparallel.parallelize(model, c, args)
     if args.strategy in SHARDED:
         return shard_fully(model, c, hybrid=args.strategy == "hsdp")
     return wrap_ddp(model, c, args.bucket_cap_mb, args.comm_hook, args.static_graph, timer)

@@ -95,9 +95,11 @@ def mesh_2d(c):
     return init_device_mesh(c.device.type, (c.world_size // local, local), mesh_dim_names=("dp", "tp"))
 
 
-def parallelize(model, c, args, timer):
-    """gpt's blocks split over each node's processes, the model replicated (tp: DDP) or sharded
-    (fsdp+tp: FSDP2) across nodes. Changes the model in place; returns the module the loop trains."""
+def parallelize(model, c, args):
+    """gpt's blocks split over each node's processes, the model replicated (tp: FSDP2's replicate) or
+    sharded (fsdp+tp: fully_shard) across nodes. Changes the model in place; returns the module the
+    loop trains. Every parameter stays a DTensor: param_checksum gathers it whole, so every rank's
+    checksum is the same where the replicas agree."""
     from torch.distributed._composable.replicate_with_fsdp import replicate
     from torch.distributed.fsdp import fully_shard
     from torch.distributed.tensor.parallel import parallelize_module
@@ -122,15 +124,6 @@ def data_share(args, c) -> tuple[int, int]:
 def counts_samples(args, c) -> bool:
     """Whether this rank's samples and loss are counted: under tp and fsdp+tp, a node's first process's."""
     return args.strategy not in TP_STRATEGIES or c.world_size == 1 or c.local_rank == 0
-
-
-def replicas_agree(checksums: list[str], args) -> bool:
-    """Every replica holds the same weights: under tp (DDP keeps each rank's shard), each shard equals
-    its counterparts on the other nodes; else every rank's checksum is the same."""
-    if args.strategy == "tp" and len(checksums) > 1:
-        local = tp_size()
-        return all(len(set(checksums[r::local])) == 1 for r in range(local))
-    return len(set(checksums)) == 1
 
 
 def summary(args, c) -> dict:
