@@ -53,7 +53,8 @@ def alignment_line(report: TraceReport) -> str:
 
 
 LEGEND = ("fractions of each rank's wall time; waiting: for the slowest rank to hand its gradients over; exposed "
-          "comm: communication no compute hid (DDP's all-reduce after that; fsdp's blocking collectives)")
+          "comm: communication no compute hid (DDP's all-reduce after that; fsdp's blocking collectives; tp's "
+          "all-reduces inside a node)")
 LEGEND_PIPELINE = ("fractions of each stage's wall time; compute: its forwards and backwards and the optimizer; "
                    "waiting: the pipeline's bubble, the stage waiting for a neighbour's activations or gradients")
 
