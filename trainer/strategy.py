@@ -22,7 +22,7 @@ to the order in which floating-point sums are taken. A single process wraps noth
 """
 
 import os
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 
 import torch
 
@@ -79,9 +79,8 @@ def shard_fully(model, c, hybrid=False):
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
 
-    local = int(os.environ.get("LOCAL_WORLD_SIZE", 1))
-    mesh = (init_device_mesh(c.device.type, (c.world_size // local, local), mesh_dim_names=("replicate", "shard"))
-            if hybrid else init_device_mesh(c.device.type, (c.world_size,)))
+    mesh = (tensorparallel.node_mesh(c, ("replicate", "shard")) if hybrid
+            else init_device_mesh(c.device.type, (c.world_size,)))
     for block in getattr(model, "blocks", ()):
         fully_shard(block, mesh=mesh)
     return fully_shard(model, mesh=mesh)
@@ -94,6 +93,12 @@ def build_optimizer(model, args, world_size):
 
         return ZeroRedundancyOptimizer(model.parameters(), optimizer_class=torch.optim.Adam, lr=args.lr)
     return torch.optim.Adam(model.parameters(), lr=args.lr)
+
+
+def micro_step(model, last: bool):
+    """The context of one of a step's micro-steps: the gradients communicated on its last, accumulated
+    (no_sync) on those before it."""
+    return nullcontext() if last else no_sync(model)
 
 
 @contextmanager

@@ -87,12 +87,13 @@ def plan():
     return {"qkv": ColwiseParallel(), "proj": RowwiseParallel(), "mlp.0": ColwiseParallel(), "mlp.2": RowwiseParallel()}
 
 
-def mesh_2d(c):
-    """("dp", "tp"): the nodes, and a node's processes (consecutive ranks, as torchrun numbers them)."""
+def node_mesh(c, names: tuple[str, str]):
+    """A 2-D device mesh of the nodes, then a node's processes (consecutive ranks, as torchrun numbers
+    them), its axes so named: tp's ("dp", "tp"), hsdp's ("replicate", "shard")."""
     from torch.distributed.device_mesh import init_device_mesh
 
     local = tp_size()
-    return init_device_mesh(c.device.type, (c.world_size // local, local), mesh_dim_names=("dp", "tp"))
+    return init_device_mesh(c.device.type, (c.world_size // local, local), mesh_dim_names=names)
 
 
 def parallelize(model, c, args):
@@ -104,7 +105,7 @@ def parallelize(model, c, args):
     from torch.distributed.fsdp import fully_shard
     from torch.distributed.tensor.parallel import parallelize_module
 
-    mesh = mesh_2d(c)
+    mesh = node_mesh(c, ("dp", "tp"))
     for block in model.blocks:
         group_heads(block.qkv, mesh["tp"].size())
         parallelize_module(block, mesh["tp"], plan())

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import statistics
 import time
-from contextlib import nullcontext
 
 from trainer import parallelcost, stepmodel, strategy
 from trainer.calibrate import held_parameters, optimizer_copy
@@ -42,7 +41,7 @@ def sample_steps(run, micros, optimizer_step, steps: int = CALIBRATION_STEPS) ->
         run.collectives.start_step()
         t0 = time.perf_counter()
         for k, (x, y) in enumerate(micros):
-            with nullcontext() if k == len(micros) - 1 else strategy.no_sync(run.model):
+            with strategy.micro_step(run.model, last=k == len(micros) - 1):
                 run.workload.loss_sum(run.model(x), y).backward()
         made = run.collectives.end_step()
         optimizer_step()

@@ -19,7 +19,6 @@ import os
 import socket
 import statistics
 import time
-from contextlib import nullcontext
 from dataclasses import replace
 from pathlib import Path
 
@@ -159,8 +158,7 @@ def train_step(run, batch):
     for k, (x, y) in enumerate(batch.micros):
         x, y = x.to(c.device, non_blocking=True), y.to(c.device, non_blocking=True)
         # no_sync on all but the last micro-step: one gradient all-reduce per step.
-        sync = k == len(batch.micros) - 1 or c.world_size == 1
-        with (nullcontext() if sync else strategy.no_sync(model)):
+        with strategy.micro_step(model, last=k == len(batch.micros) - 1 or c.world_size == 1):
             micro_loss = run.workload.loss_sum(model(x), y)
             (micro_loss * batch.scale).backward()  # under DDP the last one also all-reduces the gradients
         loss_sum += micro_loss.detach()
