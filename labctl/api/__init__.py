@@ -45,12 +45,11 @@ from labctl.net.faults import inject
 from labctl.net.overlay_apply import OverlayState, read_overlay
 from labctl.net.routes import build_node, routes_of
 from labctl.net.tc import LinkState, Shape, ShapePlan, build_plan, check_to, describe_link, parse_shape
-from labctl.run.launch import Elastic, job_args, parse_nnodes
-from labctl.run.plan import Launcher, RunOptions, RunPlan
+from labctl.run.plan import RunOptions, RunPlan
 from labctl.run.result import RunResult
 from labctl.session import LabSession
 from labctl.slurm.jobs import Slurm
-from labctl.spec.labspec import LabSpec, check_nproc, load_config
+from labctl.spec.labspec import LabSpec, load_config
 from labctl.spec.units import parse_duration_s
 from labctl.trace import TraceReport, find_run, write_trace
 from labctl.trace.breakdown import parse_steps
@@ -192,38 +191,33 @@ class Lab(LabSession):
 
     # ------------------------------------------------------------------------------------ runs
 
-    def run_plan(self, *argv: str, launcher: Launcher = "auto", nproc_per_node: int | None = None,
-                 max_restarts: int = 0, nnodes: str | None = None, pg_timeout_s: float | None = 30.0,
-                 env: Mapping[str, str] | None = None, cwd: str | Path | None = None,
-                 timeout_s: float | None = None, ifname: str | None = None) -> RunPlan:
-        """The plan of `run(*argv)`, as data: nothing starts."""
-        nproc = check_nproc(nproc_per_node)
-        script_args = job_args(argv, self.workspace, cwd)
-        node_env = self.node_env(ifname=ifname)
-        low, high = parse_nnodes(nnodes, len(node_env)) if nnodes else (None, None)
-        options = RunOptions(launcher=launcher, nproc_per_node=nproc, elastic=Elastic(max_restarts, low, high),
-                             pg_timeout_s=pg_timeout_s, env=env, timeout_s=timeout_s)
-        return self.plan_run(script_args, options, node_env=node_env)
+    def plan_run(self, *argv: str, options: RunOptions | None = None, node_env: dict[str, dict[str, str]] | None = None,
+                 share_cpus: bool = True, **settings: Any) -> RunPlan:
+        """The plan of `run(*argv, ...)`, as data (what `labctl run --dry-run` prints): nothing starts.
+        `node_env` and `share_cpus` as for LabSession.plan_run (the benches run on a subset)."""
+        options = RunOptions.given(options, settings, "Lab.plan_run").only_for("lab")
+        return super().plan_run(*argv, options=options, node_env=node_env, share_cpus=share_cpus)
 
-    def run(self, *argv: str, timeout_s: float | None = None, launcher: Launcher = "auto",
-            nproc_per_node: int | None = None, max_restarts: int = 0, nnodes: str | None = None,
-            pg_timeout_s: float | None = 30.0, env: Mapping[str, str] | None = None, cwd: str | Path | None = None,
-            preflight: bool = True, echo: bool = True, check: bool = True, ifname: str | None = None) -> RunResult:
+    def run_plan(self, *argv: str, **settings: Any) -> RunPlan:
+        """Deprecated: `plan_run`, its one name now; this one warns and goes in the next release."""
+        warnings.warn("Lab.run_plan is now Lab.plan_run", DeprecationWarning, stacklevel=2)
+        return self.plan_run(*argv, **settings)
+
+    def run(self, *argv: str, options: RunOptions | None = None, **settings: Any) -> RunResult:
         """Run `SCRIPT [ARGS]` or `-m MODULE [ARGS]` on every node at once, as `labctl run` does.
 
-        `env` is added to every process's environment (as `-e`); a relative SCRIPT is taken from
-        `cwd` (default: the workspace, the nodes' working directory). `check` (the default) raises
-        RunFailed, naming the node and its error line, with the RunResult attached; `check=False`
-        returns the result whatever happened. `preflight` runs doctor's cheap checks first and
-        raises PreflightFailed on a problem. `ifname`: the interface the ranks' sockets use; None: the
-        lab's, its overlay's tunnel where it has one (`up --overlay`), else the bridge's.
+        `options`: a RunOptions; or its fields as keywords (`timeout_s=60, env={...}, check=False`),
+        over `options` where both are given. `check` (the default) raises RunFailed, naming the node
+        and its error line, with the RunResult attached; `check=False` returns the result whatever
+        happened. `preflight` runs doctor's cheap checks first and raises PreflightFailed on a
+        problem. `ifname`: the interface the ranks' sockets use; None: the lab's, its overlay's
+        tunnel where it has one (`up --overlay`), else the bridge's.
         """
-        plan = self.run_plan(*argv, launcher=launcher, nproc_per_node=nproc_per_node, max_restarts=max_restarts,
-                             nnodes=nnodes, pg_timeout_s=pg_timeout_s, env=env, cwd=cwd, timeout_s=timeout_s,
-                             ifname=ifname)
-        if preflight:
-            self.preflight(nproc_per_node, env).raise_for_problems(f"labctl doctor --lab {self.name}")
-        return self.execute(plan, echo=echo, check=check)
+        options = RunOptions.given(options, settings, "Lab.run").only_for("lab")
+        plan = self.plan_run(*argv, options=options)
+        if options.preflight:
+            self.preflight(options.nproc_per_node, options.env).raise_for_problems(f"labctl doctor --lab {self.name}")
+        return self.execute(plan, echo=options.echo, check=options.check)
 
     def clear_compile_cache(self) -> dict[str, str]:
         """Empty torch.compile's cache on every running node without taking the lab down (`labctl run

@@ -232,7 +232,8 @@ def sweep_plan(session: LabSession, node_env: dict, sizes: list[int], iters: int
             "--probe-size", str(PROBE_SIZE), "--probe-iters", str(probe_iters),
             "--max-iters", str(max(iters, PROBE_ITERS)), "--budget-s", str(SMALL_BUDGET_S),
             "--fill-ms", str(FILL_MS)]
-    return session.plan_run(args, options=RunOptions(nproc_per_node=1, env=env), node_env=node_env)
+    return session.plan_run(*args, options=RunOptions(nproc_per_node=1, pg_timeout_s=None, env=env),
+                            node_env=node_env)
 
 
 def run_sweep(session: LabSession, plan: RunPlan, name: str = "allreduce") -> list[dict]:

@@ -289,6 +289,7 @@ def run_lab(session: LabSession, config: Config, trainer_args: list[str], node_e
     node_env = node_env if node_env is not None else session.node_env()
     subset = dict(list(node_env.items())[: config.nodes])
     backend = "nccl" if config.device == "cuda" else "gloo"
-    plan = session.plan_run(["-m", "trainer", *trainer_args, "--backend", backend],
-                            options=RunOptions(nproc_per_node=config.nproc_per_node), node_env=subset, share_cpus=False)
+    plan = session.plan_run("-m", "trainer", *trainer_args, "--backend", backend,
+                            options=RunOptions(nproc_per_node=config.nproc_per_node, pg_timeout_s=None),
+                            node_env=subset, share_cpus=False)
     return parse_summary(session.execute(plan, echo=False).outcomes[0].lines)

@@ -6,6 +6,7 @@ import sys
 
 import click
 
+from labctl.api import RunOptions
 from labctl.api.inputs import build_user_env
 from labctl.cli.app import CONTEXT, invocation, main
 from labctl.cli.options import (
@@ -118,15 +119,17 @@ def hosts_run(lab, inventory, accept_new, nproc_per_node, launcher, timeout_s, p
     from labctl.cli import render
 
     where = invocation()
-    env = build_user_env(env_pairs, env_files, where.environ, nccl_debug)
+    options = RunOptions(launcher=launcher, nproc_per_node=nproc_per_node, pg_timeout_s=pg_timeout_s,
+                         env=build_user_env(env_pairs, env_files, where.environ, nccl_debug), cwd=where.cwd,
+                         timeout_s=timeout_s, sync=not no_sync, excludes=excludes,
+                         echo="stderr" if as_json else True, check=not as_json)
     the_hosts = where.hosts(lab, inventory, accept_new)
-    plan = the_hosts.run_plan(*script, launcher=launcher, nproc_per_node=nproc_per_node, pg_timeout_s=pg_timeout_s,
-                              env=env, cwd=where.cwd, timeout_s=timeout_s)
+    plan = the_hosts.plan_run(*script, options=options)
     if dry_run:
         render.print_launches(plan.job, plan.hosts.address)
         return
     if not no_preflight:
         render.print_preflight(the_hosts.preflight(plan, nproc_per_node), the_hosts.full_check)
-    result = the_hosts.execute(plan, sync=not no_sync, excludes=excludes,
-                               echo="stderr" if as_json else True, check=not as_json)
+    result = the_hosts.execute(plan, sync=options.sync, excludes=options.excludes, echo=options.echo,
+                               check=options.check)
     render.finish_run(result, as_json)

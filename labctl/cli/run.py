@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import click
 
+from labctl.api import RunOptions
 from labctl.api.inputs import build_user_env
 from labctl.cli.app import invocation, main
 from labctl.cli.options import (
@@ -63,18 +64,19 @@ def run(lab, nproc_per_node, launcher, timeout_s, pg_timeout_s, as_json, env_pai
 
     where = invocation()
     the_lab = where.lab(lab)
-    env = build_user_env(env_pairs, env_files, where.environ, nccl_debug)
-    plan = the_lab.run_plan(*script, launcher=launcher, nproc_per_node=nproc_per_node, max_restarts=max_restarts,
-                            nnodes=nnodes, pg_timeout_s=pg_timeout_s, env=env, cwd=where.cwd, timeout_s=timeout_s,
-                            ifname=ifname)
+    options = RunOptions(launcher=launcher, nproc_per_node=nproc_per_node, max_restarts=max_restarts, nnodes=nnodes,
+                         pg_timeout_s=pg_timeout_s, env=build_user_env(env_pairs, env_files, where.environ, nccl_debug),
+                         cwd=where.cwd, timeout_s=timeout_s, ifname=ifname, echo="stderr" if as_json else True,
+                         check=not as_json)
+    plan = the_lab.plan_run(*script, options=options)
     if dry_run:
         render.print_launches(plan, the_lab.nodes().address)
         return
     if not no_preflight:
-        render.print_preflight(the_lab.preflight(nproc_per_node, env), f"labctl doctor --lab {the_lab.name}")
+        render.print_preflight(the_lab.preflight(nproc_per_node, options.env), f"labctl doctor --lab {the_lab.name}")
     if fresh_compile_cache:
         render.print_cleared_caches(the_lab.clear_compile_cache())
-    result = the_lab.execute(plan, echo="stderr" if as_json else True, check=not as_json)
+    result = the_lab.execute(plan, echo=options.echo, check=options.check)
     traced = the_lab.trace(result) if trace and result.ok else None
     if traced is not None and not as_json:
         render_trace.print_trace(traced, False)

@@ -76,7 +76,8 @@ def probe_ops(session, timeout_s: float = 300) -> OpsReport:
     if len(nodes) < 2:
         raise StateError(f"lab {session.name} has {len(nodes)} running node; the probe needs 2 or more",
                          hint=f"labctl up --lab {session.name} --nodes 2")
-    plan = session.plan_run(["-m", PROBE_MODULE], options=RunOptions(nproc_per_node=1, timeout_s=timeout_s),
+    plan = session.plan_run("-m", PROBE_MODULE, options=RunOptions(nproc_per_node=1, pg_timeout_s=None,
+                                                                   timeout_s=timeout_s),
                             node_env=session.node_env(nodes))
     session.execute(plan, echo=False)
     return OpsReport.from_dict(json.loads((plan.run_dir / REPORT_FILE).read_text()), plan.run_dir)

@@ -54,7 +54,7 @@ from labctl.hosts.ssh import (
 )
 from labctl.lab.lockfile import Lock
 from labctl.run.executor import execute
-from labctl.run.plan import RunOptions, RunPlan, build_run_plan
+from labctl.run.plan import LaunchOptions, RunPlan, build_run_plan
 
 T = TypeVar("T")
 PROBE_CONNECT_S = 3.0  # hosts start their probes over separate SSH sessions, up to a second or so apart
@@ -310,7 +310,7 @@ class HostsRun:
     job: RunPlan  # the run itself; its remote_run_dir is on each host, relative to its workspace
 
 
-def plan_run(inventory: Inventory, workspace: Path, script_args: list[str], options: RunOptions, *,
+def plan_run(inventory: Inventory, workspace: Path, script_args: list[str], options: LaunchOptions, *,
              accept_new: bool, packages: str = "") -> HostsRun:
     """The run on the hosts, started as `options` say (each host's env file written for
     `options.nproc_per_node` processes); `packages`: the folder of the inventory's lock, which the

@@ -11,9 +11,10 @@ from __future__ import annotations
 
 import shlex
 import time
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Mapping
+from typing import Any
 
 from labctl.core import assets
 from labctl.core.ui import Report
@@ -25,7 +26,7 @@ from labctl.hosts.ssh import SSHHosts, require_tools, rsync_push_argv, sync_excl
 from labctl.lab.lockfile import Lock, read_lab_lock
 from labctl.lab.packages import read_declaration
 from labctl.run.launch import job_args
-from labctl.run.plan import Launcher, RunOptions
+from labctl.run.plan import RunOptions
 from labctl.run.result import RunResult
 from labctl.spec.labspec import check_nproc
 
@@ -96,16 +97,18 @@ class Hosts:
         return [(host.name, shlex.join(rsync_push_argv(host, self.workspace, patterns)))
                 for host in self.inventory.hosts]
 
-    def run_plan(self, *argv: str, launcher: Launcher = "auto", nproc_per_node: int | None = None,
-                 pg_timeout_s: float | None = 30.0, env: Mapping[str, str] | None = None,
-                 cwd: str | Path | None = None, timeout_s: float | None = None):
-        """What `run(*argv)` will do on each host, as data (a hosts.actions.HostsRun)."""
+    def plan_run(self, *argv: str, options: RunOptions | None = None, **settings: Any):
+        """What `run(*argv, ...)` will do on each host, as data (a hosts.actions.HostsRun)."""
+        options = RunOptions.given(options, settings, "Hosts.plan_run").only_for("hosts")
         lock = self.lock()
-        options = RunOptions(launcher=launcher, nproc_per_node=check_nproc(nproc_per_node), pg_timeout_s=pg_timeout_s,
-                             env=env, timeout_s=timeout_s)
-        return actions.plan_run(self.inventory, self.workspace, job_args(argv, self.workspace, cwd), options,
-                                accept_new=self.accept_new,
+        return actions.plan_run(self.inventory, self.workspace, job_args(argv, self.workspace, options.cwd),
+                                options.launch(len(self.inventory.hosts)), accept_new=self.accept_new,
                                 packages=packages_path(self.inventory, lock[1]) if lock else "")
+
+    def run_plan(self, *argv: str, **settings: Any):
+        """Deprecated: `plan_run`, its one name now; this one warns and goes in the next release."""
+        warnings.warn("Hosts.run_plan is now Hosts.plan_run", DeprecationWarning, stacklevel=2)
+        return self.plan_run(*argv, **settings)
 
     def preflight(self, plan, nproc_per_node: int | None = None) -> Diagnosis:
         """doctor's cheap checks on the plan's hosts, over SSH, before a run."""
@@ -113,17 +116,15 @@ class Hosts:
         require_tools("ssh")
         return actions.preflight(plan.hosts, nproc, self.report, self.lock())
 
-    def run(self, *argv: str, timeout_s: float | None = None, launcher: Launcher = "auto",
-            nproc_per_node: int | None = None, pg_timeout_s: float | None = 30.0, env: Mapping[str, str] | None = None,
-            cwd: str | Path | None = None, sync: bool = True, excludes: tuple[str, ...] = (), preflight: bool = True,
-            check: bool = True) -> RunResult:
-        """Sync (or only write the env files), check, and run on every host, as `labctl hosts run`
-        (`env` and `cwd` as for Lab.run)."""
-        plan = self.run_plan(*argv, launcher=launcher, nproc_per_node=nproc_per_node, pg_timeout_s=pg_timeout_s,
-                             env=env, cwd=cwd, timeout_s=timeout_s)
-        if preflight:
-            self.preflight(plan, nproc_per_node).raise_for_problems(self.full_check)
-        return self.execute(plan, sync=sync, excludes=excludes, check=check)
+    def run(self, *argv: str, options: RunOptions | None = None, **settings: Any) -> RunResult:
+        """Sync (or only write the env files), check, and run on every host, as `labctl hosts run`:
+        `options` a RunOptions, or its fields as keywords, as for Lab.run (`sync`, `excludes`: the
+        workspace synced first, less these patterns)."""
+        options = RunOptions.given(options, settings, "Hosts.run").only_for("hosts")
+        plan = self.plan_run(*argv, options=options)
+        if options.preflight:
+            self.preflight(plan, options.nproc_per_node).raise_for_problems(self.full_check)
+        return self.execute(plan, sync=options.sync, excludes=options.excludes, echo=options.echo, check=options.check)
 
     @property
     def full_check(self) -> str:

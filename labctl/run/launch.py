@@ -213,7 +213,7 @@ class Elastic:
 
 
 @dataclass(frozen=True)
-class RunOptions:
+class LaunchOptions:
     """How a run's processes start and how long it may take: `labctl run`'s options (and Lab.run's,
     Hosts.run's), carried together from the command to the launches. Nothing here names the nodes."""
 
@@ -245,7 +245,7 @@ def with_user_env(own: dict[str, str], added: dict[str, str]) -> dict[str, str]:
     return {**{key: value for key, value in own.items() if key not in added}, **added}
 
 
-def build_launches(node_env: dict[str, dict[str, str]], script_args: list[str], options: RunOptions, *,
+def build_launches(node_env: dict[str, dict[str, str]], script_args: list[str], options: LaunchOptions, *,
                    run_id: str, run_dir: Path | str, cpus: int | None = None) -> list[Launch]:
     """The processes of one run, in node-rank order. `node_env` maps node name -> its env file; a
     subset of the lab's nodes runs a smaller job. Each node runs its env file's NPROC_PER_NODE

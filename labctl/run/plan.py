@@ -7,13 +7,76 @@ from __future__ import annotations
 
 import secrets
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, fields, replace
 from pathlib import Path
+from typing import Any, Mapping
 
-from labctl.run.launch import Launch, Launcher, RunOptions, build_launches, choose_launcher
-from labctl.spec.labspec import check_timeout
+from labctl.errors import LabError
+from labctl.run.launch import Elastic, Launch, Launcher, LaunchOptions, build_launches, choose_launcher, parse_nnodes
+from labctl.spec.labspec import check_nproc, check_timeout
 
-__all__ = ["Launcher", "RunOptions", "RunPlan", "build_run_plan", "new_run"]
+__all__ = ["Launcher", "LaunchOptions", "RunOptions", "RunPlan", "build_run_plan", "new_run"]
+
+
+@dataclass(frozen=True)
+class RunOptions:
+    """What one run asks for, as `labctl run` and `labctl hosts run` take it: one frozen value shared
+    by the CLI, `Lab.run`, `Hosts.run`, the pytest plugin and the benches, as LabSpec is for `up`.
+
+    `env` is added to every process's environment (as `-e`); a relative script is taken from `cwd`
+    (default: the workspace). `check` raises RunFailed on a failed run; `preflight` runs doctor's
+    cheap checks first; `echo` shows the nodes' output (True), on stderr ("stderr") or not (False).
+    The lab's nodes only: `max_restarts` and `nnodes` (torchrun's fault tolerance), `ifname` (the
+    interface the ranks' sockets use; None: the lab's overlay tunnel where it has one, else the
+    bridge's). Real hosts only: `sync` (the workspace first) and `excludes` (what sync leaves out).
+    """
+
+    launcher: Launcher = "auto"
+    nproc_per_node: int | None = None  # processes per node; None: each node's env file's NPROC_PER_NODE
+    pg_timeout_s: float | None = 30.0  # the trainer's process-group timeout (DDPLAB_PG_TIMEOUT_S); None: torch's
+    env: Mapping[str, str] | None = None
+    cwd: str | Path | None = None
+    timeout_s: float | None = None  # the whole run is stopped after this long; None: no limit
+    preflight: bool = True
+    echo: bool | str = True
+    check: bool = True
+    max_restarts: int = 0
+    nnodes: str | None = None  # "MIN:MAX", MAX the lab's node count
+    ifname: str | None = None
+    sync: bool = True
+    excludes: tuple[str, ...] = ()
+
+    LAB_ONLY = ("max_restarts", "nnodes", "ifname")
+    HOSTS_ONLY = ("sync", "excludes")
+
+    @classmethod
+    def given(cls, options: RunOptions | None, settings: Mapping[str, Any], call: str) -> RunOptions:
+        """`options` (default: every default) with `settings`, keyword arguments of `call` (Lab.run,
+        Hosts.run, ...), over it; a name that is no option is refused, naming the ones there are."""
+        names = [f.name for f in fields(cls)]
+        unknown = sorted(set(settings) - set(names))
+        if unknown:
+            raise LabError(f"{call} has no option {', '.join(unknown)}", hint=f"its options: {', '.join(names)}")
+        return replace(options or cls(), **settings)
+
+    def only_for(self, where: str) -> RunOptions:
+        """Itself, refusing the options of the other kind of run set away from their defaults
+        (`where`: "lab" or "hosts")."""
+        other = self.HOSTS_ONLY if where == "lab" else self.LAB_ONLY
+        default = type(self)()
+        wrong = [name for name in other if getattr(self, name) != getattr(default, name)]
+        if wrong:
+            kind = "real hosts'" if where == "lab" else "the lab's nodes'"
+            raise LabError(f"{', '.join(wrong)}: {kind} option{'s' if len(wrong) > 1 else ''}, not a {where} run's",
+                           hint="Lab.run takes max_restarts, nnodes and ifname; Hosts.run takes sync and excludes")
+        return self
+
+    def launch(self, nodes: int) -> LaunchOptions:
+        """How the processes start, checked, for a run on `nodes` nodes (what `nnodes`' MAX must be)."""
+        low, high = parse_nnodes(self.nnodes, nodes) if self.nnodes else (None, None)
+        return LaunchOptions(launcher=self.launcher, nproc_per_node=check_nproc(self.nproc_per_node),
+                             elastic=Elastic(self.max_restarts, low, high), pg_timeout_s=self.pg_timeout_s,
+                             env=self.env, timeout_s=self.timeout_s)
 
 
 @dataclass(frozen=True)
@@ -48,7 +111,7 @@ def new_run(runs_parent: Path) -> tuple[str, Path]:
 
 
 def build_run_plan(node_env: dict[str, dict[str, str]], script_args: list[str], runs_parent: Path,
-                   options: RunOptions = RunOptions(), *, cpus: int | None = None,
+                   options: LaunchOptions = LaunchOptions(), *, cpus: int | None = None,
                    remote_runs_parent: str | None = None) -> RunPlan:
     """The plan for `script_args` (`SCRIPT [ARGS]` or `-m MODULE [ARGS]`) on the nodes of `node_env`,
     started as `options` say (its launcher "auto" settled here, see choose_launcher).

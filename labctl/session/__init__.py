@@ -38,6 +38,7 @@ from labctl.net.overlay_apply import running_overlay
 from labctl.run.calibrations import latest_calibration
 from labctl.run.executor import execute
 from labctl.run.logs import check_tail, follow_run_logs, run_logs
+from labctl.run.launch import job_args
 from labctl.run.plan import RunOptions, RunPlan, build_run_plan
 from labctl.run.result import RunResult
 from labctl.spec.labspec import LabSpec
@@ -174,13 +175,16 @@ class LabSession:
 
     # ---------------------------------------------------------------------------------- runs
 
-    def plan_run(self, script_args: list[str], options: RunOptions = RunOptions(), *,
+    def plan_run(self, *argv: str, options: RunOptions = RunOptions(),
                  node_env: dict[str, dict[str, str]] | None = None, share_cpus: bool = True) -> RunPlan:
-        """The run plan for `script_args` on the lab's nodes (or the nodes of `node_env`, a subset),
-        started as `options` say (`options.env` is added to every process's environment, as
-        `labctl run -e`). With `share_cpus`, every process gets OMP_NUM_THREADS from the engine's CPUs."""
-        plan = build_run_plan(node_env if node_env is not None else self.node_env(), script_args, self.directory,
-                              options, cpus=self.cpus if share_cpus else None)
+        """The plan of a run of `SCRIPT [ARGS]` or `-m MODULE [ARGS]` on the lab's nodes (or the nodes
+        of `node_env`, a subset), as data: nothing starts. Started as `options` say (`options.env` is
+        added to every process's environment, as `labctl run -e`). With `share_cpus`, every process
+        gets OMP_NUM_THREADS from the engine's CPUs."""
+        if node_env is None:
+            node_env = self.node_env(ifname=options.ifname)
+        plan = build_run_plan(node_env, job_args(argv, self.workspace, options.cwd), self.directory,
+                              options.launch(len(node_env)), cpus=self.cpus if share_cpus else None)
         return replace(plan, packages=describe_lock_file(self.directory / LOCK_FILE))
 
     def execute(self, plan: RunPlan, *, echo: bool | str = True, check: bool = True) -> RunResult:

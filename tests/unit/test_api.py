@@ -11,7 +11,7 @@ from labctl.api import Lab, lab_spec
 from labctl.diagnose.findings import Diagnosis, Finding, PreflightFailed
 from labctl.errors import ConfigError, LabError, RunFailed, StateError
 from labctl.run.launch import Elastic, Launch
-from labctl.run.plan import RunOptions, build_run_plan
+from labctl.run.plan import LaunchOptions, RunOptions, build_run_plan
 from labctl.run.result import Outcome, RunResult
 from labctl.spec.labspec import check_nproc, check_timeout
 
@@ -82,7 +82,7 @@ def test_a_bad_shape_is_refused_before_the_engine(tmp_path):
 
 def test_a_run_plan_is_data(tmp_path):
     plan = build_run_plan(ENVS, ["-m", "trainer"], tmp_path,
-                          RunOptions(nproc_per_node=2, elastic=Elastic(1, 2, 3), pg_timeout_s=10), cpus=6)
+                          LaunchOptions(nproc_per_node=2, elastic=Elastic(1, 2, 3), pg_timeout_s=10), cpus=6)
     assert plan.nodes == ["node0", "node1", "node2"] and plan.store and plan.min_nodes == 2
     assert plan.run_dir == tmp_path / "runs" / plan.run_id and not plan.run_dir.exists()
     assert [launch.node for launch in plan.launches] == plan.nodes
@@ -94,11 +94,29 @@ def test_a_run_plan_is_data(tmp_path):
 
 
 def test_real_hosts_write_their_outputs_on_the_host(tmp_path):
-    plan = build_run_plan(ENVS, ["train.py"], tmp_path, RunOptions(launcher="static"),
+    plan = build_run_plan(ENVS, ["train.py"], tmp_path, LaunchOptions(launcher="static"),
                           remote_runs_parent=".lab/cluster")
     assert plan.remote_run_dir == f".lab/cluster/runs/{plan.run_id}" and not plan.store
     assert {launch.env["DDPLAB_RUN_DIR"] for launch in plan.launches} == {plan.remote_run_dir}
     assert [launch.env["RANK"] for launch in plan.launches] == ["0", "1", "2"]
+
+
+def test_a_run_takes_one_options_value_or_its_fields(tmp_path):
+    assert RunOptions.given(RunOptions(timeout_s=60), {"check": False}, "Lab.run") == RunOptions(timeout_s=60, check=False)
+    assert RunOptions(nproc_per_node="2", max_restarts=1, nnodes="2:3").launch(3) == LaunchOptions(
+        nproc_per_node=2, elastic=Elastic(1, 2, 3), pg_timeout_s=30.0)
+    with pytest.raises(ConfigError, match="MAX must be the lab's node count, 3"):
+        RunOptions(nnodes="2:4").launch(3)
+    with pytest.raises(LabError, match="sync: real hosts' option, not a lab run's"):
+        RunOptions(sync=False).only_for("lab")
+    with pytest.raises(LabError, match="nnodes, ifname: the lab's nodes' options, not a hosts run's"):
+        RunOptions(nnodes="1:2", ifname="eth0").only_for("hosts")
+    lab = offline(workspace=tmp_path)
+    with pytest.raises(LabError, match="Lab.run has no option timeout") as unknown:  # before any engine is asked
+        lab.run("train.py", timeout=5)
+    assert "timeout_s" in unknown.value.hint
+    with pytest.warns(DeprecationWarning, match="Lab.run_plan is now Lab.plan_run"), pytest.raises(LabError):
+        lab.run_plan("train.py", excludes=("*.ckpt",))
 
 
 def result_of(*outcomes: Outcome, run_dir=Path("/runs/r1")) -> RunResult:

@@ -13,7 +13,7 @@ from labctl.run.launch import (
     WORKER_SCRIPT,
     Elastic,
     Launch,
-    RunOptions,
+    LaunchOptions,
     build_launches,
     choose_launcher,
     job_args,
@@ -31,7 +31,7 @@ NODE_ENV = {
 
 
 def test_torchrun_plan():
-    launches = build_launches(NODE_ENV, ["-m", "trainer", "--epochs", "2"], RunOptions(launcher="torchrun"),
+    launches = build_launches(NODE_ENV, ["-m", "trainer", "--epochs", "2"], LaunchOptions(launcher="torchrun"),
                               run_id="r1", run_dir=RUN_DIR)
     common = {"DDPLAB_RUN_ID": "r1", "DDPLAB_RUN_DIR": str(RUN_DIR), "DDPLAB_LINKS_DIR": str(RUN_DIR.parent.parent / "links"), "PET_NNODES": "2", "PET_RDZV_ID": "r1",
               "PET_RDZV_CONF": "is_host=false"}
@@ -45,10 +45,10 @@ def test_torchrun_plan():
 
 def test_a_subset_of_nodes_runs_a_smaller_job_with_threads_shared_out():
     first = {"node0": NODE_ENV["node0"]}
-    [launch] = build_launches(first, ["-m", "trainer"], RunOptions(launcher="torchrun"),
+    [launch] = build_launches(first, ["-m", "trainer"], LaunchOptions(launcher="torchrun"),
                               run_id="r1", run_dir=RUN_DIR, cpus=8)
     assert launch.env["PET_NNODES"] == "1" and launch.env["OMP_NUM_THREADS"] == "8"
-    launches = build_launches(NODE_ENV, ["x.py"], RunOptions(launcher="static", nproc_per_node=2), run_id="r1",
+    launches = build_launches(NODE_ENV, ["x.py"], LaunchOptions(launcher="static", nproc_per_node=2), run_id="r1",
                               run_dir=RUN_DIR, cpus=8)
     assert {l.env["OMP_NUM_THREADS"] for l in launches} == {"2"} and launches[0].env["WORLD_SIZE"] == "4"
 
@@ -69,7 +69,7 @@ def test_torchrun_nproc_override_and_script_form():
 
 
 def test_static_plan_ranks_and_environment():
-    launches = build_launches(NODE_ENV, ["train.py"], RunOptions(launcher="static", nproc_per_node=2),
+    launches = build_launches(NODE_ENV, ["train.py"], LaunchOptions(launcher="static", nproc_per_node=2),
                               run_id="r1", run_dir=RUN_DIR)
     assert [(l.label, l.node, l.env["RANK"], l.env["LOCAL_RANK"]) for l in launches] == [
         ("node0/r0", "node0", "0", "0"), ("node0/r1", "node0", "1", "1"),
@@ -84,7 +84,7 @@ def test_static_plan_ranks_and_environment():
 def test_static_plan_follows_each_nodes_own_process_count():
     # Real hosts may differ: a workstation with 2 processes, a laptop with 1.
     mixed = {"node0": {**NODE_ENV["node0"], "NPROC_PER_NODE": "2"}, "node1": NODE_ENV["node1"]}
-    launches = build_launches(mixed, ["train.py"], RunOptions(launcher="static"), run_id="r1", run_dir=RUN_DIR)
+    launches = build_launches(mixed, ["train.py"], LaunchOptions(launcher="static"), run_id="r1", run_dir=RUN_DIR)
     assert [(l.label, l.env["RANK"], l.env["LOCAL_RANK"], l.env["LOCAL_WORLD_SIZE"], l.env["GROUP_RANK"])
             for l in launches] == [("node0/r0", "0", "0", "2", "0"), ("node0/r1", "1", "1", "2", "0"),
                                    ("node1", "2", "0", "1", "1")]
@@ -92,7 +92,7 @@ def test_static_plan_follows_each_nodes_own_process_count():
 
 
 def test_static_plan_defaults_to_the_env_files_nproc():
-    launches = build_launches(NODE_ENV, ["train.py"], RunOptions(launcher="static"),
+    launches = build_launches(NODE_ENV, ["train.py"], LaunchOptions(launcher="static"),
                               run_id="r1", run_dir=RUN_DIR)
     assert [l.label for l in launches] == ["node0", "node1"]
 
@@ -161,17 +161,17 @@ def test_elastic_runs_pass_torchruns_settings_and_a_fresh_worker_store():
 
     three = {f"node{i}": NODE_ENV["node0"] for i in range(3)}
     launches = build_launches(three, ["-m", "trainer"],
-                              RunOptions(launcher="torchrun", elastic=Elastic(2, 2, 3), pg_timeout_s=30), run_id="r1",
+                              LaunchOptions(launcher="torchrun", elastic=Elastic(2, 2, 3), pg_timeout_s=30), run_id="r1",
                               run_dir=RUN_DIR)
     env = launches[0].env
     assert env["PET_NNODES"] == "2:3" and env["PET_MAX_RESTARTS"] == "2"
     assert env["PET_RDZV_CONF"] == "is_host=false," + ELASTIC_RDZV_CONF
     assert env["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] == "1" and env["DDPLAB_PG_TIMEOUT_S"] == "30"
-    plain = build_launches(three, ["-m", "trainer"], RunOptions(launcher="torchrun"), run_id="r1",
+    plain = build_launches(three, ["-m", "trainer"], LaunchOptions(launcher="torchrun"), run_id="r1",
                            run_dir=RUN_DIR)[0].env
     assert "PET_MAX_RESTARTS" not in plain and plain["PET_RDZV_CONF"] == "is_host=false"
     with pytest.raises(LabError, match="need torchrun"):
-        build_launches(three, ["x.py"], RunOptions(launcher="static", nproc_per_node=1, elastic=Elastic(1)),
+        build_launches(three, ["x.py"], LaunchOptions(launcher="static", nproc_per_node=1, elastic=Elastic(1)),
                        run_id="r1", run_dir=RUN_DIR)
 
 
@@ -246,7 +246,7 @@ def test_job_args_checks_then_places_the_script(ws):
 
 
 def test_the_warm_path_gives_each_rank_torchruns_worker_environment():
-    launches = build_launches(NODE_ENV, ["train.py", "--lr", "1"], RunOptions(launcher="warm", nproc_per_node=2),
+    launches = build_launches(NODE_ENV, ["train.py", "--lr", "1"], LaunchOptions(launcher="warm", nproc_per_node=2),
                               run_id="r1", run_dir=RUN_DIR)
     assert [l.label for l in launches] == ["node0/r0", "node0/r1", "node1/r2", "node1/r3"]
     assert launches[0].argv == ["python", "-c", FORKSERVER_SCRIPT, "request", FORK_SOCKET, WORKER_SCRIPT, "--",
@@ -289,7 +289,7 @@ def test_auto_takes_the_warm_path_unless_torchruns_agents_are_needed(asked, elas
 
 def test_warm_and_static_refuse_what_only_torchrun_does():
     with pytest.raises(LabError, match="need torchrun"):
-        build_launches(NODE_ENV, ["x.py"], RunOptions(launcher="warm", elastic=Elastic(max_restarts=1)), run_id="r1",
+        build_launches(NODE_ENV, ["x.py"], LaunchOptions(launcher="warm", elastic=Elastic(max_restarts=1)), run_id="r1",
                        run_dir=RUN_DIR)
     with pytest.raises(ConfigError, match="--launcher"):
         choose_launcher("mpirun", Elastic())

@@ -79,8 +79,8 @@ def test_lab_rows_name_their_backend_whatever_the_env_files_say():
         def node_env(self):
             return {"node0": {}, "node1": {}}
 
-        def plan_run(self, argv, **_):
-            self.argv.append(argv)
+        def plan_run(self, *argv, **_):
+            self.argv.append(list(argv))
             raise StopIteration
 
     session = Session()

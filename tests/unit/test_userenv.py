@@ -5,7 +5,7 @@ from pathlib import Path
 import pytest
 
 from labctl.errors import ConfigError, LabError
-from labctl.run.launch import RunOptions, build_launches
+from labctl.run.launch import LaunchOptions, build_launches
 from labctl.run.userenv import build_user_env, check_user_env, parse_env_pair, parse_env_text, read_env_file
 
 ENVIRON = {"HOME": "/home/me", "EMPTY": ""}
@@ -102,14 +102,14 @@ NODE_ENV = {f"node{i}": {"MASTER_ADDR": "172.28.0.10", "MASTER_PORT": "29500", "
 
 @pytest.mark.parametrize("launcher", ["torchrun", "static", "warm"])
 def test_every_process_gets_the_users_env_over_labctls_own(launcher):
-    options = RunOptions(launcher=launcher, env={"KEY": "v a l", "OMP_NUM_THREADS": "3"})
+    options = LaunchOptions(launcher=launcher, env={"KEY": "v a l", "OMP_NUM_THREADS": "3"})
     launches = build_launches(NODE_ENV, ["x.py"], options, run_id="r1", run_dir="/ws/runs/r1", cpus=8)
     assert len(launches) == (2 if launcher == "torchrun" else 4)
     for launch in launches:
         assert launch.env["KEY"] == "v a l" and launch.env["OMP_NUM_THREADS"] == "3"  # the user's, not labctl's 2
         assert f"KEY='v a l' OMP_NUM_THREADS=3 {launch.argv[0]} " in launch.display()  # the user's go last
     with pytest.raises(LabError, match="cannot set LOCAL_RANK"):
-        build_launches(NODE_ENV, ["x.py"], RunOptions(launcher=launcher, env={"LOCAL_RANK": "0"}), run_id="r1",
+        build_launches(NODE_ENV, ["x.py"], LaunchOptions(launcher=launcher, env={"LOCAL_RANK": "0"}), run_id="r1",
                        run_dir="/r")
 
 
