@@ -214,8 +214,8 @@ class Elastic:
 
 @dataclass(frozen=True)
 class LaunchOptions:
-    """How a run's processes start and how long it may take: `labctl run`'s options (and Lab.run's,
-    Hosts.run's), carried together from the command to the launches. Nothing here names the nodes."""
+    """How a run's processes start and how long it may take, checked: what build_launches reads, made
+    from a run's RunOptions (labctl.run.plan) for its nodes. Nothing here names the nodes."""
 
     launcher: Launcher = "auto"  # --launcher; build_launches takes the one choose_launcher settled on
     nproc_per_node: int | None = None  # processes per node; None: each node's env file's NPROC_PER_NODE
