@@ -31,14 +31,14 @@ from labctl.errors import LabError, StateError
 from labctl.hosts.inventory import load_inventory
 from labctl.hosts.labnodes import INVENTORY_FILE
 from labctl.hosts.machines import Hosts, SyncResult
+from labctl.image.lockfile import Lock, read_lab_lock
+from labctl.image.packages import LOCK_FILE
 from labctl.k8s.jobs import Kubernetes
 from labctl.lab.envfiles import render_env, write_env_files
 from labctl.lab.garbage import ImageVerdict, LabVerdict, collect_garbage, collect_package_images
 from labctl.lab.lifecycle import apply_down, forget_secrets, lab_dir, lab_resources
 from labctl.lab.listing import LabListing, list_labs
-from labctl.lab.lockfile import Lock, read_lab_lock
 from labctl.lab.owner import owner_of
-from labctl.lab.packages import LOCK_FILE
 from labctl.lab.up import UpPlan
 from labctl.net.apply import apply_routes, apply_shape, clear_shape, node_addresses, plan_routes, read_link, read_links
 from labctl.net.faults import inject

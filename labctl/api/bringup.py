@@ -18,13 +18,12 @@ from labctl.engine import detect as engine_mod
 from labctl.engine.docker import lab_nodes
 from labctl.errors import LabError
 from labctl.hosts import labnodes
-from labctl.lab import image as image_mod
+from labctl.image import image as image_mod
+from labctl.image.packages import LOCK_FILE, read_declaration
+from labctl.image.resolve import write_atomic
 from labctl.lab.lifecycle import NodeState, apply_down, forget_secrets, lab_dir
 from labctl.lab.owner import Owner
-from labctl.lab.package_image import prepare_packages
-from labctl.lab.packages import LOCK_FILE, read_declaration
-from labctl.lab.resolve import write_atomic
-from labctl.lab.up import UpPlan, apply_up_plan, build_up_plan, kept_packages, settle
+from labctl.lab.up import UpPlan, apply_up_plan, build_up_plan, kept_packages, prepare_packages, settle
 from labctl.net import overlay, overlay_apply
 from labctl.net.apply import apply_shape, drop_helpers, read_links, settle_neighbors
 from labctl.net.tc import LinkState, parse_shape

@@ -6,9 +6,9 @@ from __future__ import annotations
 from pathlib import Path
 
 from labctl.core.ui import Report
-from labctl.lab import image as image_mod
+from labctl.image import image as image_mod
+from labctl.image.image import BuildInputs, build_images
 from labctl.lab.envfiles import check_rdzv_id, parse_hosts, write_host_env_files
-from labctl.lab.image import BuildInputs, build_images
 from labctl.spec.labspec import LabSpec
 
 

@@ -26,13 +26,13 @@ from labctl.diagnose import doctor
 from labctl.diagnose.traps import SCENARIOS, Context, Env, Scenario
 from labctl.engine.labels import container_name
 from labctl.errors import ConfigError, LabError
+from labctl.image.base import TARGET_CACHE, node_target
+from labctl.image.image import ensure_mismatch_image
+from labctl.image.lockfile import read_lab_lock
+from labctl.image.packages import LOCK_FILE
+from labctl.image.resolve import fetch_requirement
 from labctl.lab import lifecycle as lab_mod
-from labctl.lab.base import TARGET_CACHE, node_target
-from labctl.lab.image import ensure_mismatch_image
-from labctl.lab.lockfile import read_lab_lock
 from labctl.lab.owner import owner_of
-from labctl.lab.packages import LOCK_FILE
-from labctl.lab.resolve import fetch_requirement
 from labctl.net.overlay import NONE
 from labctl.run.launch import Launch, network_env, run_env
 from labctl.run.plan import RunPlan, new_run

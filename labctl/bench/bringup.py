@@ -24,8 +24,8 @@ from pathlib import Path
 
 from labctl.core.proc import run
 from labctl.engine.labels import container_name
+from labctl.image.packages import base_of
 from labctl.lab.lifecycle import apply_down, lab_dir, lab_status
-from labctl.lab.packages import base_of
 
 BENCH_LAB = "bench-up"
 

@@ -52,7 +52,7 @@ from labctl.diagnose.tunnel import check_mtu, probe_mtu, tunnel_address
 from labctl.engine.detect import inspect_engine, refusal
 from labctl.engine.docker import DockerNodes, node_cpus_limit
 from labctl.engine.labels import container_name
-from labctl.lab.lockfile import Lock, release
+from labctl.image.lockfile import Lock, release
 from labctl.net.overlay_apply import running_overlay
 from labctl.slurm.cluster import is_slurm_lab
 

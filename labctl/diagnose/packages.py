@@ -1,7 +1,7 @@
 """doctor's `packages` check: the version-mismatch trap, for every package and not only torch.
 
 Every distribution each node's Python sees (name and version, from labctl/remote/node_info.py) is
-compared with the lab's lock where it has one (.lab/<lab>/pylock.toml: labctl.lab.packages), and
+compared with the lab's lock where it has one (.lab/<lab>/pylock.toml: labctl.image.packages), and
 with the other nodes' in any case. A package a node lacks, has at another version, or has alone is
 named with the node. torch is the `versions` check's (its CUDA build carries another local label and
 the nvidia-* runtime, which is no drift), so the CUDA build's own packages are left to it too.
@@ -15,8 +15,8 @@ from collections import Counter
 from typing import Mapping
 
 from labctl.diagnose.findings import Finding
-from labctl.lab.lockfile import Lock, same_version
-from labctl.lab.packages import TORCH
+from labctl.image.lockfile import Lock, same_version
+from labctl.image.packages import TORCH
 
 CUDA_BUILD = ("nvidia-", "triton", "cuda-")  # what torch's CUDA build brings besides itself
 

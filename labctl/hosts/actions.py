@@ -52,7 +52,7 @@ from labctl.hosts.ssh import (
     rsync_push_argv,
     rsync_stats,
 )
-from labctl.lab.lockfile import Lock
+from labctl.image.lockfile import Lock
 from labctl.run.executor import execute
 from labctl.run.plan import LaunchOptions, RunPlan, build_run_plan
 

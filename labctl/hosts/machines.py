@@ -23,8 +23,8 @@ from labctl.hosts import actions
 from labctl.hosts.inventory import Inventory, load_inventory
 from labctl.hosts.packages import host_packages, hosts_lock_path, packages_path, with_pythonpath
 from labctl.hosts.ssh import SSHHosts, require_tools, rsync_push_argv, sync_excludes
-from labctl.lab.lockfile import Lock, read_lab_lock
-from labctl.lab.packages import read_declaration
+from labctl.image.lockfile import Lock, read_lab_lock
+from labctl.image.packages import read_declaration
 from labctl.run.launch import job_args
 from labctl.run.plan import RunOptions
 from labctl.run.result import RunResult

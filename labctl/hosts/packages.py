@@ -23,10 +23,10 @@ from labctl.diagnose.doctor import node_info
 from labctl.errors import CommandError, LabError, StateError
 from labctl.hosts.inventory import Inventory
 from labctl.hosts.ssh import SSHHosts, rsync_files_argv
-from labctl.lab.lockfile import Lock, hash_requirements, read_lab_lock, release, render_lock, to_install
-from labctl.lab.packages import LOCK_FILE, Declaration
-from labctl.lab.resolve import ensure_lock, fetch_wheels, write_atomic
-from labctl.lab.wheelhouse import Target, target_from_probe
+from labctl.image.lockfile import Lock, hash_requirements, read_lab_lock, release, render_lock, to_install
+from labctl.image.packages import LOCK_FILE, Declaration
+from labctl.image.resolve import ensure_lock, fetch_wheels, write_atomic
+from labctl.image.wheelhouse import Target, target_from_probe
 
 HOSTS_LOCK = "hosts-pylock.toml"  # beside the lab's own lock, which it takes the place of for the hosts
 INSTALL_SCRIPT = remote.load("install-packages.sh")

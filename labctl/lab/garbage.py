@@ -4,7 +4,7 @@ asks the engine and removes what the plan says, containers, networks and volumes
 `labctl down --volumes` does. Run folders and env files in the workspace stay (a crashed test
 session's logs are what one wants to read).
 
-Then the package images no container uses any more (labctl.lab.package_image: one per lock and
+Then the package images no container uses any more (labctl.image.package_image: one per lock and
 node image, each a layer of the project's packages): `plan_images` decides from the engine's lists.
 """
 
@@ -15,10 +15,10 @@ from pathlib import Path
 from typing import Callable, Mapping, Sequence
 
 from labctl.engine.labels import LABEL_LAB
+from labctl.image.packages import LABEL_PACKAGES
 from labctl.lab.lifecycle import apply_down, forget_secrets, lab_dir
 from labctl.lab.listing import LabListing, engine_labs
 from labctl.lab.owner import LABEL_HOST, LABEL_PID, LABEL_SESSION, owner_gone
-from labctl.lab.packages import LABEL_PACKAGES
 
 
 @dataclass(frozen=True)

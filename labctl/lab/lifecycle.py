@@ -30,12 +30,12 @@ from labctl.engine.docker import (
 )
 from labctl.engine.labels import LABEL_GPUS, LABEL_LAB, LABEL_NODE, LABEL_RANK, container_name, network_name
 from labctl.errors import CommandError, LabError, StateError
+from labctl.image.packages import LABEL_PACKAGES
 from labctl.lab import compose as compose_mod
 from labctl.lab.envfiles import (
     write_env_files,
     write_if_changed,
 )
-from labctl.lab.packages import LABEL_PACKAGES
 from labctl.spec.labspec import (
     LabSpec,
 )
@@ -55,7 +55,7 @@ class NodeState:
     state: str
     rank: int
     gpus: str = ""  # the machine's GPU indices the node has ("0,1"), from its label; "" for none
-    packages: str = ""  # the hash of the package set its image was made with (labctl.lab.packages); "" for none
+    packages: str = ""  # the hash of the package set its image was made with (labctl.image.packages); "" for none
 
 
 def lab_dir(workspace: Path, lab: str) -> Path:

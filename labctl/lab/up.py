@@ -23,6 +23,9 @@ from labctl.engine.detect import Engine
 from labctl.engine.docker import check_cpu_limits, lab_networks, network_subnets
 from labctl.engine.labels import LABEL_GPUS, LABEL_NODE, LABEL_RANK, LABEL_SCHEDULER, LABEL_SSH
 from labctl.errors import CommandError, ConfigError, LabError
+from labctl.image.lockfile import Lock
+from labctl.image.package_image import lock_and_layer
+from labctl.image.packages import LABEL_PACKAGES, LOCK_FILE, Declaration, base_of
 from labctl.lab import compose as compose_mod
 from labctl.lab import gpus as gpus_mod
 from labctl.lab import tcp
@@ -30,9 +33,7 @@ from labctl.lab.compose import ComposePlan
 from labctl.lab.envfiles import build_env_files, topology_for_lab
 from labctl.lab.gpus import GpuPlan
 from labctl.lab.lifecycle import NodeState, apply_down, apply_up, invoking_user, lab_dir
-from labctl.lab.lockfile import Lock
 from labctl.lab.owner import owner_labels
-from labctl.lab.packages import LABEL_PACKAGES, LOCK_FILE, Declaration, base_of
 from labctl.spec.addresses import check_fits, node_ip, overlaps, pick_free_subnet
 from labctl.spec.labspec import (
     AUTO,
@@ -61,7 +62,7 @@ class UpPlan:
     tcp_note: str | None = None  # why the nodes keep the host's, where the default could not be had
     owner: Mapping[str, str] = field(default_factory=dict)  # the owner labels every resource gets
     files: Mapping[str, str] = field(default_factory=dict)  # more files the nodes start from, by path in the lab's folder
-    packages: Declaration | None = None  # the project's packages (labctl.lab.packages): resolved at bring-up
+    packages: Declaration | None = None  # the project's packages (labctl.image.packages): resolved at bring-up
     lock: Lock | None = None  # their lock, once resolved; every node then runs a package image
     package_images: Mapping[str, str] = field(default_factory=dict)  # node image -> its package image
     lock_text: str = ""  # the lock as the lab's pylock.toml says it
@@ -114,6 +115,17 @@ def kept_packages(config: LabSpec, existing: list[dict], directory: Path) -> Lab
     if asked or not lock.is_file() or not any((c.get("Labels") or {}).get(LABEL_PACKAGES) for c in existing):
         return config
     return replace(config, requirements=str(lock))
+
+
+def prepare_packages(client, plan: UpPlan, report: Report) -> UpPlan:
+    """The plan with every node on the package image of its node image: the lock resolved (or found)
+    and the images made (labctl.image.package_image), before anything of the lab changes, so that bad
+    requirements leave a running lab as it was."""
+    if plan.packages is None:
+        return plan
+    lock, images, text = lock_and_layer(client, plan.packages, plan.config, {n.image for n in plan.gpus.nodes},
+                                        report)
+    return plan.with_package_images(lock, images, text)
 
 
 def build_up_plan(client, config: LabSpec, workspace: Path, *, engine: Engine, existing: list[dict],

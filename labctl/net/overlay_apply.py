@@ -30,8 +30,8 @@ from labctl.core.ui import Report
 from labctl.engine.docker import exec_in
 from labctl.engine.labels import container_name
 from labctl.errors import LabError, StateError
-from labctl.lab.base import LOCAL_BASE, ensure_base, image_exists
-from labctl.lab.builder import BuildSource, NullProgress, docker_build
+from labctl.image.base import LOCAL_BASE, ensure_base, image_exists
+from labctl.image.builder import BuildSource, NullProgress, docker_build
 from labctl.lab.lifecycle import OVERLAY_KEYS_DIR
 from labctl.net import overlay as ov
 from labctl.net.apply import helper_name, helper_script, kept_helper, lab_helpers

@@ -29,10 +29,10 @@ from labctl.engine.docker import (
 )
 from labctl.engine.labels import container_name
 from labctl.errors import LabError, StateError
+from labctl.image.lockfile import describe_lock_file
+from labctl.image.packages import LOCK_FILE
 from labctl.lab.envfiles import read_node_envs
 from labctl.lab.lifecycle import NodeState, lab_dir, lab_status, require_running
-from labctl.lab.lockfile import describe_lock_file
-from labctl.lab.packages import LOCK_FILE
 from labctl.net.overlay import Overlay, envs_on
 from labctl.net.overlay_apply import running_overlay
 from labctl.run.calibrations import latest_calibration

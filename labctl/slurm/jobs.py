@@ -32,8 +32,8 @@ from labctl.core.ui import node_colour
 from labctl.engine.docker import exec_in, exec_user, lab_containers
 from labctl.engine.labels import LABEL_SCHEDULER, container_name
 from labctl.errors import ConfigError, LabError, StateError
-from labctl.lab.lockfile import hash_requirements, read_lab_lock
-from labctl.lab.packages import LOCK_FILE, TORCH
+from labctl.image.lockfile import hash_requirements, read_lab_lock
+from labctl.image.packages import LOCK_FILE, TORCH
 from labctl.run.executor import conclude, link_latest, save_result
 from labctl.run.output import Echo, NodeLogs, OutputStream
 from labctl.run.launch import PG_TIMEOUT_VAR, Launch, parse_nnodes, run_env, threads_per_process

@@ -125,7 +125,7 @@ class LabSpec:
     installed labctl $XDG_CACHE_HOME/ddplab (~/.cache/ddplab)."""
     requirements: str = ""
     """The project's packages every node gets: a requirements file, a pyproject.toml (`pyproject.toml:GROUP` for a
-    dependency group) or a pylock.toml, resolved on the host into the lab's lock (labctl.lab.lockfile); empty: none.
+    dependency group) or a pylock.toml, resolved on the host into the lab's lock (labctl.image.lockfile); empty: none.
     A running lab keeps its packages unless this or `with_packages` is given."""
     with_packages: tuple[str, ...] = ()
     """One-off requirements besides `requirements` (`up --with tqdm --with einops==0.8.1`)."""

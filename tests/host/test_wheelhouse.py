@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from test_wheelhouse import ARM_NODE, NODE, make_wheel
 
-from labctl.lab.wheelhouse import (
+from labctl.image.wheelhouse import (
     STAMP,
     Target,
     fill_wheelhouse,
@@ -91,7 +91,7 @@ def test_resolving_by_name_gives_what_a_fetch_gives_and_downloads_nothing(local_
 
 
 def test_where_pip_cannot_resolve_by_name_the_wheels_are_fetched_and_it_says_why(local_index, tmp_path):
-    from labctl.lab.image import resolve_cuda_wheels
+    from labctl.image.image import resolve_cuda_wheels
 
     lines = []
     assert resolve_cuda_wheels(tmp_path / "w", ["ddplab-no-such-package"], NODE, lines.append) == []

@@ -9,7 +9,7 @@ import uuid
 import docker.errors
 import pytest
 
-from labctl.lab.builder import BuildSource, NullProgress, docker_build, remove_stages
+from labctl.image.builder import BuildSource, NullProgress, docker_build, remove_stages
 
 pytestmark = pytest.mark.integration
 

@@ -15,8 +15,8 @@ import uuid
 import pytest
 
 from conftest import REPO, copy_workspace, labctl
-from labctl.lab.image import LABEL_BUILD_HASH
-from labctl.lab.wheelhouse import STAMP, read_stamp
+from labctl.image.image import LABEL_BUILD_HASH
+from labctl.image.wheelhouse import STAMP, read_stamp
 
 pytestmark = pytest.mark.integration
 

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from conftest import REPO, copy_workspace, summary_of
-from labctl.lab.wheelhouse import read_stamp
+from labctl.image.wheelhouse import read_stamp
 
 OTHER_PYTHON = "python3.12"  # Ubuntu 24.04's and GitHub's ubuntu-latest's; the nodes run 3.11
 

@@ -15,7 +15,7 @@ import pytest
 
 from labctl.core import assets
 from labctl.errors import StateError
-from labctl.lab.image import build_hash, image_inputs
+from labctl.image.image import build_hash, image_inputs
 
 REPO = Path(__file__).resolve().parents[2]
 

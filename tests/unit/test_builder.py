@@ -1,4 +1,4 @@
-"""labctl/lab/builder.py on a real classic build: the CPU node image's stream and `docker history`
+"""labctl/image/builder.py on a real classic build: the CPU node image's stream and `docker history`
 of its three stages' images (base, packages, the image), recorded from Docker 20.10 with
 tests/unit/builds/ (a cached build, so every step says "Using cache")."""
 
@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from labctl.lab.builder import stage_images, unique_bytes, unused_stages
+from labctl.image.builder import stage_images, unique_bytes, unused_stages
 
 BUILDS = Path(__file__).parent / "builds"
 CHUNKS = [json.loads(line) for line in (BUILDS / "cpu-image.jsonl").read_text().splitlines()]

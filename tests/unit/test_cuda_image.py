@@ -11,7 +11,7 @@ from packaging.specifiers import SpecifierSet
 from packaging.version import Version
 
 from labctl.core import assets
-from labctl.lab import image
+from labctl.image import image
 from labctl.spec.labspec import LabSpec, cuda_tag
 
 REPO = Path(__file__).resolve().parents[2]

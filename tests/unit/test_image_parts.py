@@ -1,4 +1,4 @@
-"""The node image in two parts (labctl/lab/image.py): the runtime (torch installed), tagged by a hash
+"""The node image in two parts (labctl/image/image.py): the runtime (torch installed), tagged by a hash
 that the node's own files are not part of, and those files, built on it from a context of their own.
 tests/integration/test_build_parts.py builds both on a real engine."""
 
@@ -13,7 +13,7 @@ import pytest
 
 from labctl.core import assets
 from labctl.errors import LabError
-from labctl.lab import image
+from labctl.image import image
 
 REPO = Path(__file__).resolve().parents[2]
 ARGS = {"BASE_IMAGE": "python:3.11-slim-bookworm", "TORCH_VERSION": "2.13.0"}

@@ -26,7 +26,8 @@ LAYERS = [
     ("session",),  # a lab and its runs: above lab and run, which know nothing of each other
     ("run",),
     ("net",),
-    ("lab",),
+    ("lab",),  # the lab itself: its Compose document, env files, bring-up, listing and teardown
+    ("image",),  # what nodes run: the node image, its base and wheelhouse, a lab's packages locked and layered
     ("engine",),  # Docker and Compose: the client, engine discovery and refusals, names and labels
     ("remote",),  # programs shipped into nodes: the standard library only
     ("spec", "core"),  # the lab spec and the syntax of its settings; the plumbing every layer uses

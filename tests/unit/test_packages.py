@@ -1,4 +1,4 @@
-"""The project's packages as data (labctl.lab.packages): declarations, the lab's lock (PEP 751),
+"""The project's packages as data (labctl.image.packages): declarations, the lab's lock (PEP 751),
 what pip's refusals mean, and what a node image still needs. pip's own words are real: captured from
 pip 26 into tests/unit/pip/ (the commands that made them are in each test)."""
 
@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from labctl.errors import ConfigError, LabError, StateError
-from labctl.lab.lockfile import (
+from labctl.image.lockfile import (
     Lock,
     Pin,
     describe_lock_file,
@@ -21,7 +21,7 @@ from labctl.lab.lockfile import (
     render_lock,
     to_install,
 )
-from labctl.lab.packages import (
+from labctl.image.packages import (
     Declaration,
     base_of,
     check_torch,
@@ -30,8 +30,8 @@ from labctl.lab.packages import (
     pyproject_requirements,
     read_declaration,
 )
-from labctl.lab.piperrors import explain_pip_failure
-from labctl.lab.wheelhouse import Target
+from labctl.image.piperrors import explain_pip_failure
+from labctl.image.wheelhouse import Target
 from labctl.spec.labspec import resolve_config, setting_text
 from labctl.spec.parsers import parse_modules, parse_requirement_list, parse_requirements_file
 

@@ -12,12 +12,12 @@ import pytest
 from labctl.diagnose.packages import check_packages
 from labctl.errors import ConfigError
 from labctl.hosts.packages import with_pythonpath
+from labctl.image.lockfile import Lock, Pin, render_lock
+from labctl.image.packages import LABEL_PACKAGES, LOCK_FILE
+from labctl.image.wheelhouse import Target
 from labctl.lab.garbage import plan_images
 from labctl.lab.gpus import GpuPlan, NodeGpus
-from labctl.lab.lockfile import Lock, Pin, render_lock
-from labctl.lab.packages import LABEL_PACKAGES, LOCK_FILE
 from labctl.lab.up import UpPlan, kept_packages
-from labctl.lab.wheelhouse import Target
 from labctl.pytest_plugin.settings import Settings, lab_request
 from labctl.session import LabSession
 from labctl.slurm.jobs import Slurm

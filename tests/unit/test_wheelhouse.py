@@ -12,7 +12,7 @@ import pytest
 
 from labctl.engine.detect import normalize_machine
 from labctl.errors import CommandError, LabError
-from labctl.lab.wheelhouse import (
+from labctl.image.wheelhouse import (
     STAMP,
     Target,
     Wheel,
@@ -153,8 +153,8 @@ def test_a_wheelhouse_with_cuda_packages_is_refused_for_the_cpu_image(tmp_path):
     import json
     from dataclasses import asdict
 
-    from labctl.lab.image import ensure_wheelhouse, wheel_requirements
-    from labctl.lab.wheelhouse import STAMP
+    from labctl.image.image import ensure_wheelhouse, wheel_requirements
+    from labctl.image.wheelhouse import STAMP
     from labctl.spec.labspec import LabSpec
 
     config = LabSpec()

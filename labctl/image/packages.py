@@ -4,8 +4,8 @@ A lab declares its packages once (`up --requirements FILE --with PKG`): a requir
 pyproject.toml (its `[project] dependencies`, or `pyproject.toml:GROUP` for one dependency group, as
 pip's `--group` spells it) or a PEP 751 pylock.toml, and one-off requirements. The host's pip resolves
 them once, for the node's interpreter and platform and together with the torch the lab pins
-(labctl.lab.resolve; what its refusals mean: labctl.lab.piperrors), into the lab's lock
-(labctl.lab.lockfile). Every node then runs one image made from the lock (labctl.lab.package_image),
+(labctl.image.resolve; what its refusals mean: labctl.image.piperrors), into the lab's lock
+(labctl.image.lockfile). Every node then runs one image made from the lock (labctl.image.package_image),
 so every node has the same bytes.
 
 Pure: files are read only where a declaration names them (`read_declaration`); pip runs elsewhere.
@@ -29,7 +29,7 @@ else:  # the same parser, before it joined the standard library
     import tomli as tomllib
 
 if TYPE_CHECKING:
-    from labctl.lab.wheelhouse import Target
+    from labctl.image.wheelhouse import Target
 
 LOCK_FILE = "pylock.toml"  # the lab's lock, in .lab/<lab>/
 LABEL_PACKAGES = "io.ddplab.packages"  # on a package image (and so its containers): the lock's digest

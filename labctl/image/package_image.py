@@ -3,7 +3,7 @@ lock's hash. Every node of a lab runs it, so every node has the same bytes; a se
 same lock finds it and builds nothing.
 
 Made without a Dockerfile: a container of the node image, with no network, is given the wheels the
-node lacks (what its own Python reports, compared with the lock: labctl.lab.packages.to_install),
+node lacks (what its own Python reports, compared with the lock: labctl.image.packages.to_install),
 installs them with pip in hash-checking mode from that folder alone (`--no-index --no-deps
 --require-hashes`), removes the folder, and is committed as `<node image>-pkgs-<hash12>`. The layer
 holds the installed files and nothing else: no wheel, no cache. A `docker build` would keep the
@@ -25,13 +25,13 @@ from labctl.core import assets
 from labctl.core.proc import last_json_line
 from labctl.core.ui import Report
 from labctl.errors import LabError
-from labctl.lab.base import TARGET_CACHE, find_image, node_target
-from labctl.lab.builder import remove_replaced
-from labctl.lab.lockfile import Lock, hash_requirements, render_lock, to_install
-from labctl.lab.packages import LABEL_PACKAGES, LABEL_PACKAGES_BASE, package_tag
-from labctl.lab.resolve import ensure_lock, fetch_wheels
-from labctl.lab.up import UpPlan
-from labctl.lab.wheelhouse import Target
+from labctl.image.base import TARGET_CACHE, find_image, node_target
+from labctl.image.builder import remove_replaced
+from labctl.image.lockfile import Lock, hash_requirements, render_lock, to_install
+from labctl.image.packages import LABEL_PACKAGES, LABEL_PACKAGES_BASE, Declaration, package_tag
+from labctl.image.resolve import ensure_lock, fetch_wheels
+from labctl.image.wheelhouse import Target
+from labctl.spec.labspec import LabSpec
 
 INSTALL_DIR = "/tmp/ddplab-packages"
 INFO_SCRIPT = remote.load("node_info.py")
@@ -109,19 +109,16 @@ def package_images(client, lock: Lock, bases: set[str], cache: Path, target: Tar
     return {base: ensure_package_image(client, base, lock, cache, target, report) for base in sorted(bases)}
 
 
-def prepare_packages(client, plan: UpPlan, report: Report) -> UpPlan:
-    """The plan with every node on the package image of its node image: the lock resolved (or found)
-    and the images made, before anything of the lab changes, so that bad requirements leave a running
-    lab as it was."""
-    if plan.packages is None:
-        return plan
-    config = plan.config
+def lock_and_layer(client, declaration: Declaration, config: LabSpec, bases: set[str],
+                   report: Report) -> tuple[Lock, dict[str, str], str]:
+    """The lab's packages for nodes on the node images `bases`: their lock, resolved (or found), the
+    package image of every node image ({node image: its package image}, made now where missing), and
+    the lock's text as the lab's pylock.toml says it."""
     cache = assets.cache_dir(config.cache_dir)
-    bases = {n.image for n in plan.gpus.nodes}
     target = node_target(client, config.image_tag if config.image_tag in bases else min(bases), report,
                          cache / TARGET_CACHE)
     node_wheels = assets.wheelhouse(assets.build_context(config.cache_dir))
-    lock = ensure_lock(plan.packages, torch=config.torch_version, target=target, cache=cache, report=report,
+    lock = ensure_lock(declaration, torch=config.torch_version, target=target, cache=cache, report=report,
                        find_links=[node_wheels], torch_index_url=config.torch_index_url)
     images = package_images(client, lock, bases, cache, target, report)
-    return plan.with_package_images(lock, images, render_lock(lock, target))
+    return lock, images, render_lock(lock, target)

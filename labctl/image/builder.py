@@ -5,7 +5,7 @@ Each stage of a multi-stage build leaves its last image behind as build cache, a
 `packages` stage (the wheels, and the venv pip installed from them) is as big as the image again:
 about 8 GB more for a CUDA image, 1.2 GB for the CPU one. Only a new runtime (another torch, other
 wheels, a change to the Dockerfile before `FROM runtime`) builds that stage again, and the tagged
-runtime image, not that cache, is what a change to the trainer is built on (labctl/lab/image.py),
+runtime image, not that cache, is what a change to the trainer is built on (labctl/image/image.py),
 so `labctl build --lean` removes those stages once the runtime is built. The
 classic builder reports the image each stage ended with (an `aux` ID message), so the removal
 touches nothing but what this build made, and never an image the built one stands on.

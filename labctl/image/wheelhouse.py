@@ -151,7 +151,7 @@ class Wheel:
 def wheel_closure(wheels: Iterable[Wheel], roots: Iterable[str], target: Target) -> tuple[set[str], list[str]]:
     """(files the node needs, requirements nothing in `wheels` satisfies), evaluating every
     marker as the node's Python would: the dependency walk pip does, for the right interpreter."""
-    # packaging (30 ms) is imported when a build walks wheels, not whenever labctl.lab is imported
+    # packaging (30 ms) is imported when a build walks wheels, not whenever labctl.image is imported
     from packaging.requirements import InvalidRequirement, Requirement
     from packaging.utils import canonicalize_name
 

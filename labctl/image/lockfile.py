@@ -18,7 +18,7 @@ from urllib.parse import unquote, urlsplit
 import tomli_w
 
 from labctl.errors import LabError
-from labctl.lab.packages import TORCH, torch_refusal
+from labctl.image.packages import TORCH, torch_refusal
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -26,7 +26,7 @@ else:  # the same parser, before it joined the standard library
     import tomli as tomllib
 
 if TYPE_CHECKING:
-    from labctl.lab.wheelhouse import Target
+    from labctl.image.wheelhouse import Target
 
 TOOL = "ddplab"  # the lock's [tool.ddplab] table: what it was made from
 
@@ -161,7 +161,7 @@ def _wheel_version(filename: str) -> str:
 
 def lock_from_report(items: Iterable[Mapping], needed: set[str]) -> list[Pin]:
     """Pins from a pip installation report's `install` items whose wheel file is in `needed` (what the
-    node's markers leave: labctl.lab.wheelhouse.wheel_closure)."""
+    node's markers leave: labctl.image.wheelhouse.wheel_closure)."""
     from packaging.utils import canonicalize_name
 
     pins = []

@@ -1,9 +1,9 @@
 """Resolve a lab's packages once, on the host, for the node, and fetch the wheels: the side effects
-behind labctl.lab.packages and labctl.lab.lockfile.
+behind labctl.image.packages and labctl.image.lockfile.
 
 The resolver is the host's pip, told the node's interpreter and platform (`--python-version
 --implementation --abi --platform --only-binary=:all:`, as the node image's wheelhouse already is:
-labctl/lab/wheelhouse.py) and asked for an installation report (`pip install --dry-run --report`):
+labctl/image/wheelhouse.py) and asked for an installation report (`pip install --dry-run --report`):
 every package's version, wheel and sha256 from the index's metadata, nothing installed. pip rather
 than uv because it is the one resolver that sees what the node image's torch came from: pip's own
 configuration (pip.conf, PIP_INDEX_URL, PIP_FIND_LINKS with a local CPU build of torch, constraint
@@ -33,8 +33,8 @@ from urllib.parse import unquote, urlsplit
 from labctl.core.proc import run
 from labctl.core.ui import Report
 from labctl.errors import CommandError, LabError, StateError
-from labctl.lab.image import wheel_requirements
-from labctl.lab.lockfile import (
+from labctl.image.image import wheel_requirements
+from labctl.image.lockfile import (
     Lock,
     Pin,
     hash_requirements,
@@ -44,7 +44,7 @@ from labctl.lab.lockfile import (
     render_lock,
     same_version,
 )
-from labctl.lab.packages import (
+from labctl.image.packages import (
     TORCH,
     Declaration,
     check_torch,
@@ -53,8 +53,8 @@ from labctl.lab.packages import (
     pyproject_requirements,
     torch_refusal,
 )
-from labctl.lab.piperrors import explain_pip_failure
-from labctl.lab.wheelhouse import (
+from labctl.image.piperrors import explain_pip_failure
+from labctl.image.wheelhouse import (
     MAX_ROUNDS,
     Target,
     pip_report_argv,

@@ -3,7 +3,7 @@
 The configured BASE_IMAGE (the official Python image) where it is local or can be pulled; otherwise
 a local Debian base: debootstrap from the apt mirror this machine already uses, then `docker import`,
 built once. The node's Python (interpreter and platform) is asked of the base image itself, and
-decides which wheels the wheelhouse gets (labctl/lab/wheelhouse.py).
+decides which wheels the wheelhouse gets (labctl/image/wheelhouse.py).
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from pathlib import Path
 from labctl.core.proc import run
 from labctl.core.ui import Report
 from labctl.errors import CommandError, LabError
-from labctl.lab.wheelhouse import Target, target_from_probe
+from labctl.image.wheelhouse import Target, target_from_probe
 from labctl.spec.labspec import LabSpec
 
 

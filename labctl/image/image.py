@@ -2,12 +2,12 @@
 
 1. Base: the configured BASE_IMAGE if it is local or can be pulled; otherwise a local Debian base
    (debootstrap from the apt mirror this machine already uses, then `docker import`), built once
-   (labctl/lab/base.py).
+   (labctl/image/base.py).
 2. Wheelhouse: the host's pip downloads torch (CPU build) and its dependencies into
    .lab/wheelhouse of the build context for the base image's own Python and platform, which a short
-   run of the base image reports (labctl/lab/wheelhouse.py), and the Dockerfile installs from there
+   run of the base image reports (labctl/image/wheelhouse.py), and the Dockerfile installs from there
    with --no-index.
-3. Build with the Docker SDK, showing the Dockerfile's steps as a progress bar (labctl/lab/builder.py,
+3. Build with the Docker SDK, showing the Dockerfile's steps as a progress bar (labctl/image/builder.py,
    which after `build --lean` also removes the build's intermediate stages), in two parts that the
    Dockerfile's `FROM runtime` line divides:
    - the runtime: the base, torch and its packages installed from the wheels (the `runtime` stage,
@@ -43,9 +43,9 @@ from typing import Iterable, Iterator
 from labctl.core import assets
 from labctl.core.ui import Report
 from labctl.errors import CommandError, LabError
-from labctl.lab.base import TARGET_CACHE, ensure_base, find_image, image_exists, node_target
-from labctl.lab.builder import BuildSource, NullProgress, docker_build, remove_replaced, remove_stages
-from labctl.lab.wheelhouse import (
+from labctl.image.base import TARGET_CACHE, ensure_base, find_image, image_exists, node_target
+from labctl.image.builder import BuildSource, NullProgress, docker_build, remove_replaced, remove_stages
+from labctl.image.wheelhouse import (
     Target,
     fill_wheelhouse,
     forget_wheelhouse,
@@ -283,7 +283,7 @@ def build_image(client, config: LabSpec, report: Report, progress_factory=None, 
     unless an image with the same input hash exists: its runtime where no image has the runtime's
     tag (or with `force`), then the node's own files on it, and the image the tag named before goes
     (remove_replaced). With `lean`, remove what the images do not need afterwards: the runtime
-    build's intermediate stages (labctl/lab/builder.py) and, built or not, the wheel files (their
+    build's intermediate stages (labctl/image/builder.py) and, built or not, the wheel files (their
     names stay: prune_wheelhouse)."""
     started = time.monotonic()
     tag = image_tag(config, cuda)

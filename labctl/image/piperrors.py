@@ -9,10 +9,10 @@ import re
 from typing import TYPE_CHECKING, Iterable
 
 from labctl.errors import LabError, StateError
-from labctl.lab.packages import torch_refusal
+from labctl.image.packages import torch_refusal
 
 if TYPE_CHECKING:
-    from labctl.lab.wheelhouse import Target
+    from labctl.image.wheelhouse import Target
 
 _NOT_FOUND = re.compile(r"Could not find a version that satisfies the requirement (\S+) \(from versions: ([^)]*)\)")
 _BAD_LINE = re.compile(r"Invalid requirement: (.*?)(?:\n\s+.*?)*?\(from line (\d+) of (.+?)\)", re.S)
