@@ -124,7 +124,7 @@ def test_uneven_cpu_limits_name_the_slow_node():
 def test_scenario_reports_group_findings_and_find_the_symptom():
     from types import SimpleNamespace
 
-    from labctl.api.scenarios import SCENARIOS, first_symptom, group_findings
+    from labctl.diagnose.scenarios import SCENARIOS, first_symptom, group_findings
     from labctl.diagnose.findings import Finding
 
     same = "NODE_RANK=0 on node0 and node1"
@@ -159,7 +159,7 @@ def test_world_size_is_the_sum_of_every_nodes_processes():
 
 
 def test_a_straggler_fixed_is_one_the_others_no_longer_wait_for():
-    from labctl.api.scenarios import SCENARIOS, symptom_remains
+    from labctl.diagnose.scenarios import SCENARIOS, symptom_remains
 
     straggler = SCENARIOS["straggler"]
     broken = ("straggler: rank 1 on node1 computes 1.7x the median rank's time per step; the others waited 2.31 s for "

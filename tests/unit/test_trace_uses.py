@@ -10,7 +10,7 @@ from test_bench_orchestration import FakeLab, engine, events, flag  # noqa: F401
 from test_trace import write_run
 from test_trace_cli import no_matplotlib  # noqa: F401 (fixture)
 
-from labctl.api.scenarios import ScenarioOutcome, broken_timeline, remove_lab_folder
+from labctl.diagnose.scenarios import ScenarioOutcome, broken_timeline, remove_lab_folder
 from labctl.bench import straggler
 from labctl.diagnose.traps import SCENARIOS
 from labctl.trace import write_comparison

@@ -1,6 +1,6 @@
 """doctor's path-MTU check over a lab's tunnel (labctl/diagnose/tunnel.py, labctl/remote/mtu_probe.py),
 the machine changes of the mesh traps (labctl/diagnose/breakage.py), and which network each scenario
-is met on (labctl.api.scenarios.scenario_overlays)."""
+is met on (labctl.diagnose.scenarios.scenario_overlays)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import sys
 import pytest
 
 from labctl import remote
-from labctl.api.scenarios import SCENARIOS, scenario_lab, scenario_overlays
+from labctl.diagnose.scenarios import SCENARIOS, scenario_lab, scenario_overlays
 from labctl.diagnose import tunnel
 from labctl.diagnose.breakage import firewall_commands, path_limit_commands, prefix_blocks
 from labctl.diagnose.doctor import gloo_address
