@@ -6,6 +6,7 @@ import click
 
 from labctl.api.inputs import build_user_env
 from labctl.cli.app import invocation, main
+from labctl.cli.lazy import render, render_trace
 from labctl.cli.options import (
     SCRIPT_CONTEXT,
     dry_run_option,
@@ -59,8 +60,6 @@ def run(lab, nproc_per_node, launcher, timeout_s, pg_timeout_s, as_json, env_pai
       labctl run --fresh-compile-cache -- -m trainer --compile --workload gpt
       labctl run --ifname eth0 -- -m trainer    # on an overlay lab: the bridge, to compare
     """
-    from labctl.cli import render, render_trace
-
     where = invocation()
     the_lab = where.lab(lab)
     env = build_user_env(env_pairs, env_files, where.environ, nccl_debug)
