@@ -3,7 +3,7 @@ layers, and function-level imports only where they defer something heavy. The pi
 design docs (docs/explanation/design.md) is this table; this test keeps it true.
 
 And what `labctl` imports before a command runs stays light: the group finds each command's module
-in COMMAND_MODULES, the command modules import nothing heavy,
+in COMMAND_MODULES (every command must be listed there), the command modules import nothing heavy,
 and the renderers, which import rich, come through labctl.cli.lazy alone.
 """
 
@@ -234,6 +234,40 @@ def test_renderers_are_imported_in_one_place():
                 direct.append(f"{name}:{line} imports {target}: write `from labctl.cli.lazy import {short}` at the "
                               f"top of {name} instead (a new renderer gets its line in labctl/cli/lazy.py)")
     assert not direct, "\n".join(direct)
+
+
+FIND_COMMANDS = """
+import importlib, json, pkgutil
+import labctl.cli
+from labctl.cli.app import COMMAND_MODULES, main
+before = sorted(main.commands)
+for found in pkgutil.iter_modules(labctl.cli.__path__):
+    importlib.import_module(f"labctl.cli.{found.name}")
+defined = {name: getattr(command.callback, "__module__", None) for name, command in main.commands.items()}
+print(json.dumps({"before": before, "listed": COMMAND_MODULES, "defined": defined}))
+"""
+
+
+def test_every_command_is_where_the_lazy_group_looks_for_it():
+    """`labctl NAME` imports the module that COMMAND_MODULES in labctl/cli/app.py names for NAME, and
+    no other: a command that list misses is never loaded. So every module of labctl.cli is imported
+    here, and each command it defines must be in the list, under its module."""
+    found = json.loads(python(FIND_COMMANDS))
+    assert not found["before"], f"importing labctl.cli.app loaded commands {found['before']}: it must load none"
+    listed, defined = found["listed"], found["defined"]
+    wrong = []
+    for name, module in sorted(defined.items()):
+        short = (module or "").rpartition(".")[2]
+        if name not in listed:
+            wrong.append(f"`labctl {name}` is defined in {module}, and COMMAND_MODULES in labctl/cli/app.py does not "
+                         f"list it, so `labctl {name}` is never loaded: add \"{name}\": \"{short}\" to COMMAND_MODULES")
+        elif listed[name] != short:
+            wrong.append(f"`labctl {name}` is defined in {module}, and COMMAND_MODULES in labctl/cli/app.py looks for it "
+                         f"in labctl.cli.{listed[name]}: make its entry \"{name}\": \"{short}\"")
+    wrong += [f"COMMAND_MODULES in labctl/cli/app.py lists `labctl {name}`, which labctl.cli.{module} does not define: "
+              f"remove \"{name}\" there, or define the command" for name, module in sorted(listed.items())
+              if name not in defined]
+    assert not wrong, "\n".join(wrong)
 
 
 def test_no_two_public_classes_share_a_name():
