@@ -1,8 +1,9 @@
 """labctl's command line: a thin layer over labctl.api and the domain packages.
 
 Each module here holds one group of commands (lab, run, net, diagnose, hosts, bench); a command
-parses its options, makes one call below, and hands the result to `render`. Only this package
-exits the process (app.LabGroup turns the project's errors into a message and an exit status).
+parses its options, makes one call below, and hands the result to `render` (taken from `lazy`,
+which imports a renderer, and rich, at its first use). Only this package exits the process
+(app.LabGroup turns the project's errors into a message and an exit status).
 
 `labctl` runs `app.main`, which imports a command's module only when that command runs, so
 `labctl up` does not pay for the benches. `from labctl.cli import main` gives the same group with

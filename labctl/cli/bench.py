@@ -9,6 +9,7 @@ import click
 from labctl.api import bench as benches
 from labctl.api.inputs import OVERLAYS
 from labctl.cli.app import CONTEXT, invocation, main
+from labctl.cli.lazy import render_bench
 from labctl.cli.options import FilePath, lab_option, nccl_debug_option, package_options
 from labctl.core.outfile import is_stdout
 from labctl.core.ui import info
@@ -75,8 +76,6 @@ def cost(params, dtype, ranks, links, delay, compute_s, collective, strategy, ac
     --from-run RUN takes a trainer run's own step (its model, buckets, compute and ranks): on its
     own calibrated link it gives the run's prediction, and on each --link what the same step costs.
     """
-    from labctl.cli import render_bench
-
     if from_run is not None:
         given = {"--params": params, "--nodes": ranks, "--compute-s": compute_s, "--strategy": strategy, "--flops": flops,
                  "--tokens": tokens, "--optimizer-s": optimizer_s, "--bucket-cap-mb": bucket_cap_mb}
@@ -121,8 +120,6 @@ def bench_up_cmd(nodes_list, repeats, as_json, requirements, with_packages) -> N
     package image already made: an `up` with unchanged requirements), and the first such `up` is
     timed once from nothing (a cache folder of its own, the package image removed).
     """
-    from labctl.cli import render_bench
-
     counts = parse_nodes_list(nodes_list)
     results = benches.bench_up(invocation().client, invocation().workspace, counts, repeats, info,
                        packages=up_package_args(requirements, with_packages))
@@ -149,8 +146,6 @@ def bench_start_cmd(nodes, rounds, torchx, as_json, requirements, with_packages,
     named bench-start, removed at the end; with --requirements/--with (and --preload), a lab with
     those packages.
     """
-    from labctl.cli import render_bench
-
     report = benches.bench_start(invocation().client, invocation().workspace, nodes, rounds, torchx, info,
                                  up_package_args(requirements, with_packages), tuple(preload))
     render_bench.print_start(report, as_json)
@@ -191,8 +186,6 @@ def bench_allreduce_cmd(lab, sizes, iters, efficiency, as_json, plot_path, nccl_
     busbw = algbw x 2(n-1)/n; model = the ring cost model at the slowest shaped link (or the
     iperf3-measured wire when unshaped); busbw/wire = the collective stack's efficiency.
     """
-    from labctl.cli import render_bench
-
     if as_json and is_stdout(plot_path):
         raise click.UsageError("--json and --plot - both want standard output; give --plot a file name")
     size_list = parse_size_range(sizes)
@@ -217,8 +210,6 @@ def bench_collectives_cmd(lab, ops, sizes, iters, efficiency, as_json, plot_path
     price what the backend runs: gloo's reduce-scatter is an all-reduce of the whole input, its
     broadcast a binomial tree (docs/explanation/cost-model.md).
     """
-    from labctl.cli import render_bench
-
     if as_json and is_stdout(plot_path):
         raise click.UsageError("--json and --plot - both want standard output; give --plot a file name")
     op_list = [op.strip() for op in ops.split(",") if op.strip()]
@@ -260,8 +251,6 @@ def bench_scaling_cmd(lab, workload, nodes_list, rates, delay, nproc, steps, mic
     communication to compute, and the scaling efficiency against 1 process. The lab must be up
     with at least the largest node count, and unshaped: rows are shaped and cleared here.
     """
-    from labctl.cli import render_bench
-
     options = benches.ScalingOptions(workload=workload, nodes_list=nodes_list, rates=rates, delay=delay, nproc=nproc,
                                      steps=steps, micro_batch=micro_batch, threads=threads, repeats=repeats,
                                      efficiency=efficiency, host=not no_host)
@@ -290,8 +279,6 @@ def bench_predict_cmd(lab, steps, repeats, out_dir, as_json) -> None:
     absolute error of the cases predicted (a case too short to predict is counted apart).
     The lab's links must be unshaped: the bench shapes and clears them itself.
     """
-    from labctl.cli import render_bench
-
     result = benches.predict(invocation().lab(lab), steps, repeats, out_dir=out_dir, report=info)
     render_bench.print_predict(result, as_json)
 
@@ -322,8 +309,6 @@ def bench_straggler_cmd(lab, node, cpus, workload, micro_batch, steps, repeats, 
     into straggler-timeline.png (`labctl trace` draws each run's own). With --pipeline, a pipeline of
     equal stages and one sized by speed run in each round too (pipeline-timeline.png).
     """
-    from labctl.cli import render_bench
-
     limit = parse_cpu_limit(cpus, "--cpus")
     options = benches.StragglerOptions(node=node, cpus=limit, workload=workload, micro_batch=micro_batch, steps=steps,
                                        repeats=repeats, pipeline=pipeline)

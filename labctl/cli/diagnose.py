@@ -10,6 +10,7 @@ import click
 from labctl.api.inputs import OVERLAYS
 from labctl.api.scenarios import SCENARIOS, run_scenarios, select_scenarios
 from labctl.cli.app import CONTEXT, invocation, main
+from labctl.cli.lazy import render, render_ops
 from labctl.cli.options import json_option, lab_option
 from labctl.core.ui import info, stdout_console
 
@@ -27,12 +28,8 @@ def doctor(lab, ops, as_json) -> None:
     the node and the fix. With --ops, instead, what the lab's backend can do, tried on its nodes in
     a few seconds: each operation in each form, each reduce op, each dtype, with what it refused."""
     if ops:
-        from labctl.cli.render_ops import print_ops
-
-        print_ops(invocation().lab(lab).doctor_ops(), as_json)
+        render_ops.print_ops(invocation().lab(lab).doctor_ops(), as_json)
         return
-    from labctl.cli import render
-
     if not render.report_check(invocation().lab(lab).doctor(), as_json):
         sys.exit(1)
 
@@ -45,9 +42,7 @@ def scenario() -> None:
 @scenario.command("list", context_settings=CONTEXT)
 def scenario_list() -> None:
     """The scenarios, what each teaches, and its time bound."""
-    from labctl.cli.render import scenarios_table
-
-    stdout_console().print(scenarios_table(SCENARIOS.values()))
+    stdout_console().print(render.scenarios_table(SCENARIOS.values()))
 
 
 @scenario.command("run", context_settings=CONTEXT)
@@ -62,8 +57,6 @@ def scenario_run(names, overlay, as_json) -> None:
     its own), show torch's symptom and how long it took to show, doctor's diagnosis, then the fix and
     a run that succeeds. The lab is removed at the end. Exit status 0 when every fix worked within
     its bound."""
-    from labctl.cli import render
-
     chosen = select_scenarios(names)
     show = None if as_json else (lambda outcome: render.print_scenario(outcome, SCENARIOS[outcome.name].title))
     outcomes = run_scenarios(invocation().client, invocation().config, invocation().workspace, chosen, info, show,

@@ -9,6 +9,7 @@ import click
 from labctl.api import RunOptions
 from labctl.api.inputs import build_user_env
 from labctl.cli.app import CONTEXT, invocation, main
+from labctl.cli.lazy import render
 from labctl.cli.options import (
     SCRIPT_CONTEXT,
     accept_new_option,
@@ -52,8 +53,6 @@ def hosts_check(lab, inventory, accept_new, as_json) -> None:
     """doctor's checks on the inventory's hosts, over SSH: host keys, torch and Python versions, the
     socket interface, and the rendezvous and back-connect ports between every pair of hosts. Exit
     status 1 when something is wrong; each problem names the host and the fix."""
-    from labctl.cli import render
-
     if not render.report_check(invocation().hosts(lab, inventory, accept_new).check(), as_json):
         sys.exit(1)
 
@@ -76,8 +75,6 @@ def hosts_sync(lab, inventory, accept_new, excludes, requirements, with_packages
     the inventory `labctl up --ssh` writes). The wheels go over with rsync (the hosts need no index),
     each host's Python installs them into .lab/<name>/packages-<hash>, and its env file puts that
     folder first on PYTHONPATH; `labctl hosts check` then compares every host with the lock."""
-    from labctl.cli import render
-
     where = invocation()
     the_hosts = where.hosts(lab, inventory, accept_new)
     if dry_run:
@@ -116,8 +113,6 @@ def hosts_run(lab, inventory, accept_new, nproc_per_node, launcher, timeout_s, p
       labctl hosts run --inventory cluster.toml -- -m trainer --epochs 3
       labctl hosts run -e NCCL_DEBUG=INFO -- my_ddp_script.py --lr 0.1   # the nodes of `up --ssh`
     """
-    from labctl.cli import render
-
     where = invocation()
     options = RunOptions(launcher=launcher, nproc_per_node=nproc_per_node, pg_timeout_s=pg_timeout_s,
                          env=build_user_env(env_pairs, env_files, where.environ, nccl_debug), cwd=where.cwd,

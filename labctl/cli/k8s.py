@@ -8,6 +8,7 @@ import click
 
 from labctl.api.inputs import MANIFEST_KINDS, build_user_env, job_args
 from labctl.cli.app import CONTEXT, invocation, main
+from labctl.cli.lazy import render
 from labctl.cli.options import (
     SCRIPT_CONTEXT,
     FilePath,
@@ -86,8 +87,6 @@ def k8s_run(lab, manifest, ignore_image, timeout_s, dry_run, as_json) -> None:
     variables Kubeflow's torch runtime sets; its CPU and memory limits are the nodes' for the run.
     The run ends as `labctl run` does: its output saved, the root cause named, its exit status.
     """
-    from labctl.cli import render
-
     the_lab = invocation().lab(lab)
     pods = the_lab.k8s.plan(manifest, ignore_image=ignore_image, timeout_s=timeout_s)
     if dry_run:

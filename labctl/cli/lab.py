@@ -16,6 +16,7 @@ from labctl import api
 from labctl.api import images
 from labctl.api.inputs import OVERLAYS
 from labctl.cli.app import CONTEXT, invocation, main
+from labctl.cli.lazy import render
 from labctl.cli.options import (
     FilePath,
     SCRIPT_CONTEXT,
@@ -74,8 +75,6 @@ def build(torch_version, cuda, base_image, image, force, verbose_build, mismatch
     config = invocation().config(torch_version=torch_version, base_image=base_image, image=image)
     client = invocation().client
     if print_hash:
-        from labctl.cli import render
-
         render.print_build_hash(*images.image_inputs(client, config, info, cuda=cuda), as_json)
         return
     progress = functools.partial(BuildProgress, verbose_build)
@@ -180,13 +179,9 @@ def up(lab, dry_run, as_json, requirements, with_packages, preload, **settings) 
     settings.update(package_settings(requirements, with_packages, invocation().cwd), preload=tuple(preload) or None)
     the_lab = invocation().lab(lab, **settings)
     if dry_run:
-        from labctl.cli import render
-
         render.print_up_plan(the_lab.plan_up(dry_run=True), the_lab.directory)
         return
     result = the_lab.up()
-    from labctl.cli import render  # rich: after Compose, not before it
-
     render.print_nodes(the_lab.name, result.nodes, result.links, as_json,
                        f"lab {the_lab.name} ({result.subnet}), up in {result.seconds:.1f} s")
 
@@ -198,8 +193,6 @@ def status(lab, as_json) -> None:
     """Show each node as Docker sees it now: IP, torch version, state, the hash of its packages
     (`up --requirements/--with`), and its link as the kernel reports it (read back with tc, not from
     a cache)."""
-    from labctl.cli import render
-
     the_lab = invocation().lab(lab)
     nodes = the_lab.status()
     links = the_lab.links([n.name for n in nodes if n.state == "running"])
@@ -220,8 +213,6 @@ def down(lab, volumes, dry_run) -> None:
     The shared volume (/shared on every node) is kept unless --volumes is given, as `docker compose
     down` keeps it; `down` names it when it does. Run logs and env files under .lab/<lab>/ stay.
     """
-    from labctl.cli import render
-
     the_lab = invocation().lab(lab)
     if dry_run:
         for kind, names in the_lab.resources(volumes).items():
@@ -286,8 +277,6 @@ def logs(lab, node, run_id, container, tail, follow) -> None:
     a header naming its node, until the run has ended: `labctl logs -f` in a second terminal
     watches a run that `labctl run` started.
     """
-    from labctl.cli import render
-
     the_lab = invocation().lab(lab)
     if follow:
         chunks = the_lab.follow_container_logs(node, tail) if container else the_lab.follow_logs(node, run_id, tail)
@@ -329,8 +318,6 @@ def ls(as_json) -> None:
 
     A lab with no nodes left but its volume (after `down` without --volumes) is listed too.
     """
-    from labctl.cli import render
-
     render.print_labs(api.labs(invocation().client), as_json, now=time.time())
 
 
@@ -346,8 +333,6 @@ def gc(everything, dry_run, as_json) -> None:
     Then the package images (your project's packages on a node image, one per lock) that no lab's
     node runs any more: the next `up` that asks for one makes it again from the cached wheels.
     """
-    from labctl.cli import render
-
     client = invocation().client
     labs = api.gc_labs(everything=everything, dry_run=dry_run, client=client)
     images = api.gc_images(dry_run=dry_run, going=[v.lab for v in labs if v.remove], client=client)

@@ -6,6 +6,7 @@ import click
 
 from labctl.api.inputs import check_to, parse_shape_request
 from labctl.cli.app import CONTEXT, invocation, main
+from labctl.cli.lazy import render
 from labctl.cli.options import dry_run_option, json_option, lab_option
 from labctl.core.ui import info
 from labctl.errors import LabError
@@ -46,8 +47,6 @@ def shape(lab, node_names, to_names, bw, delay, jitter, loss, ingress, duration,
       labctl shape --delay 50ms --duration 30s   # back to unshaped after 30 s
       labctl shape --show
     """
-    from labctl.cli import render
-
     nodes, to = split_names(node_names), split_names(to_names)
     if to:
         check_to(show, ingress, duration)

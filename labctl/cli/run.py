@@ -7,6 +7,7 @@ import click
 from labctl.api import RunOptions
 from labctl.api.inputs import build_user_env
 from labctl.cli.app import invocation, main
+from labctl.cli.lazy import render, render_trace
 from labctl.cli.options import (
     SCRIPT_CONTEXT,
     dry_run_option,
@@ -60,8 +61,6 @@ def run(lab, nproc_per_node, launcher, timeout_s, pg_timeout_s, as_json, env_pai
       labctl run --fresh-compile-cache -- -m trainer --compile --workload gpt
       labctl run --ifname eth0 -- -m trainer    # on an overlay lab: the bridge, to compare
     """
-    from labctl.cli import render, render_trace
-
     where = invocation()
     the_lab = where.lab(lab)
     options = RunOptions(launcher=launcher, nproc_per_node=nproc_per_node, max_restarts=max_restarts, nnodes=nnodes,

@@ -10,6 +10,7 @@ import click
 
 from labctl.api.inputs import job_args
 from labctl.cli.app import CONTEXT, invocation, main
+from labctl.cli.lazy import render, render_slurm
 from labctl.cli.options import FilePath, SCRIPT_CONTEXT, json_option, lab_option, script_argument
 from labctl.core.outfile import is_stdout
 from labctl.core.ui import info
@@ -81,8 +82,6 @@ def slurm_run(lab, nodes, nproc_per_node, time_limit, nnodes, max_restarts, as_j
     .lab/<lab>/runs/. A failing rank ends the job on every node; the last lines name it, and
     labctl exits with its status, as `labctl run` does. Ctrl-C cancels the job.
     """
-    from labctl.cli import render
-
     jobs, spec = lab_and_spec(lab, script, JobRequest(nodes, nproc_per_node, time_limit, nnodes, max_restarts))
     render.finish_run(jobs.run(spec, echo="stderr" if as_json else True, check=not as_json), as_json)
 
@@ -94,8 +93,6 @@ def slurm_run(lab, nodes, nproc_per_node, time_limit, nnodes, max_restarts, as_j
 @script_argument
 def slurm_submit(lab, nodes, nproc_per_node, time_limit, nnodes, max_restarts, as_json, script) -> None:
     """Queue SCRIPT [ARGS...] as a batch job (sbatch of the script `slurm export` writes)."""
-    from labctl.cli import render_slurm
-
     jobs, spec = lab_and_spec(lab, script, JobRequest(nodes, nproc_per_node, time_limit, nnodes, max_restarts))
     render_slurm.print_submitted(jobs.submit(spec), jobs.session.name, as_json)
 
@@ -106,8 +103,6 @@ def slurm_submit(lab, nodes, nproc_per_node, time_limit, nnodes, max_restarts, a
 @json_option("Print Slurm's fields as JSON.")
 def slurm_status(lab, job, as_json) -> None:
     """The state of JOB (default: the latest submitted) as Slurm's controller has it."""
-    from labctl.cli import render_slurm
-
     render_slurm.print_status(invocation().lab(lab).slurm.status(job), as_json)
 
 

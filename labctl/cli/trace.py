@@ -6,6 +6,7 @@ import click
 
 from labctl.api.inputs import STEPS_ALLOWED
 from labctl.cli.app import CONTEXT, invocation, main
+from labctl.cli.lazy import render_trace
 from labctl.cli.options import json_option, lab_option
 
 
@@ -25,7 +26,5 @@ def trace(run, lab, steps, as_json) -> None:
     per rank: compute, compute overlapped with the all-reduce, waiting), trace-merged.json (open it
     in https://ui.perfetto.dev; with the profiler's trace-rank<R>.json merged in), breakdown.json.
     """
-    from labctl.cli import render_trace
-
     here = invocation()
     render_trace.print_trace(here.lab(lab).trace(run, steps=steps, base=here.cwd), as_json)

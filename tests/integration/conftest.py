@@ -1,12 +1,25 @@
 """Integration tests: a real Docker engine, real containers, real torch.distributed.
 
 A missing engine fails these tests (it never skips them): `make test` starts one first.
-Every lab has a unique name and is removed (volumes too) when its fixture ends. A test gets one of:
+Every lab has a unique name, but not every test has a lab of its own. A test gets one of:
 - `lab3` or `lab2`: the plain 3- or 2-node lab of its pytest process (an xdist worker, or the
-  `alone` run), shared by the modules that ask for it, reset and checked before each (SharedLabs);
-- `lab_name`: a name for a lab of its own, which the test brings up as it needs (`labctl up ...`);
+  `alone` run), shared by every module of that process that asks for one (SharedLabs). The
+  fixture is the module's: the module's tests use the lab one after another, each finding what the
+  ones before left; before each later module the lab is reset and checked (and replaced if the
+  reset cannot bring it back), and it is removed only when the session ends. `lab3` is (name,
+  `up --json`'s status), `lab2` the name. A module's `lab` that returns one of them (test_links,
+  test_link_groups, test_latency_shaping) is that shared lab under another name.
+- `lab_name`: a name for a lab of the test's own, which the test brings up as it needs
+  (`labctl up ...`); removed, volumes too, when the test ends.
 - a module's own fixture, for a lab that a module changes for good or sets up differently (Slurm,
-  SSH hosts, faults, packages, node commands, the traced straggler).
+  SSH hosts, faults, packages, the traced straggler, and test_node_commands' `lab2`, a lab of its
+  own under the shared fixture's name, since its last test takes it down): brought up for the
+  module's first test that asks for it, removed, volumes too, after the module's last (a few are
+  per test instead: test_hosts' `own_ssh_lab`, for a test that changes a node).
+A few tests bring up a lab of their own inline (new_lab_name, then drop_lab in a `finally`).
+A module's tests all run in one process, in order: `make test` hands its workers a module at a
+time (`--dist loadfile`). So a module's fixtures are set up once, a module may count on its tests'
+order, and a shared lab serves one module at a time and never crosses processes.
 """
 
 from __future__ import annotations

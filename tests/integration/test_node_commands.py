@@ -10,17 +10,16 @@ import sys
 
 import pytest
 
-from conftest import REPO, SCRIPTS, drop_lab, labctl, new_lab_name
+from conftest import REPO, SCRIPTS, labctl, module_lab
 
 RESULT_FILE = "result.json"  # labctl.run.result.RESULT_FILE: the executor writes it when a run ends
 
 
 @pytest.fixture(scope="module")
 def lab2(docker_client, node_image):
-    name = new_lab_name()
-    labctl("up", "--lab", name, "--nodes", "2", check=True)
-    yield name
-    drop_lab(name)
+    """A 2-node lab of this module's own, not the shared one of conftest's `lab2`: the last test takes
+    it down."""
+    yield from module_lab(2)
 
 
 def test_exec_runs_in_the_node_with_its_exit_status(lab2):

@@ -1,15 +1,19 @@
 """labctl's layers, read from the code's own imports: no import cycle, no import that runs up the
 layers, and function-level imports only where they defer something heavy. The picture in the
 design docs (docs/explanation/design.md) is this table; this test keeps it true.
+
+And what `labctl` imports before a command runs stays light: the group finds each command's module
+in COMMAND_MODULES (every command must be listed there), the command modules import nothing heavy,
+and the renderers, which import rich, come through labctl.cli.lazy alone.
 """
 
 import ast
 import functools
+import json
+import subprocess
 import sys
 from collections import defaultdict
 from pathlib import Path
-
-import pytest
 
 ROOT = Path(__file__).resolve().parents[2] / "labctl"
 
@@ -183,14 +187,88 @@ def test_function_level_imports_only_defer_heavy_ones():
     assert not light, "\n".join(light)
 
 
-@pytest.mark.parametrize("module", ["labctl.cli", "labctl.api", "labctl.pytest_plugin", "labctl.cli.run",
-                                    "labctl.cli.lab"])
-def test_importing_labctl_stays_light(module):
-    code = f"import sys, {module}; print(sorted(m for m in {sorted(HEAVY)!r} if m in sys.modules))"
-    import subprocess
+def python(code: str) -> str:
+    """The standard output of `python -c CODE` in a fresh interpreter, which has imported nothing yet."""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    return out.stdout
 
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
-    assert out.strip() == "[]"
+
+# Imported before a command runs: the package, the API and the pytest plugin, the group, and the
+# module of each command (labctl.cli.app's COMMAND_MODULES), so a usage error or --help pays for none.
+LIGHT = ["labctl.cli", "labctl.api", "labctl.pytest_plugin", "labctl.cli.app"]
+FIND_HEAVY = """
+import importlib, json, sys
+from labctl.cli.app import COMMAND_MODULES
+heavy = {heavy!r}
+found = {{}}
+for module in {light!r} + sorted(f"labctl.cli.{{m}}" for m in set(COMMAND_MODULES.values())):
+    importlib.import_module(module)
+    found[module] = sorted(h for h in heavy if h in sys.modules and not any(h in v for v in found.values()))
+print(json.dumps(found))
+"""
+
+
+def test_importing_labctl_stays_light():
+    """One process imports each module in turn; a heavy module is charged to the first import that
+    loaded it, which is the one that would load it alone too."""
+    found = json.loads(python(FIND_HEAVY.format(heavy=sorted(HEAVY), light=LIGHT)))
+    heavy = [f"importing {module} imports {', '.join(names)}" for module, names in found.items() if names]
+    assert not heavy, "\n".join(heavy) + (
+        "\nImport a heavy module inside the function that uses it, not at a module's top. A renderer "
+        "(labctl.cli.render*, which imports rich) is taken from labctl.cli.lazy instead: "
+        "`from labctl.cli.lazy import render` at the top, imported at its first use.")
+
+
+def test_renderers_are_imported_in_one_place():
+    """The renderers import rich, so a command module takes them from labctl.cli.lazy, which imports
+    each at its first use (test_importing_labctl_stays_light says why); only the renderers themselves
+    import one another."""
+    trees = modules()
+    direct = []
+    for name, tree in trees.items():
+        if name == "labctl.cli.lazy" or name.startswith("labctl.cli.render"):
+            continue
+        for target, line, _ in imports(name, tree, set(trees)):
+            if target.startswith("labctl.cli.render"):
+                short = target.rpartition(".")[2]
+                direct.append(f"{name}:{line} imports {target}: write `from labctl.cli.lazy import {short}` at the "
+                              f"top of {name} instead (a new renderer gets its line in labctl/cli/lazy.py)")
+    assert not direct, "\n".join(direct)
+
+
+FIND_COMMANDS = """
+import importlib, json, pkgutil
+import labctl.cli
+from labctl.cli.app import COMMAND_MODULES, main
+before = sorted(main.commands)
+for found in pkgutil.iter_modules(labctl.cli.__path__):
+    importlib.import_module(f"labctl.cli.{found.name}")
+defined = {name: getattr(command.callback, "__module__", None) for name, command in main.commands.items()}
+print(json.dumps({"before": before, "listed": COMMAND_MODULES, "defined": defined}))
+"""
+
+
+def test_every_command_is_where_the_lazy_group_looks_for_it():
+    """`labctl NAME` imports the module that COMMAND_MODULES in labctl/cli/app.py names for NAME, and
+    no other: a command that list misses is never loaded. So every module of labctl.cli is imported
+    here, and each command it defines must be in the list, under its module."""
+    found = json.loads(python(FIND_COMMANDS))
+    assert not found["before"], f"importing labctl.cli.app loaded commands {found['before']}: it must load none"
+    listed, defined = found["listed"], found["defined"]
+    wrong = []
+    for name, module in sorted(defined.items()):
+        short = (module or "").rpartition(".")[2]
+        if name not in listed:
+            wrong.append(f"`labctl {name}` is defined in {module}, and COMMAND_MODULES in labctl/cli/app.py does not "
+                         f"list it, so `labctl {name}` is never loaded: add \"{name}\": \"{short}\" to COMMAND_MODULES")
+        elif listed[name] != short:
+            wrong.append(f"`labctl {name}` is defined in {module}, and COMMAND_MODULES in labctl/cli/app.py looks for it "
+                         f"in labctl.cli.{listed[name]}: make its entry \"{name}\": \"{short}\"")
+    wrong += [f"COMMAND_MODULES in labctl/cli/app.py lists `labctl {name}`, which labctl.cli.{module} does not define: "
+              f"remove \"{name}\" there, or define the command" for name, module in sorted(listed.items())
+              if name not in defined]
+    assert not wrong, "\n".join(wrong)
 
 
 def test_no_two_public_classes_share_a_name():
