@@ -40,12 +40,13 @@ def test_the_first_later_import_waits_after_ready_and_once_more_after_the_first_
     from types import SimpleNamespace
 
     from labctl.remote import forkserver
+    from labctl.remote.forkcommon import LATER_AFTER_S
 
     clock = [100.0]
     monkeypatch.setattr(forkserver, "time", SimpleNamespace(monotonic=lambda: clock[0]))  # the server's clock only
     server = forkserver.Server.__new__(forkserver.Server)  # its state, without a socket or a preload
     server.later, server.workers = ["torch._dynamo"], {}
-    server.later_at, server.rearm, server.forked = clock[0] + forkserver.LATER_AFTER_S, True, False
+    server.later_at, server.rearm, server.forked = clock[0] + LATER_AFTER_S, True, False
     assert server.later_wait() == pytest.approx(1.0)  # just READY, nothing forked yet
     server.workers, server.forked = {4242: None}, True  # a run came: nothing to import while it runs
     clock[0] += 0.4
