@@ -8,6 +8,8 @@ share with labctl (DDPLAB_RUN_ID, the store's markers, the workspace marker) are
 each, and tests/unit/test_remote.py checks that they equal labctl's. The Python ones a run uses
 keep their work under `if __name__ == "__main__":` (true under `python -c` too), so tests can import
 them as modules; python_target.py, run once per base image by `labctl build`, is a plain script.
+One program is made of several files (PARTS): the fork server, whose request side and shared pieces
+have files of their own; load() joins their texts into the one text that is shipped.
 
 tests/unit/test_remote.py runs each of them here the way labctl runs them there (the store, which
 needs torch, in tests/host/test_remote.py).
@@ -19,12 +21,17 @@ from functools import lru_cache
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
+# A program whose text is these files' texts one after another, its own file last: each file after the
+# first uses the names of those before it, and imports them as a module only under
+# `if __name__ != "__main__":`, which the shipped text skips (forkcommon.py says more).
+PARTS = {"forkserver.py": ("forkcommon.py", "forkrequest.py", "forkserver.py")}
 
 
 @lru_cache(maxsize=None)
 def load(name: str) -> str:
-    """The text of one script in this folder, e.g. load("stop.py"): what goes after `-c`."""
-    return (HERE / name).read_text(encoding="utf-8")
+    """The text of one script in this folder, e.g. load("stop.py"): what goes after `-c` (for one of
+    PARTS, its files' texts joined)."""
+    return "".join((HERE / part).read_text(encoding="utf-8") for part in PARTS.get(name, (name,)))
 
 
 def name_of(text: str) -> str | None:

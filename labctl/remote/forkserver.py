@@ -13,16 +13,8 @@ LATER_AFTER_S after READY, and again after the first worker has ended: a run tha
 `up` is forked before it and ends (labctl gathering its outcome) with the cores to itself.
 WORKER_TEXT is worker.py's text: the child runs a script with it, as `python -c WORKER_TEXT SCRIPT`
 would, once CHILD_TEXT (forkchild.py) has given it the request's world. One request at a time in
-one loop: no threads.
-
-request sends {"argv", "env", "cwd", "umask", "ignored", "blocked"} as one JSON line with its own
-fds 0, 1, 2 (SCM_RIGHTS): the worker writes straight to the request's stdout and stderr (the
-`docker exec` stream labctl reads). The server answers {"pid": N}, then {"exit": S} or {"signal": N},
-or {"error": WHY} and nothing started. request exits with S, or dies by signal N (a shell says
-128+N); SIGTERM, SIGINT and SIGHUP it forwards to the worker's process group. Exits COLD_START,
-with ABSENT or REFUSED and why on stderr, when nothing of the run started: labctl starts it cold;
-given WORKER_TEXT, request does so itself, becoming `python -c WORKER_TEXT ARGS` (exec, same pid),
-and then a node with no server at all (warm off, a real host) is not worth a line: it says nothing.
+one loop: no threads. A request (forkrequest.py: the protocol, and the cold start) is answered with
+the worker's pid, then its exit status or signal, or an error and nothing started.
 If the request goes (SIGKILL, `docker exec` gone), the server SIGKILLs the worker's process group:
 a dead man's switch, so nothing is left holding a port. So it does when the worker itself has ended:
 what it left running in its session (a stray child) goes with it, so a run that ended leaves nothing.
@@ -36,6 +28,9 @@ A forked worker's /proc/PID/environ shows the server's environment, so `stop` (s
 in the registry: REGISTRY under SOCKET_PATH's folder, one file per live worker named by its pid,
 lines KEY=VALUE: the request's DDPLAB_RUN_ID, RANK and LOCAL_RANK where set, and START (the
 worker's start time, field 22 of /proc/PID/stat), removed when the worker is reaped.
+
+The program's text is forkcommon.py's (the constants and steps both sides share), forkrequest.py's,
+then this file's (labctl.remote.load): forkcommon.py says how.
 """
 
 import json
@@ -46,133 +41,10 @@ import socket
 import sys
 import time
 
-READY = "DDPLAB_FORKSERVER_READY"
-ABSENT = "DDPLAB_FORKSERVER_ABSENT"  # request: no server answers at SOCKET_PATH
-REFUSED = "DDPLAB_FORKSERVER_REFUSED"  # request: the server would not fork this one; why follows
-LOST = "DDPLAB_FORKSERVER_LOST"  # request: the server went away while the worker ran
-RUNNING = "DDPLAB_FORKSERVER_RUNNING"  # serve: another server answers at SOCKET_PATH
-COLD_START = 75  # EX_TEMPFAIL: nothing of the run started here; start it the cold way
-LOST_STATUS = 70  # EX_SOFTWARE: the worker was killed with its server connection
-RUN_ID_VAR = "DDPLAB_RUN_ID"  # = labctl.run.launch.RUN_ID_VAR
-IMPORTED_LATER = "imported %s while idle"  # its log line for each LATER module: = labctl.run.warm.IMPORTED_LATER
-SOCKET_PATH = "/tmp/ddplab/fork.sock"  # in a node
-REGISTRY = "workers"  # next to the socket: /tmp/ddplab/workers = stop.py's REGISTRY_DIR
-FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
-LATER_AFTER_S = 1.0  # see above: the first LATER import waits this long after READY and after the first run
-
-
-def ignored_signals():
-    """Signals this process was started with ignored (Python itself ignores SIGPIPE and SIGXFSZ)."""
-    return [int(s) for s in signal.valid_signals() if s not in (signal.SIGPIPE, signal.SIGXFSZ)
-            and signal.getsignal(s) == signal.SIG_IGN]
-
-
-def open_stdio():
-    """A closed fd 0, 1 or 2 becomes /dev/null, so no socket or received fd takes its number."""
-    for fd in (0, 1, 2):
-        try:
-            os.fstat(fd)
-        except OSError:
-            os.open(os.devnull, os.O_RDWR)
-
-
-def send(conn, message):
-    """One JSON line to the other end."""
-    conn.sendall((json.dumps(message) + "\n").encode())
-
-
-# ------------------------------------------------------------------------------------ request
-
-
-def request(path, argv, quiet_absent=False):
-    """The client: the worker's exit status to leave with (or die by its signal). `quiet_absent`: no
-    word where no server answers (the caller starts the run cold itself)."""
-    open_stdio()
-    ignored = ignored_signals()
-    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    try:
-        sock.connect(path)
-    except OSError as exc:
-        if not quiet_absent:
-            sys.stderr.write("%s no fork server at %s (%s)\n" % (ABSENT, path, exc.strerror))
-        return COLD_START
-    client = Requester(path)
-    for sig in FORWARDED:
-        if sig not in ignored:
-            signal.signal(sig, client.forward)
-    send_world(sock, argv, ignored)
-    return client.outcome(sock)
-
-
-def send_world(sock, argv, ignored):
-    """The request, one JSON line, with our fds 0, 1 and 2 (SCM_RIGHTS): what a worker needs of this
-    process to be the one `python ARGV` would have been here, and the streams it writes to."""
-    umask = os.umask(0o22)
-    os.umask(umask)
-    data = (json.dumps({"argv": argv, "env": dict(os.environ), "cwd": os.getcwd(), "umask": umask,
-                        "ignored": ignored, "blocked": [int(s) for s in signal.pthread_sigmask(signal.SIG_BLOCK, [])]})
-            + "\n").encode()
-    try:
-        sent = socket.send_fds(sock, [data], [0, 1, 2])
-        if sent < len(data):
-            sock.sendall(data[sent:])
-    except OSError:
-        pass  # the server hung up: its reply, if any, says why
-
-
-class Requester:
-    """One request's client side: the worker's pid once the server names it, and the signals that
-    came before it, forwarded then."""
-
-    def __init__(self, path):
-        self.path, self.pid, self.pending = path, None, []
-
-    def forward(self, sig, frame=None):
-        """A signal of ours (FORWARDED) to the worker's process group, or kept until there is one."""
-        if self.pid is None:
-            self.pending.append(sig)
-            return
-        try:
-            os.killpg(self.pid, sig)
-        except OSError:
-            pass
-
-    def outcome(self, sock):
-        """Read the server's replies until the worker has ended: its status (or die by its signal)."""
-        for line in sock.makefile("rb"):
-            reply = json.loads(line)
-            if "pid" in reply:
-                self.pid = reply["pid"]
-                for sig in self.pending:
-                    self.forward(sig)
-            elif "exit" in reply:
-                return reply["exit"]
-            elif "signal" in reply:
-                die_by(reply["signal"])
-            elif "error" in reply:
-                sys.stderr.write("%s %s\n" % (REFUSED, reply["error"]))
-                return COLD_START
-        if self.pid is None:
-            sys.stderr.write("%s the fork server at %s closed before starting anything\n" % (ABSENT, self.path))
-            return COLD_START
-        kill_group(self.pid)
-        sys.stderr.write("%s the fork server went away while pid %d ran; it was killed\n" % (LOST, self.pid))
-        return LOST_STATUS
-
-
-def die_by(sig):
-    """End as the worker did: by its signal, default action, no core dump of our own."""
-    import resource
-    sys.stderr.flush()
-    resource.setrlimit(resource.RLIMIT_CORE, (0, resource.getrlimit(resource.RLIMIT_CORE)[1]))
-    if sig not in (signal.SIGKILL, signal.SIGSTOP):
-        signal.signal(sig, signal.SIG_DFL)
-    signal.pthread_sigmask(signal.SIG_UNBLOCK, [sig])
-    os.kill(os.getpid(), sig)
-    os._exit(128 + sig)  # a signal whose default is to be ignored (SIGCHLD, SIGWINCH)
-
-
-# -------------------------------------------------------------------------------------- serve
+if __name__ != "__main__":  # imported as a module; in the shipped text, the parts before this one define them
+    from labctl.remote.forkcommon import (COLD_START, IMPORTED_LATER, LATER_AFTER_S, LOST_STATUS, READY, REGISTRY,
+                                          RUN_ID_VAR, RUNNING, ignored_signals, kill_group, open_stdio, send)
+    from labctl.remote.forkrequest import request
 
 
 class Server:
@@ -441,14 +313,6 @@ def recv_some(conn):
         return conn.recv(4096)
     except OSError:
         return b""
-
-
-def kill_group(pid):
-    """SIGKILL to the process group of `pid` (a worker leads its own), whatever is left of it."""
-    try:
-        os.killpg(pid, signal.SIGKILL)
-    except OSError:
-        pass
 
 
 def alive(entry):

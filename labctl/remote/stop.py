@@ -46,7 +46,7 @@ RUN_ID_VAR = "DDPLAB_RUN_ID"  # = labctl.run.launch.RUN_ID_VAR
 REPORT = "DDPLAB_STOP"  # = labctl.run.executor.STOP_REPORT
 # Where the memory cgroup counts its OOM kills: cgroup v2 (memory.events), v1 (memory.oom_control).
 OOM_COUNTERS = ("/sys/fs/cgroup/memory.events", "/sys/fs/cgroup/memory/memory.oom_control")
-REGISTRY_DIR = "/tmp/ddplab/workers"  # = forkserver.py's SOCKET_PATH's folder + REGISTRY
+REGISTRY_DIR = "/tmp/ddplab/workers"  # = forkcommon.py's SOCKET_PATH's folder + REGISTRY
 PR_SET_CHILD_SUBREAPER = 36  # <linux/prctl.h>
 WATCHDOG_TEXT = ('"""' + __doc__.partition("\n")[0]).encode()  # how this file's text begins, as a watchdog's argv has it
 

@@ -47,9 +47,10 @@ PORT_CHECK_SCRIPT = remote.load("port_check.py")  # is the rendezvous port free?
 # TEXT watch GRACE_S ARGV... runs a launch on a real host and stops its run when the SSH session closes.
 STOP_SCRIPT = remote.load("stop.py")
 WORKER_SCRIPT = remote.load("worker.py")  # TEXT SCRIPT ARGS: every worker, run as python runs it (see worker_argv)
-FORKSERVER_SCRIPT = remote.load("forkserver.py")  # TEXT serve ... / TEXT request ...: the warm path
+# TEXT serve ... / TEXT request ...: the warm path (forkserver.py, forkrequest.py and forkcommon.py: remote.PARTS)
+FORKSERVER_SCRIPT = remote.load("forkserver.py")
 FORKCHILD_SCRIPT = remote.load("forkchild.py")  # the server's: a forked worker given the request's world
-# In each node, beside the registry of forked workers (forkserver.REGISTRY), named by the programs'
+# In each node, beside the registry of forked workers (forkcommon.REGISTRY), named by the programs'
 # text: a labctl whose fork server, worker.py or forkchild.py differ never asks a server running the old ones.
 FORK_SOCKET = "/tmp/ddplab/fork-%s.sock" % hashlib.sha256(
     (FORKSERVER_SCRIPT + WORKER_SCRIPT + FORKCHILD_SCRIPT).encode()).hexdigest()[:12]

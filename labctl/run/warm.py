@@ -7,7 +7,7 @@ script makes its first optimizer: about as long again as torch itself, 1.4 to 1.
 and a no-op or a script without an optimizer never needs it. So the first run after `up` waits only
 for torch (and imports torch._dynamo itself if it must), and the runs after it find both imported.
 That import waits a second after READY and again after the first run's worker has ended
-(forkserver.LATER_AFTER_S), so that it does not take the cores from the end of that run.
+(forkcommon.LATER_AFTER_S), so that it does not take the cores from the end of that run.
 It pays for itself from a lab's third run that makes an optimizer on: a lab that runs one or two
 such jobs (a CI job's lab) spends more on it than its runs save, so `up --idle-imports off`
 (the lab's `idle_imports` setting, the pytest marker's too) leaves it out, and a run that needs
@@ -33,7 +33,7 @@ from labctl.run.launch import FORK_SOCKET, FORKCHILD_SCRIPT, FORKSERVER_SCRIPT, 
 
 PRELOAD = ("torch", "torch.distributed", "numpy")
 LATER = ("torch._dynamo",)  # imported by the server once idle: see above
-IMPORTED_LATER = "imported %s while idle"  # the server's log line for each (forkserver.IMPORTED_LATER)
+IMPORTED_LATER = "imported %s while idle"  # the server's log line for each (forkcommon.IMPORTED_LATER)
 # What one idle server holds (its proportional set size after the preload, measured here: 229 MB), and
 # how much of the engine's memory `warm=auto` lets the lab's servers take.
 SERVER_BYTES = 230 * 1024**2

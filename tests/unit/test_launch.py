@@ -265,11 +265,11 @@ def test_the_warm_path_gives_each_rank_torchruns_worker_environment():
 
 
 def test_the_socket_is_named_by_the_programs_text_in_the_servers_folder():
-    from labctl.remote import forkserver, stop
+    from labctl.remote import forkcommon, stop
 
     assert re.fullmatch(r"/tmp/ddplab/fork-[0-9a-f]{12}\.sock", FORK_SOCKET)
-    assert os.path.dirname(FORK_SOCKET) == os.path.dirname(forkserver.SOCKET_PATH)  # beside the registry stop reads
-    assert stop.REGISTRY_DIR == os.path.join(os.path.dirname(FORK_SOCKET), forkserver.REGISTRY)
+    assert os.path.dirname(FORK_SOCKET) == os.path.dirname(forkcommon.SOCKET_PATH)  # beside the registry stop reads
+    assert stop.REGISTRY_DIR == os.path.join(os.path.dirname(FORK_SOCKET), forkcommon.REGISTRY)
 
 
 def test_the_store_is_forked_too_on_the_warm_path():

@@ -122,12 +122,26 @@ def test_every_script_parses_as_what_runs_it(path):
         assert result.returncode == 0, result.stderr
 
 
+def imported_as_a_module(tree: ast.Module) -> tuple[ast.Module, set[str]]:
+    """(the tree less its `if __name__ != "__main__":` blocks, what those import): the imports a part
+    of a program (remote.PARTS) makes only where it is imported as a module, never in the shipped text."""
+    guard = [node for node in tree.body if isinstance(node, ast.If) and ast.unparse(node.test) == "__name__ != '__main__'"]
+    parts = {node.module if isinstance(node, ast.ImportFrom) else alias.name for block in guard
+             for node in ast.walk(block) if isinstance(node, (ast.Import, ast.ImportFrom)) for alias in node.names}
+    return ast.Module(body=[node for node in tree.body if node not in guard], type_ignores=[]), parts
+
+
 @pytest.mark.parametrize("path", [p for p in SCRIPTS if p.suffix == ".py"], ids=lambda p: p.name)
 def test_python_scripts_need_only_the_standard_library(path):
-    """No labctl import: the node has none. Only the store and the jobs of two scenarios (package-drift,
-    mtu-blackhole) need the node's torch."""
+    """No labctl import: the node has none, but for a part of a program (remote.PARTS) importing, as a
+    module, the parts before it, whose text comes before its own where it is shipped. Only the store and
+    the jobs of two scenarios (package-drift, mtu-blackhole) need the node's torch."""
+    tree, parts = imported_as_a_module(ast.parse(path.read_text()))
+    before = {f"labctl.remote.{p[:-3]}" for files in remote.PARTS.values() if path.name in files
+              for p in files[:files.index(path.name)]}
+    assert parts <= before, parts - before
     imported = set()
-    for node in ast.walk(ast.parse(path.read_text())):
+    for node in ast.walk(tree):
         if isinstance(node, ast.Import):
             imported |= {alias.name.split(".")[0] for alias in node.names}
         elif isinstance(node, ast.ImportFrom):
@@ -137,24 +151,24 @@ def test_python_scripts_need_only_the_standard_library(path):
 
 
 @pytest.mark.parametrize("name", ["store", "port_check", "stop", "crash", "node_info", "probe", "mtu_probe", "worker",
-                                  "forkserver"])
+                                  "forkcommon", "forkrequest", "forkserver"])
 def test_a_script_imported_as_a_module_runs_nothing(name, capsys):
     importlib.import_module(f"labctl.remote.{name}")
     assert capsys.readouterr() == ("", "")
 
 
 def test_the_constants_the_scripts_write_out_are_labctls():
-    from labctl.remote import crash, forkserver, stop, store
+    from labctl.remote import crash, forkcommon, stop, store
 
-    assert stop.RUN_ID_VAR == crash.RUN_ID_VAR == forkserver.RUN_ID_VAR == launch.RUN_ID_VAR
+    assert stop.RUN_ID_VAR == crash.RUN_ID_VAR == forkcommon.RUN_ID_VAR == launch.RUN_ID_VAR
     # stop finds forked workers in the registry the fork server keeps next to its socket.
-    assert stop.REGISTRY_DIR == crash.REGISTRY_DIR == os.path.join(os.path.dirname(forkserver.SOCKET_PATH),
-                                                                 forkserver.REGISTRY)
+    assert stop.REGISTRY_DIR == crash.REGISTRY_DIR == os.path.join(os.path.dirname(forkcommon.SOCKET_PATH),
+                                                                 forkcommon.REGISTRY)
     assert stop.REPORT == executor.STOP_REPORT
     assert (store.STORE_READY, store.STORE_FAILED) == (launch.STORE_READY, launch.STORE_FAILED)
     assert re.findall(r"^marker=(\S+)", remote.load("prepare-workspace.sh"), re.M) == [ssh.MARKER]
     assert re.findall(r"^log=(\S+)", remote.load("start-forkserver.sh"), re.M) == [warm.SERVER_LOG]
-    assert forkserver.IMPORTED_LATER == warm.IMPORTED_LATER  # `bench start` waits for it in that log
+    assert forkcommon.IMPORTED_LATER == warm.IMPORTED_LATER  # `bench start` waits for it in that log
 
 
 def test_labctl_ships_the_files_text():
