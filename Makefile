@@ -27,9 +27,9 @@ demo: image
 	$(LABCTL) run -- -m trainer --epochs 3
 	@echo "The lab is still up: '$(LABCTL) status' shows it, '$(LABCTL) down' removes it."
 
-# The tests that drive real labs, a module per worker (their labs are the module's; the longest
-# modules first, in the order tests/integration/conftest.py gives them, which --no-loadscope-reorder
-# keeps), INTEGRATION_WORKERS at a time; then, one at a time, those marked `alone`, which measure
+# The tests that drive real labs, a module per worker (its tests in order, on the worker's shared labs
+# or the module's own: tests/integration/conftest.py says which; the longest modules first, in the
+# order that conftest gives them, which --no-loadscope-reorder keeps), INTEGRATION_WORKERS at a time; then, one at a time, those marked `alone`, which measure
 # links, round trips and CPU shares that a second test would skew. They leave the cores idle about
 # 45% of the time, so `make test` runs the unit and host tests (tests/unit, tests/host: two processes,
 # pytest-xdist) beside them at idle CPU priority (tests/idle.sh: a cgroup with cpu.idle, which ranks
