@@ -15,6 +15,7 @@ RunFailed, with the RunResult attached, when a run fails.
 
 from __future__ import annotations
 
+import functools
 import os
 import warnings
 from dataclasses import replace
@@ -40,23 +41,23 @@ from labctl.lab.lifecycle import apply_down, forget_secrets, lab_dir, lab_resour
 from labctl.lab.listing import LabListing, list_labs
 from labctl.lab.owner import owner_of
 from labctl.lab.up import UpPlan
-from labctl.net.apply import apply_routes, apply_shape, clear_shape, node_addresses, plan_routes, read_link, read_links
+from labctl.net.apply import apply_routes, apply_shape, clear_shape, link_text, node_addresses, plan_routes, read_links
 from labctl.net.faults import inject
 from labctl.net.overlay_apply import OverlayState, read_overlay
 from labctl.net.routes import build_node, routes_of
-from labctl.net.tc import LinkState, Shape, ShapePlan, build_plan, check_to, describe_link, parse_shape
+from labctl.net.tc import LinkState, Shape, ShapePlan, build_plan, check_to, parse_shape
 from labctl.run.plan import RunOptions, RunPlan
 from labctl.run.result import RunResult
 from labctl.session import LabSession
 from labctl.slurm.jobs import Slurm
-from labctl.spec.labspec import LabSpec, load_config
+from labctl.spec.labspec import LabSpec, given_settings, load_config
 from labctl.spec.units import parse_duration_s
 from labctl.trace import TraceReport, find_run, write_trace
 from labctl.trace.breakdown import parse_steps
 
 Fault = Literal["kill", "crash", "pause", "unpause", "partition", "heal"]
 
-__all__ = ["Lab", "LabSpec", "lab_spec", "Hosts", "SyncResult", "RunResult", "RunPlan", "RunOptions", "Diagnosis",
+__all__ = ["Lab", "LabSpec", "lab_spec", "Workspace", "Hosts", "SyncResult", "RunResult", "RunPlan", "RunOptions", "Diagnosis",
            "UpResult", "Fault", "gc_labs", "gc_images", "labs", "inventory_hosts", "docker_client"]
 
 
@@ -90,11 +91,8 @@ def inventory_hosts(workspace: str | Path, config: LabSpec, *, accept_new: bool 
 
 def labs(client=None) -> list[LabListing]:
     """Every lab on the engine, whoever brought it up, with its running nodes' links read back (`labctl ls`)."""
-    def link_of(lab: str, node: str) -> str:
-        return describe_link(read_link(client, lab, node, "eth0"))
-
     client = client or docker_client()
-    return list_labs(client, link_of)
+    return list_labs(client, functools.partial(link_text, client))
 
 
 def lab_spec(name: str | None = None, *, workspace: str | Path | None = None,
@@ -104,9 +102,7 @@ def lab_spec(name: str | None = None, *, workspace: str | Path | None = None,
     of LabSpec's fields given as `labctl up` takes them (nodes=3, bw='1gbit', node_cpus={'node2':
     0.25}, gpus=[0, 2], ssh=True, ...; None: not given)."""
     workspace = Path(workspace or Path.cwd()).resolve()
-    given = {"lab": name, **settings}
-    return load_config(workspace, os.environ if environ is None else environ,
-                       {key: value for key, value in given.items() if value is not None})
+    return load_config(workspace, os.environ if environ is None else environ, given_settings(name, settings))
 
 
 class Lab(LabSession):
@@ -380,8 +376,13 @@ _RENAMED = {"gc": ("gc_labs", gc_labs), "LabConfig": ("LabSpec", LabSpec)}
 
 
 def __getattr__(name: str):
-    """The old names, `gc` (now `gc_labs`: `gc` is also the standard module) and `LabConfig` (now
-    `LabSpec`): kept for one release, with a DeprecationWarning."""
+    """`Workspace`, imported at its first use: it brings the benches and the scenarios, which a command
+    on a lab (every `labctl run`) has no use for. And the old names, `gc` (now `gc_labs`: `gc` is also
+    the standard module) and `LabConfig` (now `LabSpec`): kept for one release, with a DeprecationWarning."""
+    if name == "Workspace":
+        from labctl.api.workspace import Workspace
+
+        return Workspace
     if name in _RENAMED:
         new, value = _RENAMED[name]
         warnings.warn(f"labctl.api.{name} is now labctl.api.{new}; {name} goes in the next release", DeprecationWarning,

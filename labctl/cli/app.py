@@ -14,6 +14,7 @@ from pathlib import Path
 import click
 
 from labctl import __version__
+from labctl import api
 from labctl.api import Lab, docker_client, inventory_hosts
 from labctl.core.ui import BuildProgress, error, info
 from labctl.core.workspace import find_workspace
@@ -50,6 +51,11 @@ class Invocation:
                   connect=lambda: self.client, **settings)
         lab.owner_session = "cli"
         return lab
+
+    def here(self) -> api.Workspace:
+        """The labctl.api.Workspace of this invocation (what works without a lab up), reporting on stderr;
+        imported on this first use (labctl.api's __getattr__), so the lab's commands never load it."""
+        return api.Workspace(self.workspace, environ=self.environ, connect=lambda: self.client, report=info)
 
     def hosts(self, lab: str | None, inventory: str | None, accept_new: bool = False):
         """The labctl.api.Hosts of the inventory given, or of the one `labctl up --ssh` wrote for the lab."""

@@ -121,8 +121,7 @@ def bench_up_cmd(nodes_list, repeats, as_json, requirements, with_packages) -> N
     timed once from nothing (a cache folder of its own, the package image removed).
     """
     counts = parse_nodes_list(nodes_list)
-    results = benches.bench_up(invocation().client, invocation().workspace, counts, repeats, info,
-                       packages=up_package_args(requirements, with_packages))
+    results = invocation().here().bench_up(counts, repeats, packages=up_package_args(requirements, with_packages))
     render_bench.print_up_timings(results, repeats, as_json)
 
 
@@ -146,8 +145,8 @@ def bench_start_cmd(nodes, rounds, torchx, as_json, requirements, with_packages,
     named bench-start, removed at the end; with --requirements/--with (and --preload), a lab with
     those packages.
     """
-    report = benches.bench_start(invocation().client, invocation().workspace, nodes, rounds, torchx, info,
-                                 up_package_args(requirements, with_packages), tuple(preload))
+    report = invocation().here().bench_start(nodes, rounds, torchx, up_package_args(requirements, with_packages),
+                                             tuple(preload))
     render_bench.print_start(report, as_json)
 
 

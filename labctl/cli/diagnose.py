@@ -8,11 +8,11 @@ from dataclasses import asdict
 import click
 
 from labctl.api.inputs import OVERLAYS
-from labctl.api.scenarios import SCENARIOS, run_scenarios, select_scenarios
+from labctl.api.scenarios import SCENARIOS, select_scenarios
 from labctl.cli.app import CONTEXT, invocation, main
 from labctl.cli.lazy import render, render_ops
 from labctl.cli.options import json_option, lab_option
-from labctl.core.ui import info, stdout_console
+from labctl.core.ui import stdout_console
 
 
 @main.command(context_settings=CONTEXT)
@@ -59,8 +59,7 @@ def scenario_run(names, overlay, as_json) -> None:
     its bound."""
     chosen = select_scenarios(names)
     show = None if as_json else (lambda outcome: render.print_scenario(outcome, SCENARIOS[outcome.name].title))
-    outcomes = run_scenarios(invocation().client, invocation().config, invocation().workspace, chosen, info, show,
-                             overlay=overlay)
+    outcomes = invocation().here().scenarios(chosen, show, overlay=overlay)
     if as_json:
         render.emit_json([{**asdict(o), "ok": o.ok} for o in outcomes])
     if not all(o.ok for o in outcomes):

@@ -12,8 +12,6 @@ from pathlib import Path
 
 import click
 
-from labctl import api
-from labctl.api import images
 from labctl.api.inputs import OVERLAYS
 from labctl.cli.app import CONTEXT, invocation, main
 from labctl.cli.lazy import render
@@ -73,13 +71,13 @@ def build(torch_version, cuda, base_image, image, force, verbose_build, mismatch
         raise click.UsageError(f"--image {image} names the CPU image; the CUDA image is always "
                                "ddplab-node:torch<VERSION>-cuda (tag it yourself with docker tag)")
     config = invocation().config(torch_version=torch_version, base_image=base_image, image=image)
-    client = invocation().client
+    here = invocation().here()
     if print_hash:
-        render.print_build_hash(*images.image_inputs(client, config, info, cuda=cuda), as_json)
+        render.print_build_hash(*here.image_inputs(config, cuda=cuda), as_json)
         return
     progress = functools.partial(BuildProgress, verbose_build)
-    for what, built in images.build_images(client, config, info, progress, force=force, cuda=cuda,
-                                           mismatch=mismatch_image, lean=lean):
+    for what, built in here.build_images(config, progress, force=force, cuda=cuda, mismatch=mismatch_image,
+                                         lean=lean):
         state = "up to date" if built.cached else "built"
         info(f"image {built.tag} {state} (base {built.base}, {what}) in {built.seconds:.1f} s")
 
@@ -254,7 +252,7 @@ def env(hosts, iface, nproc_per_node, master_port, rdzv_id, on_overlay, lab, out
         raise click.UsageError("give --hosts and --iface (real machines), or --overlay (the lab's nodes on its overlay)")
     config = invocation().config(iface=iface, nproc_per_node=nproc_per_node, master_port=master_port)
     out_dir = out_dir or Path(".lab/hosts")
-    addresses, paths, commands = images.write_host_env(hosts, config, rdzv_id, out_dir)
+    addresses, paths, commands = invocation().here().write_host_env(hosts, config, rdzv_id, out_dir)
     info(f"wrote {len(paths)} env files to {out_dir}/ (copy each to its machine, same path)")
     for name, host, command in commands:
         stdout_console().print(f"[bold]{name}[/bold] ({host}):  {command}", markup=True, soft_wrap=True)
@@ -318,7 +316,7 @@ def ls(as_json) -> None:
 
     A lab with no nodes left but its volume (after `down` without --volumes) is listed too.
     """
-    render.print_labs(api.labs(invocation().client), as_json, now=time.time())
+    render.print_labs(invocation().here().labs(), as_json, now=time.time())
 
 
 @main.command("gc", context_settings=CONTEXT)
@@ -333,7 +331,5 @@ def gc(everything, dry_run, as_json) -> None:
     Then the package images (your project's packages on a node image, one per lock) that no lab's
     node runs any more: the next `up` that asks for one makes it again from the cached wheels.
     """
-    client = invocation().client
-    labs = api.gc_labs(everything=everything, dry_run=dry_run, client=client)
-    images = api.gc_images(dry_run=dry_run, going=[v.lab for v in labs if v.remove], client=client)
+    labs, images = invocation().here().gc(everything=everything, dry_run=dry_run)
     render.print_gc(labs, images, dry_run, as_json)

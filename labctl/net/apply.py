@@ -36,6 +36,7 @@ from labctl.net.tc import (
     build_clear,
     build_netem_probe,
     build_undo,
+    describe_link,
     netem_missing,
     parse_link_state,
 )
@@ -265,6 +266,11 @@ def read_link(client, lab: str, node: str, iface: str, ifb: str = "ifb0") -> Lin
         filters = exec_in(client, container, ["tc", "filter", "show", "dev", iface])[1]
         return parse_routed_link(qdiscs, classes, filters, ingress)
     return parse_link_state(qdiscs, ingress)
+
+
+def link_text(client, lab: str, node: str) -> str:
+    """A node's bridge link as `labctl ls` shows it, read back now (describe_link of its eth0)."""
+    return describe_link(read_link(client, lab, node, "eth0"))
 
 
 def read_links(client, lab: str, nodes: list[str], iface: str) -> dict[str, LinkState]:

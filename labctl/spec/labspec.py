@@ -280,6 +280,11 @@ def check_timeout(timeout_s: float | None) -> None:
         raise ConfigError("--timeout-s", timeout_s, "must be a positive number of seconds")
 
 
+def given_settings(lab: str | None, settings: Mapping[str, Any]) -> dict[str, Any]:
+    """The settings a caller gave, `lab` among them: those that are None were not given."""
+    return {key: value for key, value in {"lab": lab, **settings}.items() if value is not None}
+
+
 def check_nproc(value: int | str | None) -> int | None:
     """--nproc-per-node, checked by the same rule as DDPLAB_NPROC_PER_NODE; None when not given."""
     if value is None:

@@ -1,11 +1,13 @@
 """labctl.api without an engine: settings resolve as for the CLI, plans are data, results answer
 for the run, and a failed `up` inside `with Lab(...)` still tears down."""
 
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
-from labctl.api import Lab, lab_spec
+from labctl.api import Lab, Workspace, lab_spec
 from labctl.diagnose.findings import Diagnosis, Finding, PreflightFailed
 from labctl.errors import ConfigError, LabError, RunFailed, StateError
 from labctl.run.launch import Elastic, Launch
@@ -115,6 +117,31 @@ def test_a_run_takes_one_options_value_or_its_fields(tmp_path):
     assert "timeout_s" in unknown.value.hint
     with pytest.warns(DeprecationWarning, match="Lab.run_plan is now Lab.plan_run"), pytest.raises(LabError):
         lab.run_plan("train.py", excludes=("*.ckpt",))
+
+
+def test_a_workspace_works_without_a_lab(tmp_path):
+    """`labctl build`, `env`, `ls`, `gc`, `bench up|start` and `scenario run` go through one object;
+    the engine is asked for only when a call needs it."""
+    (tmp_path / ".env").write_text("DDPLAB_NODES=5\n")
+
+    def no_engine():
+        raise StateError("no Docker engine answers at unix:///nonexistent (test)", hint="start one")
+
+    here = Workspace(tmp_path, environ={}, connect=no_engine)
+    assert here.spec("x", bw="1gbit") == lab_spec("x", workspace=tmp_path, environ={}, bw="1gbit")
+    assert here.spec().nodes == 5
+    addresses, paths, commands = here.write_host_env("10.0.0.1,10.0.0.2", here.spec(iface="eth0"), "ddplab",
+                                                     tmp_path / "hosts")
+    assert addresses == ("10.0.0.1", "10.0.0.2") and [p.name for p in paths] == ["node0.env", "node1.env"]
+    assert "MASTER_ADDR=10.0.0.1" in paths[1].read_text() and [c[1] for c in commands] == list(addresses)
+    with pytest.raises(StateError, match="no Docker engine"):
+        here.labs()
+
+
+def test_a_command_on_a_lab_does_not_load_the_workspace_s_benches():
+    code = "import sys, labctl.cli.run, labctl.api; print(sorted(m for m in sys.modules if 'bench' in m or 'scenarios' in m))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"
 
 
 def result_of(*outcomes: Outcome, run_dir=Path("/runs/r1")) -> RunResult:

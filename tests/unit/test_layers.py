@@ -41,8 +41,9 @@ LAYERS = [
 RANK = {unit: i for i, row in enumerate(LAYERS) for unit in row}
 HEAVY = {"docker", "rich", "yaml", "torch", "matplotlib", "numpy", "packaging", "jsonschema"}  # deferred to where they are used
 # `labctl` runs labctl.cli.app:main, which loads each command's module when that command runs; the
-# package's own `from labctl.cli import main` (every command loaded) must not defeat that.
-LAZY_BY_DESIGN = {("labctl.cli", "__getattr__")}
+# package's own `from labctl.cli import main` (every command loaded) must not defeat that. Nor may
+# labctl.api's Workspace (the benches and the scenarios) weigh on every command that works on a lab.
+LAZY_BY_DESIGN = {("labctl.cli", "__getattr__"), ("labctl.api", "__getattr__")}
 
 
 def module_name(path: Path) -> str:
