@@ -99,7 +99,7 @@ class Hosts:
 
     def plan_run(self, *argv: str, options: RunOptions | None = None, **settings: Any):
         """What `run(*argv, ...)` will do on each host, as data (a hosts.actions.HostsRun)."""
-        options = RunOptions.given(options, settings, "Hosts.plan_run").only_for("hosts")
+        options = RunOptions.given(options, settings, "Hosts.plan_run").only_for("hosts").checked()
         lock = self.lock()
         return actions.plan_run(self.inventory, self.workspace, job_args(argv, self.workspace, options.cwd),
                                 options.launch(len(self.inventory.hosts)), accept_new=self.accept_new,

@@ -71,6 +71,11 @@ class RunOptions:
                            hint="Lab.run takes max_restarts, nnodes and ifname; Hosts.run takes sync and excludes")
         return self
 
+    def checked(self) -> RunOptions:
+        """Itself, its syntax checked (ConfigError, exit 2): what needs no node, so bad input is told
+        before a lab that is not up is."""
+        return replace(self, nproc_per_node=check_nproc(self.nproc_per_node))
+
     def launch(self, nodes: int) -> LaunchOptions:
         """How the processes start, checked, for a run on `nodes` nodes (what `nnodes`' MAX must be)."""
         low, high = parse_nnodes(self.nnodes, nodes) if self.nnodes else (None, None)

@@ -181,10 +181,12 @@ class LabSession:
         of `node_env`, a subset), as data: nothing starts. Started as `options` say (`options.env` is
         added to every process's environment, as `labctl run -e`). With `share_cpus`, every process
         gets OMP_NUM_THREADS from the engine's CPUs."""
+        options = options.checked()  # bad input first, then whether the lab is up
+        script_args = job_args(argv, self.workspace, options.cwd)
         if node_env is None:
             node_env = self.node_env(ifname=options.ifname)
-        plan = build_run_plan(node_env, job_args(argv, self.workspace, options.cwd), self.directory,
-                              options.launch(len(node_env)), cpus=self.cpus if share_cpus else None)
+        plan = build_run_plan(node_env, script_args, self.directory, options.launch(len(node_env)),
+                              cpus=self.cpus if share_cpus else None)
         return replace(plan, packages=describe_lock_file(self.directory / LOCK_FILE))
 
     def execute(self, plan: RunPlan, *, echo: bool | str = True, check: bool = True) -> RunResult:

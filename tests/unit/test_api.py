@@ -115,6 +115,8 @@ def test_a_run_takes_one_options_value_or_its_fields(tmp_path):
     with pytest.raises(LabError, match="Lab.run has no option timeout") as unknown:  # before any engine is asked
         lab.run("train.py", timeout=5)
     assert "timeout_s" in unknown.value.hint
+    with pytest.raises(ConfigError, match="--nproc-per-node"):  # bad input, told before the lab's state
+        lab.run("train.py", nproc_per_node=0)
     with pytest.warns(DeprecationWarning, match="Lab.run_plan is now Lab.plan_run"), pytest.raises(LabError):
         lab.run_plan("train.py", excludes=("*.ckpt",))
 
