@@ -2,13 +2,15 @@
 
 import json
 import re
+import subprocess
+import sys
 
 import pytest
 import torch
 
 from trainer.data import make_dataset
 from trainer.train import main, parse_args
-from hostrun import LAUNCH_VARS
+from hostrun import LAUNCH_VARS, REPO, host_env
 
 SMALL = ["--samples", "512", "--features", "8", "--classes", "3", "--hidden", "16",
          "--batch-size", "32", "--lr", "0.01"]
@@ -156,55 +158,23 @@ def test_unwritable_run_dir_names_the_path(tmp_path, no_launcher_env):
     assert str(blocker / "sub") in str(exc.value.code)
 
 
-# --- DDP levers: hooks wired on a real (world size 1, gloo) process group, in this process -----
+# --- DDP levers: hooks wired on a real (world size 1, gloo) process group, in a process of its own ---
 
-@pytest.fixture
-def gloo_world_of_one():
-    """A gloo group in this process. The test's DDP models are collected before the group goes: one
-    left to a later garbage collection runs ~ProcessGroupGloo from its Reducer, as in 6031887, and
-    once aborted the pytest worker while the next test made its group (a fresh clone, 2026-11-26)."""
-    import gc
-
-    import torch.distributed as dist
-
-    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
-    yield
-    gc.collect()
-    dist.destroy_process_group()
+@pytest.fixture(scope="module")
+def hooks_world_of_one():
+    """tests/unit/hooks_world_of_one.py's answer: each hook's losses and bf16's refusal (that file
+    says why the group lives and ends in a process of its own)."""
+    done = subprocess.run([sys.executable, str(REPO / "tests" / "unit" / "hooks_world_of_one.py")], cwd=REPO,
+                          env=host_env(PYTHONPATH=str(REPO)), capture_output=True, text=True, timeout=180)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    return json.loads(done.stdout.strip().splitlines()[-1])
 
 
 @pytest.mark.parametrize("hook", ["none", "fp16", "powersgd"])
-def test_comm_hooks_train(gloo_world_of_one, hook):
-    from types import SimpleNamespace
-
-    import torch
-
-    from trainer.model import MLP
-    from trainer.ddp import wrap_ddp
-
-    c = SimpleNamespace(local_rank=0, device=torch.device("cpu"), backend="gloo")
-    torch.manual_seed(0)
-    ddp = wrap_ddp(MLP(8, 16, 3), c, bucket_cap_mb=1.0, comm_hook=hook, static_graph=True)
-    opt = torch.optim.SGD(ddp.parameters(), lr=0.1)
-    x, y = torch.randn(64, 8), torch.randint(0, 3, (64,))
-    losses = []
-    for _ in range(5):
-        loss = torch.nn.functional.cross_entropy(ddp(x), y)
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-        losses.append(loss.item())
-    assert losses[-1] < losses[0]
+def test_comm_hooks_train(hooks_world_of_one, hook):
+    losses = hooks_world_of_one["losses"][hook]
+    assert len(losses) == 5 and losses[-1] < losses[0]
 
 
-def test_bf16_hook_on_gloo_is_refused_clearly(gloo_world_of_one):
-    from types import SimpleNamespace
-
-    import torch
-
-    from trainer.model import MLP
-    from trainer.ddp import wrap_ddp
-
-    c = SimpleNamespace(local_rank=0, device=torch.device("cpu"), backend="gloo")
-    with pytest.raises(SystemExit, match="needs CUDA and NCCL"):
-        wrap_ddp(MLP(8, 16, 3), c, comm_hook="bf16")
+def test_bf16_hook_on_gloo_is_refused_clearly(hooks_world_of_one):
+    assert "needs CUDA and NCCL" in hooks_world_of_one["bf16"]
