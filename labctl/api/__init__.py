@@ -191,7 +191,7 @@ class Lab(LabSession):
                  share_cpus: bool = True, **settings: Any) -> RunPlan:
         """The plan of `run(*argv, ...)`, as data (what `labctl run --dry-run` prints): nothing starts.
         `node_env` and `share_cpus` as for LabSession.plan_run (the benches run on a subset)."""
-        options = RunOptions.given(options, settings, "Lab.plan_run").only_for("lab")
+        options = RunOptions.given(options, settings, "Lab.plan_run", "lab")
         return super().plan_run(*argv, options=options, node_env=node_env, share_cpus=share_cpus)
 
     def run_plan(self, *argv: str, **settings: Any) -> RunPlan:
@@ -209,7 +209,7 @@ class Lab(LabSession):
         problem. `ifname`: the interface the ranks' sockets use; None: the lab's, its overlay's
         tunnel where it has one (`up --overlay`), else the bridge's.
         """
-        options = RunOptions.given(options, settings, "Lab.run").only_for("lab")
+        options = RunOptions.given(options, settings, "Lab.run", "lab")
         plan = self.plan_run(*argv, options=options)
         if options.preflight:
             self.preflight(options.nproc_per_node, options.env).raise_for_problems(f"labctl doctor --lab {self.name}")

@@ -99,7 +99,7 @@ class Hosts:
 
     def plan_run(self, *argv: str, options: RunOptions | None = None, **settings: Any):
         """What `run(*argv, ...)` will do on each host, as data (a hosts.actions.HostsRun)."""
-        options = RunOptions.given(options, settings, "Hosts.plan_run").only_for("hosts").checked()
+        options = RunOptions.given(options, settings, "Hosts.plan_run", "hosts").checked()
         lock = self.lock()
         return actions.plan_run(self.inventory, self.workspace, job_args(argv, self.workspace, options.cwd),
                                 options.launch(len(self.inventory.hosts)), accept_new=self.accept_new,
@@ -120,7 +120,7 @@ class Hosts:
         """Sync (or only write the env files), check, and run on every host, as `labctl hosts run`:
         `options` a RunOptions, or its fields as keywords, as for Lab.run (`sync`, `excludes`: the
         workspace synced first, less these patterns)."""
-        options = RunOptions.given(options, settings, "Hosts.run").only_for("hosts")
+        options = RunOptions.given(options, settings, "Hosts.run", "hosts")
         plan = self.plan_run(*argv, options=options)
         if options.preflight:
             self.preflight(plan, options.nproc_per_node).raise_for_problems(self.full_check)

@@ -50,14 +50,15 @@ class RunOptions:
     HOSTS_ONLY = ("sync", "excludes")
 
     @classmethod
-    def given(cls, options: RunOptions | None, settings: Mapping[str, Any], call: str) -> RunOptions:
+    def given(cls, options: RunOptions | None, settings: Mapping[str, Any], call: str, where: str) -> RunOptions:
         """`options` (default: every default) with `settings`, keyword arguments of `call` (Lab.run,
-        Hosts.run, ...), over it; a name that is no option is refused, naming the ones there are."""
+        Hosts.run, ...), over it, for a run on `where` ("lab" or "hosts"): a name that is no option is
+        refused, naming the ones there are, and so is an option of the other kind of run (only_for)."""
         names = [f.name for f in fields(cls)]
         unknown = sorted(set(settings) - set(names))
         if unknown:
             raise LabError(f"{call} has no option {', '.join(unknown)}", hint=f"its options: {', '.join(names)}")
-        return replace(options or cls(), **settings)
+        return replace(options or cls(), **settings).only_for(where)
 
     def only_for(self, where: str) -> RunOptions:
         """Itself, refusing the options of the other kind of run set away from their defaults

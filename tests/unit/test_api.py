@@ -102,7 +102,8 @@ def test_real_hosts_write_their_outputs_on_the_host(tmp_path):
 
 
 def test_a_run_takes_one_options_value_or_its_fields(tmp_path):
-    assert RunOptions.given(RunOptions(timeout_s=60), {"check": False}, "Lab.run") == RunOptions(timeout_s=60, check=False)
+    given = RunOptions.given(RunOptions(timeout_s=60), {"check": False}, "Lab.run", "lab")
+    assert given == RunOptions(timeout_s=60, check=False)
     assert RunOptions(nproc_per_node="2", max_restarts=1, nnodes="2:3").launch(3) == LaunchOptions(
         nproc_per_node=2, elastic=Elastic(1, 2, 3), pg_timeout_s=30.0)
     with pytest.raises(ConfigError, match="MAX must be the lab's node count, 3"):
