@@ -9,7 +9,10 @@ spared what repeats or follows from the failure that matters:
 - torch's warnings that a compile-cache entry could not be used (a corrupt or foreign entry on
   the shared cache: inductor compiles afresh and warns, traceback and all, at every entry it
   tries): one line of labctl's per rank says so instead, the warnings go to the log.
-A rank's traceback is held back until its exception line arrives, then printed whole or dropped.
+A rank's traceback is held back until its exception line arrives, then printed whole or dropped;
+a log line that another thread of the process writes meanwhile (torch's `W1207 20:25:26...` or its
+C++ `[W1207 ...]`: a rendezvous keep-alive, a store client) is printed as it comes and the traceback
+stays held. Without that, one such line once broke the hold and torchrun's report reached the terminal.
 Pure: fed lines, it returns the lines to print.
 """
 
@@ -29,6 +32,10 @@ CALLBACK_STACK = "At:"  # torch's line before the Python stack of a callback tha
 # torch's logging prefix (W, date, time, thread, file:line]) on the caches' warnings, then the message
 CACHE_WARNING = re.compile(r"^W\d{4} \S+ +\d+ torch/(_inductor/codecache|_functorch/_aot_autograd/autograd_cache)"
                            r"\.py:\d+\] (?:\[[^\]]*\] )?(.*)$")
+# a log record of torch's (Python's logging, its C++'s): the level, the date, the time; never an exception line
+LOG_RECORD = re.compile(r"^\[?[DIWEFC]\d{4} \d\d:\d\d:\d\d")
+# an agent report's exception line that arrives with no traceback held (one broke off, or none came)
+AGENT_REPORT_LINE = re.compile(r"^[\w.]*\b(ChildFailedError|SignalException)(:|$)")
 MAX_HELD = 400  # lines of one traceback held back at most; a longer one is printed as it comes
 
 
@@ -57,6 +64,8 @@ class TerminalFilter:
         if cache:
             return self._cache_warning(rank, cache.group(2))
         held = self.held.get(rank)
+        if held is not None and LOG_RECORD.match(text):
+            return [line]
         if held is not None:
             if not text.strip() or text.startswith((" ", "\t", "Traceback (most recent call last)")):
                 held.append(line)
@@ -65,6 +74,8 @@ class TerminalFilter:
         if text.startswith("Traceback (most recent call last)"):
             self.held[rank] = [line]
             return []
+        if AGENT_REPORT_LINE.match(text):
+            return self._agent_report(text)
         if (text.startswith("terminate called") or "what():" in text) and consequence_of(text):
             return []
         return [line]
@@ -77,13 +88,17 @@ class TerminalFilter:
     def _exception(self, rank: int | None, line: str, text: str) -> list[str]:
         held = self.held.pop(rank)
         if is_agent_report(text):
-            self.in_report = "ChildFailedError" in text
-            self.report_root_seen = False
-            return []
+            return self._agent_report(text)
         if consequence_of(text):
             self.dropping, self.dropping_rank = True, rank
             return []
         return held + [line]
+
+    def _agent_report(self, text: str) -> list[str]:
+        """torchrun's exception line of a report: dropped, and a ChildFailedError's report under it too."""
+        self.in_report = "ChildFailedError" in text
+        self.report_root_seen = False
+        return []
 
     def _cache_warning(self, rank: int | None, message: str) -> list[str]:
         if rank in self.cache_noted:

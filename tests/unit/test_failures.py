@@ -177,3 +177,30 @@ def test_a_traceback_cut_short_is_printed_at_the_end():
     assert terminal.feed("[rank3]: Traceback (most recent call last):") == []
     assert terminal.feed('[rank3]:   File "x.py", line 2, in <module>') == []
     assert terminal.flush() == ["[rank3]: Traceback (most recent call last):", '[rank3]:   File "x.py", line 2, in <module>']
+
+
+KEEP_ALIVE = ("W1207 20:25:26.812000 31 torch/distributed/elastic/rendezvous/dynamic_rendezvous.py:1315] The node "
+              "'node2_31_0' has failed to send a keep-alive heartbeat to the rendezvous 'r' due to an error of type "
+              "RendezvousConnectionError.")
+STORE_CLIENT = "[W1207 20:25:26.813000 31 TCPStore.cpp:125] [c10d] recvValue failed on SocketImpl(fd=3): Connection reset"
+
+
+def test_a_log_record_written_during_torchruns_traceback_leaves_it_held():
+    # The agent's other threads log while its main thread prints the traceback (CI of 2026-12-07:
+    # one such line ended the hold, and the whole ChildFailedError report reached the terminal).
+    data = json.loads((RECORDED / "raise.json").read_text())
+    lines = next(o["lines"] for o in data["outcomes"] if o["node"] == "node1" and o["label"] == "node1")
+    at = lines.index("    run(args)") + 1
+    terminal = TerminalFilter()
+    fed = lines[:at] + [KEEP_ALIVE, STORE_CLIENT] + lines[at:]
+    shown = [x for line in fed for x in terminal.feed(line)] + terminal.flush()
+    assert shown[-2:] == [KEEP_ALIVE, STORE_CLIENT], shown
+    assert not any("ChildFailedError" in line or "Root Cause" in line or line.startswith("  File") for line in shown)
+
+
+def test_torchruns_report_is_dropped_even_when_its_traceback_was_not_held():
+    lines = ["raise ChildFailedError(", "torch.distributed.elastic.multiprocessing.errors.ChildFailedError: ",
+             "=" * 60, "Root Cause (first observed failure):", "[0]:", "  rank      : 1 (local_rank: 0)", "=" * 60,
+             "after"]
+    terminal = TerminalFilter()
+    assert [x for line in lines for x in terminal.feed(line)] == ["raise ChildFailedError(", "after"]
