@@ -130,21 +130,25 @@ class DockerNodes:
     def run(self, node: str, argv: list[str]) -> tuple[int, str]:
         return exec_in(self.client, container_name(self.lab, node), argv, user=self.user)
 
-    def execute(self, launch, on_output: Callable[[bytes], None]) -> int:
+    def execute(self, launch, on_output: Callable[[bytes, int], None]) -> int:
+        """Run a launch, each chunk of its output to `on_output` with its stream (1 stdout, 2 stderr)."""
         api = self.client.api
         exec_id = api.exec_create(container_name(self.lab, launch.node), launch.argv, environment=launch.env,
                                   workdir=launch.workdir, user=self.user, stdin=launch.hold_stdin)["Id"]
         if not launch.hold_stdin:
-            for chunk in api.exec_start(exec_id, stream=True):
-                on_output(chunk)
+            for out, err in api.exec_start(exec_id, stream=True, demux=True):
+                if out:
+                    on_output(out, 1)
+                if err:
+                    on_output(err, 2)
             return api.exec_inspect(exec_id)["ExitCode"]
         from docker.utils.socket import frames_iter
 
         sock = api.exec_start(exec_id, socket=True)
         self._held[launch.label] = sock
         try:
-            for _stream, chunk in frames_iter(sock, tty=False):
-                on_output(chunk)
+            for stream, chunk in frames_iter(sock, tty=False):
+                on_output(chunk, 2 if stream == 2 else 1)
         finally:
             self._held.pop(launch.label, None)
             sock.close()

@@ -17,6 +17,7 @@ from __future__ import annotations
 import logging
 import os
 import re
+import selectors
 import shlex
 import shutil
 import subprocess
@@ -277,14 +278,11 @@ class SSHHosts:
         ssh = self.argv(launch.node, command)
         log.debug("$ %s", shlex.join(ssh))
         # A session of its own: Ctrl-C goes to labctl alone, which stops every host in order.
-        proc = subprocess.Popen(ssh, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+        proc = subprocess.Popen(ssh, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                 start_new_session=True)
         with self._lock:
             self._procs.append(proc)
-        fd = proc.stdout.fileno()
-        while chunk := os.read(fd, 65536):
-            on_output(chunk)
-        proc.stdout.close()
+        relay(proc, on_output)
         return proc.wait()
 
     holds_stdin = False  # each launch's stdin is its watchdog's (stop.py watch), never the launch's own
@@ -317,3 +315,18 @@ class SSHHosts:
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait()
+
+
+def relay(proc: subprocess.Popen, on_output: Callable[[bytes, int], None]) -> None:
+    """Each chunk of the process's stdout and stderr, as it comes, with its stream (1, 2), until both end."""
+    with selectors.DefaultSelector() as streams:
+        streams.register(proc.stdout, selectors.EVENT_READ, 1)
+        streams.register(proc.stderr, selectors.EVENT_READ, 2)
+        while streams.get_map():
+            for key, _ in streams.select():
+                chunk = os.read(key.fd, 65536)
+                if chunk:
+                    on_output(chunk, key.data)
+                else:
+                    streams.unregister(key.fileobj)
+                    key.fileobj.close()

@@ -30,7 +30,7 @@ from labctl.run.launch import (
     store_launch,
 )
 from labctl.run.plan import RunPlan
-from labctl.run.output import Echo, NodeLogs, OutputStream
+from labctl.run.output import STDERR, STDOUT, Echo, NodeLogs, OutputStream
 from labctl.run.result import RESULT_FILE, Outcome, RunResult
 
 FAIL_GRACE_S = 10.0  # after one node fails, how long the others get to notice and exit on their own
@@ -54,7 +54,7 @@ class Nodes(Protocol):
 
     def run(self, node: str, argv: list[str]) -> tuple[int, str]: ...  # short command: (status, output)
 
-    def execute(self, launch: Launch, on_output: Callable[[bytes], None]) -> int: ...  # streams; status
+    def execute(self, launch: Launch, on_output: Callable[[bytes, int], None]) -> int: ...  # (chunk, 1|2); status
 
     def node_lost(self, node: str, exit_code: int) -> str | None: ...  # "the node itself is gone", or None
 
@@ -146,22 +146,24 @@ def parse_stop_report(output: str) -> tuple[list[int], int | None] | None:
 def _stream(nodes: Nodes, outcome: Outcome, logs: NodeLogs, colour: str, echo: Echo | None, on_line=None) -> None:
     launch = outcome.launch
     out = OutputStream(outcome, logs, colour, echo, on_line)
-    decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")  # a character may span two chunks
-    pending = ""
+    # Lines are made per stream: the engine relays stdout and stderr as they come, so a line of one
+    # may arrive between two of the other's (even between two chunks of one line).
+    decoders = {fd: codecs.getincrementaldecoder("utf-8")(errors="replace") for fd in (STDOUT, STDERR)}
+    pending = {STDOUT: "", STDERR: ""}
 
-    def on_output(chunk: bytes) -> None:
-        nonlocal pending
-        pending += decoder.decode(chunk)
-        *complete, pending = pending.split("\n")
+    def on_output(chunk: bytes, fd: int = STDOUT) -> None:
+        pending[fd] += decoders[fd].decode(chunk)  # a character may span two chunks
+        *complete, pending[fd] = pending[fd].split("\n")
         for line in complete:
-            out.line(line)
+            out.line(line, fd)
 
     exit_code = None
     try:
         exit_code = nodes.execute(launch, on_output)
-        pending += decoder.decode(b"", final=True)
-        if pending:
-            out.line(pending)
+        for fd in (STDOUT, STDERR):
+            pending[fd] += decoders[fd].decode(b"", final=True)
+            if pending[fd]:
+                out.line(pending[fd], fd)
         outcome.exit_code = exit_code
         if exit_code != 0:
             lost = nodes.node_lost(launch.node, exit_code)

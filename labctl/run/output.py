@@ -14,6 +14,7 @@ from labctl.run.result import Outcome
 from labctl.run.terminal import TerminalFilter
 
 _PRINT_LOCK = threading.Lock()
+STDOUT, STDERR = 1, 2  # a process's two streams, as Docker's frames number them
 
 
 class Echo:
@@ -65,18 +66,20 @@ class OutputStream:
     def __init__(self, outcome: Outcome, logs: NodeLogs, colour: str, echo: Echo | None, on_line=None):
         self.outcome, self.logs, self.echo, self.on_line = outcome, logs, echo, on_line
         self.prefix = f"[{colour}]{outcome.launch.label:>8} |[/{colour}] "
-        self.shown = TerminalFilter()
+        self.shown = {STDOUT: TerminalFilter(), STDERR: TerminalFilter()}  # a traceback is held within its stream
 
-    def line(self, line: str) -> None:
+    def line(self, line: str, stream: int = STDOUT) -> None:
+        """One line of the process's stdout (or stderr: `stream` 2)."""
         line = line.rstrip("\r")
         outcome = self.outcome
         outcome.lines.append(line)
+        outcome.streams.setdefault(stream, []).append(line)
         label = "" if outcome.launch.label == outcome.launch.node else f"{outcome.launch.label} "
         self.logs.write(outcome.launch.node, f"{label}{line}\n")
         if self.on_line:
             self.on_line(line)
         if self.echo and self.echo.on:
-            _print(self.echo, self.prefix, self.shown.feed(line))
+            _print(self.echo, self.prefix, self.shown[stream].feed(line))
 
     def end(self, exit_code: int | None) -> None:
         """The process has ended: its status and when, and whatever the filter still held."""
@@ -85,7 +88,8 @@ class OutputStream:
             outcome.exit_code = exit_code
         outcome.ended, outcome.ended_at = time.monotonic(), time.time()
         if self.echo and self.echo.on:
-            _print(self.echo, self.prefix, self.shown.flush())
+            for shown in self.shown.values():
+                _print(self.echo, self.prefix, shown.flush())
 
 
 def _print(echo: Echo, prefix: str, lines: list[str]) -> None:

@@ -41,7 +41,8 @@ class Outcome:
     launch: Launch
     exit_code: int | None = None
     stopped: bool = False  # stopped by labctl, not failed by itself
-    lines: list[str] = field(default_factory=list)
+    lines: list[str] = field(default_factory=list)  # as they came, both streams: the node's log
+    streams: dict[int, list[str]] = field(default_factory=dict)  # the same lines by stream (1, 2), each in order
     started: float = field(default_factory=time.monotonic)
     ended: float | None = None
     ended_at: float | None = None  # the same moment on the wall clock
@@ -52,7 +53,9 @@ class Outcome:
 
     def stream(self) -> Stream:
         rank = self.launch.env.get("RANK")
-        return Stream(self.launch.node, self.lines, self.exit_code, self.stopped,
+        # a stream at a time: a line of stdout that came between two of a traceback's is not its end
+        lines = [line for fd in sorted(self.streams) for line in self.streams[fd]] if self.streams else self.lines
+        return Stream(self.launch.node, lines, self.exit_code, self.stopped,
                       int(rank) if rank and rank.isdigit() else None, self.ended_at, self.torchrun)
 
     def known_cause(self) -> str | None:

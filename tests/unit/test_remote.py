@@ -359,7 +359,8 @@ def test_a_launch_on_a_host_runs_under_the_watchdog_until_labctl_lets_go(host):
     job = Launch("node0", "node0", ["python", "-c", "import time; print('up', flush=True); time.sleep(60)"],
                  {RUN_ID_VAR: new_run_id()})
     output, status = [], []
-    thread = threading.Thread(target=lambda: status.append(host.execute(job, output.append)), daemon=True)
+    thread = threading.Thread(target=lambda: status.append(host.execute(job, lambda chunk, _fd: output.append(chunk))),
+                              daemon=True)
     thread.start()
     deadline = time.monotonic() + TIMEOUT_S
     while b"up" not in b"".join(output) and time.monotonic() < deadline:
@@ -372,9 +373,12 @@ def test_a_launch_on_a_host_runs_under_the_watchdog_until_labctl_lets_go(host):
 
 
 def test_a_launch_on_a_host_returns_the_jobs_status(host):
-    job = Launch("node0", "node0", ["python", "-c", "print('done'); raise SystemExit(5)"], {RUN_ID_VAR: new_run_id()})
+    job = Launch("node0", "node0", ["python", "-c", "import sys; print('done'); sys.stderr.write('said\\n'); raise SystemExit(5)"],
+                 {RUN_ID_VAR: new_run_id()})
     output = []
-    assert host.execute(job, output.append) == 5 and b"".join(output) == b"done\n"
+    assert host.execute(job, lambda chunk, fd: output.append((fd, chunk))) == 5
+    streams = {fd: b"".join(chunk for f, chunk in output if f == fd) for fd in (1, 2)}
+    assert streams == {1: b"done\n", 2: b"said\n"}  # each stream's own (print's two writes may come apart)
 
 
 # --------------------------------------------------------------------------------- port check
