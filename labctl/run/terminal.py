@@ -12,7 +12,7 @@ spared what repeats or follows from the failure that matters:
 A rank's traceback is held back until its exception line arrives, then printed whole or dropped;
 a log line that another thread of the process writes meanwhile (torch's `W1207 20:25:26...` or its
 C++ `[W1207 ...]`: a rendezvous keep-alive, a store client) is printed as it comes and the traceback
-stays held. Without that, one such line once broke the hold and torchrun's report reached the terminal.
+stays held (before, such a line could end the hold, and torchrun's whole report reached the terminal).
 Pure: fed lines, it returns the lines to print.
 """
 
