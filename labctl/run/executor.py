@@ -151,7 +151,7 @@ def _stream(nodes: Nodes, outcome: Outcome, logs: NodeLogs, colour: str, echo: E
     decoders = {fd: codecs.getincrementaldecoder("utf-8")(errors="replace") for fd in (STDOUT, STDERR)}
     pending = {STDOUT: "", STDERR: ""}
 
-    def on_output(chunk: bytes, fd: int = STDOUT) -> None:
+    def on_output(chunk: bytes, fd: int) -> None:
         pending[fd] += decoders[fd].decode(chunk)  # a character may span two chunks
         *complete, pending[fd] = pending[fd].split("\n")
         for line in complete:
