@@ -13,6 +13,10 @@ A rank's traceback is held back until its exception line arrives, then printed w
 a log line that another thread of the process writes meanwhile (torch's `W1207 20:25:26...` or its
 C++ `[W1207 ...]`: a rendezvous keep-alive, a store client) is printed as it comes and the traceback
 stays held (before, such a line could end the hold, and torchrun's whole report reached the terminal).
+So is a line of Slurm's own (`slurmstepd-node0: error: *** STEP 5.0 ON node0 CANCELLED ...`), which srun
+relays among a task's. Where the traceback cannot be finished (its step cancelled as it printed, so
+sys.stderr is gone), CPython dumps the exception object instead of its line (`object type name:
+ChildFailedError`, ..., `lost sys.stderr`): the dump is held with the traceback and judged by it.
 Pure: fed lines, it returns the lines to print.
 """
 
@@ -36,6 +40,11 @@ CACHE_WARNING = re.compile(r"^W\d{4} \S+ +\d+ torch/(_inductor/codecache|_functo
 LOG_RECORD = re.compile(r"^\[?[DIWEFC]\d{4} \d\d:\d\d:\d\d")
 # an agent report's exception line that arrives with no traceback held (one broke off, or none came)
 AGENT_REPORT_LINE = re.compile(r"^[\w.]*\b(ChildFailedError|SignalException)(:|$)")
+# Slurm's daemons and commands, in a task's output: never a line of its process's traceback
+SLURM_LINE = re.compile(r"^(slurmstepd|srun|salloc|sbatch)(-[\w.-]+)?: ")
+# CPython's dump of an exception it could not print (_PyErr_Display: _PyObject_Dump, then LOST_STDERR)
+OBJECT_DUMP = re.compile(r"^object (address|refcount|type|type name|repr) *: ?(.*)$")
+LOST_STDERR = "lost sys.stderr"
 MAX_HELD = 400  # lines of one traceback held back at most; a longer one is printed as it comes
 
 
@@ -64,14 +73,17 @@ class TerminalFilter:
         if cache:
             return self._cache_warning(rank, cache.group(2))
         held = self.held.get(rank)
-        if held is not None and LOG_RECORD.match(text):
+        if held is not None and (LOG_RECORD.match(text) or SLURM_LINE.match(text)):
             return [line]
         if held is not None:
-            if not text.strip() or text.startswith((" ", "\t", "Traceback (most recent call last)")):
+            if (not text.strip() or text.startswith((" ", "\t", "Traceback (most recent call last)"))
+                    or OBJECT_DUMP.match(text)):
                 held.append(line)
                 return self.held.pop(rank) if len(held) > MAX_HELD else []
+            if text.strip() == LOST_STDERR:
+                return self._dumped(rank, line)
             return self._exception(rank, line, text)
-        if text.startswith("Traceback (most recent call last)"):
+        if text.startswith(("Traceback (most recent call last)", "object address")):
             self.held[rank] = [line]
             return []
         if AGENT_REPORT_LINE.match(text):
@@ -93,6 +105,14 @@ class TerminalFilter:
             self.dropping, self.dropping_rank = True, rank
             return []
         return held + [line]
+
+    def _dumped(self, rank: int | None, line: str) -> list[str]:
+        """The end of CPython's dump of an exception it could not print, held with its traceback:
+        dropped where the dumped object is torchrun's report or a consequence, else printed whole."""
+        held = self.held.pop(rank)
+        dump = dict(m.groups() for m in (OBJECT_DUMP.match(strip_rank(h)[1]) for h in held) if m)
+        told = f"{dump.get('type name', '')}: {dump.get('repr', '')}"
+        return [] if is_agent_report(told) or consequence_of(told) else held + [line]
 
     def _agent_report(self, text: str) -> list[str]:
         """torchrun's exception line of a report: dropped, and a ChildFailedError's report under it too."""

@@ -204,3 +204,38 @@ def test_torchruns_report_is_dropped_even_when_its_traceback_was_not_held():
              "after"]
     terminal = TerminalFilter()
     assert [x for line in lines for x in terminal.feed(line)] == ["raise ChildFailedError(", "after"]
+
+
+CANCELLED = "slurmstepd-node0: error: *** STEP 5.0 ON node0 CANCELLED AT 2026-12-08T00:29:36 ***"
+
+
+def dumped(type_name: str, text: str, prefix: str = "") -> list[str]:
+    """What CPython writes for an exception it cannot print (sys.stderr gone): the object's dump."""
+    return [prefix + line for line in ("object address  : 0x7f3f2ce23ac0", "object refcount : 2",
+                                       "object type     : 0x3d4eb450", f"object type name: {type_name}",
+                                       f"object repr     : {type_name}({text!r})", "lost sys.stderr")]
+
+
+def test_a_step_cancelled_while_torchrun_prints_its_report_shows_slurms_line_and_no_traceback():
+    # make test of 2026-12-08 (test_slurm_cluster): Slurm cancelled node0's step while torchrun printed
+    # its traceback; srun relayed slurmstepd's line among the frames, and CPython, its sys.stderr gone,
+    # dumped the ChildFailedError instead of writing its line. The line ended the hold, and the
+    # traceback and the dump reached the terminal.
+    data = json.loads((RECORDED / "raise.json").read_text())
+    lines = next(o["lines"] for o in data["outcomes"] if o["node"] == "node1" and o["label"] == "node1")
+    at = lines.index("    run(args)") + 1
+    report = "\n" + "=" * 60 + "\nx.py FAILED\nRoot Cause (first observed failure):\n" + "=" * 60
+    fed = lines[:at] + [CANCELLED] + dumped("ChildFailedError", report) + ["after"]
+    terminal = TerminalFilter()
+    shown = [x for line in fed for x in terminal.feed(line)] + terminal.flush()
+    assert shown[-2:] == [CANCELLED, "after"], shown
+    assert not any(line.startswith(("Traceback", "  File", "object ", "lost sys.stderr")) for line in shown), shown
+
+
+def test_a_dumped_exception_is_judged_as_its_line_would_be():
+    frames = ["[rank1]: Traceback (most recent call last):", '[rank1]:   File "x.py", line 2, in <module>']
+    mine = frames + dumped("ValueError", "mine", "[rank1]: ")
+    terminal = TerminalFilter()
+    assert [x for line in mine for x in terminal.feed(line)] == mine  # a root cause's, printed whole
+    peer = dumped("RuntimeError", "Connection closed by peer", "[rank2]: ") + ["[rank2]: after"]
+    assert [x for line in peer for x in terminal.feed(line)] == ["[rank2]: after"]  # a consequence's, with no traceback
