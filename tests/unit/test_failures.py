@@ -11,7 +11,7 @@ from labctl.run.failures import Stream, consequence_of, judge
 from labctl.run.result import RunResult
 from labctl.run.terminal import TerminalFilter
 
-from failures.recorded import recorded_run
+from failures.recorded import recorded_lines, recorded_run
 
 RECORDED = Path(__file__).parent / "failures"
 
@@ -131,12 +131,15 @@ def test_a_timeout_does_not_blame_a_rank_its_own_stop_made_fail():
     assert judge([before], ok=False, timed_out=True, live_ranks=live).root.error == "ValueError: x"
 
 
-def shown(case: str, node: str) -> list[str]:
-    """What the terminal shows of one node's recorded output."""
-    data = json.loads((RECORDED / f"{case}.json").read_text())
-    lines = next(o["lines"] for o in data["outcomes"] if o["node"] == node and o["label"] == node)
+def filtered(lines: list[str]) -> list[str]:
+    """What the terminal shows of `lines`, fed one by one, then what is still held."""
     terminal = TerminalFilter()
     return [x for line in lines for x in terminal.feed(line)] + terminal.flush()
+
+
+def shown(case: str, node: str) -> list[str]:
+    """What the terminal shows of one node's recorded output."""
+    return filtered(recorded_lines(case, node))
 
 
 def test_the_root_cause_traceback_stays_on_the_terminal_and_torchruns_report_does_not():
@@ -159,17 +162,14 @@ def test_a_survivors_callback_stacks_go_to_the_log_only():
     # error came from DDP's all-reduce hook, so after the exception line torch wrote blank lines and
     # two `At:` stacks, which reached the terminal until the filter dropped a consequence's tail too.
     lines = (RECORDED / "elastic-survivor-node1.log").read_text().splitlines()
-    terminal = TerminalFilter()
-    shown = [x for line in lines for x in terminal.feed(line)] + terminal.flush()
-    assert shown == ["[rank 1/2 node1] step 60/60 loss 2.430710 (42 ms: compute 36, comm wait 4)"]
+    assert filtered(lines) == ["[rank 1/2 node1] step 60/60 loss 2.430710 (42 ms: compute 36, comm wait 4)"]
 
 
 def test_a_root_causes_callback_stack_stays_on_the_terminal():
     lines = ["[rank1]: Traceback (most recent call last):", '[rank1]:   File "x.py", line 2, in <module>',
              "[rank1]: RuntimeError: Got the following error when running the callback: ValueError: mine", "",
              "[rank1]: At:", "[rank1]:   x.py(2): <lambda>", "", "FAIL_HOW rank=1"]
-    terminal = TerminalFilter()
-    assert [x for line in lines for x in terminal.feed(line)] + terminal.flush() == lines
+    assert filtered(lines) == lines
 
 
 def test_a_traceback_cut_short_is_printed_at_the_end():
@@ -188,12 +188,9 @@ STORE_CLIENT = "[W1207 20:25:26.813000 31 TCPStore.cpp:125] [c10d] recvValue fai
 def test_a_log_record_written_during_torchruns_traceback_leaves_it_held():
     # The agent's other threads log while its main thread prints the traceback (CI of 2026-12-07:
     # one such line ended the hold, and the whole ChildFailedError report reached the terminal).
-    data = json.loads((RECORDED / "raise.json").read_text())
-    lines = next(o["lines"] for o in data["outcomes"] if o["node"] == "node1" and o["label"] == "node1")
+    lines = recorded_lines("raise", "node1")
     at = lines.index("    run(args)") + 1
-    terminal = TerminalFilter()
-    fed = lines[:at] + [KEEP_ALIVE, STORE_CLIENT] + lines[at:]
-    shown = [x for line in fed for x in terminal.feed(line)] + terminal.flush()
+    shown = filtered(lines[:at] + [KEEP_ALIVE, STORE_CLIENT] + lines[at:])
     assert shown[-2:] == [KEEP_ALIVE, STORE_CLIENT], shown
     assert not any("ChildFailedError" in line or "Root Cause" in line or line.startswith("  File") for line in shown)
 
@@ -221,13 +218,10 @@ def test_a_step_cancelled_while_torchrun_prints_its_report_shows_slurms_line_and
     # its traceback; srun relayed slurmstepd's line among the frames, and CPython, its sys.stderr gone,
     # dumped the ChildFailedError instead of writing its line. The line ended the hold, and the
     # traceback and the dump reached the terminal.
-    data = json.loads((RECORDED / "raise.json").read_text())
-    lines = next(o["lines"] for o in data["outcomes"] if o["node"] == "node1" and o["label"] == "node1")
+    lines = recorded_lines("raise", "node1")
     at = lines.index("    run(args)") + 1
     report = "\n" + "=" * 60 + "\nx.py FAILED\nRoot Cause (first observed failure):\n" + "=" * 60
-    fed = lines[:at] + [CANCELLED] + dumped("ChildFailedError", report) + ["after"]
-    terminal = TerminalFilter()
-    shown = [x for line in fed for x in terminal.feed(line)] + terminal.flush()
+    shown = filtered(lines[:at] + [CANCELLED] + dumped("ChildFailedError", report) + ["after"])
     assert shown[-2:] == [CANCELLED, "after"], shown
     assert not any(line.startswith(("Traceback", "  File", "object ", "lost sys.stderr")) for line in shown), shown
 

@@ -3,9 +3,6 @@ a line of one can arrive between two lines of the other, or between two chunks o
 are made, filtered for the terminal and read for the verdict one stream at a time (CI of 2026-12-07:
 a stdout line that landed inside torchrun's traceback let its whole report reach the terminal)."""
 
-import json
-from pathlib import Path
-
 from rich.text import Text
 
 from labctl.run.executor import _stream
@@ -14,7 +11,7 @@ from labctl.run.launch import Launch
 from labctl.run.output import STDERR, STDOUT, Echo, NodeLogs
 from labctl.run.result import Outcome
 
-RECORDED = Path(__file__).parent / "failures"
+from failures.recorded import recorded_lines
 
 
 class Replay:
@@ -51,8 +48,7 @@ def run_replayed(chunks, tmp_path):
 
 
 def test_a_stdout_line_inside_torchruns_traceback_leaves_it_held(tmp_path):
-    data = json.loads((RECORDED / "raise.json").read_text())
-    lines = next(o["lines"] for o in data["outcomes"] if o["node"] == "node1")
+    lines = recorded_lines("raise", "node1")
     said = "FAIL_HOW rank=1 world=3 ready"
     errors = [line for line in lines if line != said]
     at = errors.index("    run(args)")

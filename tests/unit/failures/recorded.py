@@ -11,6 +11,12 @@ from labctl.run.result import Outcome, RunResult
 HERE = Path(__file__).resolve().parent
 
 
+def recorded_lines(case: str, node: str) -> list[str]:
+    """One node's output in recorded run `case`, as labctl read it."""
+    data = json.loads((HERE / f"{case}.json").read_text())
+    return next(o["lines"] for o in data["outcomes"] if o["node"] == node and o["label"] == node)
+
+
 def recorded_run(case: str, run_dir: Path = Path("/runs/r1"), write_logs: bool = False) -> RunResult:
     """The RunResult of recorded run `case`; with `write_logs`, each node's log written to `run_dir`
     as the executor writes it."""
